@@ -1,0 +1,1110 @@
+//! The app folder (`host.json` + `<Function>/function.json`) and the environment,
+//! parsed into raw shapes and then validated into a ready [`AppConfig`].
+//!
+//! Every error here happens before any network access and names the file and
+//! the field (`host.json: aqw.functions.SendReceipt.key: ...`). Connection
+//! strings are read from the environment but never echoed back: errors name
+//! the setting, not its value.
+
+use crate::idempotency::KeyTemplate;
+use serde::Deserialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A configuration error: which file, which field, what is wrong.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {field}: {message}")]
+pub struct ConfigError {
+    pub file: String,
+    pub field: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    pub fn new(
+        file: impl Into<String>,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            file: file.into(),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// How message text is encoded on the queue (`extensions.queues.messageEncoding`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MessageEncoding {
+    Base64,
+    None,
+}
+
+impl MessageEncoding {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MessageEncoding::Base64 => "base64",
+            MessageEncoding::None => "none",
+        }
+    }
+}
+
+/// Retry strategy between failed attempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryStrategy {
+    /// Exponential backoff with jitter, from `initial_delay` capped at `max_delay`.
+    Exponential {
+        initial_delay: Duration,
+        max_delay: Duration,
+    },
+    /// Functions' behaviour: always `visibilityTimeout`.
+    Fixed { delay: Duration },
+}
+
+/// Where a function's idempotency key comes from.
+#[derive(Debug, Clone)]
+pub enum KeySpec {
+    /// A template over the JSON payload (`receipt:{/orderId}`).
+    Template(KeyTemplate),
+    /// The payload's `idempotencyKey` field (no `key` configured).
+    PayloadField,
+    /// Explicit opt-out: the job is naturally idempotent.
+    None,
+}
+
+/// What runs a function's job.
+#[derive(Debug, Clone)]
+pub enum HandlerSpec {
+    Http {
+        url: url::Url,
+        timeout: Duration,
+    },
+    Exec {
+        command: Vec<String>,
+        timeout: Option<Duration>,
+    },
+    /// Registered in code by the embedding binary under the function's name.
+    Registered,
+}
+
+/// A value that must never reach a log line or an error message.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// How to authenticate to the storage account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credentials {
+    SharedKey {
+        account: String,
+        key: Secret,
+    },
+    Sas {
+        token: Secret,
+    },
+    /// Identity-based (`<name>__accountName` etc.): Azure AD token credentials.
+    Identity {
+        client_id: Option<String>,
+    },
+}
+
+/// A resolved storage connection: endpoints and credentials.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Connection {
+    /// The setting it came from (`AzureWebJobsStorage`).
+    pub setting: String,
+    pub account: String,
+    pub queue_endpoint: String,
+    pub table_endpoint: String,
+    pub credentials: Credentials,
+}
+
+/// One function: a queue, a key rule and a handler.
+#[derive(Debug, Clone)]
+pub struct FunctionConfig {
+    pub name: String,
+    pub queue: String,
+    pub connection: Connection,
+    pub key: KeySpec,
+    pub handler: HandlerSpec,
+    /// The binding name in function.json (the custom-handler `Data` key).
+    pub binding_name: String,
+}
+
+impl FunctionConfig {
+    pub fn poison_queue(&self) -> String {
+        format!("{}-poison", self.queue)
+    }
+}
+
+/// The validated, ready configuration of one app folder.
+#[derive(Debug, Clone)]
+pub struct AppConfig {
+    pub app_dir: PathBuf,
+    pub max_dequeue_count: u32,
+    pub visibility_timeout: Duration,
+    pub batch_size: u32,
+    pub new_batch_threshold: u32,
+    pub max_polling_interval: Duration,
+    pub message_encoding: MessageEncoding,
+    pub function_timeout: Option<Duration>,
+    /// Lease on a received message (visibility while it runs).
+    pub lease: Duration,
+    pub retry: RetryStrategy,
+    pub keys_table: String,
+    pub poison_table: String,
+    /// TTL of poison queue messages; `None` = never expires.
+    pub poison_ttl: Option<Duration>,
+    pub alert_webhook: Option<url::Url>,
+    pub alert_window: Duration,
+    pub http_port: Option<u16>,
+    pub shutdown_timeout: Duration,
+    pub functions: Vec<FunctionConfig>,
+}
+
+impl AppConfig {
+    pub fn function(&self, name: &str) -> Option<&FunctionConfig> {
+        self.functions.iter().find(|f| f.name == name)
+    }
+
+    /// Functions consuming `queue` (the source queue of a poison record).
+    pub fn function_for_queue(&self, queue: &str) -> Option<&FunctionConfig> {
+        self.functions.iter().find(|f| f.queue == queue)
+    }
+
+    /// The connection used by the management commands: the first function's.
+    pub fn default_connection(&self) -> Option<&Connection> {
+        self.functions.first().map(|f| &f.connection)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Raw shapes (what users write)
+// ---------------------------------------------------------------------------
+
+/// Top-level host.json keys owned by the Functions host: accepted, not read.
+const FUNCTIONS_HOST_KEYS: &[&str] = &[
+    "version",
+    "logging",
+    "extensionBundle",
+    "customHandler",
+    "healthMonitor",
+    "watchDirectories",
+    "watchFiles",
+    "aggregator",
+    "concurrency",
+    "singleton",
+    "managedDependency",
+    "functions",
+    "retry",
+    "languageWorkers",
+    "telemetryMode",
+];
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawQueues {
+    max_dequeue_count: Option<i64>,
+    visibility_timeout: Option<String>,
+    batch_size: Option<i64>,
+    new_batch_threshold: Option<i64>,
+    max_polling_interval: Option<String>,
+    message_encoding: Option<MessageEncoding>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawAqw {
+    #[serde(default)]
+    functions: BTreeMap<String, RawFunction>,
+    lease: Option<String>,
+    retry: Option<RawRetry>,
+    #[serde(default)]
+    tables: RawTables,
+    poison: Option<RawPoison>,
+    alert: Option<RawAlert>,
+    http: Option<RawHttp>,
+    shutdown_timeout: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawTables {
+    keys: Option<String>,
+    poison: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawPoison {
+    /// `"never"` or a timespan.
+    ttl: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawAlert {
+    webhook: Option<String>,
+    window: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawHttp {
+    port: Option<u16>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawRetry {
+    Name(String),
+    Full(RawRetryObject),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawRetryObject {
+    strategy: String,
+    initial_delay: Option<String>,
+    max_delay: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawFunction {
+    queue: Option<String>,
+    connection: Option<String>,
+    key: Option<String>,
+    handler: Option<RawHandler>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+enum RawHandler {
+    Http {
+        url: String,
+        timeout: Option<String>,
+    },
+    Exec {
+        command: Vec<String>,
+        timeout: Option<String>,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+struct RawFunctionJson {
+    #[serde(default)]
+    bindings: Vec<Value>,
+}
+
+// ---------------------------------------------------------------------------
+// Loading and validation
+// ---------------------------------------------------------------------------
+
+/// Source of environment settings (the process environment, or a map in tests).
+pub trait Env {
+    fn get(&self, name: &str) -> Option<String>;
+}
+
+/// The process environment.
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn get(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok().filter(|v| !v.is_empty())
+    }
+}
+
+impl Env for BTreeMap<String, String> {
+    fn get(&self, name: &str) -> Option<String> {
+        BTreeMap::get(self, name).cloned()
+    }
+}
+
+/// Load and validate the app folder with the process environment.
+pub fn load(app_dir: &Path) -> Result<AppConfig, ConfigError> {
+    load_with_env(app_dir, &ProcessEnv)
+}
+
+pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigError> {
+    let host_path = app_dir.join("host.json");
+    let host_file = host_path.display().to_string();
+    let text = std::fs::read_to_string(&host_path)
+        .map_err(|e| ConfigError::new(&host_file, "(file)", format!("cannot read: {e}")))?;
+    let root: Value = serde_json::from_str(&text)
+        .map_err(|e| ConfigError::new(&host_file, "(file)", format!("invalid JSON: {e}")))?;
+    let Value::Object(root) = root else {
+        return Err(ConfigError::new(
+            &host_file,
+            "(root)",
+            "must be a JSON object",
+        ));
+    };
+
+    for key in root.keys() {
+        if key != "extensions"
+            && key != "aqw"
+            && key != "functionTimeout"
+            && !FUNCTIONS_HOST_KEYS.contains(&key.as_str())
+        {
+            return Err(ConfigError::new(&host_file, key, "unknown key"));
+        }
+    }
+
+    let raw_queues: RawQueues = match root.get("extensions").and_then(|e| e.get("queues")) {
+        Some(v) => typed(&host_file, "extensions.queues", v)?,
+        None => RawQueues::default(),
+    };
+    let raw_aqw: RawAqw = match root.get("aqw") {
+        Some(v) => typed(&host_file, "aqw", v)?,
+        None => RawAqw::default(),
+    };
+    let function_timeout = match root.get("functionTimeout") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(timespan(&host_file, "functionTimeout", s)?),
+        Some(_) => {
+            return Err(ConfigError::new(
+                &host_file,
+                "functionTimeout",
+                "must be a timespan string hh:mm:ss",
+            ))
+        }
+    };
+
+    let f = |field: &str, msg: String| ConfigError::new(&host_file, field, msg);
+
+    let max_dequeue_count = match raw_queues.max_dequeue_count {
+        None => 5,
+        Some(n) if (1..=1000).contains(&n) => n as u32,
+        Some(n) => {
+            return Err(f(
+                "extensions.queues.maxDequeueCount",
+                format!("{n} is out of range (1..=1000)"),
+            ))
+        }
+    };
+    let batch_size = match raw_queues.batch_size {
+        None => 16,
+        Some(n) if (1..=32).contains(&n) => n as u32,
+        Some(n) => {
+            return Err(f(
+                "extensions.queues.batchSize",
+                format!("{n} is out of range (1..=32)"),
+            ))
+        }
+    };
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1);
+    let new_batch_threshold = match raw_queues.new_batch_threshold {
+        None => (batch_size / 2) * cores,
+        Some(n) if (0..=10_000).contains(&n) => n as u32,
+        Some(n) => {
+            return Err(f(
+                "extensions.queues.newBatchThreshold",
+                format!("{n} is out of range (0..=10000)"),
+            ))
+        }
+    };
+    let visibility_timeout = opt_timespan(
+        &host_file,
+        "extensions.queues.visibilityTimeout",
+        &raw_queues.visibility_timeout,
+    )?
+    .unwrap_or(Duration::ZERO);
+    if visibility_timeout > Duration::from_secs(7 * 24 * 3600) {
+        return Err(f(
+            "extensions.queues.visibilityTimeout",
+            "must be at most 7 days".into(),
+        ));
+    }
+    let max_polling_interval = opt_timespan(
+        &host_file,
+        "extensions.queues.maxPollingInterval",
+        &raw_queues.max_polling_interval,
+    )?
+    .unwrap_or(Duration::from_secs(60));
+    if max_polling_interval < Duration::from_millis(100) {
+        return Err(f(
+            "extensions.queues.maxPollingInterval",
+            "must be at least 00:00:00.100".into(),
+        ));
+    }
+    let message_encoding = raw_queues
+        .message_encoding
+        .unwrap_or(MessageEncoding::Base64);
+
+    let lease =
+        opt_timespan(&host_file, "aqw.lease", &raw_aqw.lease)?.unwrap_or(Duration::from_secs(30));
+    if lease < Duration::from_secs(1) || lease > Duration::from_secs(7 * 24 * 3600) {
+        return Err(f("aqw.lease", "must be between 00:00:01 and 7 days".into()));
+    }
+    let retry = match &raw_aqw.retry {
+        None => RetryStrategy::Exponential {
+            initial_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(300),
+        },
+        Some(RawRetry::Name(name)) => {
+            retry_strategy(&host_file, name, None, None, visibility_timeout)?
+        }
+        Some(RawRetry::Full(o)) => {
+            let initial = opt_timespan(&host_file, "aqw.retry.initialDelay", &o.initial_delay)?;
+            let max = opt_timespan(&host_file, "aqw.retry.maxDelay", &o.max_delay)?;
+            retry_strategy(&host_file, &o.strategy, initial, max, visibility_timeout)?
+        }
+    };
+    let keys_table = raw_aqw
+        .tables
+        .keys
+        .clone()
+        .unwrap_or_else(|| "aqwkeys".into());
+    validate_table_name(&keys_table).map_err(|m| f("aqw.tables.keys", m))?;
+    let poison_table = raw_aqw
+        .tables
+        .poison
+        .clone()
+        .unwrap_or_else(|| "aqwpoison".into());
+    validate_table_name(&poison_table).map_err(|m| f("aqw.tables.poison", m))?;
+    if keys_table.eq_ignore_ascii_case(&poison_table) {
+        return Err(f("aqw.tables", "keys and poison tables must differ".into()));
+    }
+    let poison_ttl = match raw_aqw.poison.as_ref().and_then(|p| p.ttl.as_deref()) {
+        None | Some("never") => None,
+        Some(s) => {
+            let d = timespan(&host_file, "aqw.poison.ttl", s)?;
+            if d < Duration::from_secs(1) {
+                return Err(f(
+                    "aqw.poison.ttl",
+                    "must be at least 1 second, or \"never\"".into(),
+                ));
+            }
+            Some(d)
+        }
+    };
+    let (alert_webhook, alert_window) = match &raw_aqw.alert {
+        None => (None, Duration::from_secs(300)),
+        Some(a) => {
+            let url = match &a.webhook {
+                None => None,
+                Some(u) => Some(parse_http_url(u).map_err(|m| f("aqw.alert.webhook", m))?),
+            };
+            let window = opt_timespan(&host_file, "aqw.alert.window", &a.window)?
+                .unwrap_or(Duration::from_secs(300));
+            (url, window)
+        }
+    };
+    let http_port = raw_aqw.http.as_ref().and_then(|h| h.port);
+    let shutdown_timeout =
+        opt_timespan(&host_file, "aqw.shutdownTimeout", &raw_aqw.shutdown_timeout)?
+            .unwrap_or(Duration::from_secs(25));
+
+    // Functions: folders with function.json, plus aqw.functions entries.
+    let folder_functions = scan_function_folders(app_dir)?;
+    let mut names: Vec<String> = folder_functions.keys().cloned().collect();
+    for name in raw_aqw.functions.keys() {
+        if !names.contains(name) {
+            names.push(name.clone());
+        }
+    }
+    names.sort();
+    let mut functions = Vec::new();
+    let empty = RawFunction::default();
+    for name in names {
+        let raw = raw_aqw.functions.get(&name).unwrap_or(&empty);
+        let path = format!("aqw.functions.{name}");
+        validate_function_name(&name).map_err(|m| f(&path, m))?;
+        let folder = folder_functions.get(&name);
+        let (queue, connection_name, binding_name) = match (folder, &raw.queue) {
+            (Some(b), Some(q)) if &b.queue != q => {
+                return Err(f(
+                    &format!("{path}.queue"),
+                    format!(
+                        "\"{q}\" differs from queueName \"{}\" in {name}/function.json",
+                        b.queue
+                    ),
+                ))
+            }
+            (Some(b), _) => (
+                b.queue.clone(),
+                b.connection.clone(),
+                b.binding_name.clone(),
+            ),
+            (None, Some(q)) => (q.clone(), None, "message".to_string()),
+            (None, None) => {
+                return Err(f(
+                    &format!("{path}.queue"),
+                    format!("missing: give the queue here or in {name}/function.json"),
+                ))
+            }
+        };
+        validate_queue_name(&queue).map_err(|m| f(&format!("{path}.queue"), m))?;
+        let connection_name = raw
+            .connection
+            .clone()
+            .or(connection_name)
+            .unwrap_or_else(|| "AzureWebJobsStorage".into());
+        let connection = resolve_connection(&connection_name, env)
+            .map_err(|m| ConfigError::new("environment", &connection_name, m))?;
+        let key = match raw.key.as_deref() {
+            None => KeySpec::PayloadField,
+            Some("none") => KeySpec::None,
+            Some(t) => {
+                KeySpec::Template(KeyTemplate::parse(t).map_err(|m| f(&format!("{path}.key"), m))?)
+            }
+        };
+        let handler = match &raw.handler {
+            None => HandlerSpec::Registered,
+            Some(RawHandler::Http { url, timeout }) => HandlerSpec::Http {
+                url: parse_http_url(url).map_err(|m| f(&format!("{path}.handler.url"), m))?,
+                timeout: opt_timespan(&host_file, &format!("{path}.handler.timeout"), timeout)?
+                    .unwrap_or(Duration::from_secs(30)),
+            },
+            Some(RawHandler::Exec { command, timeout }) => {
+                if command.is_empty() || command[0].is_empty() {
+                    return Err(f(
+                        &format!("{path}.handler.command"),
+                        "must name a program".into(),
+                    ));
+                }
+                HandlerSpec::Exec {
+                    command: command.clone(),
+                    timeout: opt_timespan(&host_file, &format!("{path}.handler.timeout"), timeout)?,
+                }
+            }
+        };
+        functions.push(FunctionConfig {
+            name,
+            queue,
+            connection,
+            key,
+            handler,
+            binding_name,
+        });
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for func in &functions {
+        if !seen.insert(func.queue.clone()) {
+            return Err(f(
+                &format!("aqw.functions.{}.queue", func.name),
+                format!("queue \"{}\" is consumed by two functions", func.queue),
+            ));
+        }
+    }
+
+    Ok(AppConfig {
+        app_dir: app_dir.to_path_buf(),
+        max_dequeue_count,
+        visibility_timeout,
+        batch_size,
+        new_batch_threshold,
+        max_polling_interval,
+        message_encoding,
+        function_timeout,
+        lease,
+        retry,
+        keys_table,
+        poison_table,
+        poison_ttl,
+        alert_webhook,
+        alert_window,
+        http_port,
+        shutdown_timeout,
+        functions,
+    })
+}
+
+fn typed<T: serde::de::DeserializeOwned>(
+    file: &str,
+    prefix: &str,
+    v: &Value,
+) -> Result<T, ConfigError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." {
+            prefix.to_string()
+        } else {
+            format!("{prefix}.{path}")
+        };
+        ConfigError::new(file, field, e.into_inner().to_string())
+    })
+}
+
+fn retry_strategy(
+    file: &str,
+    name: &str,
+    initial: Option<Duration>,
+    max: Option<Duration>,
+    visibility_timeout: Duration,
+) -> Result<RetryStrategy, ConfigError> {
+    match name {
+        "exponential" => {
+            let initial_delay = initial.unwrap_or(Duration::from_secs(1));
+            let max_delay = max.unwrap_or(Duration::from_secs(300));
+            if initial_delay > max_delay {
+                return Err(ConfigError::new(
+                    file,
+                    "aqw.retry.initialDelay",
+                    "must not exceed maxDelay",
+                ));
+            }
+            if max_delay > Duration::from_secs(7 * 24 * 3600) {
+                return Err(ConfigError::new(
+                    file,
+                    "aqw.retry.maxDelay",
+                    "must be at most 7 days",
+                ));
+            }
+            Ok(RetryStrategy::Exponential {
+                initial_delay,
+                max_delay,
+            })
+        }
+        "fixed" => Ok(RetryStrategy::Fixed {
+            delay: initial.unwrap_or(visibility_timeout),
+        }),
+        other => Err(ConfigError::new(
+            file,
+            "aqw.retry.strategy",
+            format!("\"{other}\" is not one of exponential, fixed"),
+        )),
+    }
+}
+
+struct FolderBinding {
+    queue: String,
+    connection: Option<String>,
+    binding_name: String,
+}
+
+fn scan_function_folders(app_dir: &Path) -> Result<BTreeMap<String, FolderBinding>, ConfigError> {
+    let mut out = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(app_dir) else {
+        return Ok(out);
+    };
+    for entry in entries.flatten() {
+        let fj = entry.path().join("function.json");
+        if !fj.is_file() {
+            continue;
+        }
+        let name = entry.file_name().to_string_lossy().to_string();
+        let file = fj.display().to_string();
+        let text = std::fs::read_to_string(&fj)
+            .map_err(|e| ConfigError::new(&file, "(file)", format!("cannot read: {e}")))?;
+        let raw: RawFunctionJson = serde_json::from_str(&text)
+            .map_err(|e| ConfigError::new(&file, "(file)", format!("invalid JSON: {e}")))?;
+        let trigger = raw.bindings.iter().enumerate().find(|(_, b)| {
+            b.get("type")
+                .and_then(Value::as_str)
+                .is_some_and(|t| t.eq_ignore_ascii_case("queueTrigger"))
+        });
+        let Some((i, b)) = trigger else {
+            return Err(ConfigError::new(
+                &file,
+                "bindings",
+                "no binding of type queueTrigger",
+            ));
+        };
+        let queue = b.get("queueName").and_then(Value::as_str).ok_or_else(|| {
+            ConfigError::new(&file, format!("bindings[{i}].queueName"), "missing")
+        })?;
+        if queue.contains('%') {
+            return Err(ConfigError::new(
+                &file,
+                format!("bindings[{i}].queueName"),
+                "%app setting% queue names are not supported; write the name",
+            ));
+        }
+        let connection = b
+            .get("connection")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let binding_name = b
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("message")
+            .to_string();
+        out.insert(
+            name,
+            FolderBinding {
+                queue: queue.to_string(),
+                connection,
+                binding_name,
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// Parse a Functions timespan: `[d.]hh:mm:ss[.fffffff]`.
+pub fn parse_timespan(s: &str) -> Result<Duration, String> {
+    let bad = || format!("\"{s}\" is not a timespan (hh:mm:ss[.fff])");
+    let (days, rest) = match s.split_once('.') {
+        Some((d, r)) if r.contains(':') && !d.contains(':') => {
+            (d.parse::<u64>().map_err(|_| bad())?, r)
+        }
+        _ => (0, s),
+    };
+    let parts: Vec<&str> = rest.split(':').collect();
+    if parts.len() != 3 {
+        return Err(bad());
+    }
+    let num = |p: &str, max: u64| -> Result<u64, String> {
+        if p.is_empty() || p.len() > 2 || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        let n: u64 = p.parse().map_err(|_| bad())?;
+        if n > max {
+            return Err(bad());
+        }
+        Ok(n)
+    };
+    let hours = num(parts[0], 23)?;
+    let minutes = num(parts[1], 59)?;
+    let (secs, frac) = match parts[2].split_once('.') {
+        Some((s2, f)) => (s2, Some(f)),
+        None => (parts[2], None),
+    };
+    let seconds = num(secs, 59)?;
+    let nanos = match frac {
+        None => 0,
+        Some(f) if !f.is_empty() && f.len() <= 7 && f.bytes().all(|b| b.is_ascii_digit()) => {
+            let padded = format!("{f:0<9}");
+            padded.parse::<u32>().map_err(|_| bad())?
+        }
+        Some(_) => return Err(bad()),
+    };
+    Ok(Duration::new(
+        days * 86400 + hours * 3600 + minutes * 60 + seconds,
+        nanos,
+    ))
+}
+
+fn timespan(file: &str, field: &str, s: &str) -> Result<Duration, ConfigError> {
+    parse_timespan(s).map_err(|m| ConfigError::new(file, field, m))
+}
+
+fn opt_timespan(
+    file: &str,
+    field: &str,
+    s: &Option<String>,
+) -> Result<Option<Duration>, ConfigError> {
+    s.as_deref().map(|s| timespan(file, field, s)).transpose()
+}
+
+fn parse_http_url(s: &str) -> Result<url::Url, String> {
+    let u = url::Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
+    if u.scheme() != "http" && u.scheme() != "https" {
+        return Err("must be an http or https URL".into());
+    }
+    Ok(u)
+}
+
+/// Azure queue name rules, plus room for the `-poison` twin.
+pub fn validate_queue_name(name: &str) -> Result<(), String> {
+    let ok_chars = name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if name.len() < 3 || name.len() > 63 || !ok_chars {
+        return Err(format!(
+            "\"{name}\" is not a valid queue name (3-63 lowercase letters, digits and dashes)"
+        ));
+    }
+    if name.starts_with('-') || name.ends_with('-') || name.contains("--") {
+        return Err(format!(
+            "\"{name}\" is not a valid queue name (no leading, trailing or double dash)"
+        ));
+    }
+    if name.ends_with("-poison") {
+        return Err(format!("\"{name}\" is a poison queue; replay it with `aqw poison replay` instead of consuming it"));
+    }
+    if name.len() + "-poison".len() > 63 {
+        return Err(format!(
+            "\"{name}\" is too long for its -poison twin (at most 56 characters)"
+        ));
+    }
+    Ok(())
+}
+
+pub fn validate_table_name(name: &str) -> Result<(), String> {
+    let ok = name.len() >= 3
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_alphanumeric())
+        && name.as_bytes()[0].is_ascii_alphabetic();
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("\"{name}\" is not a valid table name (3-63 letters and digits, starting with a letter)"))
+    }
+}
+
+fn validate_function_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        && name.as_bytes()[0].is_ascii_alphabetic();
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("\"{name}\" is not a valid function name (letters, digits, _ and -, starting with a letter)"))
+    }
+}
+
+/// Well-known Azurite account and key (public, documented by Microsoft).
+pub const DEV_ACCOUNT: &str = "devstoreaccount1";
+pub const DEV_KEY: &str =
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+
+/// Resolve a connection setting from the environment. Errors never include the value.
+pub fn resolve_connection(name: &str, env: &dyn Env) -> Result<Connection, String> {
+    if let Some(value) = env.get(name) {
+        return parse_connection_string(name, &value);
+    }
+    // Identity-based connection: <name>__accountName or __queueServiceUri/__tableServiceUri.
+    let account = env.get(&format!("{name}__accountName"));
+    let queue_uri = env.get(&format!("{name}__queueServiceUri"));
+    let table_uri = env.get(&format!("{name}__tableServiceUri"));
+    if account.is_none() && queue_uri.is_none() && table_uri.is_none() {
+        return Err(format!(
+            "not set: give {name} a connection string (UseDevelopmentStorage=true for Azurite) \
+             or {name}__accountName for an identity-based connection"
+        ));
+    }
+    let credential = env.get(&format!("{name}__credential"));
+    if let Some(c) = &credential {
+        if !c.eq_ignore_ascii_case("managedidentity") {
+            return Err(format!(
+                "{name}__credential: \"{c}\" is not supported (only managedidentity)"
+            ));
+        }
+    }
+    let client_id = env.get(&format!("{name}__clientId"));
+    let (queue_endpoint, table_endpoint, account) = match (account, queue_uri, table_uri) {
+        (_, Some(q), Some(t)) => {
+            let acct = account_from_uri(&q).ok_or_else(|| format!("{name}__queueServiceUri: not an https URL"))?;
+            (q, t, acct)
+        }
+        (Some(a), q, t) => (
+            q.unwrap_or_else(|| format!("https://{a}.queue.core.windows.net")),
+            t.unwrap_or_else(|| format!("https://{a}.table.core.windows.net")),
+            a,
+        ),
+        (None, _, _) => {
+            return Err(format!(
+                "{name}__queueServiceUri and {name}__tableServiceUri must both be set (or {name}__accountName)"
+            ))
+        }
+    };
+    Ok(Connection {
+        setting: name.to_string(),
+        account,
+        queue_endpoint: trim_slash(queue_endpoint),
+        table_endpoint: trim_slash(table_endpoint),
+        credentials: Credentials::Identity { client_id },
+    })
+}
+
+fn account_from_uri(uri: &str) -> Option<String> {
+    let u = url::Url::parse(uri).ok()?;
+    let host = u.host_str()?;
+    Some(host.split('.').next()?.to_string())
+}
+
+fn trim_slash(s: String) -> String {
+    s.trim_end_matches('/').to_string()
+}
+
+/// Parse a storage connection string (`k=v;k=v`), expanding `UseDevelopmentStorage=true`.
+pub fn parse_connection_string(setting: &str, value: &str) -> Result<Connection, String> {
+    let mut kv: BTreeMap<String, String> = BTreeMap::new();
+    for part in value.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((k, v)) = part.split_once('=') else {
+            return Err(
+                "is not a connection string (expected key=value pairs separated by ';')".into(),
+            );
+        };
+        kv.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+    }
+    let get = |k: &str| kv.get(&k.to_ascii_lowercase()).cloned();
+    if get("UseDevelopmentStorage").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
+        let proxy = get("DevelopmentStorageProxyUri").unwrap_or_else(|| "http://127.0.0.1".into());
+        let proxy = proxy.trim_end_matches('/');
+        return Ok(Connection {
+            setting: setting.to_string(),
+            account: DEV_ACCOUNT.into(),
+            queue_endpoint: format!("{proxy}:10001/{DEV_ACCOUNT}"),
+            table_endpoint: format!("{proxy}:10002/{DEV_ACCOUNT}"),
+            credentials: Credentials::SharedKey {
+                account: DEV_ACCOUNT.into(),
+                key: Secret::new(DEV_KEY),
+            },
+        });
+    }
+    let account = get("AccountName");
+    let protocol = get("DefaultEndpointsProtocol").unwrap_or_else(|| "https".into());
+    let suffix = get("EndpointSuffix").unwrap_or_else(|| "core.windows.net".into());
+    let endpoint = |explicit: Option<String>, service: &str| -> Result<String, String> {
+        match (explicit, &account) {
+            (Some(e), _) => {
+                url::Url::parse(&e)
+                    .map_err(|_| format!("{}Endpoint is not a URL", capitalise(service)))?;
+                Ok(trim_slash(e))
+            }
+            (None, Some(a)) => Ok(format!("{protocol}://{a}.{service}.{suffix}")),
+            (None, None) => Err(format!(
+                "needs AccountName or {}Endpoint",
+                capitalise(service)
+            )),
+        }
+    };
+    let queue_endpoint = endpoint(get("QueueEndpoint"), "queue")?;
+    let table_endpoint = endpoint(get("TableEndpoint"), "table")?;
+    let credentials = if let Some(key) = get("AccountKey") {
+        let Some(account) = account.clone() else {
+            return Err("has AccountKey but no AccountName".into());
+        };
+        use base64::Engine;
+        if base64::engine::general_purpose::STANDARD
+            .decode(&key)
+            .is_err()
+        {
+            return Err("AccountKey is not valid base64".into());
+        }
+        Credentials::SharedKey {
+            account,
+            key: Secret::new(key),
+        }
+    } else if let Some(sas) = get("SharedAccessSignature") {
+        Credentials::Sas {
+            token: Secret::new(sas.trim_start_matches('?')),
+        }
+    } else {
+        return Err("has neither AccountKey nor SharedAccessSignature".into());
+    };
+    let account = account
+        .or_else(|| account_from_uri(&queue_endpoint))
+        .unwrap_or_else(|| DEV_ACCOUNT.into());
+    Ok(Connection {
+        setting: setting.to_string(),
+        account,
+        queue_endpoint,
+        table_endpoint,
+        credentials,
+    })
+}
+
+fn capitalise(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map(|f| f.to_uppercase().chain(c).collect())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timespans() {
+        assert_eq!(parse_timespan("00:00:02").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_timespan("00:01:00").unwrap(), Duration::from_secs(60));
+        assert_eq!(
+            parse_timespan("00:00:00.100").unwrap(),
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            parse_timespan("1.02:00:00").unwrap(),
+            Duration::from_secs(26 * 3600)
+        );
+        for bad in [
+            "",
+            "5",
+            "00:00",
+            "00:60:00",
+            "aa:00:00",
+            "00:00:00.",
+            "-1:00:00",
+            "00:00:00.12345678",
+        ] {
+            assert!(parse_timespan(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn queue_names() {
+        assert!(validate_queue_name("orders").is_ok());
+        assert!(validate_queue_name("Orders").is_err());
+        assert!(validate_queue_name("ab").is_err());
+        assert!(validate_queue_name("a--b").is_err());
+        assert!(validate_queue_name("orders-poison").is_err());
+        assert!(validate_queue_name(&"a".repeat(56)).is_ok());
+        assert!(validate_queue_name(&"a".repeat(57))
+            .unwrap_err()
+            .contains("-poison"));
+    }
+
+    #[test]
+    fn dev_storage_expands() {
+        let c =
+            parse_connection_string("AzureWebJobsStorage", "UseDevelopmentStorage=true").unwrap();
+        assert_eq!(c.queue_endpoint, "http://127.0.0.1:10001/devstoreaccount1");
+        assert_eq!(c.table_endpoint, "http://127.0.0.1:10002/devstoreaccount1");
+    }
+
+    #[test]
+    fn full_connection_string_with_endpoints() {
+        let s = format!(
+            "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={DEV_KEY};\
+             QueueEndpoint=http://127.0.0.1:20001/devstoreaccount1;TableEndpoint=http://127.0.0.1:20002/devstoreaccount1;"
+        );
+        let c = parse_connection_string("X", &s).unwrap();
+        assert_eq!(c.queue_endpoint, "http://127.0.0.1:20001/devstoreaccount1");
+        assert_eq!(c.account, "devstoreaccount1");
+        let c = parse_connection_string("X", &format!("AccountName=acct;AccountKey={DEV_KEY}"))
+            .unwrap();
+        assert_eq!(c.queue_endpoint, "https://acct.queue.core.windows.net");
+    }
+
+    #[test]
+    fn connection_errors_never_echo_the_secret() {
+        let secret = "c2VjcmV0LWtleS12YWx1ZQ==zz!";
+        let e = parse_connection_string("X", &format!("AccountName=a;AccountKey={secret}"))
+            .unwrap_err();
+        assert!(!e.contains(secret), "{e}");
+        let e = parse_connection_string("X", "garbage-with-secret").unwrap_err();
+        assert!(!e.contains("garbage-with-secret"), "{e}");
+        assert!(!format!("{:?}", Secret::new("abc")).contains("abc"));
+    }
+
+    #[test]
+    fn identity_connection() {
+        let mut env = BTreeMap::new();
+        env.insert(
+            "AzureWebJobsStorage__accountName".to_string(),
+            "acct".to_string(),
+        );
+        let c = resolve_connection("AzureWebJobsStorage", &env).unwrap();
+        assert_eq!(c.queue_endpoint, "https://acct.queue.core.windows.net");
+        assert_eq!(c.credentials, Credentials::Identity { client_id: None });
+    }
+}

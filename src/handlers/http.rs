@@ -1,0 +1,165 @@
+//! The built-in `http` handler: POST the payload to a URL.
+//!
+//! Headers: `Idempotency-Key: <ProviderKey>` (the same on every attempt and
+//! every replay), `Aqw-Key` (the business key, percent-encoded), `Aqw-Message-Id`,
+//! `Aqw-Dequeue-Count`, `Aqw-Previously-Pending`. 2xx success; 408, 425, 429,
+//! 5xx, connect errors and timeouts retryable (honouring `Retry-After`); other
+//! 4xx permanent.
+
+use super::{Handler, HandlerError, Job, Success};
+use async_trait::async_trait;
+use std::time::Duration;
+
+pub struct HttpHandler {
+    url: url::Url,
+    client: reqwest::Client,
+}
+
+impl HttpHandler {
+    pub fn new(url: url::Url, timeout: Duration) -> Result<Self, String> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5).min(timeout))
+            .timeout(timeout)
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| format!("cannot build HTTP client: {e}"))?;
+        Ok(Self { url, client })
+    }
+}
+
+/// Percent-encode a business key so any text fits a header value.
+pub fn header_safe(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+/// `Retry-After`: delay-seconds or an HTTP date.
+pub fn parse_retry_after(value: &str) -> Option<Duration> {
+    let v = value.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let when =
+        time::OffsetDateTime::parse(v, &time::format_description::well_known::Rfc2822).ok()?;
+    let delta = when - time::OffsetDateTime::now_utc();
+    Some(Duration::try_from(delta).unwrap_or(Duration::ZERO))
+}
+
+/// Classify a status code: None = success.
+pub fn classify(
+    status: u16,
+    retry_after: Option<Duration>,
+    body_tail: &str,
+) -> Option<HandlerError> {
+    let message = if body_tail.is_empty() {
+        format!("HTTP {status}")
+    } else {
+        format!("HTTP {status}: {body_tail}")
+    };
+    match status {
+        200..=299 => None,
+        408 | 425 | 429 | 500..=599 => Some(HandlerError::Retryable {
+            message,
+            retry_after,
+        }),
+        _ => Some(HandlerError::Permanent { message }),
+    }
+}
+
+#[async_trait]
+impl Handler for HttpHandler {
+    async fn handle(&self, job: &Job) -> Result<Success, HandlerError> {
+        let mut req = self
+            .client
+            .post(self.url.clone())
+            .header("content-type", "application/json")
+            .header("aqw-message-id", &job.message_id)
+            .header("aqw-dequeue-count", job.dequeue_count.to_string())
+            .header(
+                "aqw-previously-pending",
+                if job.previously_pending {
+                    "true"
+                } else {
+                    "false"
+                },
+            )
+            .body(job.payload.clone());
+        if let Some(pk) = &job.provider_key {
+            req = req.header("idempotency-key", pk);
+        }
+        if let Some(k) = &job.key {
+            req = req.header("aqw-key", header_safe(k));
+        }
+        let resp = req.send().await.map_err(|e| {
+            let what = if e.is_timeout() {
+                "timed out"
+            } else if e.is_connect() {
+                "cannot connect"
+            } else {
+                "request failed"
+            };
+            // The URL is the operator's own config: keep host and path, drop the query.
+            let mut shown = self.url.clone();
+            shown.set_query(None);
+            HandlerError::retryable(format!("POST {shown}: {what}"))
+        })?;
+        let status = resp.status().as_u16();
+        let retry_after = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_retry_after);
+        let body = resp.text().await.unwrap_or_default();
+        let tail: String = body.chars().take(512).collect();
+        match classify(status, retry_after, tail.trim()) {
+            None => Ok(Success::done()),
+            Some(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_classification() {
+        assert!(classify(200, None, "").is_none());
+        assert!(classify(204, None, "").is_none());
+        for s in [408, 425, 429, 500, 502, 503] {
+            assert!(
+                matches!(classify(s, None, ""), Some(HandlerError::Retryable { .. })),
+                "{s}"
+            );
+        }
+        for s in [400, 401, 403, 404, 409, 422] {
+            assert!(
+                matches!(classify(s, None, ""), Some(HandlerError::Permanent { .. })),
+                "{s}"
+            );
+        }
+        let e = classify(429, Some(Duration::from_secs(7)), "slow down").unwrap();
+        assert_eq!(
+            e,
+            HandlerError::Retryable {
+                message: "HTTP 429: slow down".into(),
+                retry_after: Some(Duration::from_secs(7))
+            }
+        );
+    }
+
+    #[test]
+    fn retry_after_forms() {
+        assert_eq!(parse_retry_after("120"), Some(Duration::from_secs(120)));
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(parse_retry_after("soon"), None);
+    }
+
+    #[test]
+    fn keys_become_header_safe() {
+        let h = header_safe("receipt:42/é #?\"😀");
+        assert!(h.bytes().all(|b| b.is_ascii_graphic()), "{h}");
+    }
+}

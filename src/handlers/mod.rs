@@ -1,0 +1,119 @@
+//! Handlers: the code that performs a job's effect.
+//!
+//! A handler returns a typed result: success (optionally with entities to
+//! write in the same transaction as the key's `done` mark), retryable
+//! (optionally with a retry-after) or permanent. Built-ins: [`http`] and
+//! [`exec`]; an embedding binary registers its own by function name.
+
+pub mod exec;
+pub mod http;
+
+use crate::config::{FunctionConfig, HandlerSpec};
+use crate::storage::Entity;
+use async_trait::async_trait;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One attempt of one job, as a handler sees it.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub function: String,
+    pub message_id: String,
+    pub dequeue_count: u32,
+    /// The decoded payload.
+    pub payload: String,
+    /// The business key (absent for `"key": "none"`).
+    pub key: Option<String>,
+    /// The provider idempotency key (UUID v4 minted once per key): send it on
+    /// every outside call so a retry or replay cannot double the effect.
+    pub provider_key: Option<String>,
+    /// An earlier attempt held this key and did not finish.
+    pub previously_pending: bool,
+    /// The partition of the key record, for same-store effects.
+    pub key_partition: Option<String>,
+}
+
+/// What a successful handler asks aqw to write with the `done` mark.
+#[derive(Debug, Default)]
+pub struct Success {
+    /// Entities (row key, properties) inserted into the key's table and
+    /// partition in one entity-group transaction with the `done` mark.
+    pub same_store_effects: Vec<(String, Entity)>,
+}
+
+impl Success {
+    pub fn done() -> Self {
+        Self::default()
+    }
+    pub fn with_entity(mut self, row_key: impl Into<String>, entity: Entity) -> Self {
+        self.same_store_effects.push((row_key.into(), entity));
+        self
+    }
+}
+
+/// A failed attempt, by whether trying again can help.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandlerError {
+    #[error("{message}")]
+    Retryable {
+        message: String,
+        retry_after: Option<Duration>,
+    },
+    #[error("{message}")]
+    Permanent { message: String },
+}
+
+impl HandlerError {
+    pub fn retryable(message: impl Into<String>) -> Self {
+        HandlerError::Retryable {
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+    pub fn permanent(message: impl Into<String>) -> Self {
+        HandlerError::Permanent {
+            message: message.into(),
+        }
+    }
+}
+
+#[async_trait]
+pub trait Handler: Send + Sync {
+    async fn handle(&self, job: &Job) -> Result<Success, HandlerError>;
+}
+
+/// Handlers registered in code, by function name.
+#[derive(Clone, Default)]
+pub struct Registry {
+    handlers: HashMap<String, Arc<dyn Handler>>,
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn register(mut self, function: impl Into<String>, handler: Arc<dyn Handler>) -> Self {
+        self.handlers.insert(function.into(), handler);
+        self
+    }
+
+    /// The handler of `function`: registered in code, else built from host.json.
+    pub fn resolve(&self, function: &FunctionConfig) -> Result<Arc<dyn Handler>, String> {
+        if let Some(h) = self.handlers.get(&function.name) {
+            return Ok(h.clone());
+        }
+        match &function.handler {
+            HandlerSpec::Http { url, timeout } => Ok(Arc::new(http::HttpHandler::new(url.clone(), *timeout)?)),
+            HandlerSpec::Exec { command, timeout } => Ok(Arc::new(exec::ExecHandler::new(
+                command.clone(),
+                *timeout,
+                std::path::PathBuf::new(),
+            ))),
+            HandlerSpec::Registered => Err(format!(
+                "aqw.functions.{}.handler: missing (give {{\"type\": \"http\"|\"exec\", ...}} or register a handler in code)",
+                function.name
+            )),
+        }
+    }
+}

@@ -1,0 +1,664 @@
+//! Idempotency keys: derivation from business facts, and the claim protocol
+//! over Table Storage (DESIGN.md section 4).
+//!
+//! One record per key, RowKey = hex SHA-256 of the key (any key text is safe),
+//! created *pending* before the handler runs (key first), marked *done* before
+//! the message is deleted. A claim is one atomic insert (409 = exists) or a
+//! take-over of an expired lease with `If-Match` (412 = another worker won),
+//! so exactly one worker holds a key at a time.
+
+use crate::storage::{Entity, Etag, StorageError, StorageResult, TableOp, TableStore};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use std::time::Duration;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+/// A business key: one stable id per intended effect.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    pub fn new(text: impl Into<String>) -> Result<Self, String> {
+        let text = text.into();
+        if text.is_empty() {
+            return Err("the idempotency key is empty".into());
+        }
+        Ok(Self(text))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+    /// RowKey: hex SHA-256 of the key text.
+    pub fn row_key(&self) -> String {
+        hex::encode(Sha256::digest(self.0.as_bytes()))
+    }
+    /// PartitionKey: the function name plus the first hash byte, spreading load
+    /// over 256 partitions per function.
+    pub fn partition_key(&self, function: &str) -> String {
+        format!("{function}-{}", &self.row_key()[..2])
+    }
+}
+
+impl std::fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    Literal(String),
+    Pointer(String),
+}
+
+/// A key template over the JSON payload: `receipt:{/orderId}:{/period}`.
+///
+/// Placeholders are JSON pointers into the payload and nothing else: a key
+/// built from the message id, the dequeue count, the time or a random value
+/// would change per attempt and defeat the constraint, so such templates
+/// are rejected when the config is loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyTemplate {
+    source: String,
+    parts: Vec<Part>,
+}
+
+impl KeyTemplate {
+    pub fn parse(source: &str) -> Result<Self, String> {
+        let mut parts = Vec::new();
+        let mut lit = String::new();
+        let mut chars = source.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '{' if chars.peek() == Some(&'{') => {
+                    chars.next();
+                    lit.push('{');
+                }
+                '}' if chars.peek() == Some(&'}') => {
+                    chars.next();
+                    lit.push('}');
+                }
+                '{' => {
+                    let mut name = String::new();
+                    let mut closed = false;
+                    for c in chars.by_ref() {
+                        if c == '}' {
+                            closed = true;
+                            break;
+                        }
+                        name.push(c);
+                    }
+                    if !closed {
+                        return Err(format!("unclosed '{{' in key template \"{source}\""));
+                    }
+                    if !name.starts_with('/') {
+                        let lower = name.to_ascii_lowercase();
+                        let per_attempt = [
+                            "messageid",
+                            "id",
+                            "dequeuecount",
+                            "now",
+                            "time",
+                            "timestamp",
+                            "utcnow",
+                            "random",
+                            "uuid",
+                            "guid",
+                            "randguid",
+                            "popreceipt",
+                            "insertiontime",
+                        ];
+                        let why = if per_attempt
+                            .iter()
+                            .any(|p| lower.replace(['_', '-', '.'], "") == *p)
+                        {
+                            format!(
+                                "{{{name}}} changes with every attempt or message, so retries would never match; \
+                                 derive the key from business facts in the payload, e.g. {{/orderId}}"
+                            )
+                        } else {
+                            format!("{{{name}}} is not a JSON pointer into the payload (write {{/{name}}})")
+                        };
+                        return Err(why);
+                    }
+                    if !lit.is_empty() {
+                        parts.push(Part::Literal(std::mem::take(&mut lit)));
+                    }
+                    parts.push(Part::Pointer(name));
+                }
+                '}' => return Err(format!("unmatched '}}' in key template \"{source}\"")),
+                c => lit.push(c),
+            }
+        }
+        if !lit.is_empty() {
+            parts.push(Part::Literal(lit));
+        }
+        if !parts.iter().any(|p| matches!(p, Part::Pointer(_))) {
+            return Err(format!(
+                "key template \"{source}\" has no {{/field}} placeholder: every job would share one key \
+                 (use \"none\" to opt out of keys)"
+            ));
+        }
+        Ok(Self {
+            source: source.to_string(),
+            parts,
+        })
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Render the key from a payload. Reads the payload and nothing else.
+    pub fn render(&self, payload: &Value) -> Result<IdempotencyKey, String> {
+        let mut out = String::new();
+        for part in &self.parts {
+            match part {
+                Part::Literal(l) => out.push_str(l),
+                Part::Pointer(p) => match payload.pointer(p) {
+                    Some(Value::String(s)) if !s.is_empty() => out.push_str(s),
+                    Some(Value::Number(n)) => out.push_str(&n.to_string()),
+                    Some(Value::Bool(b)) => out.push_str(&b.to_string()),
+                    Some(Value::String(_)) => return Err(format!("key field {p} is empty")),
+                    Some(Value::Null) | None => {
+                        return Err(format!("key field {p} is missing from the payload"))
+                    }
+                    Some(_) => {
+                        return Err(format!("key field {p} is an object or array, not a value"))
+                    }
+                },
+            }
+        }
+        IdempotencyKey::new(out)
+    }
+}
+
+/// Key status in the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyStatus {
+    Pending,
+    Done,
+    Poisoned,
+}
+
+impl KeyStatus {
+    fn parse(s: &str) -> Self {
+        match s {
+            "done" => KeyStatus::Done,
+            "poisoned" => KeyStatus::Poisoned,
+            _ => KeyStatus::Pending,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyStatus::Pending => "pending",
+            KeyStatus::Done => "done",
+            KeyStatus::Poisoned => "poisoned",
+        }
+    }
+}
+
+/// The idempotency record of one key, as stored.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyRecord {
+    pub key: String,
+    pub function: String,
+    pub status: KeyStatus,
+    pub provider_key: String,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    pub lease_owner: Option<String>,
+    pub lease_until: Option<String>,
+    pub message_id: Option<String>,
+    pub first_seen: Option<String>,
+    pub completed_at: Option<String>,
+    pub replay_count: u32,
+    pub partition_key: String,
+    pub row_key: String,
+}
+
+impl KeyRecord {
+    fn from_entity(pk: &str, rk: &str, e: &Entity) -> Self {
+        let s = |k: &str| {
+            e.get(k)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+        };
+        let n = |k: &str| e.get(k).and_then(Value::as_u64).unwrap_or(0) as u32;
+        KeyRecord {
+            key: s("Key").unwrap_or_default(),
+            function: s("Function").unwrap_or_default(),
+            status: KeyStatus::parse(&s("Status").unwrap_or_default()),
+            provider_key: s("ProviderKey").unwrap_or_default(),
+            attempts: n("Attempts"),
+            last_error: s("LastError"),
+            lease_owner: s("LeaseOwner"),
+            lease_until: s("LeaseUntil"),
+            message_id: s("MessageId"),
+            first_seen: s("FirstSeen"),
+            completed_at: s("CompletedAt"),
+            replay_count: n("ReplayCount"),
+            partition_key: pk.to_string(),
+            row_key: rk.to_string(),
+        }
+    }
+
+    fn lease_live(&self, now: OffsetDateTime) -> Option<OffsetDateTime> {
+        let until = OffsetDateTime::parse(self.lease_until.as_deref()?, &Rfc3339).ok()?;
+        (until > now && self.lease_owner.is_some()).then_some(until)
+    }
+}
+
+/// A key this worker holds: what the handler needs and what finishing needs.
+#[derive(Debug, Clone)]
+pub struct ClaimedKey {
+    pub key: IdempotencyKey,
+    pub function: String,
+    pub partition_key: String,
+    pub row_key: String,
+    pub etag: Etag,
+    pub provider_key: String,
+    /// An earlier attempt held this key and did not finish: it may have reached
+    /// the provider, so the handler must send the same provider key.
+    pub previously_pending: bool,
+    pub attempts: u32,
+    pub lease_owner: String,
+    /// When the key was first claimed (the job's first attempt).
+    pub first_seen: Option<String>,
+}
+
+/// What the claim decided.
+#[derive(Debug, Clone)]
+pub enum NextAction {
+    /// This worker holds the key: run the handler.
+    Run(ClaimedKey),
+    /// The effect already happened: delete the message as a duplicate.
+    AlreadyDone,
+    /// Another worker holds a live lease: come back after it ends.
+    HeldElsewhere { until: OffsetDateTime },
+}
+
+/// Error from finishing a claim.
+#[derive(Debug, thiserror::Error)]
+pub enum FinishError {
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("lost the key's lease to another worker before finishing")]
+    LeaseLost,
+}
+
+pub(crate) fn now_rfc3339() -> String {
+    fmt_time(OffsetDateTime::now_utc())
+}
+
+pub(crate) fn fmt_time(t: OffsetDateTime) -> String {
+    t.format(&Rfc3339).unwrap_or_default()
+}
+
+/// The idempotency table.
+#[derive(Clone)]
+pub struct KeyStore {
+    table: Arc<dyn TableStore>,
+}
+
+impl KeyStore {
+    pub fn new(table: Arc<dyn TableStore>) -> Self {
+        Self { table }
+    }
+
+    pub fn table(&self) -> &Arc<dyn TableStore> {
+        &self.table
+    }
+
+    pub async fn get(
+        &self,
+        function: &str,
+        key: &IdempotencyKey,
+    ) -> StorageResult<Option<KeyRecord>> {
+        let (pk, rk) = (key.partition_key(function), key.row_key());
+        Ok(self
+            .table
+            .get(&pk, &rk)
+            .await?
+            .map(|(e, _)| KeyRecord::from_entity(&pk, &rk, &e)))
+    }
+
+    /// Claim `key` for `lease_owner` until now + `lease`.
+    pub async fn claim(
+        &self,
+        function: &str,
+        key: &IdempotencyKey,
+        lease_owner: &str,
+        lease: Duration,
+        message_id: &str,
+    ) -> StorageResult<NextAction> {
+        let (pk, rk) = (key.partition_key(function), key.row_key());
+        let now = OffsetDateTime::now_utc();
+        let lease_until = fmt_time(now + lease);
+        for _ in 0..5 {
+            let provider_key = Uuid::new_v4().to_string();
+            let fresh = json!({
+                "Key": key.as_str(),
+                "Function": function,
+                "Status": "pending",
+                "ProviderKey": provider_key,
+                "Attempts": 1,
+                "LastError": "",
+                "LeaseOwner": lease_owner,
+                "LeaseUntil": lease_until,
+                "MessageId": message_id,
+                "FirstSeen": fmt_time(now),
+                "ReplayCount": 0,
+            });
+            let Value::Object(fresh) = fresh else {
+                unreachable!()
+            };
+            match self.table.insert(&pk, &rk, &fresh).await {
+                Ok(etag) => {
+                    return Ok(NextAction::Run(ClaimedKey {
+                        key: key.clone(),
+                        function: function.into(),
+                        partition_key: pk,
+                        row_key: rk,
+                        etag,
+                        provider_key,
+                        previously_pending: false,
+                        attempts: 1,
+                        lease_owner: lease_owner.into(),
+                        first_seen: Some(fmt_time(now)),
+                    }))
+                }
+                Err(StorageError::Conflict) => {}
+                Err(e) => return Err(e),
+            }
+            let Some((entity, etag)) = self.table.get(&pk, &rk).await? else {
+                continue; // deleted in between: insert again
+            };
+            let rec = KeyRecord::from_entity(&pk, &rk, &entity);
+            if rec.status == KeyStatus::Done {
+                return Ok(NextAction::AlreadyDone);
+            }
+            if rec.lease_owner.as_deref() == Some(lease_owner) {
+                // Our own write landed (an SDK-level retry then saw 409/412).
+                return Ok(NextAction::Run(ClaimedKey {
+                    key: key.clone(),
+                    function: function.into(),
+                    partition_key: pk,
+                    row_key: rk,
+                    etag,
+                    provider_key: rec.provider_key.clone(),
+                    previously_pending: rec.attempts > 1,
+                    attempts: rec.attempts,
+                    lease_owner: lease_owner.into(),
+                    first_seen: rec.first_seen.clone(),
+                }));
+            }
+            if let Some(until) = rec.lease_live(now) {
+                return Ok(NextAction::HeldElsewhere { until });
+            }
+            // Free (released or expired): take it over, keeping ProviderKey.
+            let attempts = rec.attempts + 1;
+            let mut update = Entity::new();
+            update.insert("Status".into(), json!("pending"));
+            update.insert("Attempts".into(), json!(attempts));
+            update.insert("LeaseOwner".into(), json!(lease_owner));
+            update.insert("LeaseUntil".into(), json!(lease_until));
+            update.insert("MessageId".into(), json!(message_id));
+            match self.table.merge(&pk, &rk, &update, Some(&etag)).await {
+                Ok(etag) => {
+                    return Ok(NextAction::Run(ClaimedKey {
+                        key: key.clone(),
+                        function: function.into(),
+                        partition_key: pk,
+                        row_key: rk,
+                        etag,
+                        provider_key: rec.provider_key,
+                        previously_pending: true,
+                        attempts,
+                        lease_owner: lease_owner.into(),
+                        first_seen: rec.first_seen.clone(),
+                    }))
+                }
+                Err(StorageError::PreconditionFailed) | Err(StorageError::NotFound) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        // Five rounds of losing races: someone else is active on this key.
+        Ok(NextAction::HeldElsewhere {
+            until: now + Duration::from_secs(1),
+        })
+    }
+
+    /// Extend the key's lease (with the message lease, while the handler runs).
+    pub async fn extend(&self, claim: &mut ClaimedKey, lease: Duration) -> Result<(), FinishError> {
+        let mut update = Entity::new();
+        update.insert(
+            "LeaseUntil".into(),
+            json!(fmt_time(OffsetDateTime::now_utc() + lease)),
+        );
+        claim.etag = self.merge_owned(claim, update).await?;
+        Ok(())
+    }
+
+    /// Mark the key done (before the message is deleted), optionally writing
+    /// the caller's entities in the same entity-group transaction.
+    pub async fn complete(
+        &self,
+        claim: &ClaimedKey,
+        effects: Vec<(String, Entity)>,
+    ) -> Result<(), FinishError> {
+        let mut update = Entity::new();
+        update.insert("Status".into(), json!("done"));
+        update.insert("CompletedAt".into(), json!(now_rfc3339()));
+        update.insert("LeaseUntil".into(), json!(""));
+        if effects.is_empty() {
+            self.merge_owned(claim, update).await?;
+            return Ok(());
+        }
+        let mut ops: Vec<TableOp> = effects
+            .into_iter()
+            .map(|(row_key, entity)| TableOp::Insert { row_key, entity })
+            .collect();
+        ops.push(TableOp::Merge {
+            row_key: claim.row_key.clone(),
+            entity: update,
+            if_match: Some(claim.etag.clone()),
+        });
+        match self.table.transaction(&claim.partition_key, ops).await {
+            Ok(()) => Ok(()),
+            Err(StorageError::PreconditionFailed) | Err(StorageError::Conflict) => {
+                // Either our own retried batch landed, or someone else took the key.
+                match self.table.get(&claim.partition_key, &claim.row_key).await? {
+                    Some((e, _)) => {
+                        let rec = KeyRecord::from_entity(&claim.partition_key, &claim.row_key, &e);
+                        if rec.status == KeyStatus::Done
+                            && rec.lease_owner.as_deref() == Some(&claim.lease_owner)
+                        {
+                            Ok(())
+                        } else {
+                            Err(FinishError::LeaseLost)
+                        }
+                    }
+                    None => Err(FinishError::LeaseLost),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Record a failed attempt and release the lease so the next attempt can claim at once.
+    pub async fn record_failure(&self, claim: &ClaimedKey, error: &str) -> Result<(), FinishError> {
+        let mut update = Entity::new();
+        update.insert("LastError".into(), json!(cap_error(error)));
+        update.insert("LeaseUntil".into(), json!(""));
+        self.merge_owned(claim, update).await.map(|_| ())
+    }
+
+    /// The message went to poison: the key is not done; a later message with the
+    /// same key may run.
+    pub async fn mark_poisoned(&self, claim: &ClaimedKey, error: &str) -> Result<(), FinishError> {
+        let mut update = Entity::new();
+        update.insert("Status".into(), json!("poisoned"));
+        update.insert("LastError".into(), json!(cap_error(error)));
+        update.insert("LeaseUntil".into(), json!(""));
+        self.merge_owned(claim, update).await.map(|_| ())
+    }
+
+    /// Count a replay on the key's record (best effort, no lease needed).
+    pub async fn note_replay(&self, function: &str, key: &IdempotencyKey) -> StorageResult<()> {
+        let (pk, rk) = (key.partition_key(function), key.row_key());
+        if let Some((e, etag)) = self.table.get(&pk, &rk).await? {
+            let rec = KeyRecord::from_entity(&pk, &rk, &e);
+            let mut update = Entity::new();
+            update.insert("ReplayCount".into(), json!(rec.replay_count + 1));
+            match self.table.merge(&pk, &rk, &update, Some(&etag)).await {
+                Ok(_) | Err(StorageError::PreconditionFailed) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Merge into a record this worker owns. A 412 is re-checked: our own
+    /// retried write is success; anything else means the lease was lost.
+    async fn merge_owned(&self, claim: &ClaimedKey, update: Entity) -> Result<Etag, FinishError> {
+        match self
+            .table
+            .merge(
+                &claim.partition_key,
+                &claim.row_key,
+                &update,
+                Some(&claim.etag),
+            )
+            .await
+        {
+            Ok(etag) => Ok(etag),
+            Err(StorageError::PreconditionFailed) => {
+                let Some((e, etag)) = self.table.get(&claim.partition_key, &claim.row_key).await?
+                else {
+                    return Err(FinishError::LeaseLost);
+                };
+                let rec = KeyRecord::from_entity(&claim.partition_key, &claim.row_key, &e);
+                let ours = rec.lease_owner.as_deref() == Some(&claim.lease_owner);
+                let applied = update.iter().all(|(k, v)| e.get(k) == Some(v));
+                if ours && applied {
+                    Ok(etag)
+                } else if ours {
+                    // Our record moved on (e.g. our own extend landed twice): apply again.
+                    Ok(self
+                        .table
+                        .merge(&claim.partition_key, &claim.row_key, &update, Some(&etag))
+                        .await?)
+                } else {
+                    Err(FinishError::LeaseLost)
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// Errors are capped before they are stored (Table string properties hold 64 KiB).
+pub fn cap_error(s: &str) -> String {
+    const MAX: usize = 4096;
+    let s = crate::telemetry::scrub(s);
+    if s.len() <= MAX {
+        return s;
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… [truncated]", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn template_renders_pointers() {
+        let t = KeyTemplate::parse("credits:{/accountId}:{/period}").unwrap();
+        let k = t
+            .render(&json!({"accountId": "a1", "period": 202611}))
+            .unwrap();
+        assert_eq!(k.as_str(), "credits:a1:202611");
+        let t = KeyTemplate::parse("x{{y}}:{/a/b}").unwrap();
+        assert_eq!(
+            t.render(&json!({"a": {"b": "z"}})).unwrap().as_str(),
+            "x{y}:z"
+        );
+    }
+
+    #[test]
+    fn template_names_the_missing_field() {
+        let t = KeyTemplate::parse("receipt:{/orderId}").unwrap();
+        let e = t.render(&json!({"other": 1})).unwrap_err();
+        assert!(e.contains("/orderId"), "{e}");
+        assert!(t.render(&json!({"orderId": ""})).is_err());
+        assert!(t.render(&json!({"orderId": null})).is_err());
+        assert!(t.render(&json!({"orderId": {"x": 1}})).is_err());
+    }
+
+    #[test]
+    fn per_attempt_templates_are_rejected() {
+        for bad in [
+            "r:{messageId}",
+            "r:{/a}:{dequeueCount}",
+            "r:{now}",
+            "r:{random}",
+            "r:{uuid}",
+            "r:{sys.RandGuid}",
+        ] {
+            assert!(KeyTemplate::parse(bad).is_err(), "{bad}");
+        }
+        assert!(KeyTemplate::parse("constant")
+            .unwrap_err()
+            .contains("share one key"));
+        assert!(KeyTemplate::parse("r:{/a").is_err());
+        assert!(KeyTemplate::parse("r:/a}").is_err());
+    }
+
+    #[test]
+    fn row_keys_distinguish_long_keys() {
+        let a = IdempotencyKey::new(format!("{}a", "x".repeat(600))).unwrap();
+        let b = IdempotencyKey::new(format!("{}b", "x".repeat(600))).unwrap();
+        assert_ne!(a.row_key(), b.row_key());
+        assert_eq!(a.row_key().len(), 64);
+        assert!(a.partition_key("F").starts_with("F-"));
+    }
+
+    proptest! {
+        #[test]
+        fn same_payload_same_key(order in "[a-zA-Z0-9 /#?'\"😀]{1,40}", period in 0u32..1_000_000) {
+            let t = KeyTemplate::parse("receipt:{/orderId}:{/period}").unwrap();
+            let p = json!({"orderId": order, "period": period});
+            let k1 = t.render(&p).unwrap();
+            let k2 = t.render(&p.clone()).unwrap();
+            prop_assert_eq!(&k1, &k2);
+            prop_assert_eq!(k1.row_key(), k2.row_key());
+        }
+
+        #[test]
+        fn key_ignores_everything_but_the_pointed_fields(order in "[a-z0-9]{1,20}", noise in any::<u64>()) {
+            // The template sees only the payload; extra fields (or anything a
+            // message carries around it) cannot change the key.
+            let t = KeyTemplate::parse("r:{/orderId}").unwrap();
+            let a = t.render(&json!({"orderId": order})).unwrap();
+            let b = t.render(&json!({"orderId": order, "attempt": noise, "ts": noise.to_string()})).unwrap();
+            prop_assert_eq!(a, b);
+        }
+
+        #[test]
+        fn template_parser_never_panics(s in "\\PC{0,60}") {
+            let _ = KeyTemplate::parse(&s);
+        }
+    }
+}

@@ -1,0 +1,669 @@
+//! `aqw` — thin CLI over the library. Exit codes: 0 success; 1 something
+//! needs a person; 2 usage or configuration error (nothing touched); 3
+//! storage or runtime error.
+
+use aqw::config::{self, AppConfig, MessageEncoding};
+use aqw::ops::{self, Filter, OpsError, QueueOps, ReplayOptions};
+use aqw::poison::RecordStatus;
+use aqw::telemetry::{self, LogFormat};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::io::{IsTerminal, Read};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(
+    name = "aqw",
+    version,
+    about = "Azure Queue Storage worker that makes background jobs safe to retry"
+)]
+struct Cli {
+    /// App folder holding host.json (and <Function>/function.json).
+    #[arg(long, global = true, default_value = ".", env = "AQW_APP")]
+    app: PathBuf,
+    /// Output format of records.
+    #[arg(long, global = true, value_enum, default_value_t = Output::Text)]
+    output: Output,
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "AQW_LOG_FORMAT")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the standalone worker: poll every function's queue until SIGTERM/SIGINT.
+    Run,
+    /// Azure Functions custom handler: serve invocations on FUNCTIONS_CUSTOMHANDLER_PORT.
+    Serve,
+    /// Put a job on a queue, encoded per the app's messageEncoding.
+    Enqueue(EnqueueArgs),
+    /// Depth and poison count per queue; exit 1 while any poison record is open.
+    Status,
+    /// Inspect, replay and discard poisoned messages.
+    #[command(subcommand)]
+    Poison(PoisonCmd),
+    /// Idempotency records.
+    #[command(subcommand)]
+    Keys(KeysCmd),
+}
+
+#[derive(Args)]
+struct EnqueueArgs {
+    /// Target queue (a configured function's queue).
+    queue: String,
+    /// The payload as text (JSON for keyed functions).
+    #[arg(long, conflicts_with = "file")]
+    payload: Option<String>,
+    /// Read the payload from a file.
+    #[arg(long)]
+    file: Option<PathBuf>,
+    /// `-` reads the payload from standard input.
+    #[arg(value_name = "-")]
+    stdin: Option<String>,
+    /// Enqueue even if the worker would poison it at once (no key derivable).
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(Subcommand)]
+enum PoisonCmd {
+    /// List poison records, newest first.
+    List {
+        queue: String,
+        #[arg(long, value_parser = parse_status)]
+        status: Option<RecordStatus>,
+        /// RFC 3339 time or a duration ago (hh:mm:ss).
+        #[arg(long)]
+        since: Option<String>,
+        #[arg(long)]
+        until: Option<String>,
+        #[arg(long)]
+        function: Option<String>,
+        /// Regular expression over the error text.
+        #[arg(long)]
+        error: Option<String>,
+    },
+    /// Show one record: error, attempts, key state and decoded payload.
+    Show { queue: String, id: String },
+    /// Re-put poisoned messages to their source queue with their original key.
+    Replay {
+        queue: String,
+        #[arg(long = "id", required_unless_present = "all")]
+        ids: Vec<String>,
+        #[arg(long, conflicts_with = "ids")]
+        all: bool,
+        #[arg(long)]
+        error: Option<String>,
+        #[arg(long)]
+        since: Option<String>,
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Messages per second.
+        #[arg(long)]
+        rate: Option<f64>,
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long, env = "USER", default_value = "unknown")]
+        by: String,
+        /// Wait (hh:mm:ss) until each replayed key is done, and report.
+        #[arg(long)]
+        wait: Option<String>,
+    },
+    /// Close a record without replaying it.
+    Discard {
+        queue: String,
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        reason: String,
+        #[arg(long)]
+        by: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCmd {
+    /// Show the idempotency record of one key.
+    Show { function: String, key: String },
+}
+
+fn parse_status(s: &str) -> Result<RecordStatus, String> {
+    RecordStatus::parse(s).ok_or_else(|| format!("\"{s}\" is not one of open, replayed, discarded"))
+}
+
+/// A failure with its exit code.
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    fn usage(m: impl Into<String>) -> Self {
+        Failure {
+            code: 2,
+            message: m.into(),
+        }
+    }
+    fn runtime(m: impl Into<String>) -> Self {
+        Failure {
+            code: 3,
+            message: m.into(),
+        }
+    }
+}
+
+impl From<OpsError> for Failure {
+    fn from(e: OpsError) -> Self {
+        match e {
+            OpsError::Usage(m) => Failure::usage(m),
+            OpsError::Storage(e) => Failure::runtime(format!("storage: {e}")),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    telemetry::init_logging(cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("aqw: cannot start the async runtime: {e}");
+            return ExitCode::from(3);
+        }
+    };
+    match runtime.block_on(dispatch(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(f) => {
+            eprintln!("aqw: {}", telemetry::scrub(&f.message));
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+fn load(app: &std::path::Path) -> Result<Arc<AppConfig>, Failure> {
+    config::load(app)
+        .map(Arc::new)
+        .map_err(|e| Failure::usage(format!("{e:#}")))
+}
+
+fn queue_ops(app: &Arc<AppConfig>, queue: &str) -> Result<QueueOps, Failure> {
+    let connection = app
+        .function_for_queue(queue)
+        .map(|f| &f.connection)
+        .ok_or_else(|| {
+            let known: Vec<&str> = app.functions.iter().map(|f| f.queue.as_str()).collect();
+            Failure::usage(format!(
+                "queue \"{queue}\" is not consumed by any function of this app (known: {})",
+                known.join(", ")
+            ))
+        })?;
+    let storage = aqw::storage::connect(connection).map_err(|e| Failure::usage(e.to_string()))?;
+    Ok(QueueOps::new(app.clone(), queue, &storage))
+}
+
+fn parse_time(s: &str) -> Result<time::OffsetDateTime, Failure> {
+    if let Ok(t) = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339) {
+        return Ok(t);
+    }
+    config::parse_timespan(s)
+        .map(|d| time::OffsetDateTime::now_utc() - d)
+        .map_err(|_| {
+            Failure::usage(format!(
+                "\"{s}\" is neither an RFC 3339 time nor a duration ago (hh:mm:ss)"
+            ))
+        })
+}
+
+fn print_json(v: &impl serde::Serialize) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+async fn dispatch(cli: Cli) -> Result<u8, Failure> {
+    let output = cli.output;
+    match cli.command {
+        Command::Run => {
+            let app = load(&cli.app)?;
+            let shutdown = CancellationToken::new();
+            spawn_signal_handler(shutdown.clone());
+            aqw::worker::run(app, aqw::Registry::new(), shutdown)
+                .await
+                .map_err(|e| Failure::runtime(format!("{e:#}")))?;
+            Ok(0)
+        }
+        Command::Serve => Err(Failure::usage(
+            "aqw serve is not available in this build yet",
+        )),
+        Command::Enqueue(a) => enqueue(&cli.app, a, output).await,
+        Command::Status => {
+            let app = load(&cli.app)?;
+            let mut lines = Vec::new();
+            for f in &app.functions {
+                lines.push(ops::status(&queue_ops(&app, &f.queue)?).await?);
+            }
+            let open: usize = lines.iter().map(|l| l.open_records).sum();
+            if output == Output::Json {
+                print_json(&serde_json::json!({"queues": lines, "openPoisonRecords": open}));
+            } else {
+                println!(
+                    "{:<20} {:<24} {:>8} {:>8} {:>6}  OLDEST OPEN",
+                    "FUNCTION", "QUEUE", "DEPTH", "POISON", "OPEN"
+                );
+                for l in &lines {
+                    println!(
+                        "{:<20} {:<24} {:>8} {:>8} {:>6}  {}",
+                        l.function,
+                        l.queue,
+                        l.depth.map(|d| d.to_string()).unwrap_or("-".into()),
+                        l.poison_depth.map(|d| d.to_string()).unwrap_or("-".into()),
+                        l.open_records,
+                        l.oldest_open.as_deref().unwrap_or("-")
+                    );
+                }
+            }
+            Ok(if open > 0 { 1 } else { 0 })
+        }
+        Command::Poison(cmd) => poison(&cli.app, cmd, output).await,
+        Command::Keys(KeysCmd::Show { function, key }) => {
+            let app = load(&cli.app)?;
+            let f = app
+                .function(&function)
+                .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
+            let storage =
+                aqw::storage::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
+            let keys = aqw::idempotency::KeyStore::new(aqw::storage::Storage::table(
+                &storage,
+                &app.keys_table,
+            ));
+            let k = aqw::idempotency::IdempotencyKey::new(key.clone()).map_err(Failure::usage)?;
+            let rec = match keys.get(&function, &k).await {
+                Ok(r) => r,
+                Err(aqw::storage::StorageError::NotFound) => None,
+                Err(e) => return Err(Failure::runtime(format!("storage: {e}"))),
+            };
+            match rec {
+                None => {
+                    if output == Output::Json {
+                        print_json(
+                            &serde_json::json!({"key": key, "function": function, "record": null}),
+                        );
+                    } else {
+                        println!("no record for key {key:?} of {function} (never claimed)");
+                    }
+                    Ok(0)
+                }
+                Some(r) => {
+                    if output == Output::Json {
+                        print_json(&r);
+                    } else {
+                        println!("key:          {}", r.key);
+                        println!("function:     {}", r.function);
+                        println!("status:       {}", r.status.as_str());
+                        println!("providerKey:  {}", r.provider_key);
+                        println!("attempts:     {}", r.attempts);
+                        println!("lastError:    {}", r.last_error.as_deref().unwrap_or("-"));
+                        println!("messageId:    {}", r.message_id.as_deref().unwrap_or("-"));
+                        println!("firstSeen:    {}", r.first_seen.as_deref().unwrap_or("-"));
+                        println!("completedAt:  {}", r.completed_at.as_deref().unwrap_or("-"));
+                        println!("replayCount:  {}", r.replay_count);
+                        println!(
+                            "lease:        {} until {}",
+                            r.lease_owner.as_deref().unwrap_or("-"),
+                            r.lease_until.as_deref().unwrap_or("-")
+                        );
+                        println!("row:          {} / {}", r.partition_key, r.row_key);
+                    }
+                    Ok(0)
+                }
+            }
+        }
+    }
+}
+
+async fn enqueue(app_dir: &std::path::Path, a: EnqueueArgs, output: Output) -> Result<u8, Failure> {
+    let app = load(app_dir)?;
+    let payload = match (a.payload, a.file, a.stdin.as_deref()) {
+        (Some(p), None, None) => p,
+        (None, Some(f), None) => std::fs::read_to_string(&f)
+            .map_err(|e| Failure::usage(format!("{}: {e}", f.display())))?,
+        (None, None, Some("-")) => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .map_err(|e| Failure::usage(format!("stdin: {e}")))?;
+            s
+        }
+        _ => {
+            return Err(Failure::usage(
+                "give exactly one of --payload JSON, --file PATH or -",
+            ))
+        }
+    };
+    let f = app.function_for_queue(&a.queue).ok_or_else(|| {
+        Failure::usage(format!(
+            "queue \"{}\" is not consumed by any function of this app",
+            a.queue
+        ))
+    })?;
+    let key = match aqw::worker::derive_key(&f.key, &payload) {
+        Ok(k) => k,
+        Err(e) if !a.force => {
+            return Err(Failure::usage(format!(
+                "the worker would poison this job at once: {e} (use --force to enqueue anyway)"
+            )))
+        }
+        Err(_) => None,
+    };
+    let text =
+        aqw::message::encode_checked(&payload, app.message_encoding).map_err(Failure::usage)?;
+    let storage =
+        aqw::storage::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
+    let queue = aqw::storage::Storage::queue(&storage, &a.queue);
+    let receipt = aqw::poison::put_creating(queue.as_ref(), &text, aqw::storage::Ttl::Default)
+        .await
+        .map_err(|e| Failure::runtime(format!("storage: {e}")))?;
+    let enc = match app.message_encoding {
+        MessageEncoding::Base64 => "base64",
+        MessageEncoding::None => "none",
+    };
+    if output == Output::Json {
+        print_json(
+            &serde_json::json!({"queue": a.queue, "messageId": receipt.id, "key": key.map(|k| k.to_string()), "encoding": enc}),
+        );
+    } else {
+        println!(
+            "enqueued {} to {} (key {}, encoding {enc})",
+            receipt.id,
+            a.queue,
+            key.map(|k| format!("{:?}", k.as_str()))
+                .unwrap_or("none".into())
+        );
+    }
+    Ok(0)
+}
+
+async fn poison(app_dir: &std::path::Path, cmd: PoisonCmd, output: Output) -> Result<u8, Failure> {
+    let app = load(app_dir)?;
+    match cmd {
+        PoisonCmd::List {
+            queue,
+            status,
+            since,
+            until,
+            function,
+            error,
+        } => {
+            let filter = Filter {
+                status,
+                since: since.as_deref().map(parse_time).transpose()?,
+                until: until.as_deref().map(parse_time).transpose()?,
+                function,
+                error: error
+                    .as_deref()
+                    .map(regex::Regex::new)
+                    .transpose()
+                    .map_err(|e| Failure::usage(format!("--error: {e}")))?,
+                ids: vec![],
+            };
+            let ops = queue_ops(&app, &queue)?;
+            let records = ops::list(&ops, &filter).await?;
+            let open = records
+                .iter()
+                .filter(|r| r.status == RecordStatus::Open)
+                .count();
+            if output == Output::Json {
+                print_json(&records);
+            } else if records.is_empty() {
+                println!("no poison records for {queue}");
+            } else {
+                println!(
+                    "{:<38} {:<9} {:<20} {:>3} {:<10} {:<24} ERROR",
+                    "ID", "STATUS", "POISONED AT", "DQ", "KIND", "KEY"
+                );
+                for r in &records {
+                    let err: String = r.error.message.chars().take(60).collect();
+                    println!(
+                        "{:<38} {:<9} {:<20} {:>3} {:<10} {:<24} {}",
+                        r.message_id,
+                        r.status.as_str(),
+                        r.poisoned_at.chars().take(19).collect::<String>(),
+                        r.dequeue_count,
+                        r.error.kind.as_str(),
+                        r.key
+                            .as_deref()
+                            .unwrap_or("-")
+                            .chars()
+                            .take(24)
+                            .collect::<String>(),
+                        err.replace('\n', " ")
+                    );
+                }
+                println!("{} record(s), {open} open", records.len());
+            }
+            Ok(if open > 0 { 1 } else { 0 })
+        }
+        PoisonCmd::Show { queue, id } => {
+            let ops = queue_ops(&app, &queue)?;
+            let report = ops::show(&ops, &id).await?;
+            if output == Output::Json {
+                print_json(&report);
+            } else {
+                let r = &report.record;
+                println!(
+                    "record:        {} ({}, origin {})",
+                    r.message_id,
+                    r.status.as_str(),
+                    r.origin
+                );
+                println!("queue:         {} (function {})", r.queue, r.function);
+                println!(
+                    "error:         [{}] {}",
+                    r.error.kind.as_str(),
+                    r.error.message
+                );
+                println!("attempts:      dequeued {} time(s)", r.dequeue_count);
+                println!("inserted:      {}", r.inserted_at);
+                println!("first attempt: {}", r.first_attempt_at);
+                println!("poisoned:      {}", r.poisoned_at);
+                println!("key:           {}", r.key.as_deref().unwrap_or("-"));
+                match &report.key_record {
+                    Some(k) => println!(
+                        "key state:     {} (attempts {}, provider key {}, last error {})",
+                        k.status.as_str(),
+                        k.attempts,
+                        k.provider_key,
+                        k.last_error.as_deref().unwrap_or("-")
+                    ),
+                    None => println!("key state:     no record"),
+                }
+                if let Some(by) = &r.replayed_by {
+                    println!(
+                        "replayed:      {} by {by} as {}",
+                        r.replayed_at.as_deref().unwrap_or("-"),
+                        r.replay_message_id.as_deref().unwrap_or("-")
+                    );
+                }
+                if let Some(by) = &r.discarded_by {
+                    println!(
+                        "discarded:     {} by {by}: {}",
+                        r.discarded_at.as_deref().unwrap_or("-"),
+                        r.discard_reason.as_deref().unwrap_or("-")
+                    );
+                }
+                println!(
+                    "encoding:      {} ({} bytes of message text)",
+                    r.encoding.as_str(),
+                    r.message.len()
+                );
+                match (&report.payload, &report.payload_text, &report.decode_error) {
+                    (Some(v), _, _) => println!(
+                        "payload:\n{}",
+                        serde_json::to_string_pretty(v).unwrap_or_default()
+                    ),
+                    (None, Some(t), _) => println!("payload (not JSON):\n{t}"),
+                    (_, _, Some(e)) => println!(
+                        "payload:       undecodable: {e}\nraw text:      {}",
+                        r.message
+                    ),
+                    _ => {}
+                }
+            }
+            Ok(0)
+        }
+        PoisonCmd::Discard {
+            queue,
+            id,
+            reason,
+            by,
+        } => {
+            if reason.trim().is_empty() || by.trim().is_empty() {
+                return Err(Failure::usage("--reason and --by must not be empty"));
+            }
+            let ops = queue_ops(&app, &queue)?;
+            let rec = ops::discard(&ops, &id, &reason, &by).await?;
+            if output == Output::Json {
+                print_json(&rec);
+            } else {
+                println!("discarded {id} ({reason}, by {by})");
+            }
+            Ok(0)
+        }
+        PoisonCmd::Replay {
+            queue,
+            ids,
+            all,
+            error,
+            since,
+            limit,
+            rate,
+            dry_run,
+            by,
+            wait,
+        } => {
+            if !all && ids.is_empty() {
+                return Err(Failure::usage("give --id ID (repeatable) or --all"));
+            }
+            if rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
+                return Err(Failure::usage(
+                    "--rate must be a positive number of messages per second",
+                ));
+            }
+            let opts = ReplayOptions {
+                filter: Filter {
+                    status: None,
+                    since: since.as_deref().map(parse_time).transpose()?,
+                    until: None,
+                    function: None,
+                    error: error
+                        .as_deref()
+                        .map(regex::Regex::new)
+                        .transpose()
+                        .map_err(|e| Failure::usage(format!("--error: {e}")))?,
+                    ids,
+                },
+                limit,
+                rate,
+                dry_run,
+                by,
+                wait: wait
+                    .as_deref()
+                    .map(|w| {
+                        config::parse_timespan(w)
+                            .map_err(|e| Failure::usage(format!("--wait: {e}")))
+                    })
+                    .transpose()?,
+            };
+            let ops = queue_ops(&app, &queue)?;
+            let bar = if std::io::stderr().is_terminal() && output == Output::Text {
+                let b = indicatif::ProgressBar::new(0);
+                b.set_style(
+                    indicatif::ProgressStyle::with_template(
+                        "{bar:40} {pos}/{len} replayed ({per_sec}, eta {eta})",
+                    )
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                );
+                Some(b)
+            } else {
+                None
+            };
+            let progress = |done: usize, total: usize| {
+                if let Some(b) = &bar {
+                    if total > 5 {
+                        b.set_length(total as u64);
+                        b.set_position(done as u64);
+                    }
+                }
+            };
+            let report = ops::replay(&ops, &opts, &progress).await?;
+            if let Some(b) = bar {
+                b.finish_and_clear();
+            }
+            if output == Output::Json {
+                print_json(&report);
+            } else {
+                for i in &report.items {
+                    let extra = match (&i.new_message_id, &i.detail) {
+                        (Some(n), _) => format!("as {n}"),
+                        (None, Some(d)) => d.clone(),
+                        _ => String::new(),
+                    };
+                    let conf = match i.confirmed {
+                        Some(true) => " [done]",
+                        Some(false) => " [NOT done yet]",
+                        None => "",
+                    };
+                    println!("{:<38} {:<26} {}{conf}", i.id, i.action, extra);
+                }
+                println!(
+                    "{}: {} selected, {} replayed, {} already done, {} not replayed{}",
+                    if report.dry_run { "dry run" } else { "replay" },
+                    report.selected,
+                    report.replayed,
+                    report.already_done,
+                    report.failed,
+                    if opts.wait.is_some() {
+                        format!(", {} not confirmed done", report.unconfirmed)
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+            Ok(if report.needs_a_person() { 1 } else { 0 })
+        }
+    }
+}
+
+fn spawn_signal_handler(shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut term = match signal(SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return,
+            };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!(event = "aqw.worker.signal", "shutdown requested");
+        shutdown.cancel();
+    });
+    let _ = Duration::ZERO;
+}

@@ -1,0 +1,708 @@
+//! The operator's procedure (DESIGN.md section 7): status, list, show,
+//! replay, discard, and `keys show`.
+//!
+//! Poison records live in the record table (no 32-message peek limit). Raw
+//! copies written to `<queue>-poison` by the Functions host itself are found
+//! by a scan of the poison queue and imported as records (origin `host`), so
+//! they are listed and replayed like aqw's own.
+
+use crate::config::{AppConfig, FunctionConfig};
+use crate::failpoint;
+use crate::idempotency::{fmt_time, now_rfc3339, IdempotencyKey, KeyRecord, KeyStatus, KeyStore};
+use crate::message::{decode, ErrorInfo, ErrorKind, PoisonEnvelope};
+use crate::poison::{PoisonRecord, RecordStatus};
+use crate::storage::{Entity, QueueStore, Storage, StorageError, TableStore, Ttl};
+use crate::worker::derive_key;
+use serde_json::json;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+/// Errors of the operator commands, mapped to exit codes by the binary.
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    /// Bad arguments or config (exit 2).
+    #[error("{0}")]
+    Usage(String),
+    /// Storage failed (exit 3).
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+pub type OpsResult<T> = Result<T, OpsError>;
+
+/// Storage handles for one source queue.
+pub struct QueueOps {
+    pub app: Arc<AppConfig>,
+    pub function: Option<FunctionConfig>,
+    pub queue: String,
+    pub source: Arc<dyn QueueStore>,
+    pub poison_queue: Arc<dyn QueueStore>,
+    pub records: Arc<dyn TableStore>,
+    pub keys: KeyStore,
+}
+
+impl QueueOps {
+    pub fn new(app: Arc<AppConfig>, queue: &str, storage: &dyn Storage) -> Self {
+        Self {
+            function: app.function_for_queue(queue).cloned(),
+            queue: queue.to_string(),
+            source: storage.queue(queue),
+            poison_queue: storage.queue(&format!("{queue}-poison")),
+            records: storage.table(&app.poison_table),
+            keys: KeyStore::new(storage.table(&app.keys_table)),
+            app,
+        }
+    }
+
+    /// All records of this queue (after importing what a scan finds).
+    pub async fn records(&self) -> OpsResult<Vec<PoisonRecord>> {
+        match self.records.query(Some(&self.queue)).await {
+            Ok(rows) => Ok(rows
+                .into_iter()
+                .map(|(_, _, e)| PoisonRecord::from_entity(&e))
+                .collect()),
+            Err(StorageError::NotFound) => Ok(vec![]),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub async fn record(
+        &self,
+        id: &str,
+    ) -> OpsResult<Option<(PoisonRecord, crate::storage::Etag)>> {
+        for rk in [id.to_string(), format!("host-{id}")] {
+            match self.records.get(&self.queue, &rk).await {
+                Ok(Some((e, etag))) => return Ok(Some((PoisonRecord::from_entity(&e), etag))),
+                Ok(None) | Err(StorageError::NotFound) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(None)
+    }
+
+    fn row_key(r: &PoisonRecord) -> String {
+        if r.origin == "host" {
+            format!("host-{}", r.message_id)
+        } else {
+            r.message_id.clone()
+        }
+    }
+
+    /// Scan the poison queue: import raw host copies as records, remove stray
+    /// duplicate copies, and return the pop receipts the scan obtained (the
+    /// scanned messages stay invisible for `hold`).
+    pub async fn scan(&self, hold: Duration) -> OpsResult<HashMap<String, String>> {
+        let mut receipts = HashMap::new();
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            let batch = match self.poison_queue.receive(32, hold).await {
+                Ok(b) => b,
+                Err(StorageError::NotFound) => return Ok(receipts),
+                Err(e) => return Err(e.into()),
+            };
+            if batch.is_empty() || rounds > 10_000 {
+                break;
+            }
+            let mut new = 0;
+            for m in batch {
+                if receipts.contains_key(&m.id) {
+                    continue;
+                }
+                new += 1;
+                receipts.insert(m.id.clone(), m.pop_receipt.clone());
+                match PoisonEnvelope::from_queue_text(&m.text) {
+                    Some(env) => {
+                        match self.records.get(&self.queue, &env.message_id).await? {
+                            Some((e, _)) => {
+                                let rec = PoisonRecord::from_entity(&e);
+                                if rec.poison_message_id.as_deref() != Some(m.id.as_str())
+                                    && rec.poison_message_id.is_some()
+                                {
+                                    // A stray copy from a crash between put and record update.
+                                    let _ = self.poison_queue.delete(&m.id, &m.pop_receipt).await;
+                                    receipts.remove(&m.id);
+                                } else if rec.poison_message_id.is_none() {
+                                    let mut u = Entity::new();
+                                    u.insert("PoisonMessageId".into(), json!(m.id));
+                                    self.records
+                                        .merge(&self.queue, &env.message_id, &u, None)
+                                        .await?;
+                                }
+                            }
+                            None => {
+                                // Envelope without a record (table lost or written by another tool): import it.
+                                let mut rec = record_from_envelope(&env, &m.id);
+                                if let Some(r) = &env.record {
+                                    rec.error.message.push_str(&format!(
+                                        " (full message was in table {})",
+                                        r.table
+                                    ));
+                                }
+                                insert_ignoring_conflict(
+                                    self.records.as_ref(),
+                                    &self.queue,
+                                    &env.message_id,
+                                    &rec.to_entity(),
+                                )
+                                .await?;
+                            }
+                        }
+                    }
+                    None => {
+                        // A raw copy written by the Functions host: no envelope, no error kept.
+                        let rec = PoisonRecord {
+                            queue: self.queue.clone(),
+                            function: self.function.as_ref().map(|f| f.name.clone()).unwrap_or_default(),
+                            message_id: m.id.clone(),
+                            inserted_at: fmt_time(m.insertion_time),
+                            dequeue_count: m.dequeue_count.saturating_sub(1),
+                            first_attempt_at: String::new(),
+                            poisoned_at: fmt_time(m.insertion_time),
+                            key: None,
+                            error: ErrorInfo {
+                                kind: ErrorKind::Retryable,
+                                message: "copied to the poison queue by the Functions host (no error kept)".into(),
+                            },
+                            message: m.text.clone(),
+                            encoding: self.app.message_encoding,
+                            status: RecordStatus::Open,
+                            origin: "host".into(),
+                            poison_message_id: Some(m.id.clone()),
+                            poison_pop_receipt: None,
+                            replay_count: 0,
+                            replayed_at: None,
+                            replayed_by: None,
+                            replay_message_id: None,
+                            replay_note: None,
+                            replay_started_at: None,
+                            discarded_at: None,
+                            discarded_by: None,
+                            discard_reason: None,
+                        };
+                        self.records.create_if_missing().await?;
+                        insert_ignoring_conflict(
+                            self.records.as_ref(),
+                            &self.queue,
+                            &format!("host-{}", m.id),
+                            &rec.to_entity(),
+                        )
+                        .await?;
+                    }
+                }
+            }
+            if new == 0 {
+                break;
+            }
+        }
+        Ok(receipts)
+    }
+
+    /// Delete the poison-queue copy of a record (already gone is fine).
+    async fn delete_copy(
+        &self,
+        rec: &PoisonRecord,
+        receipts: &HashMap<String, String>,
+    ) -> OpsResult<()> {
+        let Some(id) = &rec.poison_message_id else {
+            return Ok(());
+        };
+        let mut tried = Vec::new();
+        if let Some(r) = receipts.get(id) {
+            tried.push(r.clone());
+        }
+        if let Some(r) = &rec.poison_pop_receipt {
+            tried.push(r.clone());
+        }
+        for r in tried {
+            match self.poison_queue.delete(id, &r).await {
+                Ok(()) | Err(StorageError::NotFound) => return Ok(()),
+                Err(StorageError::Http { status: 400, .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// The key state of a record, if its function and key are known.
+    pub async fn key_record(&self, rec: &PoisonRecord) -> OpsResult<Option<KeyRecord>> {
+        let (Some(f), Some(k)) = (self.function.as_ref(), rec.key.as_ref()) else {
+            return Ok(None);
+        };
+        let key = IdempotencyKey::new(k.clone()).map_err(OpsError::Usage)?;
+        match self.keys.get(&f.name, &key).await {
+            Ok(r) => Ok(r),
+            Err(StorageError::NotFound) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+async fn insert_ignoring_conflict(
+    t: &dyn TableStore,
+    pk: &str,
+    rk: &str,
+    e: &Entity,
+) -> Result<(), StorageError> {
+    match t.insert(pk, rk, e).await {
+        Ok(_) | Err(StorageError::Conflict) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn record_from_envelope(env: &PoisonEnvelope, poison_id: &str) -> PoisonRecord {
+    PoisonRecord {
+        queue: env.queue.clone(),
+        function: env.function.clone(),
+        message_id: env.message_id.clone(),
+        inserted_at: env.inserted_at.clone(),
+        dequeue_count: env.dequeue_count,
+        first_attempt_at: env.first_attempt_at.clone(),
+        poisoned_at: env.poisoned_at.clone(),
+        key: env.key.clone(),
+        error: env.error.clone(),
+        message: env.message.clone().unwrap_or_default(),
+        encoding: env.encoding,
+        status: RecordStatus::Open,
+        origin: "aqw".into(),
+        poison_message_id: Some(poison_id.to_string()),
+        poison_pop_receipt: None,
+        replay_count: 0,
+        replayed_at: None,
+        replayed_by: None,
+        replay_message_id: None,
+        replay_note: None,
+        replay_started_at: None,
+        discarded_at: None,
+        discarded_by: None,
+        discard_reason: None,
+    }
+}
+
+/// Filters of `poison list` and `poison replay`.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    pub status: Option<RecordStatus>,
+    pub since: Option<OffsetDateTime>,
+    pub until: Option<OffsetDateTime>,
+    pub function: Option<String>,
+    pub error: Option<regex::Regex>,
+    pub ids: Vec<String>,
+}
+
+impl Filter {
+    pub fn matches(&self, r: &PoisonRecord) -> bool {
+        let at = OffsetDateTime::parse(&r.poisoned_at, &Rfc3339).ok();
+        self.status.is_none_or(|s| s == r.status)
+            && self.since.is_none_or(|s| at.is_some_and(|t| t >= s))
+            && self.until.is_none_or(|u| at.is_some_and(|t| t <= u))
+            && self.function.as_ref().is_none_or(|f| f == &r.function)
+            && self
+                .error
+                .as_ref()
+                .is_none_or(|re| re.is_match(&r.error.message))
+            && (self.ids.is_empty() || self.ids.iter().any(|i| i == &r.message_id))
+    }
+}
+
+/// `aqw poison list`: records matching `filter`, newest first.
+pub async fn list(ops: &QueueOps, filter: &Filter) -> OpsResult<Vec<PoisonRecord>> {
+    ops.scan(Duration::from_secs(2)).await?;
+    let mut out: Vec<PoisonRecord> = ops
+        .records()
+        .await?
+        .into_iter()
+        .filter(|r| filter.matches(r))
+        .collect();
+    out.sort_by(|a, b| {
+        b.poisoned_at
+            .cmp(&a.poisoned_at)
+            .then(b.message_id.cmp(&a.message_id))
+    });
+    Ok(out)
+}
+
+/// `aqw poison show`: the record, its key state and the decoded payload.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShowReport {
+    pub record: PoisonRecord,
+    pub key_record: Option<KeyRecord>,
+    pub payload: Option<serde_json::Value>,
+    pub payload_text: Option<String>,
+    pub decode_error: Option<String>,
+}
+
+pub async fn show(ops: &QueueOps, id: &str) -> OpsResult<ShowReport> {
+    let (record, _) = match ops.record(id).await? {
+        Some(r) => r,
+        None => {
+            ops.scan(Duration::from_secs(2)).await?;
+            ops.record(id).await?.ok_or_else(|| {
+                OpsError::Usage(format!("no poison record {id} for queue {}", ops.queue))
+            })?
+        }
+    };
+    let key_record = ops.key_record(&record).await?;
+    let (payload, payload_text, decode_error) = match decode(&record.message, record.encoding) {
+        Ok(text) => (serde_json::from_str(&text).ok(), Some(text), None),
+        Err(e) => (None, None, Some(e.to_string())),
+    };
+    Ok(ShowReport {
+        record,
+        key_record,
+        payload,
+        payload_text,
+        decode_error,
+    })
+}
+
+/// `aqw poison discard`.
+pub async fn discard(ops: &QueueOps, id: &str, reason: &str, by: &str) -> OpsResult<PoisonRecord> {
+    let (mut rec, etag) = ops
+        .record(id)
+        .await?
+        .ok_or_else(|| OpsError::Usage(format!("no poison record {id} for queue {}", ops.queue)))?;
+    if rec.status != RecordStatus::Open {
+        return Err(OpsError::Usage(format!(
+            "record {id} is already {}",
+            rec.status.as_str()
+        )));
+    }
+    let mut u = Entity::new();
+    u.insert("Status".into(), json!("discarded"));
+    u.insert("DiscardedAt".into(), json!(now_rfc3339()));
+    u.insert("DiscardedBy".into(), json!(by));
+    u.insert("DiscardReason".into(), json!(reason));
+    ops.records
+        .merge(&ops.queue, &QueueOps::row_key(&rec), &u, Some(&etag))
+        .await?;
+    ops.delete_copy(&rec, &HashMap::new()).await?;
+    rec.status = RecordStatus::Discarded;
+    rec.discarded_by = Some(by.into());
+    rec.discard_reason = Some(reason.into());
+    Ok(rec)
+}
+
+/// Options of `aqw poison replay`.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayOptions {
+    pub filter: Filter,
+    pub limit: Option<usize>,
+    /// Messages per second.
+    pub rate: Option<f64>,
+    pub dry_run: bool,
+    pub by: String,
+    pub wait: Option<Duration>,
+}
+
+/// What replay did (or would do) with one record.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplayItem {
+    pub id: String,
+    pub key: Option<String>,
+    /// `replayed`, `already-done`, `would-replay`, `would-close-already-done`, `skipped`, `failed`.
+    pub action: String,
+    pub new_message_id: Option<String>,
+    pub detail: Option<String>,
+    /// With --wait: whether the key is done.
+    pub confirmed: Option<bool>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplayReport {
+    pub queue: String,
+    pub selected: usize,
+    pub replayed: usize,
+    pub already_done: usize,
+    pub failed: usize,
+    pub unconfirmed: usize,
+    pub dry_run: bool,
+    pub items: Vec<ReplayItem>,
+}
+
+impl ReplayReport {
+    /// Exit 1 when some selected records were not replayed or not confirmed.
+    pub fn needs_a_person(&self) -> bool {
+        self.failed > 0 || self.unconfirmed > 0
+    }
+}
+
+/// `aqw poison replay`: re-put the exact original message text to the source
+/// queue, record the replay, remove the poison copy. Safe to interrupt and
+/// run again: a record is closed right after its re-put, and a record found
+/// mid-replay (re-put possibly done, record not yet closed) is re-put only
+/// when the job has a key, which makes a second copy a clean duplicate.
+pub async fn replay(
+    ops: &QueueOps,
+    opts: &ReplayOptions,
+    progress: &dyn Fn(usize, usize),
+) -> OpsResult<ReplayReport> {
+    let receipts = if opts.dry_run {
+        HashMap::new()
+    } else {
+        ops.scan(Duration::from_secs(120)).await?
+    };
+    let mut filter = opts.filter.clone();
+    filter.status = Some(RecordStatus::Open);
+    let mut selected: Vec<PoisonRecord> = ops
+        .records()
+        .await?
+        .into_iter()
+        .filter(|r| filter.matches(r))
+        .collect();
+    selected.sort_by(|a, b| {
+        a.poisoned_at
+            .cmp(&b.poisoned_at)
+            .then(a.message_id.cmp(&b.message_id))
+    });
+    for id in &opts.filter.ids {
+        if !selected.iter().any(|r| &r.message_id == id) {
+            return Err(OpsError::Usage(format!(
+                "no open poison record {id} for queue {}",
+                ops.queue
+            )));
+        }
+    }
+    if let Some(l) = opts.limit {
+        selected.truncate(l);
+    }
+    let total = selected.len();
+    let mut report = ReplayReport {
+        queue: ops.queue.clone(),
+        selected: total,
+        replayed: 0,
+        already_done: 0,
+        failed: 0,
+        unconfirmed: 0,
+        dry_run: opts.dry_run,
+        items: vec![],
+    };
+    let interval = opts
+        .rate
+        .filter(|r| *r > 0.0)
+        .map(|r| Duration::from_secs_f64(1.0 / r));
+    let start = tokio::time::Instant::now();
+    for (i, rec) in selected.into_iter().enumerate() {
+        if let Some(iv) = interval {
+            tokio::time::sleep_until(start + iv * i as u32).await;
+        }
+        let item = match replay_one(ops, &rec, opts, &receipts).await {
+            Ok(item) => item,
+            Err(e) => ReplayItem {
+                id: rec.message_id.clone(),
+                key: rec.key.clone(),
+                action: "failed".into(),
+                new_message_id: None,
+                detail: Some(e.to_string()),
+                confirmed: None,
+            },
+        };
+        match item.action.as_str() {
+            "replayed" => report.replayed += 1,
+            "already-done" => report.already_done += 1,
+            "failed" | "skipped" => report.failed += 1,
+            _ => {}
+        }
+        report.items.push(item);
+        progress(i + 1, total);
+    }
+    if let (Some(wait), false) = (opts.wait, opts.dry_run) {
+        confirm(ops, &mut report, wait).await?;
+    }
+    Ok(report)
+}
+
+async fn replay_one(
+    ops: &QueueOps,
+    rec: &PoisonRecord,
+    opts: &ReplayOptions,
+    receipts: &HashMap<String, String>,
+) -> OpsResult<ReplayItem> {
+    let mut item = ReplayItem {
+        id: rec.message_id.clone(),
+        key: rec.key.clone(),
+        action: String::new(),
+        new_message_id: None,
+        detail: None,
+        confirmed: None,
+    };
+    // Re-derive the key from the payload: the same payload gives the same key.
+    let function = ops.function.as_ref();
+    let key = match (function, decode(&rec.message, rec.encoding)) {
+        (Some(f), Ok(p)) => derive_key(&f.key, &p).ok().flatten(),
+        _ => rec.key.clone().and_then(|k| IdempotencyKey::new(k).ok()),
+    };
+    item.key = key.as_ref().map(|k| k.as_str().to_string()).or(item.key);
+    let key_state = match (function, &key) {
+        (Some(f), Some(k)) => ops.keys.get(&f.name, k).await.or_else(|e| match e {
+            StorageError::NotFound => Ok(None),
+            e => Err(e),
+        })?,
+        _ => None,
+    };
+    let done = key_state
+        .as_ref()
+        .is_some_and(|r| r.status == KeyStatus::Done);
+    if opts.dry_run {
+        item.action = if done {
+            "would-close-already-done"
+        } else {
+            "would-replay"
+        }
+        .into();
+        return Ok(item);
+    }
+    let row_key = QueueOps::row_key(rec);
+    let Some((current, etag)) = ops.records.get(&ops.queue, &row_key).await? else {
+        item.action = "failed".into();
+        item.detail = Some("record vanished".into());
+        return Ok(item);
+    };
+    let current = PoisonRecord::from_entity(&current);
+    if current.status != RecordStatus::Open {
+        item.action = "skipped".into();
+        item.detail = Some(format!("already {}", current.status.as_str()));
+        return Ok(item);
+    }
+    let mut close = Entity::new();
+    close.insert("Status".into(), json!("replayed"));
+    close.insert("ReplayedAt".into(), json!(now_rfc3339()));
+    close.insert("ReplayedBy".into(), json!(opts.by));
+    close.insert("ReplayCount".into(), json!(current.replay_count + 1));
+    if done {
+        close.insert("ReplayNote".into(), json!("already done"));
+        ops.records
+            .merge(&ops.queue, &row_key, &close, Some(&etag))
+            .await?;
+        ops.delete_copy(rec, receipts).await?;
+        item.action = "already-done".into();
+        item.detail = Some("key already done; not re-put".into());
+        item.confirmed = Some(true);
+        return Ok(item);
+    }
+    let interrupted_before = current.replay_started_at.is_some();
+    if interrupted_before && key.is_none() {
+        item.action = "skipped".into();
+        item.detail = Some(
+            "an earlier replay was interrupted after it may have re-put this keyless job; \
+             check the source queue, then discard or replay by hand"
+                .into(),
+        );
+        return Ok(item);
+    }
+    let mut mark = Entity::new();
+    mark.insert("ReplayStartedAt".into(), json!(now_rfc3339()));
+    let etag = ops
+        .records
+        .merge(&ops.queue, &row_key, &mark, Some(&etag))
+        .await?;
+    let receipt =
+        crate::poison::put_creating(ops.source.as_ref(), &rec.message, Ttl::Default).await?;
+    failpoint::hit("replay.after_put");
+    close.insert("ReplayMessageId".into(), json!(receipt.id));
+    ops.records
+        .merge(&ops.queue, &row_key, &close, Some(&etag))
+        .await?;
+    failpoint::hit("replay.after_record");
+    ops.delete_copy(rec, receipts).await?;
+    if let (Some(f), Some(k)) = (function, &key) {
+        let _ = ops.keys.note_replay(&f.name, k).await;
+    }
+    item.action = "replayed".into();
+    item.new_message_id = Some(receipt.id);
+    Ok(item)
+}
+
+/// `--wait`: poll each replayed key until done or the deadline.
+async fn confirm(ops: &QueueOps, report: &mut ReplayReport, wait: Duration) -> OpsResult<()> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let Some(f) = ops.function.clone() else {
+        return Ok(());
+    };
+    loop {
+        let mut pending = 0;
+        for item in report
+            .items
+            .iter_mut()
+            .filter(|i| i.action == "replayed" && i.confirmed != Some(true))
+        {
+            let done = match item
+                .key
+                .as_ref()
+                .and_then(|k| IdempotencyKey::new(k.clone()).ok())
+            {
+                Some(k) => ops
+                    .keys
+                    .get(&f.name, &k)
+                    .await?
+                    .is_some_and(|r| r.status == KeyStatus::Done),
+                None => {
+                    // Keyless job: confirmed when its replayed message is no longer in a poison record
+                    // and has left the source queue; we can only say "unknown".
+                    false
+                }
+            };
+            item.confirmed = Some(done);
+            if !done {
+                pending += 1;
+            }
+        }
+        if pending == 0 || tokio::time::Instant::now() >= deadline {
+            report.unconfirmed = pending;
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// One queue's line in `aqw status`.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStatus {
+    pub function: String,
+    pub queue: String,
+    pub depth: Option<u64>,
+    pub poison_depth: Option<u64>,
+    pub open_records: usize,
+    pub oldest_open: Option<String>,
+}
+
+pub async fn status(ops: &QueueOps) -> OpsResult<QueueStatus> {
+    let depth = match ops.source.approximate_count().await {
+        Ok(n) => Some(n),
+        Err(StorageError::NotFound) => Some(0),
+        Err(e) => return Err(e.into()),
+    };
+    let poison_depth = match ops.poison_queue.approximate_count().await {
+        Ok(n) => Some(n),
+        Err(StorageError::NotFound) => Some(0),
+        Err(e) => return Err(e.into()),
+    };
+    let open: Vec<PoisonRecord> = ops
+        .records()
+        .await?
+        .into_iter()
+        .filter(|r| r.status == RecordStatus::Open)
+        .collect();
+    // Raw host copies are not in the table until a scan imports them: count the
+    // queue too, so status never says "clear" while the poison queue holds messages.
+    let oldest_open = open.iter().map(|r| r.poisoned_at.clone()).min();
+    Ok(QueueStatus {
+        function: ops
+            .function
+            .as_ref()
+            .map(|f| f.name.clone())
+            .unwrap_or_default(),
+        queue: ops.queue.clone(),
+        depth,
+        poison_depth,
+        open_records: open.len().max(poison_depth.unwrap_or(0) as usize),
+        oldest_open,
+    })
+}

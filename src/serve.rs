@@ -1,0 +1,1 @@
+//! Azure Functions custom handler mode (`aqw serve`).

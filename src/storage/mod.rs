@@ -1,0 +1,175 @@
+//! Storage behind two small traits: [`QueueStore`] and [`TableStore`].
+//!
+//! This folder is the only code that imports the Azure SDK crates (in
+//! [`azure`]); switching SDK lines later touches nothing outside it.
+//! Queue and table behaviour is proven against Azurite in `tests/`, never on a fake.
+
+pub mod azure;
+
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use time::OffsetDateTime;
+
+/// A table entity's properties (without PartitionKey/RowKey/odata metadata).
+pub type Entity = Map<String, Value>;
+
+/// An opaque entity version for optimistic concurrency (`If-Match`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Etag(pub String);
+
+/// Storage failures the rest of aqw reasons about.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StorageError {
+    #[error("not found")]
+    NotFound,
+    #[error("already exists")]
+    Conflict,
+    #[error("precondition failed: another writer changed it first")]
+    PreconditionFailed,
+    #[error("storage answered HTTP {status} ({code})")]
+    Http { status: u16, code: String },
+    #[error("storage unreachable: {0}")]
+    Transport(String),
+    #[error("storage error: {0}")]
+    Other(String),
+}
+
+impl StorageError {
+    /// Worth trying again later (throttling, server errors, network).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StorageError::Http { status, .. } => *status == 408 || *status == 429 || *status >= 500,
+            StorageError::Transport(_) => true,
+            _ => false,
+        }
+    }
+}
+
+pub type StorageResult<T> = Result<T, StorageError>;
+
+/// A message as received (with a lease) from a queue.
+#[derive(Debug, Clone)]
+pub struct ReceivedMessage {
+    pub id: String,
+    pub pop_receipt: String,
+    pub dequeue_count: u32,
+    pub insertion_time: OffsetDateTime,
+    pub expiration_time: OffsetDateTime,
+    pub next_visible: OffsetDateTime,
+    /// The message text exactly as stored (still encoded).
+    pub text: String,
+}
+
+/// A message seen without a lease.
+#[derive(Debug, Clone)]
+pub struct PeekedMessage {
+    pub id: String,
+    pub dequeue_count: u32,
+    pub insertion_time: OffsetDateTime,
+    pub text: String,
+}
+
+/// What a successful put returns.
+#[derive(Debug, Clone)]
+pub struct PutReceipt {
+    pub id: String,
+    pub pop_receipt: String,
+    pub insertion_time: OffsetDateTime,
+}
+
+/// Message time-to-live on put.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ttl {
+    /// The service default (7 days).
+    Default,
+    /// Never expires (`messagettl=-1`).
+    Never,
+    After(Duration),
+}
+
+/// One Azure queue.
+#[async_trait]
+pub trait QueueStore: Send + Sync {
+    fn name(&self) -> &str;
+    async fn create_if_missing(&self) -> StorageResult<()>;
+    /// Receive up to `max` (1..=32) messages, each invisible for `visibility`.
+    async fn receive(&self, max: u8, visibility: Duration) -> StorageResult<Vec<ReceivedMessage>>;
+    async fn peek(&self, max: u8) -> StorageResult<Vec<PeekedMessage>>;
+    async fn put(&self, text: &str, visibility: Duration, ttl: Ttl) -> StorageResult<PutReceipt>;
+    /// Change a leased message's visibility; returns the new pop receipt.
+    /// The 0.21 SDK always rewrites the content, so the caller passes it back.
+    async fn update_visibility(
+        &self,
+        id: &str,
+        pop_receipt: &str,
+        text: &str,
+        visibility: Duration,
+    ) -> StorageResult<String>;
+    /// Delete a leased message. NotFound means it is already gone (or the
+    /// lease moved on): callers decide whether that is success.
+    async fn delete(&self, id: &str, pop_receipt: &str) -> StorageResult<()>;
+    async fn approximate_count(&self) -> StorageResult<u64>;
+    /// Remove the queue (tests and cleanup).
+    async fn delete_queue(&self) -> StorageResult<()>;
+}
+
+/// An operation inside an entity-group transaction.
+#[derive(Debug, Clone)]
+pub enum TableOp {
+    Insert {
+        row_key: String,
+        entity: Entity,
+    },
+    Replace {
+        row_key: String,
+        entity: Entity,
+        if_match: Option<Etag>,
+    },
+    Merge {
+        row_key: String,
+        entity: Entity,
+        if_match: Option<Etag>,
+    },
+}
+
+/// One Azure table of JSON entities.
+#[async_trait]
+pub trait TableStore: Send + Sync {
+    fn name(&self) -> &str;
+    async fn create_if_missing(&self) -> StorageResult<()>;
+    /// Insert; `Conflict` when (pk, rk) exists. Returns the new ETag.
+    async fn insert(&self, pk: &str, rk: &str, entity: &Entity) -> StorageResult<Etag>;
+    async fn get(&self, pk: &str, rk: &str) -> StorageResult<Option<(Entity, Etag)>>;
+    /// Replace the whole entity; `PreconditionFailed` when the ETag moved on.
+    async fn replace(
+        &self,
+        pk: &str,
+        rk: &str,
+        entity: &Entity,
+        if_match: Option<&Etag>,
+    ) -> StorageResult<Etag>;
+    /// Merge properties into the entity; `PreconditionFailed` when the ETag moved on.
+    async fn merge(
+        &self,
+        pk: &str,
+        rk: &str,
+        entity: &Entity,
+        if_match: Option<&Etag>,
+    ) -> StorageResult<Etag>;
+    async fn delete(&self, pk: &str, rk: &str) -> StorageResult<()>;
+    /// All entities of a partition (or of the table when `pk` is None), following continuations.
+    async fn query(&self, pk: Option<&str>) -> StorageResult<Vec<(String, String, Entity)>>;
+    /// An entity-group transaction: all operations land or none does.
+    async fn transaction(&self, pk: &str, ops: Vec<TableOp>) -> StorageResult<()>;
+    async fn delete_table(&self) -> StorageResult<()>;
+}
+
+/// Opens queues and tables of one storage account.
+pub trait Storage: Send + Sync {
+    fn queue(&self, name: &str) -> Arc<dyn QueueStore>;
+    fn table(&self, name: &str) -> Arc<dyn TableStore>;
+}
+
+pub use azure::{connect, AzureStorage};

@@ -1,0 +1,747 @@
+//! The worker: one function ([`process`]) decides every message's fate, and a
+//! poll loop per function feeds it (permits before receiving, lease renewal,
+//! timeouts, retry delays, graceful drain).
+
+use crate::config::{AppConfig, FunctionConfig, KeySpec};
+use crate::failpoint;
+use crate::handlers::{Handler, HandlerError, Job, Registry, Success};
+use crate::idempotency::{ClaimedKey, FinishError, IdempotencyKey, KeyStore, NextAction};
+use crate::message::{decode, ErrorInfo, ErrorKind};
+use crate::poison::PoisonSink;
+use crate::retry::{polling_delay, retry_delay};
+use crate::storage::{QueueStore, ReceivedMessage, Storage, StorageError, StorageResult};
+use crate::telemetry::Alerts;
+use async_trait::async_trait;
+use rand::Rng;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use time::OffsetDateTime;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn, Instrument};
+
+/// What happened to one message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The handler succeeded; key done, message deleted.
+    Completed,
+    /// The key was already done; message deleted without running.
+    Duplicate,
+    /// Another worker holds the key's lease; message hidden until it ends.
+    Deferred { until: OffsetDateTime },
+    /// Retryable failure below the cap; message visible again after `after`.
+    Retried { after: Duration },
+    /// Copied to `<queue>-poison` with its record, then deleted.
+    Poisoned { reason: String },
+    /// Shutdown interrupted the handler; message made visible at once.
+    Released,
+    /// Storage failed mid-way; the message reappears when its lease ends.
+    Abandoned { error: String },
+}
+
+impl Outcome {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Completed => "completed",
+            Outcome::Duplicate => "duplicate",
+            Outcome::Deferred { .. } => "deferred",
+            Outcome::Retried { .. } => "retried",
+            Outcome::Poisoned { .. } => "poisoned",
+            Outcome::Released => "released",
+            Outcome::Abandoned { .. } => "abandoned",
+        }
+    }
+}
+
+/// How a message is settled: on the queue (`aqw run`) or by the Functions
+/// host (`aqw serve`), so one [`process`] serves both modes.
+#[async_trait]
+pub trait Settle: Send + Sync {
+    /// Extend the message lease while the handler runs.
+    async fn renew(&self, lease: Duration) -> StorageResult<()>;
+    /// Remove the message (after success, a duplicate or a completed poison copy).
+    async fn delete(&self) -> StorageResult<()>;
+    /// Make the message visible again after `after`.
+    async fn retry_after(&self, after: Duration) -> StorageResult<()>;
+}
+
+/// Settles a message this worker received from the queue.
+pub struct QueueSettle {
+    queue: Arc<dyn QueueStore>,
+    id: String,
+    pop_receipt: Mutex<String>,
+    text: String,
+}
+
+impl QueueSettle {
+    pub fn new(queue: Arc<dyn QueueStore>, msg: &ReceivedMessage) -> Self {
+        Self {
+            queue,
+            id: msg.id.clone(),
+            pop_receipt: Mutex::new(msg.pop_receipt.clone()),
+            text: msg.text.clone(),
+        }
+    }
+    fn receipt(&self) -> String {
+        self.pop_receipt.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl Settle for QueueSettle {
+    async fn renew(&self, lease: Duration) -> StorageResult<()> {
+        let new = self
+            .queue
+            .update_visibility(&self.id, &self.receipt(), &self.text, lease)
+            .await?;
+        *self.pop_receipt.lock().unwrap() = new;
+        Ok(())
+    }
+    async fn delete(&self) -> StorageResult<()> {
+        match self.queue.delete(&self.id, &self.receipt()).await {
+            // Gone already (a retried delete, or the lease moved on and the
+            // next holder will find the key done): nothing is lost.
+            Ok(()) | Err(StorageError::NotFound) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+    async fn retry_after(&self, after: Duration) -> StorageResult<()> {
+        let new = self
+            .queue
+            .update_visibility(&self.id, &self.receipt(), &self.text, after)
+            .await?;
+        *self.pop_receipt.lock().unwrap() = new;
+        Ok(())
+    }
+}
+
+/// Everything [`process`] needs for one function.
+pub struct FunctionRuntime {
+    pub app: Arc<AppConfig>,
+    pub function: FunctionConfig,
+    pub source: Arc<dyn QueueStore>,
+    pub keys: KeyStore,
+    pub poison: PoisonSink,
+    pub handler: Arc<dyn Handler>,
+    /// Unique per process: lease owners are `<worker_id>/<message id>/<dequeue count>`.
+    pub worker_id: String,
+}
+
+impl FunctionRuntime {
+    pub fn new(
+        app: Arc<AppConfig>,
+        function: FunctionConfig,
+        storage: &dyn Storage,
+        handler: Arc<dyn Handler>,
+        alerts: Alerts,
+    ) -> Self {
+        let source = storage.queue(&function.queue);
+        let poison = PoisonSink {
+            source_queue: function.queue.clone(),
+            function: function.name.clone(),
+            poison_queue: storage.queue(&function.poison_queue()),
+            records: storage.table(&app.poison_table),
+            encoding: app.message_encoding,
+            ttl: app.poison_ttl,
+            alerts,
+        };
+        Self {
+            keys: KeyStore::new(storage.table(&app.keys_table)),
+            source,
+            poison,
+            handler,
+            worker_id: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
+            function,
+            app,
+        }
+    }
+}
+
+/// Derive a job's idempotency key from its payload per the function's rule.
+pub fn derive_key(spec: &KeySpec, payload: &str) -> Result<Option<IdempotencyKey>, String> {
+    match spec {
+        KeySpec::None => Ok(None),
+        KeySpec::Template(t) => {
+            let json: serde_json::Value = serde_json::from_str(payload).map_err(|e| {
+                format!(
+                    "payload is not valid JSON ({e}); the key template {} needs JSON",
+                    t.source()
+                )
+            })?;
+            t.render(&json).map(Some)
+        }
+        KeySpec::PayloadField => {
+            let json: serde_json::Value = serde_json::from_str(payload).map_err(|e| {
+                format!(
+                    "payload is not valid JSON ({e}); the key comes from its idempotencyKey field"
+                )
+            })?;
+            match json.get("idempotencyKey") {
+                Some(serde_json::Value::String(s)) if !s.is_empty() => IdempotencyKey::new(s.clone()).map(Some),
+                _ => Err("payload has no idempotencyKey field and the function has no key template \
+                          (set aqw.functions.<name>.key, or \"none\" for naturally idempotent jobs)"
+                    .into()),
+            }
+        }
+    }
+}
+
+enum HandlerRun {
+    Finished(Result<Success, HandlerError>),
+    TimedOut(Duration),
+    Interrupted,
+}
+
+/// Decide and carry out one message's fate. The only way into the poison queue.
+pub async fn process(
+    rt: &FunctionRuntime,
+    msg: &ReceivedMessage,
+    settle: &dyn Settle,
+    hard_stop: &CancellationToken,
+) -> Outcome {
+    let app = &rt.app;
+    let max = app.max_dequeue_count;
+    let dc = msg.dequeue_count;
+
+    // Decode and derive the key first: both are pure, and the key's record
+    // carries the last error for the over-the-cap case.
+    let payload = decode(&msg.text, app.message_encoding);
+    let key = match &payload {
+        Ok(p) => derive_key(&rt.function.key, p),
+        Err(_) => Ok(None),
+    };
+
+    if dc > max {
+        let mut reason = format!("dequeued {dc} times without completing (maxDequeueCount {max})");
+        let mut first = None;
+        if let Ok(Some(k)) = &key {
+            if let Ok(Some(rec)) = rt.keys.get(&rt.function.name, k).await {
+                if let Some(e) = rec.last_error {
+                    reason.push_str(&format!("; last error: {e}"));
+                }
+                first = rec.first_seen;
+            }
+        }
+        let key_text = key
+            .as_ref()
+            .ok()
+            .and_then(|k| k.as_ref())
+            .map(|k| k.as_str().to_string());
+        return poison(
+            rt,
+            msg,
+            settle,
+            None,
+            key_text.as_deref(),
+            ErrorKind::Crashed,
+            reason,
+            first,
+        )
+        .await;
+    }
+    let payload = match payload {
+        Ok(p) => p,
+        Err(e) => {
+            return poison(
+                rt,
+                msg,
+                settle,
+                None,
+                None,
+                ErrorKind::Decode,
+                e.to_string(),
+                None,
+            )
+            .await
+        }
+    };
+    let key = match key {
+        Ok(k) => k,
+        Err(e) => return poison(rt, msg, settle, None, None, ErrorKind::Permanent, e, None).await,
+    };
+
+    let lease = app.lease;
+    let mut claim: Option<ClaimedKey> = None;
+    if let Some(k) = &key {
+        let owner = format!("{}/{}/{}", rt.worker_id, msg.id, dc);
+        match rt
+            .keys
+            .claim(&rt.function.name, k, &owner, lease, &msg.id)
+            .await
+        {
+            Ok(NextAction::Run(c)) => claim = Some(c),
+            Ok(NextAction::AlreadyDone) => {
+                info!(
+                    event = "aqw.job.duplicate",
+                    "key already done; deleting the message without running"
+                );
+                return match settle.delete().await {
+                    Ok(()) => Outcome::Duplicate,
+                    Err(e) => abandoned(e),
+                };
+            }
+            Ok(NextAction::HeldElsewhere { until }) => {
+                let wait = Duration::try_from(until - OffsetDateTime::now_utc())
+                    .unwrap_or(Duration::ZERO)
+                    + Duration::from_secs(1);
+                info!(
+                    event = "aqw.job.deferred",
+                    wait_s = wait.as_secs(),
+                    "key held by another worker's live lease"
+                );
+                return match settle.retry_after(wait).await {
+                    Ok(()) => Outcome::Deferred { until },
+                    Err(e) => abandoned(e),
+                };
+            }
+            Err(e) => return abandoned(e),
+        }
+    }
+    failpoint::hit("claim.after");
+
+    let job = Job {
+        function: rt.function.name.clone(),
+        message_id: msg.id.clone(),
+        dequeue_count: dc,
+        payload,
+        key: key.as_ref().map(|k| k.as_str().to_string()),
+        provider_key: claim.as_ref().map(|c| c.provider_key.clone()),
+        previously_pending: claim.as_ref().is_some_and(|c| c.previously_pending),
+        key_partition: claim.as_ref().map(|c| c.partition_key.clone()),
+    };
+    let first_attempt = claim.as_ref().and_then(|c| c.first_seen.clone());
+
+    let started = Instant::now();
+    let run = run_handler(rt, &job, settle, claim.as_mut(), hard_stop).await;
+    metrics::histogram!("aqw_handler_duration_seconds", "function" => rt.function.name.clone())
+        .record(started.elapsed().as_secs_f64());
+
+    let (kind, message, retry_after) = match run {
+        HandlerRun::Finished(Ok(success)) => {
+            failpoint::hit("effect.after");
+            if let Some(c) = &claim {
+                if let Err(e) = rt.keys.complete(c, success.same_store_effects).await {
+                    return match e {
+                        FinishError::Storage(e) => abandoned(e),
+                        FinishError::LeaseLost => Outcome::Abandoned {
+                            error: "lost the key lease before marking it done".into(),
+                        },
+                    };
+                }
+            } else if !success.same_store_effects.is_empty() {
+                warn!("handler returned same-store effects for a function without keys; they were not written");
+            }
+            failpoint::hit("done.after");
+            return match settle.delete().await {
+                Ok(()) => Outcome::Completed,
+                Err(e) => abandoned(e),
+            };
+        }
+        HandlerRun::Interrupted => {
+            if let Some(c) = &claim {
+                let _ = rt.keys.record_failure(c, "interrupted by shutdown").await;
+            }
+            return match settle.retry_after(Duration::ZERO).await {
+                Ok(()) => Outcome::Released,
+                Err(e) => abandoned(e),
+            };
+        }
+        HandlerRun::TimedOut(t) => (
+            ErrorKind::Timeout,
+            format!("handler exceeded functionTimeout ({t:?})"),
+            None,
+        ),
+        HandlerRun::Finished(Err(HandlerError::Retryable {
+            message,
+            retry_after,
+        })) => (ErrorKind::Retryable, message, retry_after),
+        HandlerRun::Finished(Err(HandlerError::Permanent { message })) => {
+            (ErrorKind::Permanent, message, None)
+        }
+    };
+
+    let retryable = kind != ErrorKind::Permanent;
+    if retryable && dc < max {
+        if let Some(c) = &claim {
+            if let Err(FinishError::Storage(e)) = rt.keys.record_failure(c, &message).await {
+                return abandoned(e);
+            }
+        }
+        let after = retry_after
+            .unwrap_or_else(|| retry_delay(&app.retry, dc, rand::thread_rng().gen()))
+            .min(Duration::from_secs(7 * 24 * 3600));
+        warn!(event = "aqw.job.retry", error_kind = kind.as_str(), error = %crate::telemetry::scrub(&message), retry_in_s = after.as_secs_f64(), "attempt failed; will retry");
+        metrics::counter!("aqw_retries_total", "function" => rt.function.name.clone()).increment(1);
+        return match settle.retry_after(after).await {
+            Ok(()) => Outcome::Retried { after },
+            Err(e) => abandoned(e),
+        };
+    }
+    let key_text = key.as_ref().map(|k| k.as_str().to_string());
+    poison(
+        rt,
+        msg,
+        settle,
+        claim.as_ref(),
+        key_text.as_deref(),
+        kind,
+        message,
+        first_attempt,
+    )
+    .await
+}
+
+fn abandoned(e: StorageError) -> Outcome {
+    warn!(event = "aqw.job.abandoned", error = %e, "storage failed mid-way; the message returns when its lease ends");
+    Outcome::Abandoned {
+        error: e.to_string(),
+    }
+}
+
+/// Run the handler, renewing the message and key leases at half-life, under
+/// `functionTimeout`, until it finishes or a hard stop interrupts it.
+async fn run_handler(
+    rt: &FunctionRuntime,
+    job: &Job,
+    settle: &dyn Settle,
+    mut claim: Option<&mut ClaimedKey>,
+    hard_stop: &CancellationToken,
+) -> HandlerRun {
+    let lease = rt.app.lease;
+    let half = lease / 2;
+    let handler = rt.handler.clone();
+    let fut = handler.handle(job);
+    tokio::pin!(fut);
+    let deadline = rt
+        .app
+        .function_timeout
+        .map(|t| tokio::time::Instant::now() + t);
+    let mut renew_at = tokio::time::Instant::now() + half;
+    loop {
+        let timeout = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = &mut fut => return HandlerRun::Finished(r),
+            _ = timeout => return HandlerRun::TimedOut(rt.app.function_timeout.unwrap_or_default()),
+            _ = hard_stop.cancelled() => return HandlerRun::Interrupted,
+            _ = tokio::time::sleep_until(renew_at) => {
+                if let Err(e) = settle.renew(lease).await {
+                    warn!(error = %e, "could not renew the message lease");
+                }
+                if let Some(c) = claim.as_deref_mut() {
+                    if let Err(e) = rt.keys.extend(c, lease).await {
+                        warn!(error = %e, "could not extend the key lease");
+                    }
+                }
+                renew_at += half;
+            }
+        }
+    }
+}
+
+/// The single poison exit: record + envelope, key marked poisoned, source deleted.
+#[allow(clippy::too_many_arguments)]
+async fn poison(
+    rt: &FunctionRuntime,
+    msg: &ReceivedMessage,
+    settle: &dyn Settle,
+    claim: Option<&ClaimedKey>,
+    key: Option<&str>,
+    kind: ErrorKind,
+    message: String,
+    first_attempt_at: Option<String>,
+) -> Outcome {
+    let info = ErrorInfo { kind, message };
+    if let Err(e) = rt.poison.write(msg, key, &info, first_attempt_at).await {
+        return abandoned(e);
+    }
+    if let Some(c) = claim {
+        if let Err(e) = rt.keys.mark_poisoned(c, &info.message).await {
+            warn!(error = %e, "could not mark the key poisoned (it stays pending; a replay still runs)");
+        }
+    }
+    match settle.delete().await {
+        Ok(()) => Outcome::Poisoned {
+            reason: format!(
+                "{}: {}",
+                kind.as_str(),
+                crate::telemetry::scrub(&info.message)
+            ),
+        },
+        Err(e) => abandoned(e),
+    }
+}
+
+/// Liveness and readiness, shared with the HTTP endpoints.
+#[derive(Default)]
+pub struct Health {
+    pub ready: AtomicBool,
+    pub draining: AtomicBool,
+    /// Unix millis of the last completed poll (any function).
+    pub last_poll_ms: AtomicU64,
+}
+
+impl Health {
+    pub fn beat(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis() as u64;
+        self.last_poll_ms.store(now, Ordering::Relaxed);
+    }
+}
+
+/// Poll one function's queue until `shutdown`; in-flight jobs run on `tracker`.
+pub async fn poll_loop(
+    rt: Arc<FunctionRuntime>,
+    shutdown: CancellationToken,
+    hard_stop: CancellationToken,
+    tracker: TaskTracker,
+    health: Arc<Health>,
+) {
+    let app = rt.app.clone();
+    let batch = app.batch_size;
+    let permits = Arc::new(Semaphore::new((batch + app.new_batch_threshold) as usize));
+    let mut empty_polls = 0u32;
+    let mut failures = 0u32;
+    let fname = rt.function.name.clone();
+    loop {
+        // Take the permits before receiving: poll only when in-flight ≤ newBatchThreshold.
+        let mut owned = tokio::select! {
+            p = permits.clone().acquire_many_owned(batch) => p.expect("semaphore never closed"),
+            _ = shutdown.cancelled() => break,
+        };
+        let received = tokio::select! {
+            r = rt.source.receive(batch as u8, app.lease) => r,
+            _ = shutdown.cancelled() => break,
+        };
+        let delay = match received {
+            Ok(msgs) => {
+                failures = 0;
+                health
+                    .ready
+                    .store(!health.draining.load(Ordering::Relaxed), Ordering::Relaxed);
+                health.beat();
+                if msgs.is_empty() {
+                    empty_polls += 1;
+                    polling_delay(
+                        empty_polls,
+                        app.max_polling_interval,
+                        rand::thread_rng().gen(),
+                    )
+                } else {
+                    empty_polls = 0;
+                    for msg in msgs {
+                        let permit = owned.split(1).expect("one permit per received message");
+                        let rt = rt.clone();
+                        let hard_stop = hard_stop.clone();
+                        let span = tracing::info_span!("job", function = %rt.function.name, message_id = %msg.id, dequeue_count = msg.dequeue_count);
+                        tracker.spawn(
+                            async move {
+                                let settle = QueueSettle::new(rt.source.clone(), &msg);
+                                let outcome = process(&rt, &msg, &settle, &hard_stop).await;
+                                record_outcome(&rt.function.name, &outcome);
+                                drop(permit);
+                            }
+                            .instrument(span),
+                        );
+                    }
+                    Duration::ZERO
+                }
+            }
+            Err(StorageError::NotFound) => {
+                // The queue does not exist yet: create it and carry on.
+                if let Err(e) = rt.source.create_if_missing().await {
+                    warn!(function = %fname, error = %e, "cannot create the queue");
+                }
+                Duration::from_millis(500)
+            }
+            Err(e) => {
+                failures += 1;
+                if failures >= 3 {
+                    health.ready.store(false, Ordering::Relaxed);
+                }
+                health.beat();
+                let d = polling_delay(
+                    failures,
+                    app.max_polling_interval.max(Duration::from_secs(5)),
+                    rand::thread_rng().gen(),
+                );
+                warn!(event = "aqw.storage.unavailable", function = %fname, error = %e, retry_in_ms = d.as_millis() as u64, "receive failed; backing off");
+                d
+            }
+        };
+        drop(owned);
+        if !delay.is_zero() {
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = shutdown.cancelled() => break,
+            }
+        }
+    }
+}
+
+fn record_outcome(function: &str, outcome: &Outcome) {
+    metrics::counter!("aqw_messages_total", "function" => function.to_string(), "outcome" => outcome.label()).increment(1);
+    match outcome {
+        Outcome::Completed => info!(event = "aqw.job.completed", "job completed"),
+        Outcome::Poisoned { reason } => {
+            warn!(event = "aqw.job.poisoned", reason = %reason, "job poisoned")
+        }
+        Outcome::Released => info!(event = "aqw.job.released", "job released at shutdown"),
+        _ => {}
+    }
+    if matches!(outcome, Outcome::Duplicate) {
+        metrics::counter!("aqw_duplicates_total", "function" => function.to_string()).increment(1);
+    }
+    if matches!(outcome, Outcome::Poisoned { .. }) {
+        metrics::counter!("aqw_poisoned_total", "function" => function.to_string()).increment(1);
+    }
+}
+
+/// Open storage for every function (one client set per connection setting).
+pub fn open_storage(
+    app: &AppConfig,
+) -> Result<HashMap<String, Arc<crate::storage::AzureStorage>>, StorageError> {
+    let mut out = HashMap::new();
+    for f in &app.functions {
+        if !out.contains_key(&f.connection.setting) {
+            out.insert(
+                f.connection.setting.clone(),
+                Arc::new(crate::storage::connect(&f.connection)?),
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// Build the runtime of every function (handlers resolved, nothing touched yet).
+pub fn runtimes(
+    app: &Arc<AppConfig>,
+    registry: &Registry,
+    alerts: &Alerts,
+) -> anyhow::Result<Vec<Arc<FunctionRuntime>>> {
+    let stores = open_storage(app).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut out = Vec::new();
+    for f in &app.functions {
+        let handler = registry
+            .resolve(f)
+            .map_err(|e| anyhow::anyhow!("host.json: {e}"))?;
+        let storage = stores[&f.connection.setting].clone();
+        out.push(Arc::new(FunctionRuntime::new(
+            app.clone(),
+            f.clone(),
+            storage.as_ref(),
+            handler,
+            alerts.clone(),
+        )));
+    }
+    Ok(out)
+}
+
+/// Create the tables and queues every function needs, retrying until storage answers
+/// or `shutdown`.
+pub async fn ensure_resources(rts: &[Arc<FunctionRuntime>], shutdown: &CancellationToken) -> bool {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        let mut result = Ok(());
+        for rt in rts {
+            for r in [
+                rt.keys.table().create_if_missing().await,
+                rt.poison.records.create_if_missing().await,
+                rt.source.create_if_missing().await,
+            ] {
+                if r.is_err() {
+                    result = r;
+                }
+            }
+        }
+        match result {
+            Ok(()) => return true,
+            Err(e) => {
+                warn!(event = "aqw.storage.unavailable", error = %e, retry_in_ms = delay.as_millis() as u64, "cannot reach storage at startup; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.cancelled() => return false,
+                }
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+}
+
+/// `aqw run`: poll every function until `shutdown`, then drain.
+pub async fn run(
+    app: Arc<AppConfig>,
+    registry: Registry,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let alerts = Alerts::start(app.alert_webhook.clone(), app.alert_window);
+    let rts = runtimes(&app, &registry, &alerts)?;
+    let health = Arc::new(Health::default());
+    let server = match app.http_port {
+        Some(port) => {
+            Some(crate::http::serve_ops(port, health.clone(), rts.clone(), shutdown.clone()).await?)
+        }
+        None => None,
+    };
+    if !ensure_resources(&rts, &shutdown).await {
+        return Ok(());
+    }
+    health.ready.store(true, Ordering::Relaxed);
+    info!(
+        event = "aqw.worker.started",
+        functions = rts.len(),
+        "worker started"
+    );
+    let tracker = TaskTracker::new();
+    let hard_stop = CancellationToken::new();
+    let mut loops = Vec::new();
+    for rt in &rts {
+        loops.push(tokio::spawn(poll_loop(
+            rt.clone(),
+            shutdown.clone(),
+            hard_stop.clone(),
+            tracker.clone(),
+            health.clone(),
+        )));
+    }
+    shutdown.cancelled().await;
+    health.draining.store(true, Ordering::Relaxed);
+    health.ready.store(false, Ordering::Relaxed);
+    for l in loops {
+        let _ = l.await;
+    }
+    tracker.close();
+    info!(
+        event = "aqw.worker.draining",
+        in_flight = tracker.len(),
+        timeout_s = app.shutdown_timeout.as_secs_f64(),
+        "draining in-flight jobs"
+    );
+    if tokio::time::timeout(app.shutdown_timeout, tracker.wait())
+        .await
+        .is_err()
+    {
+        warn!(
+            event = "aqw.worker.release",
+            in_flight = tracker.len(),
+            "shutdown timeout reached; releasing unfinished jobs"
+        );
+        hard_stop.cancel();
+        // Releasing is a couple of storage calls per job.
+        let _ = tokio::time::timeout(Duration::from_secs(10), tracker.wait()).await;
+    }
+    if let Some(s) = server {
+        s.abort();
+    }
+    info!(event = "aqw.worker.stopped", "worker stopped");
+    Ok(())
+}
