@@ -237,9 +237,11 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
         Command::Run => {
             let app = load(&cli.app)?;
+            let registry = aqw::Registry::new();
+            aqw::worker::preflight(&app, &registry).map_err(Failure::usage)?;
             let shutdown = CancellationToken::new();
             spawn_signal_handler(shutdown.clone());
-            aqw::worker::run(app, aqw::Registry::new(), shutdown)
+            aqw::worker::run(app, registry, shutdown)
                 .await
                 .map_err(|e| Failure::runtime(format!("{e:#}")))?;
             Ok(0)

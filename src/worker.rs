@@ -284,9 +284,11 @@ pub async fn process(
                 };
             }
             Ok(NextAction::HeldElsewhere { until }) => {
-                let wait = Duration::try_from(until - OffsetDateTime::now_utc())
-                    .unwrap_or(Duration::ZERO)
-                    + Duration::from_secs(1);
+                // Look again soon rather than at the lease's end: the holder
+                // usually finishes in far less, and then this is a duplicate.
+                let remaining =
+                    Duration::try_from(until - OffsetDateTime::now_utc()).unwrap_or(Duration::ZERO);
+                let wait = (remaining + Duration::from_secs(1)).min(Duration::from_secs(3));
                 info!(
                     event = "aqw.job.deferred",
                     wait_s = wait.as_secs(),
@@ -606,6 +608,18 @@ fn record_outcome(function: &str, outcome: &Outcome) {
     }
 }
 
+/// Check, before any I/O, that every function has a handler and a usable
+/// connection (configuration errors: exit 2).
+pub fn preflight(app: &AppConfig, registry: &Registry) -> Result<(), String> {
+    for f in &app.functions {
+        registry
+            .resolve(f, &app.app_dir)
+            .map_err(|e| format!("{}: {e}", app.app_dir.join("host.json").display()))?;
+        crate::storage::connect(&f.connection).map_err(|e| format!("environment: {e}"))?;
+    }
+    Ok(())
+}
+
 /// Open storage for every function (one client set per connection setting).
 pub fn open_storage(
     app: &AppConfig,
@@ -632,7 +646,7 @@ pub fn runtimes(
     let mut out = Vec::new();
     for f in &app.functions {
         let handler = registry
-            .resolve(f)
+            .resolve(f, &app.app_dir)
             .map_err(|e| anyhow::anyhow!("host.json: {e}"))?;
         let storage = stores[&f.connection.setting].clone();
         out.push(Arc::new(FunctionRuntime::new(

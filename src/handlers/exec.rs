@@ -45,7 +45,16 @@ fn tail(bytes: &[u8]) -> String {
 impl Handler for ExecHandler {
     async fn handle(&self, job: &Job) -> Result<Success, HandlerError> {
         let program = &self.command[0];
-        let mut cmd = tokio::process::Command::new(program);
+        // "./script.sh" means the app folder's script, whatever our own cwd.
+        let resolved = if program.contains('/')
+            && std::path::Path::new(program).is_relative()
+            && !self.working_dir.as_os_str().is_empty()
+        {
+            self.working_dir.join(program)
+        } else {
+            PathBuf::from(program)
+        };
+        let mut cmd = tokio::process::Command::new(&resolved);
         cmd.args(&self.command[1..])
             .stdin(Stdio::piped())
             .stdout(Stdio::null())

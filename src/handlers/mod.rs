@@ -99,7 +99,11 @@ impl Registry {
     }
 
     /// The handler of `function`: registered in code, else built from host.json.
-    pub fn resolve(&self, function: &FunctionConfig) -> Result<Arc<dyn Handler>, String> {
+    pub fn resolve(
+        &self,
+        function: &FunctionConfig,
+        app_dir: &std::path::Path,
+    ) -> Result<Arc<dyn Handler>, String> {
         if let Some(h) = self.handlers.get(&function.name) {
             return Ok(h.clone());
         }
@@ -108,7 +112,9 @@ impl Registry {
             HandlerSpec::Exec { command, timeout } => Ok(Arc::new(exec::ExecHandler::new(
                 command.clone(),
                 *timeout,
-                std::path::PathBuf::new(),
+                // Relative commands and paths resolve against the app folder,
+                // like a Functions app's working directory.
+                app_dir.to_path_buf(),
             ))),
             HandlerSpec::Registered => Err(format!(
                 "aqw.functions.{}.handler: missing (give {{\"type\": \"http\"|\"exec\", ...}} or register a handler in code)",

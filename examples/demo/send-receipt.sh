@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Demo handler: "sends" an order receipt by appending it to a provider log.
+# The provider dedupes on the Idempotency-Key it is given (AQW_PROVIDER_KEY),
+# as Stripe or an email API would. While .demo/fault-<orderId> exists the
+# provider rejects that order: the fault an operator fixes before replaying.
+set -euo pipefail
+payload="$(cat)"
+order="$(printf '%s' "$payload" | sed -n 's/.*"orderId"[[:space:]]*:[[:space:]]*"\{0,1\}\([^",}]*\).*/\1/p')"
+dir="${AQW_DEMO_DIR:-.demo}"
+mkdir -p "$dir"
+if [ -e "$dir/fault-$order" ]; then
+  echo "provider rejected order $order: mailbox unavailable" >&2
+  exit 1
+fi
+log="$dir/provider.log"
+touch "$log"
+if grep -q " $AQW_PROVIDER_KEY\$" "$log"; then
+  exit 0   # the provider has seen this Idempotency-Key: no second receipt
+fi
+echo "receipt order=$order key=$AQW_KEY idempotency-key $AQW_PROVIDER_KEY" >> "$log"

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Install (pinned, from tools/azurite/package-lock.json), start, check and stop
+# a local Azurite on 127.0.0.1 for aqw's tests, demo and benchmarks.
+#
+#   scripts/azurite.sh install   npm ci the pinned version (no-op when present)
+#   scripts/azurite.sh start     install if needed, start unless already up, wait until ready
+#   scripts/azurite.sh status    exit 0 when queue and table ports accept connections
+#   scripts/azurite.sh stop      stop the Azurite this script started
+#
+# Ports: AQW_AZURITE_QUEUE_PORT (10001), AQW_AZURITE_TABLE_PORT (10002),
+# AQW_AZURITE_BLOB_PORT (10000). Data is kept in memory; logs go to
+# .azurite/azurite.log. Safe to call from many test processes at once.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+tool="$root/tools/azurite"
+state="$root/.azurite"
+queue_port="${AQW_AZURITE_QUEUE_PORT:-10001}"
+table_port="${AQW_AZURITE_TABLE_PORT:-10002}"
+blob_port="${AQW_AZURITE_BLOB_PORT:-10000}"
+mkdir -p "$state"
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+ready() { port_open "$queue_port" && port_open "$table_port"; }
+
+install() {
+  if [ -x "$tool/node_modules/.bin/azurite" ]; then return 0; fi
+  command -v npm >/dev/null || { echo "azurite.sh: npm is required (install Node.js 18+)" >&2; exit 2; }
+  echo "azurite.sh: installing pinned Azurite with npm ci" >&2
+  (cd "$tool" && npm ci --no-audit --no-fund --loglevel=error >&2)
+}
+
+start() {
+  install
+  exec 9>"$state/lock"
+  flock 9
+  if ready; then return 0; fi
+  echo "azurite.sh: starting Azurite on 127.0.0.1 (queue $queue_port, table $table_port)" >&2
+  # setsid: Azurite outlives the test process that started it, and is not
+  # killed with that process's group.
+  setsid "$tool/node_modules/.bin/azurite" \
+    --silent --inMemoryPersistence --skipApiVersionCheck --disableTelemetry --loose \
+    --blobHost 127.0.0.1 --blobPort "$blob_port" \
+    --queueHost 127.0.0.1 --queuePort "$queue_port" \
+    --tableHost 127.0.0.1 --tablePort "$table_port" \
+    >"$state/azurite.log" 2>&1 </dev/null 9>&- &
+  echo $! >"$state/azurite.pid"
+  for _ in $(seq 1 300); do
+    if ready; then return 0; fi
+    if ! kill -0 "$(cat "$state/azurite.pid")" 2>/dev/null; then
+      echo "azurite.sh: Azurite exited; last log lines:" >&2
+      tail -20 "$state/azurite.log" >&2
+      exit 3
+    fi
+    sleep 0.1
+  done
+  echo "azurite.sh: Azurite did not open its ports within 30 s" >&2
+  exit 3
+}
+
+stop() {
+  if [ -f "$state/azurite.pid" ]; then
+    pid="$(cat "$state/azurite.pid")"
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+    rm -f "$state/azurite.pid"
+  fi
+}
+
+case "${1:-start}" in
+  install) install ;;
+  start) start ;;
+  status) ready ;;
+  stop) stop ;;
+  *) echo "usage: scripts/azurite.sh install|start|status|stop" >&2; exit 2 ;;
+esac

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The test command: installs the pinned Azurite if needed, starts it (or reuses
+# a running one) on 127.0.0.1, then runs every test, unit and integration.
+# Extra arguments go to `cargo test` (e.g. scripts/test.sh --test worker).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bash scripts/azurite.sh start
+# failpoints: test-only crash points (compiled out of release builds).
+cargo test --features failpoints "$@"

@@ -1,0 +1,368 @@
+//! Shared helpers for the integration tests: a real Azurite (started or
+//! reused through `scripts/azurite.sh`), isolated apps with random queue and
+//! table names, an effect-counting HTTP sink, and deadline polling.
+#![allow(dead_code)]
+
+use aqw::config::{self, AppConfig};
+use aqw::handlers::{Handler, HandlerError, Job, Registry, Success};
+use aqw::storage::{AzureStorage, QueueStore, Storage, TableStore};
+use async_trait::async_trait;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::Router;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+pub const CONN: &str = "UseDevelopmentStorage=true";
+
+/// Start (or reuse) Azurite once per test binary.
+pub fn azurite() {
+    static STARTED: OnceLock<()> = OnceLock::new();
+    STARTED.get_or_init(|| {
+        let root = env!("CARGO_MANIFEST_DIR");
+        let status = std::process::Command::new("bash")
+            .arg(format!("{root}/scripts/azurite.sh"))
+            .arg("start")
+            .status()
+            .expect("run scripts/azurite.sh");
+        assert!(status.success(), "scripts/azurite.sh start failed");
+    });
+}
+
+pub fn random_name(prefix: &str) -> String {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    format!("{prefix}{}", &id[..12])
+}
+
+/// An isolated app folder: random queue and table names.
+pub struct TestApp {
+    pub dir: tempfile::TempDir,
+    pub queue: String,
+    pub keys_table: String,
+    pub poison_table: String,
+    pub config: Arc<AppConfig>,
+}
+
+pub fn env_map() -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    env.insert("AzureWebJobsStorage".to_string(), CONN.to_string());
+    env
+}
+
+impl TestApp {
+    /// `function` is the `aqw.functions.Job` object (queue is filled in);
+    /// `queues` the `extensions.queues` object; `aqw_extra` more `aqw` keys.
+    pub fn new(function: Value, queues: Value, aqw_extra: Value) -> Self {
+        azurite();
+        let queue = random_name("q");
+        let keys_table = random_name("k");
+        let poison_table = random_name("p");
+        let mut f = function;
+        f["queue"] = json!(queue);
+        let mut aqw = json!({
+            "functions": { "Job": f },
+            "tables": { "keys": keys_table, "poison": poison_table },
+            "retry": { "strategy": "exponential", "initialDelay": "00:00:00.100", "maxDelay": "00:00:00.300" },
+            "shutdownTimeout": "00:00:05"
+        });
+        if let Value::Object(extra) = aqw_extra {
+            for (k, v) in extra {
+                aqw[k] = v;
+            }
+        }
+        let mut q = json!({ "maxPollingInterval": "00:00:00.200" });
+        if let Value::Object(extra) = queues {
+            for (k, v) in extra {
+                q[k] = v;
+            }
+        }
+        let host = json!({ "version": "2.0", "extensions": { "queues": q }, "aqw": aqw });
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("host.json"),
+            serde_json::to_string_pretty(&host).unwrap(),
+        )
+        .unwrap();
+        let config = Arc::new(
+            config::load_with_env(dir.path(), &env_map()).expect("test host.json is valid"),
+        );
+        Self {
+            dir,
+            queue,
+            keys_table,
+            poison_table,
+            config,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn storage(&self) -> AzureStorage {
+        aqw::storage::connect(&self.config.functions[0].connection).unwrap()
+    }
+
+    pub fn source(&self) -> Arc<dyn QueueStore> {
+        self.storage().queue(&self.queue)
+    }
+
+    pub fn poison_queue(&self) -> Arc<dyn QueueStore> {
+        self.storage().queue(&format!("{}-poison", self.queue))
+    }
+
+    pub fn records(&self) -> Arc<dyn TableStore> {
+        self.storage().table(&self.poison_table)
+    }
+
+    pub fn keys(&self) -> aqw::idempotency::KeyStore {
+        aqw::idempotency::KeyStore::new(self.storage().table(&self.keys_table))
+    }
+
+    pub async fn enqueue(&self, payload: &str) -> String {
+        let q = self.source();
+        q.create_if_missing().await.unwrap();
+        let text = aqw::message::encode(payload, self.config.message_encoding);
+        q.put(&text, Duration::ZERO, aqw::storage::Ttl::Default)
+            .await
+            .unwrap()
+            .id
+    }
+
+    pub async fn enqueue_raw(&self, text: &str) -> String {
+        let q = self.source();
+        q.create_if_missing().await.unwrap();
+        q.put(text, Duration::ZERO, aqw::storage::Ttl::Default)
+            .await
+            .unwrap()
+            .id
+    }
+
+    /// Start an in-process worker with `handler`; stop it with the returned token.
+    pub fn start_worker(&self, handler: Arc<dyn Handler>) -> RunningWorker {
+        let shutdown = CancellationToken::new();
+        let registry = Registry::new().register("Job", handler);
+        let task = tokio::spawn(aqw::worker::run(
+            self.config.clone(),
+            registry,
+            shutdown.clone(),
+        ));
+        RunningWorker { shutdown, task }
+    }
+
+    /// All messages currently in the poison queue (received, then released).
+    pub async fn poison_messages(&self) -> Vec<aqw::storage::PeekedMessage> {
+        match self.poison_queue().peek(32).await {
+            Ok(m) => m,
+            Err(aqw::storage::StorageError::NotFound) => vec![],
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    pub async fn source_count(&self) -> usize {
+        self.source().peek(32).await.map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// Exact count of messages in a queue, visible or not: receive everything
+    /// visible is not enough, so this uses the approximate count, which
+    /// Azurite reports exactly.
+    pub async fn exact_count(q: &dyn QueueStore) -> u64 {
+        q.approximate_count().await.unwrap_or(0)
+    }
+
+    pub async fn cleanup(&self) {
+        let s = self.storage();
+        let _ = s.queue(&self.queue).delete_queue().await;
+        let _ = s
+            .queue(&format!("{}-poison", self.queue))
+            .delete_queue()
+            .await;
+        let _ = s.table(&self.keys_table).delete_table().await;
+        let _ = s.table(&self.poison_table).delete_table().await;
+    }
+}
+
+pub struct RunningWorker {
+    pub shutdown: CancellationToken,
+    pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl RunningWorker {
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+/// Poll `check` until it returns Some or the deadline passes.
+pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let end = tokio::time::Instant::now() + deadline;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if tokio::time::Instant::now() >= end {
+            panic!("timed out after {deadline:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A handler scripted per attempt, counting its calls.
+pub struct Scripted {
+    pub calls: AtomicUsize,
+    pub jobs: Mutex<Vec<Job>>,
+    pub script: Box<dyn Fn(&Job, usize) -> Result<Success, HandlerError> + Send + Sync>,
+    pub delay: Duration,
+}
+
+impl Scripted {
+    pub fn new(
+        f: impl Fn(&Job, usize) -> Result<Success, HandlerError> + Send + Sync + 'static,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            calls: AtomicUsize::new(0),
+            jobs: Mutex::new(vec![]),
+            script: Box::new(f),
+            delay: Duration::ZERO,
+        })
+    }
+    pub fn slow(
+        delay: Duration,
+        f: impl Fn(&Job, usize) -> Result<Success, HandlerError> + Send + Sync + 'static,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            calls: AtomicUsize::new(0),
+            jobs: Mutex::new(vec![]),
+            script: Box::new(f),
+            delay,
+        })
+    }
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl Handler for Scripted {
+    async fn handle(&self, job: &Job) -> Result<Success, HandlerError> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        self.jobs.lock().unwrap().push(job.clone());
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        (self.script)(job, n)
+    }
+}
+
+/// One request the sink received.
+#[derive(Debug, Clone)]
+pub struct SinkRequest {
+    pub path: String,
+    pub idempotency_key: Option<String>,
+    pub business_key: Option<String>,
+    pub body: String,
+}
+
+/// An HTTP sink that records every request (the effect ledger). With
+/// `dedupe`, it applies each Idempotency-Key once, like a real provider.
+#[derive(Clone, Default)]
+pub struct Sink {
+    pub requests: Arc<Mutex<Vec<SinkRequest>>>,
+    /// Status to answer (200 by default); set to fail on purpose.
+    pub status: Arc<Mutex<u16>>,
+    pub url: String,
+}
+
+impl Sink {
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let sink = Sink {
+            requests: Arc::default(),
+            status: Arc::new(Mutex::new(200)),
+            url: format!("http://{addr}"),
+        };
+        let app = Router::new()
+            .route("/{*path}", post(record))
+            .with_state(sink.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        sink
+    }
+
+    pub fn fail_with(&self, status: u16) {
+        *self.status.lock().unwrap() = status;
+    }
+
+    pub fn all(&self) -> Vec<SinkRequest> {
+        self.requests.lock().unwrap().clone()
+    }
+
+    /// Effects as a provider that dedupes on Idempotency-Key would apply them.
+    pub fn applied_effects(&self, path: &str) -> Vec<SinkRequest> {
+        let mut seen = std::collections::HashSet::new();
+        self.all()
+            .into_iter()
+            .filter(|r| r.path == path)
+            .filter(|r| seen.insert(r.idempotency_key.clone().unwrap_or_default()))
+            .collect()
+    }
+}
+
+async fn record(
+    State(sink): State<Sink>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: String,
+) -> StatusCode {
+    let h = |n: &str| {
+        headers
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let status = *sink.status.lock().unwrap();
+    if status == 200 || !uri.path().starts_with("/effects") {
+        sink.requests.lock().unwrap().push(SinkRequest {
+            path: uri.path().to_string(),
+            idempotency_key: h("idempotency-key"),
+            business_key: h("aqw-key"),
+            body,
+        });
+    }
+    if uri.path().starts_with("/effects") {
+        StatusCode::from_u16(status).unwrap()
+    } else {
+        StatusCode::OK
+    }
+}
+
+/// The aqw binary built for this test run.
+pub fn aqw_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_aqw"))
+}
+
+/// Run the aqw binary against `app` with `UseDevelopmentStorage=true`.
+pub fn aqw(app: &Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(aqw_bin())
+        .args(args)
+        .arg("--app")
+        .arg(app)
+        .env("AzureWebJobsStorage", CONN)
+        .env_remove("AQW_LOG")
+        .output()
+        .expect("run aqw")
+}
