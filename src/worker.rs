@@ -672,8 +672,14 @@ pub async fn ensure_resources(rts: &[Arc<FunctionRuntime>], shutdown: &Cancellat
                 rt.poison.records.create_if_missing().await,
                 rt.source.create_if_missing().await,
             ] {
-                if r.is_err() {
-                    result = r;
+                match r {
+                    // Least-privilege identities may not create queues or
+                    // tables (403): assume they were created by the operator.
+                    Err(StorageError::Http { status: 403, .. }) => {
+                        warn!("no permission to create a queue or table; assuming it exists")
+                    }
+                    Err(e) => result = Err(e),
+                    Ok(()) => {}
                 }
             }
         }

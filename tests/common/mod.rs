@@ -157,6 +157,17 @@ impl TestApp {
         RunningWorker { shutdown, task }
     }
 
+    /// Start an in-process worker whose handlers come from host.json.
+    pub fn start_configured_worker(&self) -> RunningWorker {
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(aqw::worker::run(
+            self.config.clone(),
+            Registry::new(),
+            shutdown.clone(),
+        ));
+        RunningWorker { shutdown, task }
+    }
+
     /// All messages currently in the poison queue (received, then released).
     pub async fn poison_messages(&self) -> Vec<aqw::storage::PeekedMessage> {
         match self.poison_queue().peek(32).await {
