@@ -249,7 +249,8 @@ impl KeyRecord {
         }
     }
 
-    fn lease_live(&self, now: OffsetDateTime) -> Option<OffsetDateTime> {
+    /// The end of a live lease held on the key, if any.
+    pub fn lease_live(&self, now: OffsetDateTime) -> Option<OffsetDateTime> {
         let until = OffsetDateTime::parse(self.lease_until.as_deref()?, &Rfc3339).ok()?;
         (until > now && self.lease_owner.is_some()).then_some(until)
     }

@@ -91,114 +91,135 @@ impl QueueOps {
         }
     }
 
-    /// Scan the poison queue: import raw host copies as records, remove stray
-    /// duplicate copies, and return the pop receipts the scan obtained (the
-    /// scanned messages stay invisible for `hold`).
-    pub async fn scan(&self, hold: Duration) -> OpsResult<HashMap<String, String>> {
+    /// Read the poison queue and reconcile it with the record table: import
+    /// raw Functions-host copies (and envelopes whose record is missing) as
+    /// records. With `hold`, messages are received (invisible for `hold`) so
+    /// this command gets pop receipts to delete copies with; stray copies (a
+    /// crash between put and record update) and leftover copies of closed
+    /// records are deleted on the way. Without `hold`, only the first 32
+    /// visible messages are peeked and nothing changes visibility.
+    pub async fn scan(&self, hold: Option<Duration>) -> OpsResult<HashMap<String, String>> {
         let mut receipts = HashMap::new();
-        let mut rounds = 0;
+        let mut known: HashMap<String, PoisonRecord> = self
+            .records()
+            .await?
+            .into_iter()
+            .map(|r| (QueueOps::row_key(&r), r))
+            .collect();
+        let mut seen = std::collections::HashSet::new();
         loop {
-            rounds += 1;
-            let batch = match self.poison_queue.receive(32, hold).await {
-                Ok(b) => b,
-                Err(StorageError::NotFound) => return Ok(receipts),
-                Err(e) => return Err(e.into()),
+            let batch: Vec<(String, Option<String>, u32, OffsetDateTime, String)> = match hold {
+                Some(h) => match self.poison_queue.receive(32, h).await {
+                    Ok(b) => b
+                        .into_iter()
+                        .map(|m| {
+                            (
+                                m.id,
+                                Some(m.pop_receipt),
+                                m.dequeue_count,
+                                m.insertion_time,
+                                m.text,
+                            )
+                        })
+                        .collect(),
+                    Err(StorageError::NotFound) => return Ok(receipts),
+                    Err(e) => return Err(e.into()),
+                },
+                None => match self.poison_queue.peek(32).await {
+                    Ok(b) => b
+                        .into_iter()
+                        .map(|m| (m.id, None, m.dequeue_count, m.insertion_time, m.text))
+                        .collect(),
+                    Err(StorageError::NotFound) => return Ok(receipts),
+                    Err(e) => return Err(e.into()),
+                },
             };
-            if batch.is_empty() || rounds > 10_000 {
-                break;
-            }
             let mut new = 0;
-            for m in batch {
-                if receipts.contains_key(&m.id) {
+            for (id, receipt, dequeue_count, inserted, text) in batch {
+                if !seen.insert(id.clone()) {
                     continue;
                 }
                 new += 1;
-                receipts.insert(m.id.clone(), m.pop_receipt.clone());
-                match PoisonEnvelope::from_queue_text(&m.text) {
-                    Some(env) => {
-                        match self.records.get(&self.queue, &env.message_id).await? {
-                            Some((e, _)) => {
-                                let rec = PoisonRecord::from_entity(&e);
-                                if rec.poison_message_id.as_deref() != Some(m.id.as_str())
-                                    && rec.poison_message_id.is_some()
-                                {
-                                    // A stray copy from a crash between put and record update.
-                                    let _ = self.poison_queue.delete(&m.id, &m.pop_receipt).await;
-                                    receipts.remove(&m.id);
-                                } else if rec.poison_message_id.is_none() {
-                                    let mut u = Entity::new();
-                                    u.insert("PoisonMessageId".into(), json!(m.id));
-                                    self.records
-                                        .merge(&self.queue, &env.message_id, &u, None)
-                                        .await?;
-                                }
-                            }
-                            None => {
-                                // Envelope without a record (table lost or written by another tool): import it.
-                                let mut rec = record_from_envelope(&env, &m.id);
-                                if let Some(r) = &env.record {
-                                    rec.error.message.push_str(&format!(
-                                        " (full message was in table {})",
-                                        r.table
-                                    ));
-                                }
-                                insert_ignoring_conflict(
-                                    self.records.as_ref(),
-                                    &self.queue,
-                                    &env.message_id,
-                                    &rec.to_entity(),
-                                )
-                                .await?;
+                if let Some(r) = &receipt {
+                    receipts.insert(id.clone(), r.clone());
+                }
+                let (row_key, imported) = match PoisonEnvelope::from_queue_text(&text) {
+                    Some(env) => (env.message_id.clone(), record_from_envelope(&env, &id)),
+                    None => (
+                        format!("host-{id}"),
+                        self.host_record(&id, dequeue_count, inserted, &text),
+                    ),
+                };
+                match known.get(&row_key) {
+                    Some(rec) => {
+                        let stray = rec.poison_message_id.as_deref().is_some_and(|p| p != id);
+                        if stray || rec.status != RecordStatus::Open {
+                            if let Some(r) = &receipt {
+                                let _ = self.poison_queue.delete(&id, r).await;
+                                receipts.remove(&id);
                             }
                         }
                     }
                     None => {
-                        // A raw copy written by the Functions host: no envelope, no error kept.
-                        let rec = PoisonRecord {
-                            queue: self.queue.clone(),
-                            function: self.function.as_ref().map(|f| f.name.clone()).unwrap_or_default(),
-                            message_id: m.id.clone(),
-                            inserted_at: fmt_time(m.insertion_time),
-                            dequeue_count: m.dequeue_count.saturating_sub(1),
-                            first_attempt_at: String::new(),
-                            poisoned_at: fmt_time(m.insertion_time),
-                            key: None,
-                            error: ErrorInfo {
-                                kind: ErrorKind::Retryable,
-                                message: "copied to the poison queue by the Functions host (no error kept)".into(),
-                            },
-                            message: m.text.clone(),
-                            encoding: self.app.message_encoding,
-                            status: RecordStatus::Open,
-                            origin: "host".into(),
-                            poison_message_id: Some(m.id.clone()),
-                            poison_pop_receipt: None,
-                            replay_count: 0,
-                            replayed_at: None,
-                            replayed_by: None,
-                            replay_message_id: None,
-                            replay_note: None,
-                            replay_started_at: None,
-                            discarded_at: None,
-                            discarded_by: None,
-                            discard_reason: None,
-                        };
                         self.records.create_if_missing().await?;
                         insert_ignoring_conflict(
                             self.records.as_ref(),
                             &self.queue,
-                            &format!("host-{}", m.id),
-                            &rec.to_entity(),
+                            &row_key,
+                            &imported.to_entity(),
                         )
                         .await?;
+                        known.insert(row_key, imported);
                     }
                 }
             }
-            if new == 0 {
+            if new == 0 || hold.is_none() {
                 break;
             }
         }
         Ok(receipts)
+    }
+
+    fn host_record(
+        &self,
+        id: &str,
+        dequeue_count: u32,
+        inserted: OffsetDateTime,
+        text: &str,
+    ) -> PoisonRecord {
+        PoisonRecord {
+            queue: self.queue.clone(),
+            function: self
+                .function
+                .as_ref()
+                .map(|f| f.name.clone())
+                .unwrap_or_default(),
+            message_id: id.to_string(),
+            inserted_at: fmt_time(inserted),
+            dequeue_count,
+            first_attempt_at: String::new(),
+            poisoned_at: fmt_time(inserted),
+            key: None,
+            error: ErrorInfo {
+                kind: ErrorKind::Retryable,
+                message: "copied to the poison queue by the Functions host (no error kept)".into(),
+            },
+            message: text.to_string(),
+            encoding: self.app.message_encoding,
+            status: RecordStatus::Open,
+            origin: "host".into(),
+            poison_message_id: Some(id.to_string()),
+            poison_pop_receipt: None,
+            replay_count: 0,
+            replayed_at: None,
+            replayed_by: None,
+            replay_message_id: None,
+            replay_note: None,
+            replay_started_at: None,
+            discarded_at: None,
+            discarded_by: None,
+            discard_reason: None,
+        }
     }
 
     /// Delete the poison-queue copy of a record (already gone is fine).
@@ -310,7 +331,7 @@ impl Filter {
 
 /// `aqw poison list`: records matching `filter`, newest first.
 pub async fn list(ops: &QueueOps, filter: &Filter) -> OpsResult<Vec<PoisonRecord>> {
-    ops.scan(Duration::from_secs(2)).await?;
+    ops.scan(None).await?;
     let mut out: Vec<PoisonRecord> = ops
         .records()
         .await?
@@ -340,7 +361,7 @@ pub async fn show(ops: &QueueOps, id: &str) -> OpsResult<ShowReport> {
     let (record, _) = match ops.record(id).await? {
         Some(r) => r,
         None => {
-            ops.scan(Duration::from_secs(2)).await?;
+            ops.scan(None).await?;
             ops.record(id).await?.ok_or_else(|| {
                 OpsError::Usage(format!("no poison record {id} for queue {}", ops.queue))
             })?
@@ -380,7 +401,8 @@ pub async fn discard(ops: &QueueOps, id: &str, reason: &str, by: &str) -> OpsRes
     ops.records
         .merge(&ops.queue, &QueueOps::row_key(&rec), &u, Some(&etag))
         .await?;
-    ops.delete_copy(&rec, &HashMap::new()).await?;
+    let receipts = ops.scan(Some(Duration::from_secs(30))).await?;
+    ops.delete_copy(&rec, &receipts).await?;
     rec.status = RecordStatus::Discarded;
     rec.discarded_by = Some(by.into());
     rec.discard_reason = Some(reason.into());
@@ -446,7 +468,7 @@ pub async fn replay(
     let receipts = if opts.dry_run {
         HashMap::new()
     } else {
-        ops.scan(Duration::from_secs(120)).await?
+        ops.scan(Some(Duration::from_secs(120))).await?
     };
     let mut filter = opts.filter.clone();
     filter.status = Some(RecordStatus::Open);

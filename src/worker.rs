@@ -5,7 +5,9 @@
 use crate::config::{AppConfig, FunctionConfig, KeySpec};
 use crate::failpoint;
 use crate::handlers::{Handler, HandlerError, Job, Registry, Success};
-use crate::idempotency::{ClaimedKey, FinishError, IdempotencyKey, KeyStore, NextAction};
+use crate::idempotency::{
+    ClaimedKey, FinishError, IdempotencyKey, KeyStatus, KeyStore, NextAction,
+};
 use crate::message::{decode, ErrorInfo, ErrorKind};
 use crate::poison::PoisonSink;
 use crate::retry::{polling_delay, retry_delay};
@@ -219,6 +221,21 @@ pub async fn process(
         let mut first = None;
         if let Ok(Some(k)) = &key {
             if let Ok(Some(rec)) = rt.keys.get(&rt.function.name, k).await {
+                // Attempts spent waiting on another holder of the key are not
+                // failures: a done key makes this a duplicate, a live lease a
+                // deferral, whatever the dequeue count says.
+                if rec.status == KeyStatus::Done {
+                    return match settle.delete().await {
+                        Ok(()) => Outcome::Duplicate,
+                        Err(e) => abandoned(e),
+                    };
+                }
+                if let Some(until) = rec.lease_live(OffsetDateTime::now_utc()) {
+                    return match settle.retry_after(defer_delay(until)).await {
+                        Ok(()) => Outcome::Deferred { until },
+                        Err(e) => abandoned(e),
+                    };
+                }
                 if let Some(e) = rec.last_error {
                     reason.push_str(&format!("; last error: {e}"));
                 }
@@ -284,11 +301,7 @@ pub async fn process(
                 };
             }
             Ok(NextAction::HeldElsewhere { until }) => {
-                // Look again soon rather than at the lease's end: the holder
-                // usually finishes in far less, and then this is a duplicate.
-                let remaining =
-                    Duration::try_from(until - OffsetDateTime::now_utc()).unwrap_or(Duration::ZERO);
-                let wait = (remaining + Duration::from_secs(1)).min(Duration::from_secs(3));
+                let wait = defer_delay(until);
                 info!(
                     event = "aqw.job.deferred",
                     wait_s = wait.as_secs(),
@@ -394,6 +407,13 @@ pub async fn process(
         first_attempt,
     )
     .await
+}
+
+/// Look again soon rather than at the lease's end: the holder usually
+/// finishes in far less, and then the message is a duplicate.
+fn defer_delay(until: OffsetDateTime) -> Duration {
+    let remaining = Duration::try_from(until - OffsetDateTime::now_utc()).unwrap_or(Duration::ZERO);
+    (remaining + Duration::from_secs(1)).min(Duration::from_secs(3))
 }
 
 fn abandoned(e: StorageError) -> Outcome {

@@ -283,7 +283,10 @@ pub struct SinkRequest {
     pub path: String,
     pub idempotency_key: Option<String>,
     pub business_key: Option<String>,
+    pub previously_pending: bool,
     pub body: String,
+    /// What the sink answered.
+    pub status: u16,
 }
 
 /// An HTTP sink that records every request (the effect ledger). With
@@ -322,12 +325,17 @@ impl Sink {
         self.requests.lock().unwrap().clone()
     }
 
+    /// Requests to one path.
+    pub fn to(&self, path: &str) -> Vec<SinkRequest> {
+        self.all().into_iter().filter(|r| r.path == path).collect()
+    }
+
     /// Effects as a provider that dedupes on Idempotency-Key would apply them.
     pub fn applied_effects(&self, path: &str) -> Vec<SinkRequest> {
         let mut seen = std::collections::HashSet::new();
         self.all()
             .into_iter()
-            .filter(|r| r.path == path)
+            .filter(|r| r.path == path && r.status < 300)
             .filter(|r| seen.insert(r.idempotency_key.clone().unwrap_or_default()))
             .collect()
     }
@@ -345,20 +353,20 @@ async fn record(
             .and_then(|v| v.to_str().ok())
             .map(str::to_string)
     };
-    let status = *sink.status.lock().unwrap();
-    if status == 200 || !uri.path().starts_with("/effects") {
-        sink.requests.lock().unwrap().push(SinkRequest {
-            path: uri.path().to_string(),
-            idempotency_key: h("idempotency-key"),
-            business_key: h("aqw-key"),
-            body,
-        });
-    }
-    if uri.path().starts_with("/effects") {
-        StatusCode::from_u16(status).unwrap()
+    let status = if uri.path().starts_with("/effects") {
+        *sink.status.lock().unwrap()
     } else {
-        StatusCode::OK
-    }
+        200
+    };
+    sink.requests.lock().unwrap().push(SinkRequest {
+        path: uri.path().to_string(),
+        idempotency_key: h("idempotency-key"),
+        business_key: h("aqw-key"),
+        previously_pending: h("aqw-previously-pending").as_deref() == Some("true"),
+        body,
+        status,
+    });
+    StatusCode::from_u16(status).unwrap()
 }
 
 /// The aqw binary built for this test run.

@@ -1,0 +1,485 @@
+//! Benchmark companion of `scripts/bench.sh`: the *ceiling* loop and the
+//! bench's storage utilities, all through aqw's own storage layer
+//! (`aqw::storage`), so they pay the same SDK and transport costs as aqw.
+//!
+//! ```text
+//! ceiling run --queue Q --table T [--batch 16] [--threshold 16] [--expect N] [--idle-exit 1]
+//! ceiling enqueue --queue Q --count N [--tag T] [--max-depth 900] [--ready-file F]
+//! ceiling replay-loop --from Q1 --to Q2 [--expect N]
+//! ceiling count --queue Q
+//! ceiling cleanup [--queue Q]... [--table T]...
+//! ```
+//!
+//! `run` is the least a keyed worker can do per message, with aqw's
+//! concurrency shape: take `batch` permits out of `batch + threshold`, receive
+//! up to `batch` messages with a 30 s visibility, and per message: insert the
+//! key entity (409 = duplicate → delete the message), merge it to done with
+//! If-Match, delete the message. No lease renewal, no timeouts, no retry
+//! bookkeeping, no poison path, no metrics, no logs. It stops when `--expect`
+//! messages are settled, or when the queue stayed empty for `--idle-exit`
+//! seconds, and prints one JSON line.
+//!
+//! `enqueue` puts `{"id": "<tag>-<i>"}` messages (base64, as aqw expects by
+//! default) with 32 concurrent puts, never letting the queue's approximate
+//! depth exceed `--max-depth` (Azurite slows down as a queue deepens). The
+//! ready file is written once the first wave is on the queue.
+//!
+//! `replay-loop` is the minimal replay: receive up to 32 (120 s visibility),
+//! then for each message, one at a time like `aqw poison replay`, put its text
+//! on the target queue and delete it from the source.
+//!
+//! The connection is the `AzureWebJobsStorage` environment setting, default
+//! `UseDevelopmentStorage=true` (Azurite).
+
+use anyhow::{bail, Context};
+use aqw::storage::{connect, AzureStorage, QueueStore, Storage, StorageError, TableStore, Ttl};
+use base64::Engine;
+use futures::StreamExt;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+use tokio::sync::Semaphore;
+
+fn usage() -> ! {
+    eprintln!(
+        "usage:\n  ceiling run --queue Q --table T [--batch 16] [--threshold 16] [--expect N] [--idle-exit SECS]\n  \
+         ceiling enqueue --queue Q --count N [--tag T] [--max-depth 900] [--ready-file F] [--concurrency 32]\n  \
+         ceiling replay-loop --from Q1 --to Q2 [--expect N]\n  \
+         ceiling count --queue Q\n  \
+         ceiling cleanup [--queue Q]... [--table T]..."
+    );
+    std::process::exit(2)
+}
+
+/// `--name value` options (repeatable ones collect every value).
+struct Opts(Vec<(String, String)>);
+
+impl Opts {
+    fn parse(args: impl Iterator<Item = String>) -> anyhow::Result<Self> {
+        let mut out = Vec::new();
+        let mut it = args.peekable();
+        while let Some(a) = it.next() {
+            let Some(name) = a.strip_prefix("--") else {
+                bail!("unexpected argument {a}");
+            };
+            let value = it
+                .next()
+                .with_context(|| format!("--{name} needs a value"))?;
+            out.push((name.to_string(), value));
+        }
+        Ok(Opts(out))
+    }
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+    fn all(&self, name: &str) -> Vec<String> {
+        self.0
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+    fn req(&self, name: &str) -> anyhow::Result<&str> {
+        self.get(name)
+            .with_context(|| format!("--{name} is required"))
+    }
+    fn num<T: std::str::FromStr>(&self, name: &str, default: T) -> anyhow::Result<T> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => v
+                .parse()
+                .map_err(|_| anyhow::anyhow!("--{name}: not a number: {v}")),
+        }
+    }
+}
+
+fn storage() -> anyhow::Result<AzureStorage> {
+    let value = std::env::var("AzureWebJobsStorage")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "UseDevelopmentStorage=true".into());
+    let conn = aqw::config::parse_connection_string("AzureWebJobsStorage", &value)
+        .map_err(|e| anyhow::anyhow!("AzureWebJobsStorage {e}"))?;
+    Ok(connect(&conn)?)
+}
+
+/// This process's user+system CPU seconds (all threads), from /proc/self/stat.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return f64::NAN;
+    };
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+        return f64::NAN;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let hz = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .unwrap_or(100.0);
+    ticks / hz
+}
+
+fn now() -> String {
+    OffsetDateTime::now_utc()
+        .format(&Rfc3339)
+        .unwrap_or_default()
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let Some(mode) = args.next() else { usage() };
+    if mode == "-h" || mode == "--help" {
+        usage()
+    }
+    let opts = Opts::parse(args)?;
+    match mode.as_str() {
+        "run" => run(&opts).await,
+        "enqueue" => enqueue(&opts).await,
+        "replay-loop" => replay_loop(&opts).await,
+        "count" => {
+            let s = storage()?;
+            let q = opts.req("queue")?;
+            let n = match s.queue(q).approximate_count().await {
+                Ok(n) => n,
+                Err(StorageError::NotFound) => 0,
+                Err(e) => return Err(e.into()),
+            };
+            println!("{}", json!({"queue": q, "count": n}));
+            Ok(())
+        }
+        "cleanup" => {
+            let s = storage()?;
+            for q in opts.all("queue") {
+                s.queue(&q).delete_queue().await?;
+            }
+            for t in opts.all("table") {
+                match s.table(&t).delete_table().await {
+                    Ok(()) | Err(StorageError::NotFound) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Ok(())
+        }
+        _ => usage(),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// run: the ceiling worker
+// ---------------------------------------------------------------------------
+
+#[derive(Default)]
+struct Counters {
+    completed: AtomicU64,
+    duplicates: AtomicU64,
+    failed: AtomicU64,
+    /// Microseconds since start of the last settle.
+    last_settle_us: AtomicU64,
+}
+
+impl Counters {
+    fn settled(&self) -> u64 {
+        self.completed.load(Ordering::Relaxed) + self.duplicates.load(Ordering::Relaxed)
+    }
+}
+
+async fn handle(
+    queue: &dyn QueueStore,
+    table: &dyn TableStore,
+    msg: &aqw::storage::ReceivedMessage,
+) -> anyhow::Result<bool> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(msg.text.as_bytes())
+        .context("message is not base64")?;
+    let payload: Value = serde_json::from_slice(&bytes).context("message is not JSON")?;
+    let id = payload
+        .get("id")
+        .and_then(Value::as_str)
+        .context("message has no id")?;
+    let key = format!("bench:{id}");
+    let rk = hex::encode(Sha256::digest(key.as_bytes()));
+    let pk = format!("Bench-{}", &rk[..2]);
+    let now = now();
+    let entity = json!({
+        "Key": key,
+        "Function": "Bench",
+        "Status": "pending",
+        "ProviderKey": uuid::Uuid::new_v4().to_string(),
+        "Attempts": 1,
+        "LeaseOwner": format!("ceiling/{}/{}", msg.id, msg.dequeue_count),
+        "LeaseUntil": OffsetDateTime::now_utc().saturating_add(time::Duration::seconds(30)).format(&Rfc3339).unwrap_or_default(),
+        "MessageId": msg.id,
+        "FirstSeen": now,
+    });
+    let Value::Object(entity) = entity else {
+        unreachable!()
+    };
+    let duplicate = match table.insert(&pk, &rk, &entity).await {
+        Ok(etag) => {
+            let Value::Object(done) =
+                json!({"Status": "done", "CompletedAt": now, "LeaseUntil": ""})
+            else {
+                unreachable!()
+            };
+            table.merge(&pk, &rk, &done, Some(&etag)).await?;
+            false
+        }
+        Err(StorageError::Conflict) => true,
+        Err(e) => return Err(e.into()),
+    };
+    match queue.delete(&msg.id, &msg.pop_receipt).await {
+        Ok(()) | Err(StorageError::NotFound) => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(duplicate)
+}
+
+async fn run(opts: &Opts) -> anyhow::Result<()> {
+    let batch: u32 = opts.num("batch", 16)?;
+    let threshold: u32 = opts.num("threshold", 16)?;
+    let expect: Option<u64> = opts.get("expect").map(str::parse).transpose()?;
+    let idle_exit: f64 = opts.num("idle-exit", 1.0)?;
+    let timeout: f64 = opts.num("timeout", 600.0)?;
+    if !(1..=32).contains(&batch) {
+        bail!("--batch must be 1..=32");
+    }
+    let storage = storage()?;
+    let queue = storage.queue(opts.req("queue")?);
+    let table = storage.table(opts.req("table")?);
+
+    let cpu0 = cpu_seconds();
+    let t0 = Instant::now();
+    table.create_if_missing().await?;
+    queue.create_if_missing().await?;
+    let counters = Arc::new(Counters::default());
+    let permits = Arc::new(Semaphore::new((batch + threshold) as usize));
+    let mut empty_polls = 0u32;
+    let mut last_activity = Instant::now();
+    let mut receive_errors = 0u64;
+    let tasks = tokio_util::task::TaskTracker::new();
+    loop {
+        if expect.is_some_and(|n| counters.settled() >= n) {
+            break;
+        }
+        if t0.elapsed().as_secs_f64() > timeout {
+            break;
+        }
+        let mut owned = permits
+            .clone()
+            .acquire_many_owned(batch)
+            .await
+            .expect("semaphore never closed");
+        if expect.is_some_and(|n| counters.settled() >= n) {
+            break;
+        }
+        let msgs = match queue.receive(batch as u8, Duration::from_secs(30)).await {
+            Ok(m) => m,
+            Err(e) => {
+                receive_errors += 1;
+                eprintln!("ceiling: receive failed: {e}");
+                drop(owned);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        if msgs.is_empty() {
+            drop(owned);
+            empty_polls += 1;
+            let in_flight = (batch + threshold) as usize - permits.available_permits();
+            if in_flight == 0 && last_activity.elapsed().as_secs_f64() >= idle_exit {
+                break;
+            }
+            if in_flight > 0 {
+                last_activity = Instant::now();
+            }
+            let d = aqw::retry::polling_delay(
+                empty_polls,
+                Duration::from_secs(1),
+                rand::random::<f64>(),
+            );
+            tokio::time::sleep(d).await;
+            continue;
+        }
+        empty_polls = 0;
+        last_activity = Instant::now();
+        for msg in msgs {
+            let permit = owned.split(1).expect("one permit per message");
+            let queue = queue.clone();
+            let table = table.clone();
+            let counters = counters.clone();
+            tasks.spawn(async move {
+                match handle(queue.as_ref(), table.as_ref(), &msg).await {
+                    Ok(dup) => {
+                        let c = if dup {
+                            &counters.duplicates
+                        } else {
+                            &counters.completed
+                        };
+                        c.fetch_add(1, Ordering::Relaxed);
+                        counters
+                            .last_settle_us
+                            .fetch_max(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        counters.failed.fetch_add(1, Ordering::Relaxed);
+                        eprintln!("ceiling: message {} failed: {e:#}", msg.id);
+                    }
+                }
+                drop(permit);
+            });
+        }
+    }
+    tasks.close();
+    tasks.wait().await;
+    let seconds = counters.last_settle_us.load(Ordering::Relaxed) as f64 / 1e6;
+    let out = json!({
+        "worker": "ceiling",
+        "messages": counters.settled(),
+        "completed": counters.completed.load(Ordering::Relaxed),
+        "duplicates": counters.duplicates.load(Ordering::Relaxed),
+        "failed": counters.failed.load(Ordering::Relaxed),
+        "receive_errors": receive_errors,
+        "seconds": seconds,
+        "cpu_s": cpu_seconds() - cpu0,
+        "requests": storage.request_counts(),
+    });
+    println!("{out}");
+    if let Some(n) = expect {
+        if counters.settled() < n {
+            bail!("settled {} of {n} expected messages", counters.settled());
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// enqueue: feed a queue in waves
+// ---------------------------------------------------------------------------
+
+async fn enqueue(opts: &Opts) -> anyhow::Result<()> {
+    let count: u64 = opts.num("count", 0)?;
+    let start: u64 = opts.num("start", 0)?;
+    let max_depth: u64 = opts.num("max-depth", 900)?;
+    let concurrency: usize = opts.num("concurrency", 32)?;
+    let tag = opts.get("tag").unwrap_or("job").to_string();
+    let encoding = opts.get("encoding").unwrap_or("base64").to_string();
+    let ready_file = opts.get("ready-file").map(PathBuf::from);
+    let storage = storage()?;
+    let queue = storage.queue(opts.req("queue")?);
+    queue.create_if_missing().await?;
+    let t0 = Instant::now();
+    let mut next = start;
+    let end = start + count;
+    let mut waves = 0u32;
+    let mut wrote_ready = false;
+    while next < end {
+        let depth = queue.approximate_count().await?;
+        let room = max_depth.saturating_sub(depth);
+        // Wait for the worker to make real room (avoid trickling puts one by one).
+        if room < (max_depth / 4).max(1).min(end - next) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        let n = room.min(end - next);
+        let ids: Vec<u64> = (next..next + n).collect();
+        let results: Vec<anyhow::Result<()>> = futures::stream::iter(ids)
+            .map(|i| {
+                let queue = queue.clone();
+                let tag = tag.clone();
+                let encoding = encoding.clone();
+                async move {
+                    let body = json!({"id": format!("{tag}-{i}")}).to_string();
+                    let text = if encoding == "none" {
+                        body
+                    } else {
+                        base64::engine::general_purpose::STANDARD.encode(body)
+                    };
+                    queue.put(&text, Duration::ZERO, Ttl::Default).await?;
+                    Ok(())
+                }
+            })
+            .buffer_unordered(concurrency.max(1))
+            .collect()
+            .await;
+        for r in results {
+            r?;
+        }
+        next += n;
+        waves += 1;
+        if !wrote_ready {
+            if let Some(f) = &ready_file {
+                std::fs::write(f, format!("{next}\n"))?;
+            }
+            wrote_ready = true;
+        }
+    }
+    if !wrote_ready {
+        if let Some(f) = &ready_file {
+            std::fs::write(f, format!("{next}\n"))?;
+        }
+    }
+    println!(
+        "{}",
+        json!({"mode": "enqueue", "queue": queue.name(), "messages": count, "waves": waves,
+               "seconds": t0.elapsed().as_secs_f64(), "requests": storage.request_counts()})
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// replay-loop: the minimal put + delete replay
+// ---------------------------------------------------------------------------
+
+async fn replay_loop(opts: &Opts) -> anyhow::Result<()> {
+    let expect: Option<u64> = opts.get("expect").map(str::parse).transpose()?;
+    let storage = storage()?;
+    let from = storage.queue(opts.req("from")?);
+    let to = storage.queue(opts.req("to")?);
+    let cpu0 = cpu_seconds();
+    let t0 = Instant::now();
+    to.create_if_missing().await?;
+    let mut moved = 0u64;
+    loop {
+        if expect.is_some_and(|n| moved >= n) {
+            break;
+        }
+        let msgs = from.receive(32, Duration::from_secs(120)).await?;
+        if msgs.is_empty() {
+            break;
+        }
+        for m in msgs {
+            to.put(&m.text, Duration::ZERO, Ttl::Default).await?;
+            match from.delete(&m.id, &m.pop_receipt).await {
+                Ok(()) | Err(StorageError::NotFound) => {}
+                Err(e) => return Err(e.into()),
+            }
+            moved += 1;
+        }
+    }
+    println!(
+        "{}",
+        json!({"mode": "replay-loop", "messages": moved, "seconds": t0.elapsed().as_secs_f64(),
+               "cpu_s": cpu_seconds() - cpu0, "requests": storage.request_counts()})
+    );
+    if let Some(n) = expect {
+        if moved < n {
+            bail!("moved {moved} of {n} expected messages");
+        }
+    }
+    Ok(())
+}

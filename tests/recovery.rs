@@ -1,0 +1,454 @@
+//! The operator's procedure against a real Azurite: exhaust → alert →
+//! list/show → fix → replay → confirm, plus dry-run, interrupted replays,
+//! already-done keys, Functions-host raw poison messages, discard and status.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn app_with_sink(sink: &Sink, max: u32) -> TestApp {
+    TestApp::new(
+        json!({"key": "receipt:{/orderId}", "handler": {"type": "http", "url": format!("{}/effects", sink.url), "timeout": "00:00:05"}}),
+        json!({"maxDequeueCount": max}),
+        json!({"alert": {"webhook": format!("{}/alerts", sink.url), "window": "00:00:01"}}),
+    )
+}
+
+fn json_out(out: &std::process::Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+async fn poisoned(app: &TestApp, n: usize) {
+    eventually("poison records", DEADLINE, || async {
+        let rows = app
+            .records()
+            .query(Some(&app.queue))
+            .await
+            .unwrap_or_default();
+        (rows.len() >= n && TestApp::exact_count(app.source().as_ref()).await == 0).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exhaust_then_recover_with_the_original_key() {
+    // Seed check 3 (exhaust) and 4 (recover).
+    let sink = Sink::start().await;
+    sink.fail_with(503);
+    let app = app_with_sink(&sink, 3);
+    let id = app
+        .enqueue(r#"{"orderId":"ord-9","email":"c@example.com"}"#)
+        .await;
+    let w = app.start_configured_worker();
+    poisoned(&app, 1).await;
+    let alert = eventually("alert at the webhook", DEADLINE, || {
+        let a = sink.to("/alerts");
+        async move { a.first().cloned() }
+    })
+    .await;
+    let alert: Value = serde_json::from_str(&alert.body).unwrap();
+    assert_eq!(alert["event"], "aqw.poison.new");
+    assert_eq!(alert["queue"], app.queue.as_str());
+    assert_eq!(alert["messageId"], id.as_str());
+    assert_eq!(alert["count"], 1);
+    let failed = sink.to("/effects");
+    assert_eq!(failed.len(), 3, "every attempt used");
+
+    // Step 2: read before changing anything.
+    let list = aqw(
+        app.path(),
+        &["poison", "list", &app.queue, "--output", "json"],
+    );
+    assert_eq!(list.status.code(), Some(1), "open records need a person");
+    let records = json_out(&list);
+    assert_eq!(records.as_array().unwrap().len(), 1);
+    let r = &records[0];
+    assert_eq!(
+        (
+            r["messageId"].as_str(),
+            r["status"].as_str(),
+            r["dequeueCount"].as_u64()
+        ),
+        (Some(id.as_str()), Some("open"), Some(3))
+    );
+    assert!(r["error"]["message"].as_str().unwrap().contains("HTTP 503"));
+    let show = json_out(&aqw(
+        app.path(),
+        &["poison", "show", &app.queue, &id, "--output", "json"],
+    ));
+    assert_eq!(show["payload"]["orderId"], "ord-9");
+    assert_eq!(show["keyRecord"]["status"], "poisoned");
+    let status = aqw(app.path(), &["status", "--output", "json"]);
+    assert_eq!(
+        status.status.code(),
+        Some(1),
+        "status exits 1 while a record is open"
+    );
+
+    // Step 4–6: fix, replay with --wait, confirm one effect.
+    sink.fail_with(200);
+    let out = aqw(
+        app.path(),
+        &[
+            "poison", "replay", &app.queue, "--id", &id, "--by", "oncall", "--wait", "00:00:30",
+            "--output", "json",
+        ],
+    );
+    let report = json_out(&out);
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert_eq!(report["replayed"], 1);
+    assert_eq!(report["items"][0]["confirmed"], true);
+    w.stop().await;
+    let effects = sink.to("/effects");
+    assert_eq!(effects.len(), 4);
+    assert_eq!(
+        sink.applied_effects("/effects").len(),
+        1,
+        "the effect happened once"
+    );
+    assert!(
+        effects
+            .iter()
+            .all(|e| e.idempotency_key == failed[0].idempotency_key),
+        "same Idempotency-Key as the failed attempts"
+    );
+    assert!(effects[3].previously_pending);
+    let (e, _) = app.records().get(&app.queue, &id).await.unwrap().unwrap();
+    assert_eq!(e["Status"], "replayed");
+    assert_eq!(e["ReplayedBy"], "oncall");
+    assert_eq!(
+        TestApp::exact_count(app.poison_queue().as_ref()).await,
+        0,
+        "poison queue empty"
+    );
+    assert_eq!(aqw(app.path(), &["status"]).status.code(), Some(0));
+
+    // A second replay does nothing.
+    let again = aqw(
+        app.path(),
+        &[
+            "poison", "replay", &app.queue, "--all", "--by", "oncall", "--output", "json",
+        ],
+    );
+    assert_eq!(again.status.code(), Some(0));
+    assert_eq!(json_out(&again)["selected"], 0);
+    assert_eq!(TestApp::exact_count(app.source().as_ref()).await, 0);
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_changes_nothing() {
+    let sink = Sink::start().await;
+    sink.fail_with(400);
+    let app = app_with_sink(&sink, 5);
+    for i in 0..3 {
+        app.enqueue(&format!(r#"{{"orderId":"d{i}"}}"#)).await;
+    }
+    let w = app.start_configured_worker();
+    poisoned(&app, 3).await;
+    w.stop().await;
+    let snapshot = |app: &TestApp| {
+        let records = app.records();
+        let pq = app.poison_queue();
+        let src = app.source();
+        async move {
+            let mut rows: Vec<String> = records
+                .query(None)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|(p, r, e)| format!("{p}/{r}/{}", Value::Object(e)))
+                .collect();
+            rows.sort();
+            let mut pm: Vec<String> = pq
+                .peek(32)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|m| format!("{}:{}", m.id, m.text))
+                .collect();
+            pm.sort();
+            (rows, pm, src.peek(32).await.unwrap().len())
+        }
+    };
+    let before = snapshot(&app).await;
+    let out = aqw(
+        app.path(),
+        &[
+            "poison",
+            "replay",
+            &app.queue,
+            "--all",
+            "--dry-run",
+            "--by",
+            "x",
+            "--output",
+            "json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let report = json_out(&out);
+    assert_eq!(report["selected"], 3);
+    assert!(report["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|i| i["action"] == "would-replay"));
+    assert_eq!(snapshot(&app).await, before, "queues and table unchanged");
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn already_done_key_is_closed_not_reput() {
+    let sink = Sink::start().await;
+    sink.fail_with(500);
+    let app = app_with_sink(&sink, 1);
+    let id = app.enqueue(r#"{"orderId":"dup"}"#).await;
+    let w = app.start_configured_worker();
+    poisoned(&app, 1).await;
+    // The same job arrives again later and succeeds: the key is done.
+    sink.fail_with(200);
+    app.enqueue(r#"{"orderId":"dup"}"#).await;
+    let keys = app.keys();
+    let k = aqw::idempotency::IdempotencyKey::new("receipt:dup").unwrap();
+    eventually("key done", DEADLINE, || async {
+        keys.get("Job", &k)
+            .await
+            .ok()
+            .flatten()
+            .filter(|r| r.status == aqw::idempotency::KeyStatus::Done)
+            .map(|_| ())
+    })
+    .await;
+    w.stop().await;
+    let out = aqw(
+        app.path(),
+        &[
+            "poison", "replay", &app.queue, "--id", &id, "--by", "x", "--output", "json",
+        ],
+    );
+    let report = json_out(&out);
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert_eq!(report["items"][0]["action"], "already-done");
+    assert_eq!(
+        TestApp::exact_count(app.source().as_ref()).await,
+        0,
+        "not re-put"
+    );
+    let (e, _) = app.records().get(&app.queue, &id).await.unwrap().unwrap();
+    assert_eq!(
+        (e["Status"].as_str(), e["ReplayNote"].as_str()),
+        (Some("replayed"), Some("already done"))
+    );
+    assert_eq!(sink.applied_effects("/effects").len(), 1);
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_host_raw_poison_message_is_listed_and_replayed_as_is() {
+    let sink = Sink::start().await;
+    let app = app_with_sink(&sink, 5);
+    let raw = aqw::message::encode(r#"{"orderId":"from-host"}"#, app.config.message_encoding);
+    let pq = app.poison_queue();
+    pq.create_if_missing().await.unwrap();
+    let pid = pq
+        .put(&raw, Duration::ZERO, aqw::storage::Ttl::Default)
+        .await
+        .unwrap()
+        .id;
+    let list = json_out(&aqw(
+        app.path(),
+        &["poison", "list", &app.queue, "--output", "json"],
+    ));
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(list[0]["origin"], "host");
+    assert_eq!(list[0]["messageId"], pid.as_str());
+    let out = aqw(
+        app.path(),
+        &[
+            "poison", "replay", &app.queue, "--id", &pid, "--by", "x", "--output", "json",
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let msgs = app.source().peek(32).await.unwrap();
+    assert_eq!(msgs.len(), 1);
+    assert_eq!(msgs[0].text, raw, "re-put byte-exact");
+    eventually("poison copy removed", DEADLINE, || async {
+        (TestApp::exact_count(app.poison_queue().as_ref()).await == 0).then_some(())
+    })
+    .await;
+    app.cleanup().await;
+}
+
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_killed_between_reput_and_record_update_then_rerun() {
+    let sink = Sink::start().await;
+    sink.fail_with(500);
+    let app = app_with_sink(&sink, 1);
+    let id = app.enqueue(r#"{"orderId":"interrupted"}"#).await;
+    let w = app.start_configured_worker();
+    poisoned(&app, 1).await;
+    w.stop().await;
+    sink.fail_with(200);
+    for point in ["replay.after_put", "replay.after_record"] {
+        let out = std::process::Command::new(aqw_bin())
+            .args([
+                "poison", "replay", &app.queue, "--all", "--by", "x", "--app",
+            ])
+            .arg(app.path())
+            .env("AzureWebJobsStorage", CONN)
+            .env("AQW_FAILPOINT", point)
+            .output()
+            .unwrap();
+        if point == "replay.after_put" {
+            assert!(!out.status.success(), "aborted at {point}");
+        }
+    }
+    // The second run (failpoint after the record update) finished the replay.
+    let out = aqw(
+        app.path(),
+        &[
+            "poison", "replay", &app.queue, "--all", "--by", "x", "--output", "json",
+        ],
+    );
+    assert_eq!(json_out(&out)["selected"], 0, "nothing left to replay");
+    let w = app.start_configured_worker();
+    eventually("drained", DEADLINE, || async {
+        (TestApp::exact_count(app.source().as_ref()).await == 0).then_some(())
+    })
+    .await;
+    w.stop().await;
+    assert_eq!(sink.applied_effects("/effects").len(), 1, "one effect");
+    let (e, _) = app.records().get(&app.queue, &id).await.unwrap().unwrap();
+    assert_eq!(e["Status"], "replayed");
+    assert_eq!(
+        app.records().query(Some(&app.queue)).await.unwrap().len(),
+        1,
+        "one closed record"
+    );
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_rate_is_respected() {
+    let app = TestApp::new(
+        json!({"key": "none"}),
+        json!({"maxDequeueCount": 1}),
+        json!({}),
+    );
+    let n = 30;
+    for i in 0..n {
+        app.enqueue(&format!(r#"{{"i":{i}}}"#)).await;
+    }
+    let w = app.start_worker(Scripted::new(|_, _| {
+        Err(aqw::HandlerError::permanent("no"))
+    }));
+    poisoned(&app, n).await;
+    w.stop().await;
+    let start = Instant::now();
+    let out = aqw(
+        app.path(),
+        &[
+            "poison", "replay", &app.queue, "--all", "--rate", "20", "--by", "x", "--output",
+            "json",
+        ],
+    );
+    let took = start.elapsed();
+    assert_eq!(json_out(&out)["replayed"], n);
+    // A loose lower bound only: 30 messages at 20/s cannot take less than 29/20 s.
+    assert!(took >= Duration::from_millis(1450), "{took:?}");
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discard_needs_reason_and_name_and_closes_the_record() {
+    let app = TestApp::new(
+        json!({"key": "none"}),
+        json!({"maxDequeueCount": 1}),
+        json!({}),
+    );
+    let id = app.enqueue(r#"{"x":1}"#).await;
+    let w = app.start_worker(Scripted::new(|_, _| {
+        Err(aqw::HandlerError::permanent("no"))
+    }));
+    poisoned(&app, 1).await;
+    w.stop().await;
+    assert_eq!(
+        aqw(
+            app.path(),
+            &["poison", "discard", &app.queue, "--id", &id, "--by", "me"]
+        )
+        .status
+        .code(),
+        Some(2)
+    );
+    assert_eq!(
+        aqw(
+            app.path(),
+            &[
+                "poison",
+                "discard",
+                &app.queue,
+                "--id",
+                &id,
+                "--reason",
+                "test data"
+            ]
+        )
+        .status
+        .code(),
+        Some(2)
+    );
+    let out = aqw(
+        app.path(),
+        &[
+            "poison",
+            "discard",
+            &app.queue,
+            "--id",
+            &id,
+            "--reason",
+            "test data",
+            "--by",
+            "me",
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (e, _) = app.records().get(&app.queue, &id).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            e["Status"].as_str(),
+            e["DiscardReason"].as_str(),
+            e["DiscardedBy"].as_str()
+        ),
+        (Some("discarded"), Some("test data"), Some("me"))
+    );
+    assert_eq!(TestApp::exact_count(app.poison_queue().as_ref()).await, 0);
+    let list = aqw(
+        app.path(),
+        &["poison", "list", &app.queue, "--status", "open"],
+    );
+    assert_eq!(list.status.code(), Some(0), "nothing open");
+    app.cleanup().await;
+}
