@@ -246,9 +246,20 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                 .map_err(|e| Failure::runtime(format!("{e:#}")))?;
             Ok(0)
         }
-        Command::Serve => Err(Failure::usage(
-            "aqw serve is not available in this build yet",
-        )),
+        Command::Serve => {
+            let app = load(&cli.app)?;
+            let registry = aqw::Registry::new();
+            aqw::worker::preflight(&app, &registry).map_err(Failure::usage)?;
+            let port =
+                aqw::serve::port_from_env(std::env::var("FUNCTIONS_CUSTOMHANDLER_PORT").ok())
+                    .map_err(Failure::usage)?;
+            let shutdown = CancellationToken::new();
+            spawn_signal_handler(shutdown.clone());
+            aqw::serve::serve(app, registry, port, shutdown)
+                .await
+                .map_err(|e| Failure::runtime(format!("{e:#}")))?;
+            Ok(0)
+        }
         Command::Enqueue(a) => enqueue(&cli.app, a, output).await,
         Command::Status => {
             let app = load(&cli.app)?;

@@ -6,7 +6,7 @@ mod common;
 
 use aqw::handlers::{HandlerError, Success};
 use aqw::idempotency::{IdempotencyKey, KeyStatus, NextAction};
-use aqw::storage::{Storage, TableStore};
+use aqw::storage::Storage;
 use common::*;
 use serde_json::json;
 use std::collections::HashMap;

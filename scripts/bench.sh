@@ -1,0 +1,867 @@
+#!/usr/bin/env bash
+# aqw benchmarks against a local Azurite, in one command.
+#
+#   bash scripts/bench.sh            full run (3 repetitions), rewrites BENCHMARKS.md
+#   bash scripts/bench.sh --smoke    tiny sizes, 1 repetition, writes .bench/smoke.md
+#   bash scripts/bench.sh --reps 5   full run with 5 repetitions
+#
+# Scenarios:
+#   (a) throughput and CPU on keyed jobs: aqw (examples/bench_worker, in-process
+#       no-op handler) with default settings and tuned (batchSize 32,
+#       newBatchThreshold 32); the ceiling loop (examples/ceiling.rs run); the
+#       Python asyncio worker (bench/python_worker.py, official Azure SDKs).
+#   (b) storage requests per message, from aqw's own aqw_storage_requests_total:
+#       keyed, keyless ("key": "none"), duplicates (every job enqueued twice),
+#       poisoned (`aqw run` with an exec handler that exits 65).
+#   (c) idle receive calls per hour: `aqw run` on an empty queue with the
+#       default maxPollingInterval (4 minutes; 10 s in --smoke).
+#   (d) replay: N open poison records, `aqw poison replay QUEUE --all` against
+#       a minimal receive/put/delete loop (examples/ceiling.rs replay-loop).
+#
+# Every run uses a fresh random queue and fresh tables (deleted afterwards),
+# and queues are fed in waves that keep them under ~900 messages (Azurite
+# slows as a queue deepens). CPU and peak RSS come from the kernel's rusage of
+# each worker process (wait4), wall time from the harness. The exit status is
+# non-zero only when something is broken (a process failed, a count did not
+# match), never because of speed.
+#
+# Needs: cargo, Node.js/npm (Azurite, via scripts/azurite.sh), python3 (venv).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+mode=full
+reps=3
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --smoke) mode=smoke; reps=1 ;;
+    --reps) reps="${2:?--reps needs a number}"; shift ;;
+    --reps=*) reps="${1#--reps=}" ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    *) echo "bench.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+case "$reps" in ''|*[!0-9]*|0) echo "bench.sh: --reps must be a positive integer" >&2; exit 2 ;; esac
+
+state="$root/.bench"
+mkdir -p "$state"
+say() { echo "bench.sh: $*" >&2; }
+
+say "starting Azurite"
+bash "$root/scripts/azurite.sh" start
+
+venv="$state/venv"
+if [ ! -x "$venv/bin/python" ] || ! cmp -s "$root/bench/requirements.txt" "$venv/.requirements.txt"; then
+  say "creating the Python venv in .bench/venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$root/bench/requirements.txt"
+  cp "$root/bench/requirements.txt" "$venv/.requirements.txt"
+fi
+
+say "building (cargo build --release --examples --bin aqw)"
+cargo build --release --quiet --examples --bin aqw
+
+export AzureWebJobsStorage="UseDevelopmentStorage=true"
+export AQW_BENCH_MODE="$mode" AQW_BENCH_REPS="$reps" AQW_BENCH_ROOT="$root"
+export AQW_BENCH_TARGET="${CARGO_TARGET_DIR:-$root/target}/release"
+exec "$venv/bin/python" - <<'PY'
+"""The bench orchestrator (stdlib only): scenarios, checks, report."""
+import datetime
+import json
+import os
+import random
+import re
+import signal
+import socket
+import statistics
+import string
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+ROOT = os.environ["AQW_BENCH_ROOT"]
+MODE = os.environ["AQW_BENCH_MODE"]
+REPS = int(os.environ["AQW_BENCH_REPS"])
+TARGET = os.environ["AQW_BENCH_TARGET"]
+SMOKE = MODE == "smoke"
+STATE = os.path.join(ROOT, ".bench")
+WORK = os.path.join(STATE, f"{MODE}-{time.strftime('%Y%m%d-%H%M%S')}")
+os.makedirs(WORK, exist_ok=True)
+
+AQW = os.path.join(TARGET, "aqw")
+BENCH_WORKER = os.path.join(TARGET, "examples", "bench_worker")
+CEILING = os.path.join(TARGET, "examples", "ceiling")
+PYTHON = sys.executable
+PY_WORKER = os.path.join(ROOT, "bench", "python_worker.py")
+
+CORES = len(os.sched_getaffinity(0))
+DEFAULT_THRESHOLD = 8 * CORES  # aqw's default newBatchThreshold: batchSize/2 x cores
+MAX_DEPTH = 900
+
+SIZES = dict(
+    throughput=60 if SMOKE else 1000,
+    keyless=30 if SMOKE else 500,
+    duplicates=30 if SMOKE else 500,
+    poisoned=2 if SMOKE else 20,
+    idle_seconds=10 if SMOKE else 240,
+    replay=20 if SMOKE else 500,
+)
+TIMEOUT = 120 if SMOKE else 900
+
+errors = []
+commands = {}
+
+
+def log(msg):
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def fail(msg):
+    errors.append(msg)
+    log(f"ERROR: {msg}")
+
+
+def rand(prefix, n=10):
+    return prefix + "".join(random.choices(string.ascii_lowercase + string.digits, k=n))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def show(cmd):
+    out = []
+    for c in cmd:
+        c = c.replace(TARGET + "/", "target/release/").replace(ROOT + "/", "")
+        c = c.replace(PYTHON, ".bench/venv/bin/python")
+        out.append(c if re.fullmatch(r"[\w./:=,+-]+", c) else "'" + c + "'")
+    return " ".join(out)
+
+
+class Proc:
+    """A child process whose rusage (CPU, peak RSS) is collected at exit."""
+
+    def __init__(self, cmd, name, timeout=TIMEOUT):
+        self.cmd = cmd
+        self.name = name
+        self.out_path = os.path.join(WORK, f"{name}.out")
+        self.err_path = os.path.join(WORK, f"{name}.err")
+        self.out = open(self.out_path, "w")
+        self.err = open(self.err_path, "w")
+        self.t0 = time.monotonic()
+        self.p = subprocess.Popen(cmd, stdout=self.out, stderr=self.err, stdin=subprocess.DEVNULL)
+        self.timed_out = False
+        self.timer = threading.Timer(timeout, self._kill)
+        self.timer.daemon = True
+        self.timer.start()
+        self.result = None
+
+    def _kill(self):
+        self.timed_out = True
+        try:
+            self.p.kill()
+        except ProcessLookupError:
+            pass
+
+    def signal(self, sig):
+        if self.result is None:
+            self.p.send_signal(sig)
+
+    def wait(self):
+        if self.result is not None:
+            return self.result
+        _, status, ru = os.wait4(self.p.pid, 0)
+        wall = time.monotonic() - self.t0
+        self.timer.cancel()
+        self.p.returncode = os.waitstatus_to_exitcode(status)
+        self.out.close()
+        self.err.close()
+        text = open(self.out_path).read()
+        data = None
+        for line in reversed(text.strip().splitlines()):
+            if line.startswith("{") or line.startswith("["):
+                try:
+                    data = json.loads(line)
+                    break
+                except ValueError:
+                    pass
+        if data is None and text.strip().startswith(("[", "{")):
+            try:
+                data = json.loads(text)
+            except ValueError:
+                pass
+        self.result = dict(
+            rc=self.p.returncode, wall=wall, cpu=ru.ru_utime + ru.ru_stime,
+            rss_mb=ru.ru_maxrss / 1024.0, json=data, timed_out=self.timed_out,
+        )
+        return self.result
+
+    def tail(self):
+        try:
+            return open(self.err_path).read()[-1500:]
+        except OSError:
+            return ""
+
+
+def run(cmd, name, ok_codes=(0,), timeout=TIMEOUT):
+    p = Proc(cmd, name, timeout)
+    r = p.wait()
+    if r["timed_out"] or r["rc"] not in ok_codes:
+        fail(f"{name}: {show(cmd)} exited {r['rc']}{' (timed out)' if r['timed_out'] else ''}: {p.tail()}")
+        return None
+    return r
+
+
+def ceiling(*args, name, ok_codes=(0,)):
+    return run([CEILING, *args], name, ok_codes)
+
+
+def queue_count(queue, name):
+    r = ceiling("count", "--queue", queue, name=name)
+    return None if r is None or r["json"] is None else r["json"]["count"]
+
+
+def cleanup(queues=(), tables=()):
+    args = []
+    for q in queues:
+        args += ["--queue", q]
+    for t in tables:
+        args += ["--table", t]
+    p = Proc([CEILING, "cleanup", *args], rand("cleanup-", 6))
+    p.wait()
+
+
+def write_app(app_dir, queue, keys, poison, key="bench:{/id}", handler=None, queues=None, http_port=None):
+    os.makedirs(app_dir, exist_ok=True)
+    fn = {"queue": queue, "key": key}
+    if handler is not None:
+        fn["handler"] = handler
+    aqw = {"functions": {"Bench": fn}, "tables": {"keys": keys, "poison": poison}}
+    if http_port is not None:
+        aqw["http"] = {"port": http_port}
+    host = {"version": "2.0", "extensions": {"queues": dict(messageEncoding="base64", **(queues or {}))}, "aqw": aqw}
+    with open(os.path.join(app_dir, "host.json"), "w") as f:
+        json.dump(host, f, indent=2)
+    return host
+
+
+class Feeder:
+    """`ceiling enqueue` in the background: first wave on the queue, then top-ups."""
+
+    def __init__(self, queue, count, tag, name):
+        self.ready = os.path.join(WORK, f"{name}.ready")
+        self.cmd = [CEILING, "enqueue", "--queue", queue, "--count", str(count), "--tag", tag,
+                    "--max-depth", str(MAX_DEPTH), "--ready-file", self.ready]
+        commands.setdefault("enqueue", show(self.cmd))
+        self.p = Proc(self.cmd, name)
+
+    def wait_ready(self):
+        while not os.path.exists(self.ready):
+            if self.p.p.poll() is not None:
+                break
+            time.sleep(0.02)
+        return os.path.exists(self.ready)
+
+    def finish(self):
+        r = self.p.wait()
+        if r["rc"] != 0 or r["timed_out"]:
+            fail(f"{self.p.name}: enqueue failed: {self.p.tail()}")
+            return False
+        return True
+
+
+def fresh():
+    tag = rand("", 8)
+    return dict(queue=rand("bq"), keys=rand("k"), poison=rand("p"), tag=tag)
+
+
+def data_plane(requests):
+    """Requests per op:status without one-off admin calls (create, metadata)."""
+    return {k: v for k, v in (requests or {}).items()
+            if not k.startswith(("table.admin", "queue.create", "queue.metadata"))}
+
+
+def per_message(requests, n):
+    total = sum(data_plane(requests).values())
+    return total / n if n else float("nan")
+
+
+# ---------------------------------------------------------------------------
+# (a) throughput and CPU
+# ---------------------------------------------------------------------------
+
+def worker_cmd(kind, r, app_dir, n):
+    if kind in ("aqw-default", "aqw-tuned"):
+        return [BENCH_WORKER, "--app", app_dir, "--expect", str(n)]
+    if kind == "ceiling":
+        return [CEILING, "run", "--queue", r["queue"], "--table", r["keys"], "--batch", "16",
+                "--threshold", str(DEFAULT_THRESHOLD), "--expect", str(n)]
+    if kind == "python":
+        return [PYTHON, PY_WORKER, "--queue", r["queue"], "--table", r["keys"], "--batch", "16",
+                "--threshold", str(DEFAULT_THRESHOLD), "--expect", str(n)]
+    raise ValueError(kind)
+
+
+def keyed_run(kind, n, rep, r=None, tag=None, queues=None, label=None):
+    """Feed n keyed jobs and run one worker until all n are settled."""
+    r = r or fresh()
+    tag = tag or r["tag"]
+    label = label or f"{kind}-{rep}"
+    app_dir = os.path.join(WORK, label)
+    qs = dict(queues or {})
+    if kind == "aqw-tuned":
+        qs.update(batchSize=32, newBatchThreshold=32)
+    write_app(app_dir, r["queue"], r["keys"], r["poison"], queues=qs)
+    feeder = Feeder(r["queue"], n, tag, f"{label}-enqueue")
+    if not feeder.wait_ready():
+        feeder.finish()
+        return None
+    cmd = worker_cmd(kind, r, app_dir, n)
+    commands.setdefault(kind, show(cmd))
+    p = Proc(cmd, label)
+    res = p.wait()
+    fed = feeder.finish()
+    if res["rc"] != 0 or res["timed_out"] or res["json"] is None:
+        fail(f"{label}: worker exited {res['rc']}{' (timed out)' if res['timed_out'] else ''}: {p.tail()}")
+        return None
+    if not fed:
+        return None
+    j = res["json"]
+    settled = j.get("settled", j.get("messages"))
+    if settled != n:
+        fail(f"{label}: settled {settled} of {n} messages")
+    left = queue_count(r["queue"], f"{label}-count")
+    if left not in (0, None):
+        fail(f"{label}: {left} messages left on the queue after the run")
+    res["n"] = n
+    res["rps"] = n / j["seconds"] if j.get("seconds") else float("nan")
+    return res
+
+
+def throughput():
+    n = SIZES["throughput"]
+    results = {k: [] for k in ("aqw-default", "aqw-tuned", "ceiling", "python")}
+    for rep in range(REPS):
+        order = list(results)
+        random.shuffle(order)  # no contender always runs first on a warm Azurite
+        for kind in order:
+            r = fresh()
+            log(f"(a) {kind} rep {rep + 1}/{REPS}: {n} keyed jobs")
+            res = keyed_run(kind, n, rep, r)
+            cleanup([r["queue"], r["queue"] + "-poison"], [r["keys"], r["poison"]])
+            if res is None:
+                continue
+            j = res["json"]
+            if kind.startswith("aqw"):
+                oc = j.get("outcomes", {})
+                if oc.get("completed", 0) != n or j.get("handled") != n:
+                    fail(f"(a) {kind}: outcomes {oc}, handled {j.get('handled')} (expected {n} completed)")
+            elif j.get("completed") != n:
+                fail(f"(a) {kind}: completed {j.get('completed')} of {n}")
+            results[kind].append(res)
+    return results
+
+
+# ---------------------------------------------------------------------------
+# (b) storage requests per message
+# ---------------------------------------------------------------------------
+
+def scrape(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        m = re.match(r"^([a-zA-Z_:][\w:]*)(\{(.*)\})?\s+(\S+)$", line)
+        if not m:
+            continue
+        labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
+        out.setdefault(m.group(1), []).append((labels, float(m.group(4))))
+    return out
+
+
+def metric_by(metrics, name, *keys):
+    out = {}
+    for labels, v in metrics.get(name, []):
+        k = ":".join(labels.get(x, "") for x in keys)
+        out[k] = out.get(k, 0) + int(v)
+    return out
+
+
+def wait_http(port, proc, seconds=30):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.p.poll() is not None:
+            return False
+        try:
+            scrape(port)
+            return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
+def stop_aqw_run(proc, label):
+    proc.signal(signal.SIGTERM)
+    res = proc.wait()
+    if res["rc"] != 0:
+        fail(f"{label}: aqw run exited {res['rc']} after SIGTERM (expected 0): {proc.tail()}")
+    return res
+
+
+def keyless_run(rep):
+    n = SIZES["keyless"]
+    r = fresh()
+    label = f"keyless-{rep}"
+    app_dir = os.path.join(WORK, label)
+    write_app(app_dir, r["queue"], r["keys"], r["poison"], key="none")
+    log(f"(b) keyless rep {rep + 1}/{REPS}: {n} jobs")
+    feeder = Feeder(r["queue"], n, r["tag"], f"{label}-enqueue")
+    res = None
+    if feeder.wait_ready():
+        cmd = [BENCH_WORKER, "--app", app_dir, "--expect", str(n)]
+        commands.setdefault("aqw-keyless", show(cmd))
+        res = run(cmd, label)
+    feeder.finish()
+    if res and res["json"]:
+        oc = res["json"].get("outcomes", {})
+        if oc.get("completed", 0) != n:
+            fail(f"(b) keyless: outcomes {oc} (expected {n} completed)")
+    cleanup([r["queue"], r["queue"] + "-poison"], [r["keys"], r["poison"]])
+    return res
+
+
+def duplicates_run(rep):
+    n = SIZES["duplicates"]
+    r = fresh()
+    log(f"(b) duplicates rep {rep + 1}/{REPS}: {n} jobs, each enqueued twice")
+    first = keyed_run("aqw-default", n, rep, r, label=f"dup-first-{rep}")
+    second = None
+    if first is not None:
+        second = keyed_run("aqw-default", n, rep, r, tag=r["tag"], label=f"dup-second-{rep}")
+        if second is not None:
+            oc = second["json"].get("outcomes", {})
+            if oc.get("duplicate", 0) != n or second["json"].get("handled") != 0:
+                fail(f"(b) duplicates: second pass outcomes {oc}, handled {second['json'].get('handled')} "
+                     f"(expected {n} duplicates, handler never called)")
+    cleanup([r["queue"], r["queue"] + "-poison"], [r["keys"], r["poison"]])
+    return first, second
+
+
+def poisoned_run(rep):
+    n = SIZES["poisoned"]
+    r = fresh()
+    label = f"poisoned-{rep}"
+    app_dir = os.path.join(WORK, label)
+    port = free_port()
+    write_app(app_dir, r["queue"], r["keys"], r["poison"],
+              handler={"type": "exec", "command": ["sh", "-c", "exit 65"]},
+              queues={"maxPollingInterval": "00:00:01"}, http_port=port)
+    log(f"(b) poisoned rep {rep + 1}/{REPS}: {n} jobs whose handler exits 65")
+    if not ceiling("enqueue", "--queue", r["queue"], "--count", str(n), "--tag", r["tag"],
+                   name=f"{label}-enqueue"):
+        return None
+    cmd = [AQW, "run", "--app", app_dir]
+    commands.setdefault("aqw-run-poison", show(cmd))
+    proc = Proc(cmd, label)
+    at_done = None
+    if wait_http(port, proc):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.p.poll() is None:
+            m = scrape(port)
+            if metric_by(m, "aqw_messages_total", "outcome").get("poisoned", 0) >= n:
+                at_done = m
+                break
+            time.sleep(0.1)
+    res = stop_aqw_run(proc, label)
+    if at_done is None:
+        fail(f"(b) poisoned: {n} poisoned outcomes not seen within 60 s: {proc.tail()}")
+    else:
+        res["requests"] = metric_by(at_done, "aqw_storage_requests_total", "operation", "status")
+        res["n"] = n
+        lst = run([AQW, "poison", "list", r["queue"], "--app", app_dir, "--output", "json"],
+                  f"{label}-list", ok_codes=(0, 1))
+        if lst is not None:
+            records = lst["json"] if isinstance(lst["json"], list) else None
+            if records is None or len(records) != n:
+                fail(f"(b) poisoned: aqw poison list shows {None if records is None else len(records)} records, expected {n}")
+        depth = queue_count(r["queue"] + "-poison", f"{label}-count")
+        if depth != n:
+            fail(f"(b) poisoned: poison queue holds {depth} messages, expected {n}")
+    cleanup([r["queue"], r["queue"] + "-poison"], [r["keys"], r["poison"]])
+    return res if at_done is not None else None
+
+
+# ---------------------------------------------------------------------------
+# (c) idle receives
+# ---------------------------------------------------------------------------
+
+def idle_run():
+    seconds = SIZES["idle_seconds"]
+    r = fresh()
+    app_dir = os.path.join(WORK, "idle")
+    port = free_port()
+    host = write_app(app_dir, r["queue"], r["keys"], r["poison"],
+                     handler={"type": "exec", "command": ["sh", "-c", "exit 0"]}, http_port=port)
+    log(f"(c) idle: aqw run on an empty queue for {seconds} s (default maxPollingInterval 60 s)")
+    cmd = [AQW, "run", "--app", app_dir]
+    commands.setdefault("aqw-run-idle", show(cmd))
+    proc = Proc(cmd, "idle")
+    samples = []  # (t, receives, metadata)
+    if not wait_http(port, proc):
+        stop_aqw_run(proc, "idle")
+        fail(f"(c) idle: aqw run did not serve /metrics: {proc.tail()}")
+        return None
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds and proc.p.poll() is None:
+        m = scrape(port)
+        ops = metric_by(m, "aqw_storage_requests_total", "operation")
+        samples.append((time.monotonic() - t0, ops.get("queue.receive", 0), ops.get("queue.metadata", 0)))
+        time.sleep(0.25)
+    m = scrape(port)
+    ops = metric_by(m, "aqw_storage_requests_total", "operation")
+    window = time.monotonic() - t0
+    res = stop_aqw_run(proc, "idle")
+    receives = ops.get("queue.receive", 0)
+    # Times at which the receive counter moved: the polling intervals.
+    moves, prev = [], None
+    for t, n, _ in samples:
+        if prev is not None and n > prev:
+            moves.append(t)
+        prev = n
+    intervals = [b - a for a, b in zip(moves, moves[1:])]
+    steady = intervals[-1] if intervals else None
+    res.update(
+        window=window, receives=receives, metadata=ops.get("queue.metadata", 0),
+        naive_per_hour=receives / window * 3600 if window else None,
+        last_interval=steady,
+        steady_per_hour=3600 / steady if steady else None,
+        ops=ops,
+    )
+    cleanup([r["queue"], r["queue"] + "-poison"], [r["keys"], r["poison"]])
+    return res
+
+
+# ---------------------------------------------------------------------------
+# (d) replay
+# ---------------------------------------------------------------------------
+
+def replay_run(rep):
+    n = SIZES["replay"]
+    r = fresh()
+    label = f"replay-{rep}"
+    app_dir = os.path.join(WORK, label)
+    write_app(app_dir, r["queue"], r["keys"], r["poison"], queues={"maxDequeueCount": 1})
+    log(f"(d) replay rep {rep + 1}/{REPS}: poisoning {n} jobs")
+    raw_target = rand("bq")
+    out = None
+    try:
+        feeder = Feeder(r["queue"], n, r["tag"], f"{label}-enqueue")
+        res = None
+        if feeder.wait_ready():
+            cmd = [BENCH_WORKER, "--app", app_dir, "--expect", str(n), "--handler", "fail"]
+            commands.setdefault("aqw-poison-setup", show(cmd))
+            res = run(cmd, f"{label}-poison")
+        if not feeder.finish() or res is None:
+            return None
+        oc = res["json"].get("outcomes", {})
+        if oc.get("poisoned", 0) != n:
+            fail(f"(d) replay setup: outcomes {oc} (expected {n} poisoned)")
+            return None
+        depth = queue_count(r["queue"] + "-poison", f"{label}-count0")
+        if depth != n:
+            fail(f"(d) replay setup: poison queue holds {depth}, expected {n}")
+            return None
+        log(f"(d) replay rep {rep + 1}/{REPS}: aqw poison replay --all ({n} records)")
+        cmd = [AQW, "poison", "replay", r["queue"], "--all", "--by", "bench", "--app", app_dir, "--output", "json"]
+        commands.setdefault("aqw-replay", show(cmd))
+        rep_res = run(cmd, f"{label}-aqw")
+        if rep_res is None:
+            return None
+        j = rep_res["json"] or {}
+        if j.get("replayed") != n or j.get("failed", 0) != 0:
+            fail(f"(d) aqw poison replay: replayed {j.get('replayed')} of {n}, failed {j.get('failed')}")
+        src = queue_count(r["queue"], f"{label}-count1")
+        left = queue_count(r["queue"] + "-poison", f"{label}-count2")
+        if src != n or left != 0:
+            fail(f"(d) after replay: source queue {src} (expected {n}), poison queue {left} (expected 0)")
+        log(f"(d) replay rep {rep + 1}/{REPS}: raw put+delete loop ({n} messages)")
+        cmd = [CEILING, "replay-loop", "--from", r["queue"], "--to", raw_target, "--expect", str(n)]
+        commands.setdefault("raw-replay", show(cmd))
+        raw = run(cmd, f"{label}-raw")
+        if raw is None:
+            return None
+        if (raw["json"] or {}).get("messages") != n:
+            fail(f"(d) raw loop moved {(raw['json'] or {}).get('messages')} of {n}")
+        out = dict(aqw=rep_res, raw=raw, n=n)
+    finally:
+        cleanup([r["queue"], r["queue"] + "-poison", raw_target], [r["keys"], r["poison"]])
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------
+
+def stats(values):
+    values = [v for v in values if v is not None and v == v]
+    if not values:
+        return None
+    return statistics.median(values), min(values), max(values)
+
+
+def fmt(v, digits=2):
+    if v is None:
+        return "n/a"
+    if isinstance(v, float) and v != v:
+        return "n/a"
+    if abs(v) >= 100:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}f}"
+
+
+def row(name, values, unit="", digits=2):
+    s = stats(values)
+    if s is None:
+        return f"| {name} | n/a | | | {unit} |"
+    return f"| {name} | {fmt(s[0], digits)} | {fmt(s[1], digits)} | {fmt(s[2], digits)} | {unit} |"
+
+
+def median(values):
+    s = stats(values)
+    return s[0] if s else None
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def sh(cmd):
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception:
+        return ""
+
+
+def machine():
+    model = ""
+    for line in sh("lscpu").splitlines():
+        if line.startswith("Model name:"):
+            model = line.split(":", 1)[1].strip()
+    mem_kb = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem_kb = int(line.split()[1])
+    azurite = ""
+    try:
+        lock = json.load(open(os.path.join(ROOT, "tools", "azurite", "package-lock.json")))
+        azurite = lock.get("packages", {}).get("node_modules/azurite", {}).get("version", "")
+    except (OSError, ValueError):
+        pass
+    return dict(
+        nproc=sh("nproc"), model=model or "unknown", mem_gib=mem_kb / 1024 / 1024,
+        kernel=sh("uname -sr"), rustc=sh("rustc --version"), python=sys.version.split()[0],
+        node=sh("node --version"), azurite=azurite,
+        commit=sh(f"git -C {ROOT} rev-parse --short HEAD") + (" (uncommitted changes)" if sh(f"git -C {ROOT} status --porcelain") else ""),
+        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    )
+
+
+def report(a, b, c, d, started):
+    N = SIZES
+    lines = []
+    m = machine()
+    title = "aqw benchmarks" + (" (smoke run: tiny sizes, figures are not meaningful)" if SMOKE else "")
+    lines += [f"# {title}", ""]
+    lines += [
+        f"Measured {m['date']} on {m['nproc']} cores ({m['model']}), {m['mem_gib']:.1f} GiB memory, "
+        f"{m['kernel']}; {m['rustc']}; Python {m['python']}; Node {m['node']}, Azurite {m['azurite']} "
+        f"(in-memory, on the same machine); aqw commit {m['commit']}. "
+        f"{REPS} repetition(s) per figure: median, min and max. Total bench time {time.monotonic() - started:.0f} s.",
+        "",
+        "Azurite runs on the same 2 cores as the workers and is the bottleneck for every contender, so "
+        "absolute rates are Azurite's; the ratios and the per-message CPU and request counts are what carry "
+        "over to Azure Storage.",
+        "",
+    ]
+
+    def col(kind, f):
+        return [f(x) for x in a.get(kind, [])]
+
+    rps = {k: col(k, lambda x: x["rps"]) for k in a}
+    cpu_msg = {k: col(k, lambda x: x["cpu"] / x["n"] * 1000) for k in a}
+    loop_cpu_msg = {k: col(k, lambda x: x["json"]["cpu_s"] / x["n"] * 1000) for k in a}
+    rss = {k: col(k, lambda x: x["rss_mb"]) for k in a}
+    keyed_req = [per_message(x["json"]["requests"], x["n"]) for x in a.get("aqw-default", [])]
+    keyless_req = [per_message(x["json"]["requests"], N["keyless"]) for x in b["keyless"] if x and x["json"]]
+    dup_req = [per_message(s["json"]["requests"], N["duplicates"]) for f_, s in b["duplicates"] if s]
+    dup_job_req = [(per_message(f_["json"]["requests"], 1) + per_message(s["json"]["requests"], 1)) / N["duplicates"]
+                   for f_, s in b["duplicates"] if f_ and s]
+    poison_req = [per_message(x["requests"], x["n"]) for x in b["poisoned"] if x]
+    replay_aqw = [x["aqw"]["wall"] for x in d if x]
+    replay_raw = [x["raw"]["wall"] for x in d if x]
+
+    names = {"aqw-default": "aqw, default settings (batch 16, threshold %d)" % DEFAULT_THRESHOLD,
+             "aqw-tuned": "aqw, tuned (batchSize 32, newBatchThreshold 32)",
+             "ceiling": "ceiling loop (same calls, same concurrency as aqw default)",
+             "python": "Python asyncio worker (official async SDKs, same concurrency)"}
+
+    lines += ["## Summary", ""]
+    lines += ["| ratio | value |", "|---|---|"]
+    lines.append(f"| aqw / ceiling throughput (default settings) | {fmt(ratio(median(rps['aqw-default']), median(rps['ceiling'])))} |")
+    lines.append(f"| aqw tuned / ceiling throughput | {fmt(ratio(median(rps['aqw-tuned']), median(rps['ceiling'])))} |")
+    lines.append(f"| aqw / Python CPU per message (whole process) | {fmt(ratio(median(cpu_msg['aqw-default']), median(cpu_msg['python'])))} |")
+    lines.append(f"| aqw / Python CPU per message (work loop only) | {fmt(ratio(median(loop_cpu_msg['aqw-default']), median(loop_cpu_msg['python'])))} |")
+    lines.append(f"| storage requests per keyed message | {fmt(median(keyed_req))} |")
+    lines.append(f"| storage requests per keyless message | {fmt(median(keyless_req))} |")
+    lines.append(f"| storage requests per duplicate message | {fmt(median(dup_req))} |")
+    lines.append(f"| storage requests per poisoned message | {fmt(median(poison_req))} |")
+    if c:
+        lines.append(f"| idle receive calls per hour (steady state) | {fmt(c.get('steady_per_hour'), 0)} |")
+    lines.append(f"| peak RSS, aqw default / Python (MiB) | {fmt(median(rss['aqw-default']), 1)} / {fmt(median(rss['python']), 1)} |")
+    lines.append(f"| replay: aqw poison replay / raw put+delete loop (time) | {fmt(ratio(median(replay_aqw), median(replay_raw)))} |")
+    lines.append("")
+
+    lines += [f"## (a) Throughput and CPU: {N['throughput']} keyed jobs", ""]
+    lines += ["| contender | metric | median | min | max | unit |", "|---|---|---|---|---|---|"]
+    for k in ("aqw-default", "aqw-tuned", "ceiling", "python"):
+        for label, vals, unit in (("throughput", rps[k], "msg/s"),
+                                  ("CPU per message, whole process", cpu_msg[k], "ms"),
+                                  ("CPU per message, work loop", loop_cpu_msg[k], "ms"),
+                                  ("peak RSS", rss[k], "MiB")):
+            lines.append(row(f"{names[k]} | {label}", vals, unit))
+    lines += ["",
+              "Throughput = jobs / time from the worker's start of work (tables created, first receive) to the "
+              "last job settled, as each worker reports it. CPU and peak RSS are the kernel's rusage of the worker "
+              "process (user + system, all threads); \"work loop\" excludes process start-up (Python imports, "
+              "config loading) and is read by the worker itself. The feeder (`ceiling enqueue`) keeps the queue "
+              "under 900 messages and runs as a separate process, not counted. No per-job logging in any contender "
+              "(bench_worker installs no log subscriber; `aqw run` would log a line per job).", ""]
+
+    lines += ["## (b) Storage requests per message (aqw_storage_requests_total)", ""]
+    lines += ["| case | median | min | max | unit |", "|---|---|---|---|---|"]
+    lines.append(row(f"keyed, first delivery ({N['throughput']} jobs)", keyed_req, "requests/message"))
+    lines.append(row(f"keyless, `\"key\": \"none\"` ({N['keyless']} jobs)", keyless_req, "requests/message"))
+    lines.append(row(f"duplicate delivery (second copy of {N['duplicates']} done jobs)", dup_req, "requests/message"))
+    lines.append(row("job enqueued twice, both deliveries", dup_job_req, "requests/job"))
+    lines.append(row(f"poisoned (exec handler exits 65, {N['poisoned']} jobs, `aqw run`)", poison_req, "requests/message"))
+    lines += ["", "Breakdown (operation:status, summed over the repetitions, divided by messages):", ""]
+
+    def breakdown(title, items, n_each):
+        tot, n = {}, 0
+        for req in items:
+            for k, v in data_plane(req).items():
+                tot[k] = tot.get(k, 0) + v
+            n += n_each
+        if n:
+            lines.append(f"- {title}: " + ", ".join(f"`{k}` {v / n:.3f}" for k, v in sorted(tot.items())))
+
+    breakdown("keyed", [x["json"]["requests"] for x in a.get("aqw-default", [])], N["throughput"])
+    breakdown("keyless", [x["json"]["requests"] for x in b["keyless"] if x and x["json"]], N["keyless"])
+    breakdown("duplicate", [s["json"]["requests"] for _, s in b["duplicates"] if s], N["duplicates"])
+    breakdown("poisoned", [x["requests"] for x in b["poisoned"] if x], N["poisoned"])
+    lines += ["",
+              "Counted up to the moment the last expected message settled, so idle polls after the end are "
+              "not included. One-off administrative calls (table and queue creation at start-up, the /metrics "
+              "depth sampler's `queue.metadata`) are excluded; a poison queue created on first use shows up as "
+              "a `queue.put:404` plus a retry. The ceiling loop makes 3 + 1/16 requests per keyed message by "
+              "construction (receive shared by a batch, insert, merge, delete).", ""]
+
+    lines += ["## (c) Idle: receive calls on an empty queue (`aqw run`, default maxPollingInterval 00:01:00)", ""]
+    if c:
+        lines += ["| figure | value |", "|---|---|",
+                  f"| observation window | {c['window']:.0f} s |",
+                  f"| receive calls in the window (incl. back-off ramp from 100 ms) | {c['receives']} |",
+                  f"| last observed polling interval | {fmt(c['last_interval'], 1)} s |",
+                  f"| receive calls per hour, steady state (3600 / last interval) | {fmt(c['steady_per_hour'], 0)} |",
+                  f"| receive calls per hour, naive (window count extrapolated) | {fmt(c['naive_per_hour'], 0)} |",
+                  f"| `queue.metadata` calls in the window (/metrics depth sampler, 2 per queue per minute) | {c['metadata']} |",
+                  f"| CPU over the window | {c['cpu']:.2f} s |",
+                  f"| peak RSS | {c['rss_mb']:.1f} MiB |", ""]
+        if SMOKE:
+            lines += ["The smoke window is shorter than the back-off ramp (about 100 s to reach the 60 s cap), "
+                      "so its per-hour figures are not the steady state.", ""]
+    else:
+        lines += ["(failed, see errors)", ""]
+
+    lines += [f"## (d) Replay of {N['replay']} open poison records", ""]
+    lines += ["| contender | median | min | max | unit |", "|---|---|---|---|---|"]
+    lines.append(row("`aqw poison replay QUEUE --all --by bench` (whole command)", replay_aqw, "s"))
+    lines.append(row("raw loop: receive 32, then put + delete one at a time (`ceiling replay-loop`)", replay_raw, "s"))
+    lines.append(row("aqw replay rate", [N["replay"] / v for v in replay_aqw], "records/s"))
+    lines.append(row("raw loop rate", [N["replay"] / v for v in replay_raw], "messages/s"))
+    lines += ["",
+              "aqw's replay is sequential by design (one record at a time, each step idempotent so an "
+              "interrupted replay can be run again): per record it reads the key and the record, marks the record, "
+              "re-puts the message, closes the record, deletes the poison queue copy and counts the replay on the "
+              "key, after one scan of the poison queue. The raw loop only moves messages.", ""]
+
+    lines += ["## Commands", "", "```sh", f"bash scripts/bench.sh{' --smoke' if SMOKE else ''}" +
+              (f" --reps {REPS}" if not SMOKE and REPS != 3 else ""), "```", "",
+              "What it runs per repetition (queue and table names are fresh random ones each time; "
+              "`AzureWebJobsStorage=UseDevelopmentStorage=true`):", "", "```sh"]
+    for k, v in commands.items():
+        lines.append(f"# {k}")
+        lines.append(v)
+    lines += ["```", "",
+              "host.json of the aqw runs: `extensions.queues` = `{\"messageEncoding\": \"base64\"}` (plus "
+              "`batchSize`/`newBatchThreshold` 32 for tuned, `maxDequeueCount` 1 for the replay setup, "
+              "`maxPollingInterval` 00:00:01 for the poisoned case), `aqw.functions.Bench` = "
+              "`{\"queue\": Q, \"key\": \"bench:{/id}\"}` (`\"none\"` for keyless), `aqw.tables` = fresh names. "
+              f"Raw per-run data: `.bench/{os.path.basename(WORK)}/results.json`.", ""]
+    if errors:
+        lines += ["## Errors", ""] + [f"- {e}" for e in errors] + [""]
+    return "\n".join(lines)
+
+
+def main():
+    started = time.monotonic()
+    for exe in (AQW, BENCH_WORKER, CEILING):
+        if not os.access(exe, os.X_OK):
+            log(f"missing {exe}: build it with cargo build --release --examples --bin aqw")
+            return 3
+    log(f"mode {MODE}, {REPS} repetition(s), {CORES} cores; logs in {os.path.relpath(WORK, ROOT)}")
+    a = throughput()
+    b = dict(keyless=[], duplicates=[], poisoned=[])
+    d = []
+    for rep in range(REPS):
+        b["keyless"].append(keyless_run(rep))
+        b["duplicates"].append(duplicates_run(rep))
+        b["poisoned"].append(poisoned_run(rep))
+    c = idle_run()
+    for rep in range(REPS):
+        d.append(replay_run(rep))
+
+    with open(os.path.join(WORK, "results.json"), "w") as f:
+        json.dump(dict(mode=MODE, reps=REPS, sizes=SIZES, a=a, b=b, c=c, d=d, errors=errors,
+                       commands=commands), f, indent=1, default=str)
+    text = report(a, b, c, d, started)
+    if SMOKE:
+        out = os.path.join(STATE, "smoke.md")
+    elif errors:
+        out = os.path.join(STATE, "failed.md")
+        log("errors occurred: BENCHMARKS.md left as it was")
+    else:
+        out = os.path.join(ROOT, "BENCHMARKS.md")
+    with open(out, "w") as f:
+        f.write(text)
+    print(text)
+    log(f"wrote {os.path.relpath(out, ROOT)}")
+    if errors:
+        log(f"{len(errors)} error(s):")
+        for e in errors:
+            log(f"  {e}")
+        return 1
+    return 0
+
+
+sys.exit(main())
+PY
