@@ -322,6 +322,7 @@ async fn main() -> anyhow::Result<()> {
     let run_result = worker.await.context("worker task panicked")?;
     let final_scrape = Scrape::take();
     let own = probe.request_counts();
+    let complete = done_at.is_some();
     let (seconds, cpu_s, at_done) = match done_at {
         Some(d) => d,
         None => (
@@ -341,7 +342,7 @@ async fn main() -> anyhow::Result<()> {
         "requests_final": subtract(&final_scrape.by("aqw_storage_requests_total", &["operation", "status"]), &own),
         "harness_requests": own,
         "interrupted": interrupted,
-        "complete": done_at.is_some(),
+        "complete": complete,
     });
     println!("{out}");
     run_result?;

@@ -98,8 +98,8 @@ impl QueueOps {
     /// crash between put and record update) and leftover copies of closed
     /// records are deleted on the way. Without `hold`, only the first 32
     /// visible messages are peeked and nothing changes visibility.
-    pub async fn scan(&self, hold: Option<Duration>) -> OpsResult<HashMap<String, String>> {
-        let mut receipts = HashMap::new();
+    pub async fn scan(&self, hold: Option<Duration>) -> OpsResult<Held> {
+        let mut receipts: HashMap<String, (String, String)> = HashMap::new();
         let mut known: HashMap<String, PoisonRecord> = self
             .records()
             .await?
@@ -122,7 +122,9 @@ impl QueueOps {
                             )
                         })
                         .collect(),
-                    Err(StorageError::NotFound) => return Ok(receipts),
+                    Err(StorageError::NotFound) => {
+                        return Ok(Held(std::sync::Mutex::new(receipts)))
+                    }
                     Err(e) => return Err(e.into()),
                 },
                 None => match self.poison_queue.peek(32).await {
@@ -130,7 +132,9 @@ impl QueueOps {
                         .into_iter()
                         .map(|m| (m.id, None, m.dequeue_count, m.insertion_time, m.text))
                         .collect(),
-                    Err(StorageError::NotFound) => return Ok(receipts),
+                    Err(StorageError::NotFound) => {
+                        return Ok(Held(std::sync::Mutex::new(receipts)))
+                    }
                     Err(e) => return Err(e.into()),
                 },
             };
@@ -141,7 +145,7 @@ impl QueueOps {
                 }
                 new += 1;
                 if let Some(r) = &receipt {
-                    receipts.insert(id.clone(), r.clone());
+                    receipts.insert(id.clone(), (r.clone(), text.clone()));
                 }
                 let (row_key, imported) = match PoisonEnvelope::from_queue_text(&text) {
                     Some(env) => (env.message_id.clone(), record_from_envelope(&env, &id)),
@@ -177,7 +181,23 @@ impl QueueOps {
                 break;
             }
         }
-        Ok(receipts)
+        Ok(Held(std::sync::Mutex::new(receipts)))
+    }
+
+    /// Make the copies a scan held but did not delete visible again at once.
+    pub async fn release(&self, held: Held) {
+        let left: Vec<(String, (String, String))> = held
+            .0
+            .into_inner()
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        for (id, (receipt, text)) in left {
+            let _ = self
+                .poison_queue
+                .update_visibility(&id, &receipt, &text, Duration::ZERO)
+                .await;
+        }
     }
 
     fn host_record(
@@ -223,17 +243,13 @@ impl QueueOps {
     }
 
     /// Delete the poison-queue copy of a record (already gone is fine).
-    async fn delete_copy(
-        &self,
-        rec: &PoisonRecord,
-        receipts: &HashMap<String, String>,
-    ) -> OpsResult<()> {
+    async fn delete_copy(&self, rec: &PoisonRecord, receipts: &Held) -> OpsResult<()> {
         let Some(id) = &rec.poison_message_id else {
             return Ok(());
         };
         let mut tried = Vec::new();
-        if let Some(r) = receipts.get(id) {
-            tried.push(r.clone());
+        if let Some((r, _)) = receipts.0.lock().unwrap().remove(id) {
+            tried.push(r);
         }
         if let Some(r) = &rec.poison_pop_receipt {
             tried.push(r.clone());
@@ -261,6 +277,11 @@ impl QueueOps {
         }
     }
 }
+
+/// Poison-queue copies a scan received: id → (pop receipt, text). Whatever
+/// the command does not delete is released (visible again) at its end.
+#[derive(Default)]
+pub struct Held(std::sync::Mutex<HashMap<String, (String, String)>>);
 
 async fn insert_ignoring_conflict(
     t: &dyn TableStore,
@@ -401,8 +422,10 @@ pub async fn discard(ops: &QueueOps, id: &str, reason: &str, by: &str) -> OpsRes
     ops.records
         .merge(&ops.queue, &QueueOps::row_key(&rec), &u, Some(&etag))
         .await?;
-    let receipts = ops.scan(Some(Duration::from_secs(30))).await?;
-    ops.delete_copy(&rec, &receipts).await?;
+    let held = ops.scan(Some(Duration::from_secs(30))).await?;
+    let deleted = ops.delete_copy(&rec, &held).await;
+    ops.release(held).await;
+    deleted?;
     rec.status = RecordStatus::Discarded;
     rec.discarded_by = Some(by.into());
     rec.discard_reason = Some(reason.into());
@@ -466,7 +489,7 @@ pub async fn replay(
     progress: &dyn Fn(usize, usize),
 ) -> OpsResult<ReplayReport> {
     let receipts = if opts.dry_run {
-        HashMap::new()
+        Held::default()
     } else {
         ops.scan(Some(Duration::from_secs(120))).await?
     };
@@ -485,6 +508,7 @@ pub async fn replay(
     });
     for id in &opts.filter.ids {
         if !selected.iter().any(|r| &r.message_id == id) {
+            ops.release(receipts).await;
             return Err(OpsError::Usage(format!(
                 "no open poison record {id} for queue {}",
                 ops.queue
@@ -534,6 +558,7 @@ pub async fn replay(
         report.items.push(item);
         progress(i + 1, total);
     }
+    ops.release(receipts).await;
     if let (Some(wait), false) = (opts.wait, opts.dry_run) {
         confirm(ops, &mut report, wait).await?;
     }
@@ -544,7 +569,7 @@ async fn replay_one(
     ops: &QueueOps,
     rec: &PoisonRecord,
     opts: &ReplayOptions,
-    receipts: &HashMap<String, String>,
+    receipts: &Held,
 ) -> OpsResult<ReplayItem> {
     let mut item = ReplayItem {
         id: rec.message_id.clone(),
@@ -706,14 +731,14 @@ pub async fn status(ops: &QueueOps) -> OpsResult<QueueStatus> {
         Err(StorageError::NotFound) => Some(0),
         Err(e) => return Err(e.into()),
     };
+    // Import raw Functions-host copies first (peek: nothing changes visibility).
+    ops.scan(None).await?;
     let open: Vec<PoisonRecord> = ops
         .records()
         .await?
         .into_iter()
         .filter(|r| r.status == RecordStatus::Open)
         .collect();
-    // Raw host copies are not in the table until a scan imports them: count the
-    // queue too, so status never says "clear" while the poison queue holds messages.
     let oldest_open = open.iter().map(|r| r.poisoned_at.clone()).min();
     Ok(QueueStatus {
         function: ops
@@ -724,7 +749,7 @@ pub async fn status(ops: &QueueOps) -> OpsResult<QueueStatus> {
         queue: ops.queue.clone(),
         depth,
         poison_depth,
-        open_records: open.len().max(poison_depth.unwrap_or(0) as usize),
+        open_records: open.len(),
         oldest_open,
     })
 }

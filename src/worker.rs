@@ -305,7 +305,7 @@ pub async fn process(
                 info!(
                     event = "aqw.job.deferred",
                     wait_s = wait.as_secs(),
-                    "key held by another worker's live lease"
+                    "key held by a live lease (another attempt is running); looking again shortly"
                 );
                 return match settle.retry_after(wait).await {
                     Ok(()) => Outcome::Deferred { until },
