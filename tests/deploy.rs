@@ -536,8 +536,8 @@ fn dockerfile_matches_the_manifests() {
     // A numeric USER, so Kubernetes runAsNonRoot can verify it.
     let user = dockerfile
         .lines()
-        .filter_map(|l| l.trim().strip_prefix("USER "))
-        .last()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix("USER "))
         .expect("a USER line");
     let uid: u32 = user
         .split(':')

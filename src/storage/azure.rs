@@ -64,10 +64,8 @@ fn operation_name(method: &azure_core::Method, url: &url::Url) -> &'static str {
             _ => "table.other",
         };
     }
-    if is_table_port || matches!(method, M::Post) && !query.contains("comp=") {
-        if matches!(method, M::Post) {
-            return "table.insert";
-        }
+    if matches!(method, M::Post) && (is_table_port || !query.contains("comp=")) {
+        return "table.insert";
     }
     if query.contains("comp=metadata") {
         return "queue.metadata";

@@ -230,11 +230,14 @@ where
     }
 }
 
+/// What a scripted handler does on its n-th call.
+pub type Script = dyn Fn(&Job, usize) -> Result<Success, HandlerError> + Send + Sync;
+
 /// A handler scripted per attempt, counting its calls.
 pub struct Scripted {
     pub calls: AtomicUsize,
     pub jobs: Mutex<Vec<Job>>,
-    pub script: Box<dyn Fn(&Job, usize) -> Result<Success, HandlerError> + Send + Sync>,
+    pub script: Box<Script>,
     pub delay: Duration,
 }
 
