@@ -246,6 +246,53 @@ pub async fn put_creating(
 }
 
 impl PoisonSink {
+    /// The id of a poison-queue copy of source message `message_id`, if one
+    /// is visible. Peeks first (no side effects); a deeper queue is received
+    /// in batches with a short hold, and what was held is released at once.
+    async fn find_copy(&self, message_id: &str) -> StorageResult<Option<String>> {
+        let matches = |text: &str| {
+            PoisonEnvelope::from_queue_text(text).is_some_and(|e| e.message_id == message_id)
+        };
+        let peeked = match self.poison_queue.peek(32).await {
+            Ok(p) => p,
+            Err(StorageError::NotFound) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if let Some(m) = peeked.iter().find(|m| matches(&m.text)) {
+            return Ok(Some(m.id.clone()));
+        }
+        if peeked.len() < 32 {
+            return Ok(None);
+        }
+        let mut held = Vec::new();
+        let mut found = None;
+        for _ in 0..64 {
+            let batch = self
+                .poison_queue
+                .receive(32, Duration::from_secs(5))
+                .await?;
+            if batch.is_empty() {
+                break;
+            }
+            for m in batch {
+                if found.is_none() && matches(&m.text) {
+                    found = Some(m.id.clone());
+                }
+                held.push(m);
+            }
+            if found.is_some() {
+                break;
+            }
+        }
+        for m in held {
+            let _ = self
+                .poison_queue
+                .update_visibility(&m.id, &m.pop_receipt, &m.text, Duration::ZERO)
+                .await;
+        }
+        Ok(found)
+    }
+
     /// Steps 1–3 of the poison path (see the module doc). Returns whether this
     /// call created the record (false: a previous attempt already had).
     pub async fn write(
@@ -308,6 +355,17 @@ impl PoisonSink {
             Err(e) => return Err(e),
         };
         failpoint::hit("poison.after_record");
+        // A record without its copy's id, found by a re-run: the copy may have
+        // been put just before a crash. Adopt it rather than put a second one.
+        let mut record = record;
+        if !created && record.poison_message_id.is_none() {
+            if let Some(existing) = self.find_copy(&msg.id).await? {
+                let mut update = Entity::new();
+                update.insert("PoisonMessageId".into(), json!(existing));
+                self.records.merge(pk, rk, &update, None).await?;
+                record.poison_message_id = Some(existing);
+            }
+        }
         if record.poison_message_id.is_none() {
             let text = record.envelope().to_queue_text(self.records.name());
             let ttl = match self.ttl {

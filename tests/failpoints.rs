@@ -1,0 +1,295 @@
+//! Crash at every step that must be crash-safe, many times, and resume:
+//! each effect once, at most one poison copy, no record lost.
+//! Needs `--features failpoints` (the test command enables it).
+#![cfg(feature = "failpoints")]
+
+mod common;
+
+use aqw::storage::TableStore;
+use common::*;
+use serde_json::json;
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// Crashes per point: 20 by default (the issue's figure); `AQW_FAILPOINT_ROUNDS` to change.
+fn rounds() -> usize {
+    std::env::var("AQW_FAILPOINT_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20)
+}
+
+fn spawn(app: &Path, args: &[&str], point: Option<&str>) -> Child {
+    let mut c = Command::new(aqw_bin());
+    c.args(args)
+        .arg("--app")
+        .arg(app)
+        .env("AzureWebJobsStorage", CONN)
+        .env("AQW_LOG", "warn");
+    c.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    if let Some(p) = point {
+        c.env("AQW_FAILPOINT", p);
+    }
+    c.spawn().unwrap()
+}
+
+/// Wait for the child to abort at the failpoint; false if it did not get there in time.
+async fn crashed(mut child: Child, within: Duration) -> bool {
+    let end = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return !status.success();
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn check_effects(sink: &Sink, jobs: usize) {
+    let mut keys_per_business: HashMap<String, std::collections::HashSet<String>> = HashMap::new();
+    for r in sink
+        .all()
+        .into_iter()
+        .filter(|r| r.path == "/effects" && r.status < 300)
+    {
+        keys_per_business
+            .entry(r.business_key.unwrap())
+            .or_default()
+            .insert(r.idempotency_key.unwrap());
+    }
+    assert_eq!(
+        keys_per_business.len(),
+        jobs,
+        "every job's effect happened (0 lost)"
+    );
+    for (k, pks) in &keys_per_business {
+        assert_eq!(
+            pks.len(),
+            1,
+            "{k}: one provider key, so a deduping provider applies one effect (0 doubled)"
+        );
+    }
+    assert_eq!(sink.applied_effects("/effects").len(), jobs);
+}
+
+async fn worker_point(point: &'static str) {
+    let n = rounds();
+    let sink = Sink::start().await;
+    let app = TestApp::new(
+        json!({"key": "receipt:{/orderId}", "handler": {"type": "http", "url": format!("{}/effects", sink.url), "timeout": "00:00:05"}}),
+        json!({"maxDequeueCount": 100, "batchSize": 4}),
+        json!({"lease": "00:00:01"}),
+    );
+    for i in 0..n {
+        app.enqueue(&format!(r#"{{"orderId":"{point}-{i}"}}"#))
+            .await;
+    }
+    let mut crashes = 0;
+    while crashes < n {
+        if !crashed(
+            spawn(app.path(), &["run"], Some(point)),
+            Duration::from_secs(15),
+        )
+        .await
+        {
+            break; // nothing left that reaches the point
+        }
+        crashes += 1;
+    }
+    assert_eq!(crashes, n, "{point}: crashed at the point every round");
+    let w = app.start_configured_worker();
+    eventually(
+        &format!("{point}: drained"),
+        Duration::from_secs(90),
+        || async { (TestApp::exact_count(app.source().as_ref()).await == 0).then_some(()) },
+    )
+    .await;
+    w.stop().await;
+    check_effects(&sink, n);
+    assert!(
+        app.records()
+            .query(None)
+            .await
+            .unwrap_or_default()
+            .is_empty(),
+        "{point}: nothing poisoned"
+    );
+    app.cleanup().await;
+}
+
+async fn poison_point(point: &'static str) {
+    let n = rounds();
+    let app = TestApp::new(
+        json!({"key": "job:{/id}", "handler": {"type": "exec", "command": ["sh", "-c", "cat >/dev/null; echo rejected >&2; exit 65"]}}),
+        json!({"maxDequeueCount": 100, "batchSize": 4}),
+        json!({"lease": "00:00:01"}),
+    );
+    let mut ids = Vec::new();
+    for i in 0..n {
+        ids.push(app.enqueue(&format!(r#"{{"id":"{i}"}}"#)).await);
+    }
+    let mut crashes = 0;
+    while crashes < n {
+        if !crashed(
+            spawn(app.path(), &["run"], Some(point)),
+            Duration::from_secs(15),
+        )
+        .await
+        {
+            break;
+        }
+        crashes += 1;
+    }
+    assert_eq!(crashes, n, "{point}: crashed at the point every round");
+    let w = app.start_configured_worker();
+    eventually(
+        &format!("{point}: drained"),
+        Duration::from_secs(90),
+        || async { (TestApp::exact_count(app.source().as_ref()).await == 0).then_some(()) },
+    )
+    .await;
+    w.stop().await;
+    let records = app.records().query(Some(&app.queue)).await.unwrap();
+    assert_eq!(records.len(), n, "{point}: one record per job, none lost");
+    let mut by_source: HashMap<String, usize> = HashMap::new();
+    for m in app.poison_queue().peek(32).await.unwrap() {
+        let env = aqw::message::PoisonEnvelope::from_queue_text(&m.text).unwrap();
+        *by_source.entry(env.message_id).or_default() += 1;
+    }
+    assert_eq!(
+        TestApp::exact_count(app.poison_queue().as_ref()).await as usize,
+        n,
+        "{point}: one poison copy per job"
+    );
+    assert!(
+        by_source.values().all(|&c| c == 1),
+        "{point}: at most one copy per message: {by_source:?}"
+    );
+    for (_, rk, e) in &records {
+        assert!(ids.contains(rk));
+        assert_eq!(e["Status"], "open");
+        assert_eq!(
+            e["ErrorKind"], "permanent",
+            "{point}: the handler's own error is kept"
+        );
+    }
+    app.cleanup().await;
+}
+
+async fn replay_point(point: &'static str) {
+    let n = rounds();
+    let sink = Sink::start().await;
+    sink.fail_with(500);
+    let app = TestApp::new(
+        json!({"key": "receipt:{/orderId}", "handler": {"type": "http", "url": format!("{}/effects", sink.url), "timeout": "00:00:05"}}),
+        json!({"maxDequeueCount": 1}),
+        json!({"lease": "00:00:02"}),
+    );
+    for i in 0..n {
+        app.enqueue(&format!(r#"{{"orderId":"{point}-{i}"}}"#))
+            .await;
+    }
+    let w = app.start_configured_worker();
+    eventually("all poisoned", Duration::from_secs(90), || async {
+        let rows = app
+            .records()
+            .query(Some(&app.queue))
+            .await
+            .unwrap_or_default();
+        (rows.len() == n).then_some(())
+    })
+    .await;
+    sink.fail_with(200);
+    let mut crashes = 0;
+    while crashes < n {
+        if !crashed(
+            spawn(
+                app.path(),
+                &["poison", "replay", &app.queue, "--all", "--by", "t"],
+                Some(point),
+            ),
+            Duration::from_secs(30),
+        )
+        .await
+        {
+            break;
+        }
+        crashes += 1;
+    }
+    assert_eq!(crashes, n, "{point}: crashed at the point every round");
+    let out = aqw(
+        app.path(),
+        &[
+            "poison", "replay", &app.queue, "--all", "--by", "t", "--wait", "00:01:00", "--output",
+            "json",
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{point}: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    eventually(
+        &format!("{point}: drained"),
+        Duration::from_secs(90),
+        || async { (TestApp::exact_count(app.source().as_ref()).await == 0).then_some(()) },
+    )
+    .await;
+    w.stop().await;
+    check_effects(&sink, n);
+    let records = app.records().query(Some(&app.queue)).await.unwrap();
+    assert_eq!(records.len(), n, "{point}: no record lost or added");
+    assert!(
+        records.iter().all(|(_, _, e)| e["Status"] == "replayed"),
+        "{point}: every record closed"
+    );
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_claim() {
+    worker_point("claim.after").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_effect() {
+    worker_point("effect.after").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_done() {
+    worker_point("done.after").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_poison_record() {
+    poison_point("poison.after_record").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_poison_put() {
+    poison_point("poison.after_put").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_poison_mark() {
+    poison_point("poison.after_mark").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_replay_put() {
+    replay_point("replay.after_put").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_replay_record() {
+    replay_point("replay.after_record").await;
+}
