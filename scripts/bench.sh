@@ -20,12 +20,13 @@
 #
 # Every run uses a fresh random queue and fresh tables (deleted afterwards),
 # and queues are fed in waves that keep them under ~900 messages (Azurite
-# slows as a queue deepens). CPU and peak RSS come from the kernel's rusage of
-# each worker process (wait4), wall time from the harness. The exit status is
-# non-zero only when something is broken (a process failed, a count did not
-# match), never because of speed.
+# slows as a queue deepens). CPU comes from the kernel's rusage of each worker
+# process (wait4), peak RSS from its VmHWM (polled every 20 ms). The exit
+# status is non-zero only when something is broken (a process failed, a count
+# did not match), never because of speed. Azurite is left running.
 #
 # Needs: cargo, Node.js/npm (Azurite, via scripts/azurite.sh), python3 (venv).
+# Scratch: .bench/ (venv, per-run logs and raw results; the last 5 runs kept).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,7 +39,7 @@ while [ $# -gt 0 ]; do
     --smoke) mode=smoke; reps=1 ;;
     --reps) reps="${2:?--reps needs a number}"; shift ;;
     --reps=*) reps="${1#--reps=}" ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -135,12 +136,16 @@ def free_port():
         return s.getsockname()[1]
 
 
-def show(cmd):
+def show(cmd, subs=None):
+    """A command as the report prints it: repo-relative, run-specific names as placeholders."""
     out = []
     for c in cmd:
+        for literal, placeholder in sorted((subs or {}).items(), key=lambda kv: -len(kv[0])):
+            c = c.replace(literal, placeholder)
+        c = c.replace(WORK, "$RUN_DIR")
         c = c.replace(TARGET + "/", "target/release/").replace(ROOT + "/", "")
         c = c.replace(PYTHON, ".bench/venv/bin/python")
-        out.append(c if re.fullmatch(r"[\w./:=,+-]+", c) else "'" + c + "'")
+        out.append(c if re.fullmatch(r"[\w./:=,+$-]+", c) else "'" + c + "'")
     return " ".join(out)
 
 
@@ -161,6 +166,25 @@ class Proc:
         self.timer.daemon = True
         self.timer.start()
         self.result = None
+        # Peak RSS: VmHWM polled from /proc. (rusage's ru_maxrss is no good here:
+        # Linux carries the forking Python's RSS over the exec into it.)
+        self.hwm_kb = 0
+        self.done = threading.Event()
+        self.poller = threading.Thread(target=self._poll_hwm, daemon=True)
+        self.poller.start()
+
+    def _poll_hwm(self):
+        path = f"/proc/{self.p.pid}/status"
+        while not self.done.is_set():
+            try:
+                with open(path) as f:
+                    for line in f:
+                        if line.startswith("VmHWM:"):
+                            self.hwm_kb = max(self.hwm_kb, int(line.split()[1]))
+                            break
+            except (OSError, ValueError):
+                pass
+            self.done.wait(0.02)
 
     def _kill(self):
         self.timed_out = True
@@ -179,6 +203,8 @@ class Proc:
         _, status, ru = os.wait4(self.p.pid, 0)
         wall = time.monotonic() - self.t0
         self.timer.cancel()
+        self.done.set()
+        self.poller.join()
         self.p.returncode = os.waitstatus_to_exitcode(status)
         self.out.close()
         self.err.close()
@@ -198,7 +224,7 @@ class Proc:
                 pass
         self.result = dict(
             rc=self.p.returncode, wall=wall, cpu=ru.ru_utime + ru.ru_stime,
-            rss_mb=ru.ru_maxrss / 1024.0, json=data, timed_out=self.timed_out,
+            rss_mb=self.hwm_kb / 1024.0, json=data, timed_out=self.timed_out,
         )
         return self.result
 
@@ -258,7 +284,8 @@ class Feeder:
         self.ready = os.path.join(WORK, f"{name}.ready")
         self.cmd = [CEILING, "enqueue", "--queue", queue, "--count", str(count), "--tag", tag,
                     "--max-depth", str(MAX_DEPTH), "--ready-file", self.ready]
-        commands.setdefault("enqueue", show(self.cmd))
+        commands.setdefault("feed the queue in waves (keyed jobs {\"id\": \"$TAG-<i>\"})",
+                            show(self.cmd, {queue: "$QUEUE", tag: "$TAG", self.ready: "$RUN_DIR/ready"}))
         self.p = Proc(self.cmd, name)
 
     def wait_ready(self):
@@ -268,12 +295,25 @@ class Feeder:
             time.sleep(0.02)
         return os.path.exists(self.ready)
 
+    def kill(self):
+        if self.p.p.poll() is None:
+            self.p.p.kill()
+        self.p.wait()
+
     def finish(self):
         r = self.p.wait()
         if r["rc"] != 0 or r["timed_out"]:
             fail(f"{self.p.name}: enqueue failed: {self.p.tail()}")
             return False
         return True
+
+
+def subs(r, app_dir=None, **extra):
+    out = {r["queue"]: "$QUEUE", r["keys"]: "$KEYS", r["poison"]: "$POISON", r["tag"]: "$TAG"}
+    if app_dir:
+        out[app_dir] = "$APP"
+    out.update({k: v for k, v in extra.items()})
+    return out
 
 
 def fresh():
@@ -323,13 +363,14 @@ def keyed_run(kind, n, rep, r=None, tag=None, queues=None, label=None):
         feeder.finish()
         return None
     cmd = worker_cmd(kind, r, app_dir, n)
-    commands.setdefault(kind, show(cmd))
+    commands.setdefault(kind, show(cmd, subs(r, app_dir)))
     p = Proc(cmd, label)
     res = p.wait()
-    fed = feeder.finish()
     if res["rc"] != 0 or res["timed_out"] or res["json"] is None:
+        feeder.kill()  # it would wait for room on the queue forever
         fail(f"{label}: worker exited {res['rc']}{' (timed out)' if res['timed_out'] else ''}: {p.tail()}")
         return None
+    fed = feeder.finish()
     if not fed:
         return None
     j = res["json"]
@@ -427,9 +468,12 @@ def keyless_run(rep):
     res = None
     if feeder.wait_ready():
         cmd = [BENCH_WORKER, "--app", app_dir, "--expect", str(n)]
-        commands.setdefault("aqw-keyless", show(cmd))
+        commands.setdefault("aqw-keyless", show(cmd, subs(r, app_dir)))
         res = run(cmd, label)
-    feeder.finish()
+    if res is None:
+        feeder.kill()
+    else:
+        feeder.finish()
     if res and res["json"]:
         oc = res["json"].get("outcomes", {})
         if oc.get("completed", 0) != n:
@@ -465,11 +509,15 @@ def poisoned_run(rep):
               handler={"type": "exec", "command": ["sh", "-c", "exit 65"]},
               queues={"maxPollingInterval": "00:00:01"}, http_port=port)
     log(f"(b) poisoned rep {rep + 1}/{REPS}: {n} jobs whose handler exits 65")
+    # The poison queue exists already, as after a function's first poisoned job
+    # (its creation on first use is a one-off: a queue.put 404 + create + put).
+    if not ceiling("enqueue", "--queue", r["queue"] + "-poison", "--count", "0", name=f"{label}-create"):
+        return None
     if not ceiling("enqueue", "--queue", r["queue"], "--count", str(n), "--tag", r["tag"],
                    name=f"{label}-enqueue"):
         return None
     cmd = [AQW, "run", "--app", app_dir]
-    commands.setdefault("aqw-run-poison", show(cmd))
+    commands.setdefault("aqw-run-poison", show(cmd, subs(r, app_dir)))
     proc = Proc(cmd, label)
     at_done = None
     if wait_http(port, proc):
@@ -512,7 +560,7 @@ def idle_run():
                      handler={"type": "exec", "command": ["sh", "-c", "exit 0"]}, http_port=port)
     log(f"(c) idle: aqw run on an empty queue for {seconds} s (default maxPollingInterval 60 s)")
     cmd = [AQW, "run", "--app", app_dir]
-    commands.setdefault("aqw-run-idle", show(cmd))
+    commands.setdefault("aqw-run-idle", show(cmd, subs(r, app_dir)))
     proc = Proc(cmd, "idle")
     samples = []  # (t, receives, metadata)
     if not wait_http(port, proc):
@@ -541,6 +589,8 @@ def idle_run():
     res.update(
         window=window, receives=receives, metadata=ops.get("queue.metadata", 0),
         naive_per_hour=receives / window * 3600 if window else None,
+        # The sampler's first tick (2 calls) comes at start-up.
+        metadata_per_hour=max(ops.get("queue.metadata", 0) - 2, 0) / window * 3600 if window else None,
         last_interval=steady,
         steady_per_hour=3600 / steady if steady else None,
         ops=ops,
@@ -567,9 +617,12 @@ def replay_run(rep):
         res = None
         if feeder.wait_ready():
             cmd = [BENCH_WORKER, "--app", app_dir, "--expect", str(n), "--handler", "fail"]
-            commands.setdefault("aqw-poison-setup", show(cmd))
+            commands.setdefault("aqw-poison-setup", show(cmd, subs(r, app_dir)))
             res = run(cmd, f"{label}-poison")
-        if not feeder.finish() or res is None:
+        if res is None:
+            feeder.kill()
+            return None
+        if not feeder.finish():
             return None
         oc = res["json"].get("outcomes", {})
         if oc.get("poisoned", 0) != n:
@@ -581,7 +634,7 @@ def replay_run(rep):
             return None
         log(f"(d) replay rep {rep + 1}/{REPS}: aqw poison replay --all ({n} records)")
         cmd = [AQW, "poison", "replay", r["queue"], "--all", "--by", "bench", "--app", app_dir, "--output", "json"]
-        commands.setdefault("aqw-replay", show(cmd))
+        commands.setdefault("aqw-replay", show(cmd, subs(r, app_dir)))
         rep_res = run(cmd, f"{label}-aqw")
         if rep_res is None:
             return None
@@ -594,7 +647,7 @@ def replay_run(rep):
             fail(f"(d) after replay: source queue {src} (expected {n}), poison queue {left} (expected 0)")
         log(f"(d) replay rep {rep + 1}/{REPS}: raw put+delete loop ({n} messages)")
         cmd = [CEILING, "replay-loop", "--from", r["queue"], "--to", raw_target, "--expect", str(n)]
-        commands.setdefault("raw-replay", show(cmd))
+        commands.setdefault("raw-replay", show(cmd, subs(r, app_dir, **{raw_target: "$QUEUE2"})))
         raw = run(cmd, f"{label}-raw")
         if raw is None:
             return None
@@ -706,6 +759,7 @@ def report(a, b, c, d, started):
     dup_job_req = [(per_message(f_["json"]["requests"], 1) + per_message(s["json"]["requests"], 1)) / N["duplicates"]
                    for f_, s in b["duplicates"] if f_ and s]
     poison_req = [per_message(x["requests"], x["n"]) for x in b["poisoned"] if x]
+    ceiling_req = [per_message(x["json"]["requests"], x["n"]) for x in a.get("ceiling", [])]
     replay_aqw = [x["aqw"]["wall"] for x in d if x]
     replay_raw = [x["raw"]["wall"] for x in d if x]
 
@@ -725,7 +779,8 @@ def report(a, b, c, d, started):
     lines.append(f"| storage requests per duplicate message | {fmt(median(dup_req))} |")
     lines.append(f"| storage requests per poisoned message | {fmt(median(poison_req))} |")
     if c:
-        lines.append(f"| idle receive calls per hour (steady state) | {fmt(c.get('steady_per_hour'), 0)} |")
+        lines.append(f"| idle receive calls per hour (steady state) | {fmt(c.get('steady_per_hour'), 0)}"
+                     f"{' (smoke window too short for the steady state)' if SMOKE else ''} |")
     lines.append(f"| peak RSS, aqw default / Python (MiB) | {fmt(median(rss['aqw-default']), 1)} / {fmt(median(rss['python']), 1)} |")
     lines.append(f"| replay: aqw poison replay / raw put+delete loop (time) | {fmt(ratio(median(replay_aqw), median(replay_raw)))} |")
     lines.append("")
@@ -740,8 +795,8 @@ def report(a, b, c, d, started):
             lines.append(row(f"{names[k]} | {label}", vals, unit))
     lines += ["",
               "Throughput = jobs / time from the worker's start of work (tables created, first receive) to the "
-              "last job settled, as each worker reports it. CPU and peak RSS are the kernel's rusage of the worker "
-              "process (user + system, all threads); \"work loop\" excludes process start-up (Python imports, "
+              "last job settled, as each worker reports it. CPU is the kernel's rusage of the worker "
+              "process (user + system, all threads, from wait4); peak RSS is its VmHWM polled every 20 ms; \"work loop\" CPU excludes process start-up (Python imports, "
               "config loading) and is read by the worker itself. The feeder (`ceiling enqueue`) keeps the queue "
               "under 900 messages and runs as a separate process, not counted. No per-job logging in any contender "
               "(bench_worker installs no log subscriber; `aqw run` would log a line per job).", ""]
@@ -753,6 +808,7 @@ def report(a, b, c, d, started):
     lines.append(row(f"duplicate delivery (second copy of {N['duplicates']} done jobs)", dup_req, "requests/message"))
     lines.append(row("job enqueued twice, both deliveries", dup_job_req, "requests/job"))
     lines.append(row(f"poisoned (exec handler exits 65, {N['poisoned']} jobs, `aqw run`)", poison_req, "requests/message"))
+    lines.append(row(f"ceiling loop, keyed ({N['throughput']} jobs), for comparison", ceiling_req, "requests/message"))
     lines += ["", "Breakdown (operation:status, summed over the repetitions, divided by messages):", ""]
 
     def breakdown(title, items, n_each):
@@ -771,9 +827,10 @@ def report(a, b, c, d, started):
     lines += ["",
               "Counted up to the moment the last expected message settled, so idle polls after the end are "
               "not included. One-off administrative calls (table and queue creation at start-up, the /metrics "
-              "depth sampler's `queue.metadata`) are excluded; a poison queue created on first use shows up as "
-              "a `queue.put:404` plus a retry. The ceiling loop makes 3 + 1/16 requests per keyed message by "
-              "construction (receive shared by a batch, insert, merge, delete).", ""]
+              "depth sampler's `queue.metadata`) are excluded. The poison queue exists before the poisoned case "
+              "starts, as after a function's first poisoned job (creating it on first use adds a one-off "
+              "`queue.put:404`, `queue.create` and a second put). Receives include the polls the worker makes "
+              "while jobs are still in flight, so the receive share is higher for small runs.", ""]
 
     lines += ["## (c) Idle: receive calls on an empty queue (`aqw run`, default maxPollingInterval 00:01:00)", ""]
     if c:
@@ -783,7 +840,8 @@ def report(a, b, c, d, started):
                   f"| last observed polling interval | {fmt(c['last_interval'], 1)} s |",
                   f"| receive calls per hour, steady state (3600 / last interval) | {fmt(c['steady_per_hour'], 0)} |",
                   f"| receive calls per hour, naive (window count extrapolated) | {fmt(c['naive_per_hour'], 0)} |",
-                  f"| `queue.metadata` calls in the window (/metrics depth sampler, 2 per queue per minute) | {c['metadata']} |",
+                  f"| `queue.metadata` calls in the window (/metrics depth sampler: source and poison queue, at start and every minute) | {c['metadata']} |",
+                  f"| `queue.metadata` calls per hour (only with `aqw.http.port` set) | {fmt(c.get('metadata_per_hour'), 0)} |",
                   f"| CPU over the window | {c['cpu']:.2f} s |",
                   f"| peak RSS | {c['rss_mb']:.1f} MiB |", ""]
         if SMOKE:
@@ -806,8 +864,10 @@ def report(a, b, c, d, started):
 
     lines += ["## Commands", "", "```sh", f"bash scripts/bench.sh{' --smoke' if SMOKE else ''}" +
               (f" --reps {REPS}" if not SMOKE and REPS != 3 else ""), "```", "",
-              "What it runs per repetition (queue and table names are fresh random ones each time; "
-              "`AzureWebJobsStorage=UseDevelopmentStorage=true`):", "", "```sh"]
+              "What it runs per repetition, with `AzureWebJobsStorage=UseDevelopmentStorage=true`. `$QUEUE`, "
+              "`$KEYS`, `$POISON` and `$TAG` are fresh random names each run (queues and tables are deleted "
+              "afterwards); `$APP` is an app folder under `$RUN_DIR` (`.bench/<mode>-<time>/`) holding the "
+              "host.json described below:", "", "```sh"]
     for k, v in commands.items():
         lines.append(f"# {k}")
         lines.append(v)
@@ -822,8 +882,15 @@ def report(a, b, c, d, started):
     return "\n".join(lines)
 
 
+def prune_runs(keep=5):
+    runs = sorted(d for d in os.listdir(STATE) if re.fullmatch(r"(smoke|full)-\d{8}-\d{6}", d))
+    for d in runs[:-keep]:
+        subprocess.run(["rm", "-rf", os.path.join(STATE, d)], check=False)
+
+
 def main():
     started = time.monotonic()
+    prune_runs()
     for exe in (AQW, BENCH_WORKER, CEILING):
         if not os.access(exe, os.X_OK):
             log(f"missing {exe}: build it with cargo build --release --examples --bin aqw")

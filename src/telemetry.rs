@@ -21,6 +21,9 @@ fn patterns() -> &'static [(Regex, &'static str)] {
             (Regex::new(r"(?i)([?&;]sig=)[^&\s;]+").unwrap(), "${1}***"),
             (Regex::new(r"(?i)(authorization[\x22']?\s*[:=]\s*[\x22']?)(Bearer|SharedKey|Basic)?\s*[^\s\x22',]+").unwrap(), "${1}***"),
             (Regex::new(r"(?i)(bearer\s+)[A-Za-z0-9\-._~+/]+=*").unwrap(), "${1}***"),
+            // A SharedKey signature wherever it appears (the SDK's debug lines
+            // print headers in Debug form, not as "Authorization: ...").
+            (Regex::new(r"(SharedKey(?:Lite)?\s+[A-Za-z0-9]+:)[A-Za-z0-9+/=]+").unwrap(), "${1}***"),
             // A bare storage account key: 64 bytes in base64.
             (Regex::new(r"[A-Za-z0-9+/]{86}==").unwrap(), "***"),
         ]
@@ -63,11 +66,13 @@ pub enum LogFormat {
 /// set the filter; the SDK's own debug lines stay off by default.
 pub fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
-    let filter = std::env::var("AQW_LOG")
-        .or_else(|_| std::env::var("RUST_LOG"))
-        .unwrap_or_else(|_| "info".into());
-    let filter = EnvFilter::try_new(format!("{filter},azure_core=warn,azure_storage=warn,azure_storage_queues=warn,azure_data_tables=warn,reqwest=warn,hyper=warn"))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
+    // An explicit AQW_LOG / RUST_LOG is taken as is (the SDK's own debug lines
+    // included: the scrubbing writer still guards them); the default keeps the
+    // SDK at warn.
+    let filter = match std::env::var("AQW_LOG").or_else(|_| std::env::var("RUST_LOG")) {
+        Ok(f) => EnvFilter::try_new(f).unwrap_or_else(|_| EnvFilter::new("info")),
+        Err(_) => EnvFilter::new("info,azure_core=warn,azure_storage=warn,azure_storage_queues=warn,azure_data_tables=warn,reqwest=warn,hyper=warn"),
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(|| ScrubbingStderr)
@@ -243,6 +248,7 @@ mod tests {
             ),
             "GET https://a.queue.core.windows.net/q?sv=2022&sig=abc%2Bdef%3D&se=1".to_string(),
             "Authorization: SharedKey devstoreaccount1:c2lnbmF0dXJl".to_string(),
+            r#"HeaderName("authorization"): HeaderValue("SharedKey devstoreaccount1:c2lnbmF0dXJl=")"#.to_string(),
             "authorization=Bearer eyJhbGciOi.payload.sig".to_string(),
             "token bearer eyJhbGciOiJIUzI1NiJ9.e30.abc".to_string(),
             format!("the key is {key}"),

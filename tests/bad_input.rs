@@ -1,0 +1,216 @@
+//! Boundaries and bad input against a real Azurite: defined outcomes, no
+//! panic, no retry storm; byte-exact poison and replay at the size limits;
+//! secrets never reach a log line.
+
+mod common;
+
+use aqw::handlers::{HandlerError, Success};
+use aqw::message::{ErrorKind, PoisonEnvelope};
+use aqw::storage::TableStore;
+use common::*;
+use serde_json::json;
+use std::time::Duration;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+async fn poison_then_replay_byte_exact(encoding: &str, text: String) {
+    let app = TestApp::new(
+        json!({"key": "none"}),
+        json!({"messageEncoding": encoding}),
+        json!({}),
+    );
+    let id = app.enqueue_raw(&text).await;
+    let w = app.start_worker(Scripted::new(|_, _| {
+        Err(HandlerError::permanent("rejected on purpose"))
+    }));
+    eventually("poisoned", DEADLINE, || async {
+        (TestApp::exact_count(app.source().as_ref()).await == 0
+            && !app.poison_messages().await.is_empty())
+        .then_some(())
+    })
+    .await;
+    w.stop().await;
+    let out = aqw(
+        app.path(),
+        &[
+            "poison", "replay", &app.queue, "--id", &id, "--by", "t", "--output", "json",
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let back = app.source().peek(1).await.unwrap();
+    assert_eq!(back.len(), 1);
+    assert_eq!(back[0].text.len(), text.len());
+    assert!(back[0].text == text, "replayed byte-exact");
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn largest_base64_payload_poisons_and_replays_byte_exact() {
+    let payload = "p".repeat(aqw::message::max_payload(
+        aqw::config::MessageEncoding::Base64,
+    ));
+    assert_eq!(payload.len(), 49_152);
+    let text =
+        aqw::message::encode_checked(&payload, aqw::config::MessageEncoding::Base64).unwrap();
+    assert_eq!(text.len(), 65_536);
+    poison_then_replay_byte_exact("base64", text).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_kib_none_message_poisons_and_replays_byte_exact() {
+    // Multi-byte characters too: the record splits text on character boundaries.
+    let mut text = "é😀".repeat(10_000);
+    text.push_str(&"x".repeat(aqw::message::MAX_MESSAGE_TEXT - text.len()));
+    poison_then_replay_byte_exact("none", text).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_has_defined_outcomes_and_no_retry_storm() {
+    let app = TestApp::new(json!({"key": "job:{/id}"}), json!({}), json!({}));
+    let enc = |s: &str| aqw::message::encode(s, app.config.message_encoding);
+    let bomb = format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000));
+    let bomb_text = enc(&bomb);
+    let bomb = &bomb_text[..bomb_text.len().min(aqw::message::MAX_MESSAGE_TEXT) / 4 * 4];
+    let cases: Vec<(String, ErrorKind, &str)> = vec![
+        ("%%%".into(), ErrorKind::Decode, "base64"),
+        (
+            aqw::message::encode("x", app.config.message_encoding).replace("eA==", "/w=="),
+            ErrorKind::Decode,
+            "UTF-8",
+        ),
+        (enc("{not json"), ErrorKind::Permanent, "not valid JSON"),
+        (String::new(), ErrorKind::Permanent, "not valid JSON"),
+        (enc(r#"{"other": 1}"#), ErrorKind::Permanent, "/id"),
+        (enc(r#"{"id": ""}"#), ErrorKind::Permanent, "/id"),
+        (bomb.to_string(), ErrorKind::Permanent, "JSON"),
+    ];
+    let mut ids = Vec::new();
+    for (text, _, _) in &cases {
+        ids.push(app.enqueue_raw(text).await);
+    }
+    let h = Scripted::new(|_, _| Ok(Success::done()));
+    let w = app.start_worker(h.clone());
+    let msgs = eventually("all poisoned", DEADLINE, || async {
+        let m = app.poison_messages().await;
+        (m.len() == cases.len()).then_some(m)
+    })
+    .await;
+    w.stop().await;
+    assert_eq!(h.calls(), 0, "no bad input reached the handler");
+    for ((text, kind, needle), id) in cases.iter().zip(&ids) {
+        let env = msgs
+            .iter()
+            .map(|m| PoisonEnvelope::from_queue_text(&m.text).unwrap())
+            .find(|e| &e.message_id == id)
+            .unwrap();
+        assert_eq!(env.error.kind, *kind, "{}", env.error.message);
+        assert!(
+            env.error.message.contains(needle),
+            "{} should mention {needle}",
+            env.error.message
+        );
+        assert_eq!(
+            env.dequeue_count, 1,
+            "poisoned on the first attempt: no retry storm"
+        );
+        let (e, _) = app.records().get(&app.queue, id).await.unwrap().unwrap();
+        assert_eq!(
+            &aqw::poison::PoisonRecord::from_entity(&e).message,
+            text,
+            "kept verbatim"
+        );
+    }
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_never_carry_secrets_even_at_trace_level() {
+    let app = TestApp::new(
+        json!({"key": "job:{/id}", "handler": {"type": "exec", "command": ["sh", "-c", "cat >/dev/null; exit 75"]}}),
+        json!({"maxDequeueCount": 2}),
+        json!({}),
+    );
+    app.enqueue(r#"{"id":"s1"}"#).await;
+    let key = aqw::config::DEV_KEY;
+    let full = format!(
+        "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={key};QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;TableEndpoint=http://127.0.0.1:10002/devstoreaccount1;"
+    );
+    let sas = "SharedAccessSignature=sv=2022-11-02&ss=qt&srt=sco&sp=rwdlacup&se=2099-01-01T00:00:00Z&sig=c2VjcmV0c2lnbmF0dXJldmFsdWU%3D;QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;TableEndpoint=http://127.0.0.1:10002/devstoreaccount1";
+    for (round, (conn, format)) in [
+        (full.as_str(), "text"),
+        (full.as_str(), "json"),
+        (sas, "json"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if round > 0 {
+            app.enqueue(&format!(r#"{{"id":"s{round}"}}"#)).await;
+        }
+        let mut child = std::process::Command::new(aqw_bin())
+            .args(["run", "--log-format", format, "--app"])
+            .arg(app.path())
+            .env("AzureWebJobsStorage", conn)
+            .env("AQW_LOG", "trace")
+            // A file, not a pipe: trace output is large and nobody reads it while it runs.
+            .stderr(std::fs::File::create(app.path().join("log.txt")).unwrap())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Let it work (and fail) for a while, then stop it.
+        let records = app.records();
+        let q = app.queue.clone();
+        let _ = tokio::time::timeout(Duration::from_secs(8), async {
+            loop {
+                if records
+                    .query(Some(&q))
+                    .await
+                    .map(|r| r.len() > round)
+                    .unwrap_or(false)
+                {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let _ = child.wait();
+        let logs = String::from_utf8_lossy(&std::fs::read(app.path().join("log.txt")).unwrap())
+            .into_owned();
+        assert!(
+            logs.len() > 1000,
+            "the worker ran and logged at trace level: {logs}"
+        );
+        assert!(!logs.contains(key), "account key in logs");
+        assert!(
+            !logs.contains("c2VjcmV0c2lnbmF0dXJldmFsdWU"),
+            "SAS signature in logs"
+        );
+        let lower = logs.to_ascii_lowercase();
+        for needle in [
+            "sig=c2",
+            "authorization: sharedkey devstoreaccount1:",
+            "bearer ey",
+        ] {
+            assert!(!lower.contains(needle), "{needle} in logs");
+        }
+        for (pos, _) in lower.match_indices("sharedkey devstoreaccount1:") {
+            let after = &logs[pos + "sharedkey devstoreaccount1:".len()..];
+            assert!(
+                after.starts_with("***"),
+                "a SharedKey signature reached the logs: {}",
+                &after[..after.len().min(60)]
+            );
+        }
+    }
+    app.cleanup().await;
+}
