@@ -6,7 +6,6 @@ mod common;
 
 use aqw::handlers::{HandlerError, Success};
 use aqw::message::{ErrorKind, PoisonEnvelope};
-use aqw::storage::TableStore;
 use common::*;
 use serde_json::json;
 use std::time::Duration;
