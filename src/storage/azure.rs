@@ -142,15 +142,19 @@ pub fn connect(connection: &Connection) -> Result<AzureStorage, StorageError> {
         ))
         .transport(TransportOptions::new(Arc::new(transport)));
     let credentials = match &connection.credentials {
-        Credentials::SharedKey { account, key } => StorageCredentials::access_key(account.clone(), key.expose().to_string()),
-        Credentials::Sas { token } => StorageCredentials::sas_token(token.expose())
-            .map_err(|_| StorageError::Other(format!("{}: the SAS token could not be parsed", connection.setting)))?,
-        Credentials::Identity { .. } => {
-            return Err(StorageError::Other(format!(
-                "{}: identity-based connections are parsed but this build has no token credential yet; \
-                 use a connection string",
-                connection.setting
-            )))
+        Credentials::SharedKey { account, key } => {
+            StorageCredentials::access_key(account.clone(), key.expose().to_string())
+        }
+        Credentials::Sas { token } => {
+            StorageCredentials::sas_token(token.expose()).map_err(|_| {
+                StorageError::Other(format!(
+                    "{}: the SAS token could not be parsed",
+                    connection.setting
+                ))
+            })?
+        }
+        Credentials::Identity { client_id } => {
+            StorageCredentials::token_credential(identity_credential(client_id.as_deref())?)
         }
     };
     let queues = QueueServiceClientBuilder::with_location(
@@ -192,6 +196,53 @@ impl Storage for AzureStorage {
             client: self.tables.table_client(name),
         })
     }
+}
+
+/// The token credential for an identity-based connection, picked from the
+/// environment the platform sets: AKS workload identity
+/// (`AZURE_FEDERATED_TOKEN_FILE`, `AZURE_CLIENT_ID`, `AZURE_TENANT_ID`), App
+/// Service / Container Apps / Functions (`IDENTITY_ENDPOINT`,
+/// `IDENTITY_HEADER`), else the VM's instance metadata endpoint.
+fn identity_credential(
+    client_id: Option<&str>,
+) -> Result<Arc<dyn azure_core::auth::TokenCredential>, StorageError> {
+    use azure_identity::{
+        AppServiceManagedIdentityCredential, TokenCredentialOptions,
+        VirtualMachineManagedIdentityCredential, WorkloadIdentityCredential,
+    };
+    let options = TokenCredentialOptions::default();
+    let var = |n: &str| std::env::var(n).ok().filter(|v| !v.is_empty());
+    if var("AZURE_FEDERATED_TOKEN_FILE").is_some() {
+        if let (Some(want), Some(have)) = (client_id, var("AZURE_CLIENT_ID")) {
+            if want != have {
+                tracing::warn!("__clientId differs from AZURE_CLIENT_ID; workload identity uses AZURE_CLIENT_ID");
+            }
+        }
+        let c = WorkloadIdentityCredential::create(options).map_err(|e| {
+            StorageError::Other(format!(
+                "workload identity: {}",
+                crate::telemetry::scrub(&e.to_string())
+            ))
+        })?;
+        return Ok(Arc::new(c));
+    }
+    if client_id.is_some() {
+        // The 0.21 SDK's managed identity credentials only ask for the
+        // system-assigned identity (its client-id option is crate-private).
+        tracing::warn!("__clientId is not supported by this SDK line's managed identity credential; using the system-assigned identity");
+    }
+    if var("IDENTITY_ENDPOINT").is_some() {
+        let c = AppServiceManagedIdentityCredential::create(options).map_err(|e| {
+            StorageError::Other(format!(
+                "managed identity: {}",
+                crate::telemetry::scrub(&e.to_string())
+            ))
+        })?;
+        return Ok(Arc::new(c));
+    }
+    Ok(Arc::new(VirtualMachineManagedIdentityCredential::new(
+        options,
+    )))
 }
 
 /// Map an SDK error to [`StorageError`], keeping only status and error code:
