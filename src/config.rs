@@ -1096,6 +1096,42 @@ mod tests {
         assert!(!format!("{:?}", Secret::new("abc")).contains("abc"));
     }
 
+    proptest::proptest! {
+        // Fuzzing the config parser: any host.json text gives Ok or a
+        // ConfigError naming a file, never a panic.
+        #[test]
+        fn host_json_parser_never_panics(text in "\\PC{0,200}") {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("host.json"), &text).unwrap();
+            let _ = load_with_env(dir.path(), &BTreeMap::new());
+        }
+
+        #[test]
+        fn structured_host_json_never_panics(
+            max in proptest::option::of(-5i64..2000),
+            batch in proptest::option::of(-5i64..100),
+            poll in proptest::option::of("[0-9:.a-z]{0,14}"),
+            key in proptest::option::of("[{}/a-zA-Z:]{0,20}"),
+            queue in "[a-zA-Z0-9-]{0,70}",
+        ) {
+            let host = serde_json::json!({
+                "extensions": {"queues": {"maxDequeueCount": max, "batchSize": batch, "maxPollingInterval": poll}},
+                "aqw": {"functions": {"F": {"queue": queue, "key": key, "handler": {"type": "exec", "command": ["x"]}}}}
+            });
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("host.json"), host.to_string()).unwrap();
+            let mut env = BTreeMap::new();
+            env.insert("AzureWebJobsStorage".to_string(), "UseDevelopmentStorage=true".to_string());
+            let _ = load_with_env(dir.path(), &env);
+        }
+
+        #[test]
+        fn timespan_and_connection_parsers_never_panic(s in "\\PC{0,60}") {
+            let _ = parse_timespan(&s);
+            let _ = parse_connection_string("X", &s);
+        }
+    }
+
     #[test]
     fn identity_connection() {
         let mut env = BTreeMap::new();

@@ -28,6 +28,7 @@ use std::time::Duration;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 #[derive(Clone)]
 pub struct ServeState {
@@ -168,9 +169,10 @@ async fn invoke(
         Ok(m) => m,
         Err(e) => return bad_request(StatusCode::BAD_REQUEST, e),
     };
-    let span = tracing::info_span!("job", function = %function, message_id = %msg.id, dequeue_count = msg.dequeue_count);
-    let _enter = span.enter();
-    let outcome = process(&rt, &msg, &HostSettle, &state.hard_stop).await;
+    let span = tracing::info_span!("job", function = %function, message_id = %msg.id, dequeue_count = msg.dequeue_count, key = tracing::field::Empty);
+    let outcome = process(&rt, &msg, &HostSettle, &state.hard_stop)
+        .instrument(span)
+        .await;
     metrics::counter!("aqw_messages_total", "function" => function.clone(), "outcome" => outcome.label()).increment(1);
     let log = format!(
         "aqw: {} message {} (dequeue count {})",

@@ -81,7 +81,8 @@ pub fn init_logging(format: LogFormat) {
         LogFormat::Json => builder
             .json()
             .flatten_event(true)
-            .with_current_span(false)
+            .with_current_span(true)
+            .with_span_list(false)
             .try_init(),
         LogFormat::Text => builder
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

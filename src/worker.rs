@@ -279,6 +279,9 @@ pub async fn process(
         Ok(k) => k,
         Err(e) => return poison(rt, msg, settle, None, None, ErrorKind::Permanent, e, None).await,
     };
+    if let Some(k) = &key {
+        tracing::Span::current().record("key", k.as_str());
+    }
 
     let lease = app.lease;
     let mut claim: Option<ClaimedKey> = None;
@@ -564,7 +567,7 @@ pub async fn poll_loop(
                         let permit = owned.split(1).expect("one permit per received message");
                         let rt = rt.clone();
                         let hard_stop = hard_stop.clone();
-                        let span = tracing::info_span!("job", function = %rt.function.name, message_id = %msg.id, dequeue_count = msg.dequeue_count);
+                        let span = tracing::info_span!("job", function = %rt.function.name, message_id = %msg.id, dequeue_count = msg.dequeue_count, key = tracing::field::Empty);
                         tracker.spawn(
                             async move {
                                 let settle = QueueSettle::new(rt.source.clone(), &msg);
