@@ -14,9 +14,12 @@ use std::sync::{Arc, Mutex};
 
 const TOKEN: &str = "eyJ0eXAiOiJKV1QifQ.fake-storage-token.c2ln";
 
+/// A token request: its query and its secret header.
+type TokenRequest = (HashMap<String, String>, Option<String>);
+
 #[derive(Clone, Default)]
 struct Seen {
-    identity: Arc<Mutex<Vec<(HashMap<String, String>, Option<String>)>>>,
+    identity: Arc<Mutex<Vec<TokenRequest>>>,
     storage: Arc<Mutex<Vec<Option<String>>>>,
 }
 
