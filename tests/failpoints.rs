@@ -5,7 +5,6 @@
 
 mod common;
 
-use aqw::storage::TableStore;
 use common::*;
 use serde_json::json;
 use std::collections::HashMap;
