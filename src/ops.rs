@@ -207,7 +207,8 @@ impl QueueOps {
         inserted: OffsetDateTime,
         text: &str,
     ) -> PoisonRecord {
-        PoisonRecord {
+        let envelope = PoisonEnvelope {
+            aqw: crate::message::ENVELOPE_VERSION.into(),
             queue: self.queue.clone(),
             function: self
                 .function
@@ -224,22 +225,11 @@ impl QueueOps {
                 kind: ErrorKind::Retryable,
                 message: "copied to the poison queue by the Functions host (no error kept)".into(),
             },
-            message: text.to_string(),
+            message: Some(text.to_string()),
+            record: None,
             encoding: self.app.message_encoding,
-            status: RecordStatus::Open,
-            origin: "host".into(),
-            poison_message_id: Some(id.to_string()),
-            poison_pop_receipt: None,
-            replay_count: 0,
-            replayed_at: None,
-            replayed_by: None,
-            replay_message_id: None,
-            replay_note: None,
-            replay_started_at: None,
-            discarded_at: None,
-            discarded_by: None,
-            discard_reason: None,
-        }
+        };
+        PoisonRecord::open(envelope, "host", Some(id.to_string()))
     }
 
     /// Delete the poison-queue copy of a record (already gone is fine).
@@ -296,32 +286,7 @@ async fn insert_ignoring_conflict(
 }
 
 fn record_from_envelope(env: &PoisonEnvelope, poison_id: &str) -> PoisonRecord {
-    PoisonRecord {
-        queue: env.queue.clone(),
-        function: env.function.clone(),
-        message_id: env.message_id.clone(),
-        inserted_at: env.inserted_at.clone(),
-        dequeue_count: env.dequeue_count,
-        first_attempt_at: env.first_attempt_at.clone(),
-        poisoned_at: env.poisoned_at.clone(),
-        key: env.key.clone(),
-        error: env.error.clone(),
-        message: env.message.clone().unwrap_or_default(),
-        encoding: env.encoding,
-        status: RecordStatus::Open,
-        origin: "aqw".into(),
-        poison_message_id: Some(poison_id.to_string()),
-        poison_pop_receipt: None,
-        replay_count: 0,
-        replayed_at: None,
-        replayed_by: None,
-        replay_message_id: None,
-        replay_note: None,
-        replay_started_at: None,
-        discarded_at: None,
-        discarded_by: None,
-        discard_reason: None,
-    }
+    PoisonRecord::open(env.clone(), "aqw", Some(poison_id.to_string()))
 }
 
 /// Filters of `poison list` and `poison replay`.

@@ -199,6 +199,36 @@ impl PoisonRecord {
         }
     }
 
+    /// A new open record for `envelope` (whose `message` holds the full text).
+    pub fn open(envelope: PoisonEnvelope, origin: &str, poison_message_id: Option<String>) -> Self {
+        PoisonRecord {
+            queue: envelope.queue,
+            function: envelope.function,
+            message_id: envelope.message_id,
+            inserted_at: envelope.inserted_at,
+            dequeue_count: envelope.dequeue_count,
+            first_attempt_at: envelope.first_attempt_at,
+            poisoned_at: envelope.poisoned_at,
+            key: envelope.key,
+            error: envelope.error,
+            message: envelope.message.unwrap_or_default(),
+            encoding: envelope.encoding,
+            status: RecordStatus::Open,
+            origin: origin.to_string(),
+            poison_message_id,
+            poison_pop_receipt: None,
+            replay_count: 0,
+            replayed_at: None,
+            replayed_by: None,
+            replay_message_id: None,
+            replay_note: None,
+            replay_started_at: None,
+            discarded_at: None,
+            discarded_by: None,
+            discard_reason: None,
+        }
+    }
+
     pub fn envelope(&self) -> PoisonEnvelope {
         PoisonEnvelope {
             aqw: ENVELOPE_VERSION.into(),
@@ -306,32 +336,25 @@ impl PoisonSink {
             kind: error.kind,
             message: cap_error(&error.message),
         };
-        let record = PoisonRecord {
-            queue: self.source_queue.clone(),
-            function: self.function.clone(),
-            message_id: msg.id.clone(),
-            inserted_at: fmt_time(msg.insertion_time),
-            dequeue_count: msg.dequeue_count,
-            first_attempt_at: first_attempt_at.unwrap_or_else(|| fmt_time(msg.insertion_time)),
-            poisoned_at: now_rfc3339(),
-            key: key.map(str::to_string),
-            error: error.clone(),
-            message: msg.text.clone(),
-            encoding: self.encoding,
-            status: RecordStatus::Open,
-            origin: "aqw".into(),
-            poison_message_id: None,
-            poison_pop_receipt: None,
-            replay_count: 0,
-            replayed_at: None,
-            replayed_by: None,
-            replay_message_id: None,
-            replay_note: None,
-            replay_started_at: None,
-            discarded_at: None,
-            discarded_by: None,
-            discard_reason: None,
-        };
+        let record = PoisonRecord::open(
+            PoisonEnvelope {
+                aqw: ENVELOPE_VERSION.into(),
+                queue: self.source_queue.clone(),
+                function: self.function.clone(),
+                message_id: msg.id.clone(),
+                inserted_at: fmt_time(msg.insertion_time),
+                dequeue_count: msg.dequeue_count,
+                first_attempt_at: first_attempt_at.unwrap_or_else(|| fmt_time(msg.insertion_time)),
+                poisoned_at: now_rfc3339(),
+                key: key.map(str::to_string),
+                error: error.clone(),
+                message: Some(msg.text.clone()),
+                record: None,
+                encoding: self.encoding,
+            },
+            "aqw",
+            None,
+        );
         let (pk, rk) = (self.source_queue.as_str(), msg.id.as_str());
         let mut created = true;
         let (record, etag) = match self.records.insert(pk, rk, &record.to_entity()).await {

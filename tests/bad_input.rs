@@ -62,9 +62,17 @@ async fn largest_base64_payload_poisons_and_replays_byte_exact() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_kib_none_message_poisons_and_replays_byte_exact() {
-    // Multi-byte characters too: the record splits text on character boundaries.
+    poison_then_replay_byte_exact("none", "x".repeat(aqw::message::MAX_MESSAGE_TEXT)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multibyte_none_message_poisons_and_replays_byte_exact() {
+    // The record splits text on character boundaries. Kept 4 KiB under the
+    // limit: Azurite decodes request bodies chunk by chunk, and a multi-byte
+    // character split across TCP chunks is counted as replacement characters,
+    // so text at exactly 64 KiB is sometimes refused (413) under load.
     let mut text = "é😀".repeat(10_000);
-    text.push_str(&"x".repeat(aqw::message::MAX_MESSAGE_TEXT - text.len()));
+    text.push_str(&"x".repeat(aqw::message::MAX_MESSAGE_TEXT - 4096 - text.len()));
     poison_then_replay_byte_exact("none", text).await;
 }
 

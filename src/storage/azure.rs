@@ -486,12 +486,10 @@ impl TableStore for AzureTable {
         etag: Option<&Etag>,
     ) -> StorageResult<Etag> {
         let client = self.client.partition_key_client(pk).entity_client(rk);
-        let resp = client
+        let builder = client
             .update(with_keys(pk, rk, entity), if_match(etag))
-            .map_err(map_err)?
-            .await
             .map_err(map_err)?;
-        Ok(Etag(resp.etag.to_string()))
+        Ok(Etag(builder.await.map_err(map_err)?.etag.to_string()))
     }
 
     async fn merge(
@@ -502,12 +500,10 @@ impl TableStore for AzureTable {
         etag: Option<&Etag>,
     ) -> StorageResult<Etag> {
         let client = self.client.partition_key_client(pk).entity_client(rk);
-        let resp = client
+        let builder = client
             .merge(with_keys(pk, rk, entity), if_match(etag))
-            .map_err(map_err)?
-            .await
             .map_err(map_err)?;
-        Ok(Etag(resp.etag.to_string()))
+        Ok(Etag(builder.await.map_err(map_err)?.etag.to_string()))
     }
 
     async fn delete(&self, pk: &str, rk: &str) -> StorageResult<()> {
