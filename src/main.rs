@@ -119,6 +119,9 @@ enum PoisonCmd {
         /// Wait (hh:mm:ss) until each replayed key is done, and report.
         #[arg(long)]
         wait: Option<String>,
+        /// Records replayed at once.
+        #[arg(long, default_value_t = aqw::ops::DEFAULT_REPLAY_CONCURRENCY as u64, value_parser = clap::value_parser!(u64).range(1..=64))]
+        concurrency: u64,
     },
     /// Close a record without replaying it.
     Discard {
@@ -565,6 +568,7 @@ async fn poison(app_dir: &std::path::Path, cmd: PoisonCmd, output: Output) -> Re
             dry_run,
             by,
             wait,
+            concurrency,
         } => {
             if !all && ids.is_empty() {
                 return Err(Failure::usage("give --id ID (repeatable) or --all"));
@@ -598,6 +602,7 @@ async fn poison(app_dir: &std::path::Path, cmd: PoisonCmd, output: Output) -> Re
                             .map_err(|e| Failure::usage(format!("--wait: {e}")))
                     })
                     .transpose()?,
+                concurrency: concurrency as usize,
             };
             let ops = queue_ops(&app, &queue)?;
             let bar = if std::io::stderr().is_terminal() && output == Output::Text {

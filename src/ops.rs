@@ -13,6 +13,7 @@ use crate::message::{decode, ErrorInfo, ErrorKind, PoisonEnvelope};
 use crate::poison::{PoisonRecord, RecordStatus};
 use crate::storage::{Entity, QueueStore, Storage, StorageError, TableStore, Ttl};
 use crate::worker::derive_key;
+use futures::StreamExt as _;
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -397,6 +398,9 @@ pub async fn discard(ops: &QueueOps, id: &str, reason: &str, by: &str) -> OpsRes
     Ok(rec)
 }
 
+/// Records replayed at once by default (each is a handful of storage calls).
+pub const DEFAULT_REPLAY_CONCURRENCY: usize = 8;
+
 /// Options of `aqw poison replay`.
 #[derive(Debug, Clone, Default)]
 pub struct ReplayOptions {
@@ -407,6 +411,8 @@ pub struct ReplayOptions {
     pub dry_run: bool,
     pub by: String,
     pub wait: Option<Duration>,
+    /// Records replayed at once.
+    pub concurrency: usize,
 }
 
 /// What replay did (or would do) with one record.
@@ -498,22 +504,30 @@ pub async fn replay(
         .rate
         .filter(|r| *r > 0.0)
         .map(|r| Duration::from_secs_f64(1.0 / r));
+    // Records are independent: replay a few at a time. With --rate, each
+    // record still starts no earlier than its slot.
     let start = tokio::time::Instant::now();
-    for (i, rec) in selected.into_iter().enumerate() {
-        if let Some(iv) = interval {
-            tokio::time::sleep_until(start + iv * i as u32).await;
-        }
-        let item = match replay_one(ops, &rec, opts, &receipts).await {
-            Ok(item) => item,
-            Err(e) => ReplayItem {
-                id: rec.message_id.clone(),
-                key: rec.key.clone(),
-                action: "failed".into(),
-                new_message_id: None,
-                detail: Some(e.to_string()),
-                confirmed: None,
-            },
-        };
+    let receipts_ref = &receipts;
+    let mut done = 0;
+    let mut results =
+        futures::stream::iter(selected.into_iter().enumerate().map(|(i, rec)| async move {
+            if let Some(iv) = interval {
+                tokio::time::sleep_until(start + iv * i as u32).await;
+            }
+            match replay_one(ops, &rec, opts, receipts_ref).await {
+                Ok(item) => item,
+                Err(e) => ReplayItem {
+                    id: rec.message_id.clone(),
+                    key: rec.key.clone(),
+                    action: "failed".into(),
+                    new_message_id: None,
+                    detail: Some(e.to_string()),
+                    confirmed: None,
+                },
+            }
+        }))
+        .buffered(opts.concurrency.max(1));
+    while let Some(item) = futures::StreamExt::next(&mut results).await {
         match item.action.as_str() {
             "replayed" => report.replayed += 1,
             "already-done" => report.already_done += 1,
@@ -521,8 +535,10 @@ pub async fn replay(
             _ => {}
         }
         report.items.push(item);
-        progress(i + 1, total);
+        done += 1;
+        progress(done, total);
     }
+    drop(results);
     ops.release(receipts).await;
     if let (Some(wait), false) = (opts.wait, opts.dry_run) {
         confirm(ops, &mut report, wait).await?;
@@ -608,12 +624,17 @@ async fn replay_one(
         );
         return Ok(item);
     }
-    let mut mark = Entity::new();
-    mark.insert("ReplayStartedAt".into(), json!(now_rfc3339()));
-    let etag = ops
-        .records
-        .merge(&ops.queue, &row_key, &mark, Some(&etag))
-        .await?;
+    // Crash marker, needed only for keyless jobs: a keyed job re-put twice
+    // is a clean duplicate, so it saves the round trip.
+    let etag = if key.is_none() {
+        let mut mark = Entity::new();
+        mark.insert("ReplayStartedAt".into(), json!(now_rfc3339()));
+        ops.records
+            .merge(&ops.queue, &row_key, &mark, Some(&etag))
+            .await?
+    } else {
+        etag
+    };
     let receipt =
         crate::poison::put_creating(ops.source.as_ref(), &rec.message, Ttl::Default).await?;
     failpoint::hit("replay.after_put");
