@@ -19,13 +19,6 @@ fn http_function(sink: &Sink) -> serde_json::Value {
     json!({"key": "receipt:{/orderId}", "handler": {"type": "http", "url": format!("{}/effects", sink.url), "timeout": "00:00:05"}})
 }
 
-async fn drained(app: &TestApp) {
-    eventually("source queue empty", DEADLINE, || async {
-        (TestApp::exact_count(app.source().as_ref()).await == 0).then_some(())
-    })
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_check_same_job_twice_one_effect() {
     let sink = Sink::start().await;
@@ -34,7 +27,7 @@ async fn replay_check_same_job_twice_one_effect() {
     app.enqueue(payload).await;
     app.enqueue(payload).await;
     let w = app.start_configured_worker();
-    drained(&app).await;
+    app.drained(DEADLINE).await;
     w.stop().await;
     let reqs = sink.all();
     assert_eq!(reqs.len(), 1, "one request reached the provider: {reqs:?}");
@@ -74,7 +67,7 @@ async fn race_check_two_workers_one_effect_per_key() {
     // Two worker instances, each with its own storage clients, racing.
     let w1 = app.start_configured_worker();
     let w2 = app.start_configured_worker();
-    drained(&app).await;
+    app.drained(DEADLINE).await;
     w1.stop().await;
     w2.stop().await;
     let mut per_key: HashMap<String, usize> = HashMap::new();
@@ -124,7 +117,7 @@ async fn crash_after_the_effect_resends_the_same_provider_key() {
     );
     // The next worker gets the message after the lease ends and resends with the same key.
     let w = app.start_configured_worker();
-    drained(&app).await;
+    app.drained(DEADLINE).await;
     w.stop().await;
     let reqs = sink.all();
     assert_eq!(reqs.len(), 2, "the retry reached the provider again");
@@ -306,7 +299,7 @@ async fn same_store_effect_and_done_mark_land_together_once() {
             .await;
     }
     let w = app.start_worker(Arc::new(Ledger));
-    drained(&app).await;
+    app.drained(DEADLINE).await;
     w.stop().await;
     let rows = app
         .storage()
@@ -389,7 +382,7 @@ async fn keys_show_prints_the_record() {
     let app = TestApp::new(json!({"key": "job:{/id}"}), json!({}), json!({}));
     app.enqueue(r#"{"id":"shown"}"#).await;
     let w = app.start_worker(Scripted::new(|_, _| Ok(Success::done())));
-    drained(&app).await;
+    app.drained(DEADLINE).await;
     w.stop().await;
     let out = aqw(
         app.path(),

@@ -75,10 +75,7 @@ async fn four_processes_two_thousand_jobs_each_effect_once() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    eventually("all jobs settled", Duration::from_secs(300), || async {
-        (TestApp::exact_count(app.source().as_ref()).await == 0).then_some(())
-    })
-    .await;
+    app.drained(Duration::from_secs(300)).await;
     for w in workers {
         assert!(terminate(w).success(), "every process exits 0");
     }
@@ -127,10 +124,7 @@ async fn json_job_logs_carry_function_message_id_dequeue_count_and_key() {
         }
     })
     .await;
-    eventually("job done", Duration::from_secs(30), || async {
-        (TestApp::exact_count(app.source().as_ref()).await == 0).then_some(())
-    })
-    .await;
+    app.drained(Duration::from_secs(30)).await;
     let metrics = eventually("metrics show the job", Duration::from_secs(30), || {
         let c = client.clone();
         let u = format!("{base}/metrics");
@@ -202,10 +196,7 @@ async fn runs_as_a_non_root_user_with_a_read_only_working_directory() {
         std::os::unix::process::CommandExt::gid(&mut c, 65532);
     }
     let child = c.stderr(Stdio::piped()).spawn().unwrap();
-    eventually("job done", Duration::from_secs(30), || async {
-        (TestApp::exact_count(app.source().as_ref()).await == 0).then_some(())
-    })
-    .await;
+    app.drained(Duration::from_secs(30)).await;
     assert!(terminate(child).success());
     assert_eq!(
         std::fs::read_dir(ro.path()).unwrap().count(),

@@ -329,10 +329,7 @@ async fn replay_killed_between_reput_and_record_update_then_rerun() {
     );
     assert_eq!(json_out(&out)["selected"], 0, "nothing left to replay");
     let w = app.start_configured_worker();
-    eventually("drained", DEADLINE, || async {
-        (TestApp::exact_count(app.source().as_ref()).await == 0).then_some(())
-    })
-    .await;
+    app.drained(DEADLINE).await;
     w.stop().await;
     assert_eq!(sink.applied_effects("/effects").len(), 1, "one effect");
     let (e, _) = app.records().get(&app.queue, &id).await.unwrap().unwrap();

@@ -32,10 +32,7 @@ async fn always_failing_job_uses_every_attempt_then_poisons_once() {
         (!m.is_empty()).then_some(m)
     })
     .await;
-    eventually("source queue empty", DEADLINE, || async {
-        (TestApp::exact_count(app.source().as_ref()).await == 0).then_some(())
-    })
-    .await;
+    app.drained(DEADLINE).await;
     w.stop().await;
     assert_eq!(h.calls(), 5, "attempted exactly maxDequeueCount times");
     assert_eq!(msgs.len(), 1);
@@ -186,10 +183,7 @@ async fn fails_twice_then_succeeds_without_poison() {
             .map(|_| ())
     })
     .await;
-    eventually("source empty", DEADLINE, || async {
-        (TestApp::exact_count(app.source().as_ref()).await == 0).then_some(())
-    })
-    .await;
+    app.drained(DEADLINE).await;
     w.stop().await;
     assert_eq!(h.calls(), 3);
     assert!(app.poison_messages().await.is_empty());
@@ -213,10 +207,7 @@ async fn handler_slower_than_the_lease_keeps_its_message() {
     let h = Scripted::slow(Duration::from_secs(5), |_, _| Ok(Success::done()));
     let w1 = app.start_worker(h.clone());
     let w2 = app.start_worker(h.clone());
-    eventually("source empty", DEADLINE, || async {
-        (TestApp::exact_count(app.source().as_ref()).await == 0).then_some(())
-    })
-    .await;
+    app.drained(DEADLINE).await;
     w1.stop().await;
     w2.stop().await;
     assert_eq!(h.calls(), 1, "delivered once while the first attempt ran");
@@ -258,10 +249,7 @@ async fn crash_between_poison_put_and_source_delete_leaves_one_copy() {
     // The message comes back (DequeueCount 2 > max 1): the worker poisons it again.
     let h = Scripted::new(|_, _| Ok(Success::done()));
     let w = app.start_worker(h.clone());
-    eventually("source empty", DEADLINE, || async {
-        (TestApp::exact_count(app.source().as_ref()).await == 0).then_some(())
-    })
-    .await;
+    app.drained(DEADLINE).await;
     w.stop().await;
     assert_eq!(h.calls(), 0);
     assert_eq!(

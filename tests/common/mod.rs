@@ -188,6 +188,14 @@ impl TestApp {
         q.approximate_count().await.unwrap_or(0)
     }
 
+    /// Wait until the source queue holds no message at all (visible or not).
+    pub async fn drained(&self, deadline: Duration) {
+        eventually("source queue empty", deadline, || async {
+            (Self::exact_count(self.source().as_ref()).await == 0).then_some(())
+        })
+        .await;
+    }
+
     pub async fn cleanup(&self) {
         let s = self.storage();
         let _ = s.queue(&self.queue).delete_queue().await;
