@@ -376,6 +376,12 @@ impl KeyStore {
                     }))
                 }
                 Err(StorageError::Conflict) => {}
+                // The table is gone (deleted, or an in-memory emulator restarted):
+                // recreate it and claim again rather than give the message up.
+                Err(StorageError::NotFound) => {
+                    self.table.create_if_missing().await?;
+                    continue;
+                }
                 Err(e) => return Err(e),
             }
             let Some((entity, etag)) = self.table.get(&pk, &rk).await? else {
