@@ -197,6 +197,16 @@ class Proc:
         if self.result is None:
             self.p.send_signal(sig)
 
+    def exited(self):
+        # Check without reaping (Popen.poll would reap): wait() needs the
+        # child's rusage from wait4.
+        if self.result is not None:
+            return True
+        try:
+            return os.waitid(os.P_PID, self.p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return True
+
     def wait(self):
         if self.result is not None:
             return self.result
@@ -290,13 +300,13 @@ class Feeder:
 
     def wait_ready(self):
         while not os.path.exists(self.ready):
-            if self.p.p.poll() is not None:
+            if self.p.exited():
                 break
             time.sleep(0.02)
         return os.path.exists(self.ready)
 
     def kill(self):
-        if self.p.p.poll() is None:
+        if not self.p.exited():
             self.p.p.kill()
         self.p.wait()
 
@@ -439,7 +449,7 @@ def metric_by(metrics, name, *keys):
 def wait_http(port, proc, seconds=30):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if proc.p.poll() is not None:
+        if proc.exited():
             return False
         try:
             scrape(port)
@@ -522,7 +532,7 @@ def poisoned_run(rep):
     at_done = None
     if wait_http(port, proc):
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.p.poll() is None:
+        while time.monotonic() < deadline and not proc.exited():
             m = scrape(port)
             if metric_by(m, "aqw_messages_total", "outcome").get("poisoned", 0) >= n:
                 at_done = m
@@ -568,7 +578,7 @@ def idle_run():
         fail(f"(c) idle: aqw run did not serve /metrics: {proc.tail()}")
         return None
     t0 = time.monotonic()
-    while time.monotonic() - t0 < seconds and proc.p.poll() is None:
+    while time.monotonic() - t0 < seconds and not proc.exited():
         m = scrape(port)
         ops = metric_by(m, "aqw_storage_requests_total", "operation")
         samples.append((time.monotonic() - t0, ops.get("queue.receive", 0), ops.get("queue.metadata", 0)))
