@@ -121,7 +121,10 @@ pub fn connect(connection: &Connection) -> Result<AzureStorage, StorageError> {
     let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(5))
         .timeout(Duration::from_secs(30))
-        .pool_idle_timeout(Duration::from_secs(60))
+        // Below Node's 5 s keep-alive (Azurite) so a pooled connection is
+        // never reused just as the server closes it (a request lost as
+        // "connection closed before message completed").
+        .pool_idle_timeout(Duration::from_secs(4))
         .pool_max_idle_per_host(64)
         .build()
         .map_err(|e| StorageError::Other(format!("cannot build HTTP client: {e}")))?;
