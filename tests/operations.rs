@@ -185,7 +185,17 @@ async fn runs_as_a_non_root_user_with_a_read_only_working_directory() {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
         .unwrap_or(false);
-    let mut c = Command::new(aqw_bin());
+    // A copy of the binary the other user can reach (the checkout may sit
+    // under a private folder, as CI's does).
+    let bin_dir = tempfile::tempdir().unwrap();
+    let bin = bin_dir.path().join("aqw");
+    std::fs::copy(aqw_bin(), &bin).unwrap();
+    for p in [bin_dir.path(), bin.as_path()] {
+        let mut perms = std::fs::metadata(p).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(p, perms).unwrap();
+    }
+    let mut c = Command::new(&bin);
     c.args(["run", "--app"])
         .arg(ro.path())
         .current_dir(ro.path())
