@@ -867,10 +867,7 @@ def report(a, b, c, d, started):
     lines.append(row("aqw replay rate", [N["replay"] / v for v in replay_aqw], "records/s"))
     lines.append(row("raw loop rate", [N["replay"] / v for v in replay_raw], "messages/s"))
     lines += ["",
-              "aqw's replay is sequential by design (one record at a time, each step idempotent so an "
-              "interrupted replay can be run again): per record it reads the key and the record, marks the record, "
-              "re-puts the message, closes the record, deletes the poison queue copy and counts the replay on the "
-              "key, after one scan of the poison queue. The raw loop only moves messages.", ""]
+              "aqw's replay runs 8 records at a time by default (`--concurrency`), each step idempotent so an interrupted replay can be run again: per record it reads the key and the record, re-puts the message, closes the record, deletes the poison queue copy and counts the replay on the key (keyless jobs also get a crash marker first), after one scan of the poison queue. The raw loop only moves messages, one at a time.", ""]
 
     lines += ["## Commands", "", "```sh", f"bash scripts/bench.sh{' --smoke' if SMOKE else ''}" +
               (f" --reps {REPS}" if not SMOKE and REPS != 3 else ""), "```", "",
