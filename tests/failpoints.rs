@@ -55,6 +55,19 @@ async fn crashed(mut child: Child, within: Duration) -> bool {
     }
 }
 
+/// Run `args` with the failpoint set, again and again, until it has aborted
+/// at `point` `n` times; the run's log is shown when it stops short.
+async fn crash_rounds(app: &Path, args: &[&str], point: &str, n: usize, within: Duration) {
+    let mut crashes = 0;
+    while crashes < n && crashed(spawn(app, args, Some(point)), within).await {
+        crashes += 1;
+    }
+    if crashes != n {
+        let log = std::fs::read_to_string(app.join(format!("{point}.log"))).unwrap_or_default();
+        panic!("{point}: {crashes} crashes of {n} (every round must abort at the point); last run's log:\n{log}");
+    }
+}
+
 fn check_effects(sink: &Sink, jobs: usize) {
     let mut keys_per_business: HashMap<String, std::collections::HashSet<String>> = HashMap::new();
     for r in sink
@@ -94,26 +107,9 @@ async fn worker_point(point: &'static str) {
         app.enqueue(&format!(r#"{{"orderId":"{point}-{i}"}}"#))
             .await;
     }
-    let mut crashes = 0;
-    while crashes < n {
-        if !crashed(
-            spawn(app.path(), &["run"], Some(point)),
-            Duration::from_secs(15),
-        )
-        .await
-        {
-            break; // nothing left that reaches the point
-        }
-        crashes += 1;
-    }
-    assert_eq!(crashes, n, "{point}: crashed at the point every round");
+    crash_rounds(app.path(), &["run"], point, n, Duration::from_secs(15)).await;
     let w = app.start_configured_worker();
-    eventually(
-        &format!("{point}: drained"),
-        Duration::from_secs(90),
-        || async { (TestApp::exact_count(app.source().as_ref()).await == 0).then_some(()) },
-    )
-    .await;
+    app.drained(Duration::from_secs(90)).await;
     w.stop().await;
     check_effects(&sink, n);
     assert!(
@@ -138,26 +134,9 @@ async fn poison_point(point: &'static str) {
     for i in 0..n {
         ids.push(app.enqueue(&format!(r#"{{"id":"{i}"}}"#)).await);
     }
-    let mut crashes = 0;
-    while crashes < n {
-        if !crashed(
-            spawn(app.path(), &["run"], Some(point)),
-            Duration::from_secs(15),
-        )
-        .await
-        {
-            break;
-        }
-        crashes += 1;
-    }
-    assert_eq!(crashes, n, "{point}: crashed at the point every round");
+    crash_rounds(app.path(), &["run"], point, n, Duration::from_secs(15)).await;
     let w = app.start_configured_worker();
-    eventually(
-        &format!("{point}: drained"),
-        Duration::from_secs(90),
-        || async { (TestApp::exact_count(app.source().as_ref()).await == 0).then_some(()) },
-    )
-    .await;
+    app.drained(Duration::from_secs(90)).await;
     w.stop().await;
     let records = app.records().query(Some(&app.queue)).await.unwrap();
     assert_eq!(records.len(), n, "{point}: one record per job, none lost");
@@ -210,36 +189,17 @@ async fn replay_point(point: &'static str) {
     })
     .await;
     sink.fail_with(200);
-    let mut crashes = 0;
-    while crashes < n {
-        if !crashed(
-            spawn(
-                app.path(),
-                &[
-                    "poison",
-                    "replay",
-                    &app.queue,
-                    "--all",
-                    "--by",
-                    "t",
-                    "--concurrency",
-                    "1",
-                ],
-                Some(point),
-            ),
-            Duration::from_secs(30),
-        )
-        .await
-        {
-            break;
-        }
-        crashes += 1;
-    }
-    if crashes != n {
-        let log =
-            std::fs::read_to_string(app.path().join(format!("{point}.log"))).unwrap_or_default();
-        panic!("{point}: {crashes} crashes of {n}; last run's log:\n{log}");
-    }
+    let replay = [
+        "poison",
+        "replay",
+        &app.queue,
+        "--all",
+        "--by",
+        "t",
+        "--concurrency",
+        "1",
+    ];
+    crash_rounds(app.path(), &replay, point, n, Duration::from_secs(30)).await;
     let out = aqw(
         app.path(),
         &[
@@ -253,12 +213,7 @@ async fn replay_point(point: &'static str) {
         "{point}: {}",
         String::from_utf8_lossy(&out.stdout)
     );
-    eventually(
-        &format!("{point}: drained"),
-        Duration::from_secs(90),
-        || async { (TestApp::exact_count(app.source().as_ref()).await == 0).then_some(()) },
-    )
-    .await;
+    app.drained(Duration::from_secs(90)).await;
     w.stop().await;
     check_effects(&sink, n);
     let records = app.records().query(Some(&app.queue)).await.unwrap();

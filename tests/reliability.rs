@@ -161,6 +161,25 @@ fn all_applied(sink: &Sink, expected: &[String]) -> bool {
     expected.iter().all(|k| l.applied.contains_key(k))
 }
 
+/// Wait (up to 90 s) until every expected key's effect is applied and the
+/// source queue is empty; None on timeout, so the caller can explain.
+async fn applied_and_drained(
+    what: &'static str,
+    sink: &Sink,
+    q: &Arc<dyn QueueStore>,
+    expected: &[String],
+) -> Option<()> {
+    let (sink, q, expected) = (sink.clone(), q.clone(), expected.to_vec());
+    eventually_or_none(what, Duration::from_secs(90), move || {
+        let (sink, q, expected) = (sink.clone(), q.clone(), expected.clone());
+        async move {
+            (all_applied(&sink, &expected) && TestApp::exact_count(q.as_ref()).await == 0)
+                .then_some(())
+        }
+    })
+    .await
+}
+
 /// Like `eventually`, but returns None instead of panicking, so the caller
 /// can gather diagnostics before failing.
 async fn eventually_or_none<T, F, Fut>(
@@ -534,17 +553,11 @@ async fn crash_storm_loses_nothing_and_doubles_nothing() {
 
     // The survivors drain the queue.
     {
-        let (s2, q2, e2) = (sink.clone(), q.clone(), expected.clone());
-        let drained = eventually_or_none(
+        let drained = applied_and_drained(
             "every job applied and the source queue empty",
-            Duration::from_secs(90),
-            move || {
-                let (sink, q, expected) = (s2.clone(), q2.clone(), e2.clone());
-                async move {
-                    (all_applied(&sink, &expected) && TestApp::exact_count(q.as_ref()).await == 0)
-                        .then_some(())
-                }
-            },
+            &sink,
+            &q,
+            &expected,
         )
         .await;
         if drained.is_none() {
@@ -966,17 +979,11 @@ async fn storage_chaos_every_job_processed_once() {
     );
 
     {
-        let (s2, q2, e2) = (sink.clone(), q.clone(), expected.clone());
-        let drained = eventually_or_none(
+        let drained = applied_and_drained(
             "every job applied and the source queue empty after the chaos",
-            Duration::from_secs(90),
-            move || {
-                let (sink, q, expected) = (s2.clone(), q2.clone(), e2.clone());
-                async move {
-                    (all_applied(&sink, &expected) && TestApp::exact_count(q.as_ref()).await == 0)
-                        .then_some(())
-                }
-            },
+            &sink,
+            &q,
+            &expected,
         )
         .await;
         if drained.is_none() {
