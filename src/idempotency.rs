@@ -322,12 +322,21 @@ impl KeyStore {
         function: &str,
         key: &IdempotencyKey,
     ) -> StorageResult<Option<KeyRecord>> {
+        Ok(self.get_versioned(function, key).await?.map(|(r, _)| r))
+    }
+
+    /// [`KeyStore::get`] with the record's ETag.
+    pub async fn get_versioned(
+        &self,
+        function: &str,
+        key: &IdempotencyKey,
+    ) -> StorageResult<Option<(KeyRecord, Etag)>> {
         let (pk, rk) = (key.partition_key(function), key.row_key());
         Ok(self
             .table
             .get(&pk, &rk)
             .await?
-            .map(|(e, _)| KeyRecord::from_entity(&pk, &rk, &e)))
+            .map(|(e, etag)| (KeyRecord::from_entity(&pk, &rk, &e), etag)))
     }
 
     /// Claim `key` for `lease_owner` until now + `lease`.
@@ -518,8 +527,26 @@ impl KeyStore {
     }
 
     /// Count a replay on the key's record (best effort, no lease needed).
-    pub async fn note_replay(&self, function: &str, key: &IdempotencyKey) -> StorageResult<()> {
+    ///
+    /// `seen` is the record and ETag the caller read before re-putting: when
+    /// nothing changed since, one conditional merge is enough; otherwise the
+    /// record is read again.
+    pub async fn note_replay(
+        &self,
+        function: &str,
+        key: &IdempotencyKey,
+        seen: Option<(&KeyRecord, &Etag)>,
+    ) -> StorageResult<()> {
         let (pk, rk) = (key.partition_key(function), key.row_key());
+        if let Some((rec, etag)) = seen {
+            let mut update = Entity::new();
+            update.insert("ReplayCount".into(), json!(rec.replay_count + 1));
+            match self.table.merge(&pk, &rk, &update, Some(etag)).await {
+                Ok(_) => return Ok(()),
+                Err(StorageError::PreconditionFailed | StorageError::NotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
         if let Some((e, etag)) = self.table.get(&pk, &rk).await? {
             let rec = KeyRecord::from_entity(&pk, &rk, &e);
             let mut update = Entity::new();

@@ -11,7 +11,7 @@ use crate::failpoint;
 use crate::idempotency::{fmt_time, now_rfc3339, IdempotencyKey, KeyRecord, KeyStatus, KeyStore};
 use crate::message::{decode, ErrorInfo, ErrorKind, PoisonEnvelope};
 use crate::poison::{PoisonRecord, RecordStatus};
-use crate::storage::{Entity, QueueStore, Storage, StorageError, TableStore, Ttl};
+use crate::storage::{Entity, Etag, QueueStore, Storage, StorageError, TableStore, Ttl};
 use crate::worker::derive_key;
 use futures::StreamExt as _;
 use serde_json::json;
@@ -60,10 +60,21 @@ impl QueueOps {
 
     /// All records of this queue (after importing what a scan finds).
     pub async fn records(&self) -> OpsResult<Vec<PoisonRecord>> {
-        match self.records.query(Some(&self.queue)).await {
+        Ok(self
+            .versioned_records()
+            .await?
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect())
+    }
+
+    /// All records of this queue with their ETags, so a command can update
+    /// one without reading it again (a 412 tells it someone else did).
+    pub async fn versioned_records(&self) -> OpsResult<Vec<(PoisonRecord, Option<Etag>)>> {
+        match self.records.query_rows(Some(&self.queue)).await {
             Ok(rows) => Ok(rows
                 .into_iter()
-                .map(|(_, _, e)| PoisonRecord::from_entity(&e))
+                .map(|r| (PoisonRecord::from_entity(&r.entity), r.etag))
                 .collect()),
             Err(StorageError::NotFound) => Ok(vec![]),
             Err(e) => Err(e.into()),
@@ -466,19 +477,19 @@ pub async fn replay(
     };
     let mut filter = opts.filter.clone();
     filter.status = Some(RecordStatus::Open);
-    let mut selected: Vec<PoisonRecord> = ops
-        .records()
+    let mut selected: Vec<(PoisonRecord, Option<Etag>)> = ops
+        .versioned_records()
         .await?
         .into_iter()
-        .filter(|r| filter.matches(r))
+        .filter(|(r, _)| filter.matches(r))
         .collect();
-    selected.sort_by(|a, b| {
+    selected.sort_by(|(a, _), (b, _)| {
         a.poisoned_at
             .cmp(&b.poisoned_at)
             .then(a.message_id.cmp(&b.message_id))
     });
     for id in &opts.filter.ids {
-        if !selected.iter().any(|r| &r.message_id == id) {
+        if !selected.iter().any(|(r, _)| &r.message_id == id) {
             ops.release(receipts).await;
             return Err(OpsError::Usage(format!(
                 "no open poison record {id} for queue {}",
@@ -509,12 +520,12 @@ pub async fn replay(
     let start = tokio::time::Instant::now();
     let receipts_ref = &receipts;
     let mut done = 0;
-    let mut results =
-        futures::stream::iter(selected.into_iter().enumerate().map(|(i, rec)| async move {
+    let mut results = futures::stream::iter(selected.into_iter().enumerate().map(
+        |(i, (rec, etag))| async move {
             if let Some(iv) = interval {
                 tokio::time::sleep_until(start + iv * i as u32).await;
             }
-            match replay_one(ops, &rec, opts, receipts_ref).await {
+            match replay_one(ops, &rec, etag, opts, receipts_ref).await {
                 Ok(item) => item,
                 Err(e) => ReplayItem {
                     id: rec.message_id.clone(),
@@ -525,8 +536,9 @@ pub async fn replay(
                     confirmed: None,
                 },
             }
-        }))
-        .buffered(opts.concurrency.max(1));
+        },
+    ))
+    .buffered(opts.concurrency.max(1));
     while let Some(item) = futures::StreamExt::next(&mut results).await {
         match item.action.as_str() {
             "replayed" => report.replayed += 1,
@@ -546,9 +558,15 @@ pub async fn replay(
     Ok(report)
 }
 
+/// Replay one record. `listed_etag` is the record's version from the
+/// listing: every record update is conditional on it, so a concurrent replay
+/// or discard shows up as a 412 (then the record is read again) and the
+/// common case needs no read of its own. Per keyed record that is 5 requests:
+/// key read, put, record close, copy delete, key ReplayCount.
 async fn replay_one(
     ops: &QueueOps,
     rec: &PoisonRecord,
+    listed_etag: Option<Etag>,
     opts: &ReplayOptions,
     receipts: &Held,
 ) -> OpsResult<ReplayItem> {
@@ -568,15 +586,19 @@ async fn replay_one(
     };
     item.key = key.as_ref().map(|k| k.as_str().to_string()).or(item.key);
     let key_state = match (function, &key) {
-        (Some(f), Some(k)) => ops.keys.get(&f.name, k).await.or_else(|e| match e {
-            StorageError::NotFound => Ok(None),
-            e => Err(e),
-        })?,
+        (Some(f), Some(k)) => ops
+            .keys
+            .get_versioned(&f.name, k)
+            .await
+            .or_else(|e| match e {
+                StorageError::NotFound => Ok(None),
+                e => Err(e),
+            })?,
         _ => None,
     };
     let done = key_state
         .as_ref()
-        .is_some_and(|r| r.status == KeyStatus::Done);
+        .is_some_and(|(r, _)| r.status == KeyStatus::Done);
     if opts.dry_run {
         item.action = if done {
             "would-close-already-done"
@@ -587,12 +609,17 @@ async fn replay_one(
         return Ok(item);
     }
     let row_key = QueueOps::row_key(rec);
-    let Some((current, etag)) = ops.records.get(&ops.queue, &row_key).await? else {
-        item.action = "failed".into();
-        item.detail = Some("record vanished".into());
-        return Ok(item);
+    let (current, mut etag) = match listed_etag {
+        Some(etag) => (rec.clone(), etag),
+        None => match ops.records.get(&ops.queue, &row_key).await? {
+            Some((e, etag)) => (PoisonRecord::from_entity(&e), etag),
+            None => {
+                item.action = "failed".into();
+                item.detail = Some("record vanished".into());
+                return Ok(item);
+            }
+        },
     };
-    let current = PoisonRecord::from_entity(&current);
     if current.status != RecordStatus::Open {
         item.action = "skipped".into();
         item.detail = Some(format!("already {}", current.status.as_str()));
@@ -605,9 +632,11 @@ async fn replay_one(
     close.insert("ReplayCount".into(), json!(current.replay_count + 1));
     if done {
         close.insert("ReplayNote".into(), json!("already done"));
-        ops.records
-            .merge(&ops.queue, &row_key, &close, Some(&etag))
-            .await?;
+        if let Err(why) = merge_open_record(ops, &row_key, &close, &mut etag).await? {
+            item.action = "skipped".into();
+            item.detail = Some(why);
+            return Ok(item);
+        }
         ops.delete_copy(rec, receipts).await?;
         item.action = "already-done".into();
         item.detail = Some("key already done; not re-put".into());
@@ -617,39 +646,97 @@ async fn replay_one(
     let interrupted_before = current.replay_started_at.is_some();
     if interrupted_before && key.is_none() {
         item.action = "skipped".into();
-        item.detail = Some(
-            "an earlier replay was interrupted after it may have re-put this keyless job; \
-             check the source queue, then discard or replay by hand"
-                .into(),
-        );
+        item.detail = Some(INTERRUPTED_KEYLESS.into());
         return Ok(item);
     }
     // Crash marker, needed only for keyless jobs: a keyed job re-put twice
-    // is a clean duplicate, so it saves the round trip.
-    let etag = if key.is_none() {
+    // is a clean duplicate, so it saves the round trip. The marker is
+    // conditional on the version this replay saw, so of two replays racing
+    // for one keyless record only one gets to put it.
+    if key.is_none() {
         let mut mark = Entity::new();
         mark.insert("ReplayStartedAt".into(), json!(now_rfc3339()));
-        ops.records
+        match ops
+            .records
             .merge(&ops.queue, &row_key, &mark, Some(&etag))
-            .await?
-    } else {
-        etag
-    };
+            .await
+        {
+            Ok(e) => etag = e,
+            Err(StorageError::PreconditionFailed) => {
+                item.action = "skipped".into();
+                item.detail = Some(
+                    "the record changed while this replay ran (another replay or discard?); \
+                     run `poison show` and try again"
+                        .into(),
+                );
+                return Ok(item);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
     let receipt =
         crate::poison::put_creating(ops.source.as_ref(), &rec.message, Ttl::Default).await?;
     failpoint::hit("replay.after_put");
     close.insert("ReplayMessageId".into(), json!(receipt.id));
-    ops.records
-        .merge(&ops.queue, &row_key, &close, Some(&etag))
-        .await?;
+    if let Err(why) = merge_open_record(ops, &row_key, &close, &mut etag).await? {
+        // Someone else closed the record first; the copy just put is keyed
+        // (keyless records stop at the marker above), so it is a duplicate.
+        item.action = "skipped".into();
+        item.detail = Some(format!(
+            "{why}; the copy this replay put ({}) is a duplicate its key will drop",
+            receipt.id
+        ));
+        return Ok(item);
+    }
     failpoint::hit("replay.after_record");
     ops.delete_copy(rec, receipts).await?;
     if let (Some(f), Some(k)) = (function, &key) {
-        let _ = ops.keys.note_replay(&f.name, k).await;
+        let seen = key_state.as_ref().map(|(r, e)| (r, e));
+        let _ = ops.keys.note_replay(&f.name, k, seen).await;
     }
     item.action = "replayed".into();
     item.new_message_id = Some(receipt.id);
     Ok(item)
+}
+
+const INTERRUPTED_KEYLESS: &str =
+    "an earlier replay was interrupted after it may have re-put this keyless job; \
+     check the source queue, then discard or replay by hand";
+
+/// Merge `update` into an open record, conditional on `etag`. On a 412 the
+/// record is read again: still open → merge with its new version; closed →
+/// `Ok(Err(why))`, for the caller to report.
+async fn merge_open_record(
+    ops: &QueueOps,
+    row_key: &str,
+    update: &Entity,
+    etag: &mut Etag,
+) -> OpsResult<Result<(), String>> {
+    for _ in 0..3 {
+        match ops
+            .records
+            .merge(&ops.queue, row_key, update, Some(etag))
+            .await
+        {
+            Ok(e) => {
+                *etag = e;
+                return Ok(Ok(()));
+            }
+            Err(StorageError::PreconditionFailed) => {}
+            Err(e) => return Err(e.into()),
+        }
+        match ops.records.get(&ops.queue, row_key).await? {
+            Some((e, fresh)) => {
+                let now = PoisonRecord::from_entity(&e);
+                if now.status != RecordStatus::Open {
+                    return Ok(Err(format!("already {}", now.status.as_str())));
+                }
+                *etag = fresh;
+            }
+            None => return Ok(Err("record vanished".into())),
+        }
+    }
+    Ok(Err("the record kept changing; try again".into()))
 }
 
 /// `--wait`: poll each replayed key until done or the deadline.

@@ -449,3 +449,137 @@ async fn discard_needs_reason_and_name_and_closes_the_record() {
     assert_eq!(list.status.code(), Some(0), "nothing open");
     app.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listed_records_etag_guards_its_update() {
+    // Replay updates records with the ETag their listing returned: it must be
+    // the entity's real version (a stale one must fail, the listed one pass).
+    let app = TestApp::new(json!({"key": "job:{/id}"}), json!({}), json!({}));
+    let t = app.records();
+    t.create_if_missing().await.unwrap();
+    let mut e = aqw::storage::Entity::new();
+    e.insert("Status".into(), json!("open"));
+    let first = t.insert(&app.queue, "r1", &e).await.unwrap();
+    let rows = t.query_rows(Some(&app.queue)).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    let listed = rows[0]
+        .etag
+        .clone()
+        .expect("query returns each entity's ETag");
+    assert_eq!(listed, first, "the listing's ETag is the insert's");
+    e.insert("Status".into(), json!("replayed"));
+    let second = t.merge(&app.queue, "r1", &e, Some(&listed)).await.unwrap();
+    assert!(matches!(
+        t.merge(&app.queue, "r1", &e, Some(&listed)).await,
+        Err(aqw::storage::StorageError::PreconditionFailed)
+    ));
+    let rows = t.query_rows(Some(&app.queue)).await.unwrap();
+    assert_eq!(rows[0].etag.as_ref(), Some(&second));
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_costs_five_requests_per_keyed_record() {
+    // Per keyed record: key read, put, record close (conditional on the
+    // listed ETag), poison copy delete, key ReplayCount (conditional on the
+    // key's ETag). Plus one scan and one listing for the whole command.
+    let sink = Sink::start().await;
+    sink.fail_with(500);
+    let app = app_with_sink(&sink, 1);
+    let n = 6;
+    for i in 0..n {
+        app.enqueue(&format!(r#"{{"orderId":"rc-{i}"}}"#)).await;
+    }
+    let w = app.start_configured_worker();
+    poisoned(&app, n).await;
+    w.stop().await;
+    let storage = app.storage();
+    let ops = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &storage);
+    let opts = aqw::ops::ReplayOptions {
+        filter: Default::default(),
+        limit: None,
+        rate: None,
+        dry_run: false,
+        by: "test".into(),
+        wait: None,
+        concurrency: 4,
+    };
+    let before = storage.request_counts();
+    let report = aqw::ops::replay(&ops, &opts, &|_, _| {}).await.unwrap();
+    let after = storage.request_counts();
+    assert_eq!((report.replayed, report.failed), (n, 0), "{report:?}");
+    let delta =
+        |op: &str| after.get(op).copied().unwrap_or(0) - before.get(op).copied().unwrap_or(0);
+    let n = n as u64;
+    assert_eq!(delta("queue.put"), n, "{after:?}");
+    assert_eq!(delta("queue.delete"), n, "{after:?}");
+    assert_eq!(
+        delta("table.get"),
+        n,
+        "one key read each, no record read: {after:?}"
+    );
+    assert_eq!(
+        delta("table.update"),
+        2 * n,
+        "record close + ReplayCount: {after:?}"
+    );
+    assert_eq!(delta("table.query"), 2, "scan + listing: {after:?}");
+    // The counts landed: every record replayed once, every key counted once.
+    let rows = app.records().query(Some(&app.queue)).await.unwrap();
+    assert!(rows
+        .iter()
+        .all(|(_, _, e)| e["Status"] == "replayed" && e["ReplayCount"] == 1));
+    let keys = app.keys();
+    for i in 0..n {
+        let k = aqw::idempotency::IdempotencyKey::new(format!("receipt:rc-{i}")).unwrap();
+        assert_eq!(keys.get("Job", &k).await.unwrap().unwrap().replay_count, 1);
+    }
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_concurrent_replays_put_each_keyless_job_once() {
+    // Keyless jobs have no key to drop a second copy, so of two replays
+    // racing for a record only the one whose conditional marker lands may
+    // put it; the other reports it skipped.
+    let sink = Sink::start().await;
+    sink.fail_with(500);
+    let app = TestApp::new(
+        json!({"key": "none", "handler": {"type": "http", "url": format!("{}/effects", sink.url), "timeout": "00:00:05"}}),
+        json!({"maxDequeueCount": 1}),
+        json!({}),
+    );
+    let n = 8;
+    for i in 0..n {
+        app.enqueue(&format!(r#"{{"n":{i}}}"#)).await;
+    }
+    let w = app.start_configured_worker();
+    poisoned(&app, n).await;
+    w.stop().await;
+    let storage = app.storage();
+    let opts = aqw::ops::ReplayOptions {
+        filter: Default::default(),
+        limit: None,
+        rate: None,
+        dry_run: false,
+        by: "test".into(),
+        wait: None,
+        concurrency: 8,
+    };
+    let a = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &storage);
+    let b = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &storage);
+    let (ra, rb) = tokio::join!(
+        aqw::ops::replay(&a, &opts, &|_, _| {}),
+        aqw::ops::replay(&b, &opts, &|_, _| {})
+    );
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    assert_eq!(ra.replayed + rb.replayed, n, "{ra:?}\n{rb:?}");
+    assert_eq!(
+        TestApp::exact_count(app.source().as_ref()).await,
+        n as u64,
+        "each job back on the queue exactly once: {ra:?}\n{rb:?}"
+    );
+    let rows = app.records().query(Some(&app.queue)).await.unwrap();
+    assert!(rows.iter().all(|(_, _, e)| e["Status"] == "replayed"));
+    app.cleanup().await;
+}

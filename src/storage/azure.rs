@@ -517,7 +517,7 @@ impl TableStore for AzureTable {
         }
     }
 
-    async fn query(&self, pk: Option<&str>) -> StorageResult<Vec<(String, String, Entity)>> {
+    async fn query_rows(&self, pk: Option<&str>) -> StorageResult<Vec<Row>> {
         let mut builder = self.client.query();
         if let Some(pk) = pk {
             // Partition keys aqw writes are queue names or hex: no quote to escape,
@@ -528,7 +528,19 @@ impl TableStore for AzureTable {
         let mut out = Vec::new();
         while let Some(page) = stream.next().await {
             let page = page.map_err(map_err)?;
-            out.extend(page.entities.into_iter().map(strip));
+            out.extend(page.entities.into_iter().map(|mut v| {
+                let etag = v
+                    .get("odata.etag")
+                    .and_then(Value::as_str)
+                    .map(|e| Etag(e.to_string()));
+                let (partition_key, row_key, entity) = strip(std::mem::take(&mut v));
+                Row {
+                    partition_key,
+                    row_key,
+                    entity,
+                    etag,
+                }
+            }));
         }
         Ok(out)
     }

@@ -19,6 +19,17 @@ pub type Entity = Map<String, Value>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Etag(pub String);
 
+/// One entity of a query, with its version.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub partition_key: String,
+    pub row_key: String,
+    pub entity: Entity,
+    /// The entity's ETag as the query returned it (`odata.etag`), usable for
+    /// `If-Match`; None only if the service left it out.
+    pub etag: Option<Etag>,
+}
+
 /// Storage failures the rest of aqw reasons about.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StorageError {
@@ -159,8 +170,18 @@ pub trait TableStore: Send + Sync {
         if_match: Option<&Etag>,
     ) -> StorageResult<Etag>;
     async fn delete(&self, pk: &str, rk: &str) -> StorageResult<()>;
-    /// All entities of a partition (or of the table when `pk` is None), following continuations.
-    async fn query(&self, pk: Option<&str>) -> StorageResult<Vec<(String, String, Entity)>>;
+    /// All entities of a partition (or of the table when `pk` is None), with
+    /// their ETags, following continuations.
+    async fn query_rows(&self, pk: Option<&str>) -> StorageResult<Vec<Row>>;
+    /// [`TableStore::query_rows`] without the versions.
+    async fn query(&self, pk: Option<&str>) -> StorageResult<Vec<(String, String, Entity)>> {
+        Ok(self
+            .query_rows(pk)
+            .await?
+            .into_iter()
+            .map(|r| (r.partition_key, r.row_key, r.entity))
+            .collect())
+    }
     /// An entity-group transaction: all operations land or none does.
     async fn transaction(&self, pk: &str, ops: Vec<TableOp>) -> StorageResult<()>;
     async fn delete_table(&self) -> StorageResult<()>;
