@@ -16,8 +16,10 @@ SHA-256 hex, PartitionKey = "Bench-" + first hash byte, like aqw).
     python bench/python_worker.py --queue Q --table T [--batch 16]
         [--threshold 16] [--expect N] [--idle-exit 1.0]
 
-Stops when --expect messages are settled, or when the queue stayed empty for
---idle-exit seconds; prints one JSON line (messages, seconds, cpu_s).
+Stops when --expect messages are settled (or at --timeout), or, without
+--expect, when the queue stayed empty for --idle-exit seconds. A failed
+receive or message is retried (the message after its visibility timeout), not
+fatal. Prints one JSON line (messages, seconds, cpu_s).
 Connection: env AzureWebJobsStorage if it is a full connection string, else
 Azurite's well-known development account.
 """
@@ -156,9 +158,15 @@ class Worker:
                 msgs = [m async for m in await pages.__anext__()]
             except StopAsyncIteration:
                 msgs = []
+            except Exception as e:  # storage hiccup: back off and poll again
+                print(f"python_worker: receive failed: {e!r}", file=sys.stderr)
+                msgs = []
             if not msgs:
                 empty_polls += 1
-                if self.in_flight == 0 and time.monotonic() - last_activity >= idle_exit:
+                # With --expect, an empty poll only means the feeder is behind
+                # or a failed message is still invisible: keep polling.
+                idle = self.in_flight == 0 and time.monotonic() - last_activity >= idle_exit
+                if expect is None and idle:
                     break
                 if self.in_flight > 0:
                     last_activity = time.monotonic()

@@ -5,12 +5,15 @@
 //! ```text
 //! cargo run --release --example bench_worker -- --app DIR [--expect N]
 //!     [--exit-when-idle SECS] [--handler ok|fail] [--log text|json] [--timeout SECS]
+//!     [--latency-log FILE]
 //! ```
 //!
 //! Every function of the app folder whose host.json entry has no `handler`
 //! gets the in-process handler (`ok`: succeeds at once; `fail`: permanent
 //! failure, so every job is poisoned). Functions with an `exec`/`http` handler
-//! keep it.
+//! keep it. With `--latency-log FILE`, the handler appends `<id> <ms>` per
+//! job whose payload carries `"t"` (ms since the epoch, stamped by `ceiling
+//! enqueue` just before the put): the pickup latency, enqueue → handler start.
 //!
 //! Stops when `--expect N` messages have reached a final outcome (completed,
 //! duplicate or poisoned, read from aqw's own `aqw_messages_total`), or when
@@ -46,12 +49,27 @@ use tokio_util::sync::CancellationToken;
 struct BenchHandler {
     fail: bool,
     handled: AtomicU64,
+    /// `--latency-log`: one line `<id> <ms from enqueue to handler start>` per job.
+    latency_log: Option<std::sync::Mutex<std::fs::File>>,
 }
 
 #[async_trait]
 impl Handler for BenchHandler {
-    async fn handle(&self, _job: &Job) -> Result<Success, HandlerError> {
+    async fn handle(&self, job: &Job) -> Result<Success, HandlerError> {
         self.handled.fetch_add(1, Ordering::Relaxed);
+        if let Some(log) = &self.latency_log {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64() * 1000.0)
+                .unwrap_or(0.0);
+            let v: serde_json::Value = serde_json::from_str(&job.payload).unwrap_or_default();
+            if let (Some(id), Some(t)) = (v["id"].as_str(), v["t"].as_f64()) {
+                use std::io::Write;
+                let mut f = log.lock().unwrap();
+                let _ = writeln!(f, "{id} {:.1}", now_ms - t);
+                let _ = f.flush();
+            }
+        }
         if self.fail {
             Err(HandlerError::permanent(
                 "bench: permanent failure on purpose",
@@ -69,6 +87,7 @@ struct Args {
     fail: bool,
     log: Option<aqw::telemetry::LogFormat>,
     timeout: f64,
+    latency_log: Option<PathBuf>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -79,6 +98,7 @@ fn parse_args() -> anyhow::Result<Args> {
         fail: false,
         log: None,
         timeout: 600.0,
+        latency_log: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -94,6 +114,7 @@ fn parse_args() -> anyhow::Result<Args> {
                 )
             }
             "--timeout" => args.timeout = val("--timeout")?.parse().context("--timeout")?,
+            "--latency-log" => args.latency_log = Some(PathBuf::from(val("--latency-log")?)),
             "--handler" => {
                 args.fail = match val("--handler")?.as_str() {
                     "ok" => false,
@@ -111,7 +132,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "-h" | "--help" => {
                 println!(
                     "bench_worker --app DIR [--expect N] [--exit-when-idle SECS] \
-                     [--handler ok|fail] [--log text|json] [--timeout SECS]"
+                     [--handler ok|fail] [--log text|json] [--timeout SECS] [--latency-log FILE]"
                 );
                 std::process::exit(0);
             }
@@ -236,6 +257,16 @@ async fn main() -> anyhow::Result<()> {
     let handler = Arc::new(BenchHandler {
         fail: args.fail,
         handled: AtomicU64::new(0),
+        latency_log: match &args.latency_log {
+            Some(p) => Some(std::sync::Mutex::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .with_context(|| format!("--latency-log {}", p.display()))?,
+            )),
+            None => None,
+        },
     });
     let mut registry = Registry::new();
     for f in &app.functions {

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! ceiling run --queue Q --table T [--batch 16] [--threshold 16] [--expect N] [--idle-exit 1]
-//! ceiling enqueue --queue Q --count N [--tag T] [--max-depth 900] [--ready-file F]
+//! ceiling enqueue --queue Q --count N [--tag T] [--max-depth 900] [--ready-file F] [--rate R]
 //! ceiling replay-loop --from Q1 --to Q2 [--expect N]
 //! ceiling count --queue Q
 //! ceiling cleanup [--queue Q]... [--table T]...
@@ -19,10 +19,12 @@
 //! messages are settled, or when the queue stayed empty for `--idle-exit`
 //! seconds, and prints one JSON line.
 //!
-//! `enqueue` puts `{"id": "<tag>-<i>"}` messages (base64, as aqw expects by
-//! default) with 32 concurrent puts, never letting the queue's approximate
-//! depth exceed `--max-depth` (Azurite slows down as a queue deepens). The
-//! ready file is written once the first wave is on the queue.
+//! `enqueue` puts `{"id": "<tag>-<i>", "t": <ms since the epoch>}` messages
+//! (base64, as aqw expects by default) with 32 concurrent puts, never letting
+//! the queue's approximate depth exceed `--max-depth` (Azurite slows down as a
+//! queue deepens). The ready file is written once the first wave is on the
+//! queue. With `--rate R` it instead puts one message every 1/R s (pickup
+//! latency under a steady load) and writes the ready file at the end.
 //!
 //! `replay-loop` is the minimal replay: receive up to 32 (120 s visibility),
 //! then for each message, one at a time like `aqw poison replay`, put its text
@@ -371,6 +373,21 @@ async fn run(opts: &Opts) -> anyhow::Result<()> {
 // enqueue: feed a queue in waves
 // ---------------------------------------------------------------------------
 
+/// `{"id": "<tag>-<i>", "t": <ms since the epoch, just before the put>}`,
+/// encoded for the queue. `t` lets a handler measure pickup latency.
+fn stamped_body(tag: &str, i: u64, encoding: &str) -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let body = json!({"id": format!("{tag}-{i}"), "t": t}).to_string();
+    if encoding == "none" {
+        body
+    } else {
+        base64::engine::general_purpose::STANDARD.encode(body)
+    }
+}
+
 async fn enqueue(opts: &Opts) -> anyhow::Result<()> {
     let count: u64 = opts.num("count", 0)?;
     let start: u64 = opts.num("start", 0)?;
@@ -379,10 +396,38 @@ async fn enqueue(opts: &Opts) -> anyhow::Result<()> {
     let tag = opts.get("tag").unwrap_or("job").to_string();
     let encoding = opts.get("encoding").unwrap_or("base64").to_string();
     let ready_file = opts.get("ready-file").map(PathBuf::from);
+    let rate: f64 = opts.num("rate", 0.0)?;
     let storage = storage()?;
     let queue = storage.queue(opts.req("queue")?);
     queue.create_if_missing().await?;
     let t0 = Instant::now();
+    if rate > 0.0 {
+        // Paced: one put every 1/rate s, each on its own task so a slow put
+        // does not delay the next one's start.
+        let interval = Duration::from_secs_f64(1.0 / rate);
+        let start_at = tokio::time::Instant::now();
+        let mut puts = Vec::new();
+        for i in start..start + count {
+            tokio::time::sleep_until(start_at + interval * (i - start) as u32).await;
+            let (queue, tag, encoding) = (queue.clone(), tag.clone(), encoding.clone());
+            puts.push(tokio::spawn(async move {
+                let text = stamped_body(&tag, i, &encoding);
+                queue.put(&text, Duration::ZERO, Ttl::Default).await
+            }));
+        }
+        for p in puts {
+            p.await??;
+        }
+        if let Some(f) = &ready_file {
+            std::fs::write(f, format!("{}\n", start + count))?;
+        }
+        println!(
+            "{}",
+            json!({"mode": "enqueue", "queue": queue.name(), "messages": count, "rate": rate,
+                   "seconds": t0.elapsed().as_secs_f64(), "requests": storage.request_counts()})
+        );
+        return Ok(());
+    }
     let mut next = start;
     let end = start + count;
     let mut waves = 0u32;
@@ -403,12 +448,7 @@ async fn enqueue(opts: &Opts) -> anyhow::Result<()> {
                 let tag = tag.clone();
                 let encoding = encoding.clone();
                 async move {
-                    let body = json!({"id": format!("{tag}-{i}")}).to_string();
-                    let text = if encoding == "none" {
-                        body
-                    } else {
-                        base64::engine::general_purpose::STANDARD.encode(body)
-                    };
+                    let text = stamped_body(&tag, i, &encoding);
                     queue.put(&text, Duration::ZERO, Ttl::Default).await?;
                     Ok(())
                 }
