@@ -126,6 +126,10 @@ pub fn connect(connection: &Connection) -> Result<AzureStorage, StorageError> {
         // "connection closed before message completed").
         .pool_idle_timeout(Duration::from_secs(4))
         .pool_max_idle_per_host(64)
+        // Storage never redirects. Following one would re-send a signed
+        // request to a URL the account did not name (and costs a URL parse
+        // per request in reqwest's redirect layer): surface it as an error.
+        .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(|e| StorageError::Other(format!("cannot build HTTP client: {e}")))?;
     let counts = Arc::new(Mutex::new(BTreeMap::new()));
@@ -599,6 +603,47 @@ impl TableStore for AzureTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_redirect_is_an_error_not_followed() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let followed = Arc::new(AtomicUsize::new(0));
+        let hits = followed.clone();
+        let app = axum::Router::new()
+            .route(
+                "/devstoreaccount1/q/messages",
+                axum::routing::get(|| async {
+                    (
+                        axum::http::StatusCode::TEMPORARY_REDIRECT,
+                        [(axum::http::header::LOCATION, "/elsewhere")],
+                    )
+                }),
+            )
+            .route(
+                "/elsewhere",
+                axum::routing::get(move || {
+                    hits.fetch_add(1, Ordering::SeqCst);
+                    async { "" }
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let conn = crate::config::parse_connection_string(
+            "AzureWebJobsStorage",
+            &format!(
+                "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;\
+                 AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;\
+                 QueueEndpoint=http://127.0.0.1:{port}/devstoreaccount1;\
+                 TableEndpoint=http://127.0.0.1:{port}/devstoreaccount1;"
+            ),
+        )
+        .unwrap();
+        let storage = connect(&conn).unwrap();
+        let got = storage.queue("q").receive(1, Duration::from_secs(30)).await;
+        assert!(got.is_err(), "a 307 must not look like an answer: {got:?}");
+        assert_eq!(followed.load(Ordering::SeqCst), 0, "redirect followed");
+    }
 
     #[test]
     fn operations_are_named() {
