@@ -6,15 +6,24 @@
 #   scripts/azurite.sh start     install if needed, start unless already up, wait until ready
 #   scripts/azurite.sh status    exit 0 when queue and table ports accept connections
 #   scripts/azurite.sh stop      stop the Azurite this script started
+#   scripts/azurite.sh restart   stop, then start an empty one
 #
 # Ports: AQW_AZURITE_QUEUE_PORT (10001), AQW_AZURITE_TABLE_PORT (10002),
-# AQW_AZURITE_BLOB_PORT (10000). Data is kept in memory; logs go to
-# .azurite/azurite.log. Safe to call from many test processes at once.
+# AQW_AZURITE_BLOB_PORT (10000). Data is kept in memory; logs, pid and lock go
+# to AQW_AZURITE_STATE (.azurite), so a second instance on other ports needs
+# its own. Safe to call from many test processes at once.
+#
+# Why restart: Azurite keeps one extent per queue message in memory and its
+# garbage collector (every 60 s) deletes them one by one from a LokiJS
+# collection whose index update is linear, so a pass is quadratic in the
+# number of messages deleted since the last one. After some 10,000 messages it
+# blocks Azurite's only thread for seconds to minutes (requests time out). The
+# benchmark restarts it before every measured run.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tool="$root/tools/azurite"
-state="$root/.azurite"
+state="${AQW_AZURITE_STATE:-$root/.azurite}"
 queue_port="${AQW_AZURITE_QUEUE_PORT:-10001}"
 table_port="${AQW_AZURITE_TABLE_PORT:-10002}"
 blob_port="${AQW_AZURITE_BLOB_PORT:-10000}"
@@ -71,7 +80,8 @@ stop() {
 case "${1:-start}" in
   install) install ;;
   start) start ;;
+  restart) stop; start ;;
   status) ready ;;
   stop) stop ;;
-  *) echo "usage: scripts/azurite.sh install|start|status|stop" >&2; exit 2 ;;
+  *) echo "usage: scripts/azurite.sh install|start|restart|status|stop" >&2; exit 2 ;;
 esac

@@ -162,7 +162,7 @@ def show(cmd, subs=None):
 class Proc:
     """A child process whose rusage (CPU, peak RSS) is collected at exit."""
 
-    def __init__(self, cmd, name, timeout=TIMEOUT):
+    def __init__(self, cmd, name, timeout=TIMEOUT, env=None):
         self.cmd = cmd
         self.name = name
         self.out_path = os.path.join(WORK, f"{name}.out")
@@ -170,7 +170,8 @@ class Proc:
         self.out = open(self.out_path, "w")
         self.err = open(self.err_path, "w")
         self.t0 = time.monotonic()
-        self.p = subprocess.Popen(cmd, stdout=self.out, stderr=self.err, stdin=subprocess.DEVNULL)
+        self.p = subprocess.Popen(cmd, stdout=self.out, stderr=self.err, stdin=subprocess.DEVNULL,
+                                  env=None if env is None else {**os.environ, **env})
         self.timed_out = False
         self.timer = threading.Timer(timeout, self._kill)
         self.timer.daemon = True
@@ -255,8 +256,8 @@ class Proc:
             return ""
 
 
-def run(cmd, name, ok_codes=(0,), timeout=TIMEOUT):
-    p = Proc(cmd, name, timeout)
+def run(cmd, name, ok_codes=(0,), timeout=TIMEOUT, env=None):
+    p = Proc(cmd, name, timeout, env)
     r = p.wait()
     if r["timed_out"] or r["rc"] not in ok_codes:
         fail(f"{name}: {show(cmd)} exited {r['rc']}{' (timed out)' if r['timed_out'] else ''}: {p.tail()}")
@@ -336,7 +337,32 @@ def subs(r, app_dir=None, **extra):
     return out
 
 
-def fresh():
+AZURITE_SH = os.path.join(ROOT, "scripts", "azurite.sh")
+# The idle probes run all along on a second, otherwise unused Azurite, so the
+# restarts below do not disturb them.
+PROBE_PORTS = dict(AQW_AZURITE_BLOB_PORT="10010", AQW_AZURITE_QUEUE_PORT="10011",
+                   AQW_AZURITE_TABLE_PORT="10012")
+PROBE_AZURITE = dict(PROBE_PORTS, AQW_AZURITE_STATE=os.path.join(STATE, "azurite-probes"))
+PROBE_ENV = {"AzureWebJobsStorage": (
+    "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+    "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
+    "QueueEndpoint=http://127.0.0.1:10011/devstoreaccount1;"
+    "TableEndpoint=http://127.0.0.1:10012/devstoreaccount1;")}
+
+
+def azurite(cmd, env=None):
+    r = subprocess.run(["bash", AZURITE_SH, cmd], env={**os.environ, **(env or {})},
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        fail(f"scripts/azurite.sh {cmd} failed: {r.stderr[-500:]}")
+
+
+def fresh(restart=True):
+    """Fresh names for one run, on a freshly restarted Azurite: every run
+    starts from the same empty emulator, and none inherits the garbage of the
+    ones before (see scripts/azurite.sh: Azurite's queue GC is quadratic)."""
+    if restart:
+        azurite("restart")
     tag = rand("", 8)
     return dict(queue=rand("bq"), keys=rand("k"), poison=rand("p"), tag=tag)
 
@@ -587,7 +613,7 @@ class IdleProbe:
     WARMUP = 150
 
     def __init__(self):
-        self.r = fresh()
+        self.r = fresh(restart=False)
         self.app_dir = os.path.join(WORK, "idle")
         self.port = free_port()
         write_app(self.app_dir, self.r["queue"], self.r["keys"], self.r["poison"],
@@ -595,7 +621,7 @@ class IdleProbe:
         cmd = [AQW, "run", "--app", self.app_dir]
         commands.setdefault("aqw-run-idle", show(cmd, subs(self.r, self.app_dir)))
         log(f"(c) idle: aqw run on an empty queue in the background for at least {SIZES['idle_seconds']} s")
-        self.proc = Proc(cmd, "idle", timeout=TIMEOUT + 3 * 3600)
+        self.proc = Proc(cmd, "idle", timeout=TIMEOUT + 3 * 3600, env=PROBE_ENV)
         self.samples = []  # (t, receives, metadata)
         self.stop_flag = threading.Event()
         self.ok = wait_http(self.port, self.proc)
@@ -653,7 +679,6 @@ class IdleProbe:
             # The sampler's first tick (2 calls) comes at start-up.
             metadata_per_hour=max(metadata - 2, 0) / window * 3600 if window else None,
         )
-        cleanup([self.r["queue"], self.r["queue"] + "-poison"], [self.r["keys"], self.r["poison"]])
         return res
 
 
@@ -735,12 +760,12 @@ class IdleLatencyProbe:
     IDLE = 60
 
     def __init__(self):
-        self.r = fresh()
+        self.r = fresh(restart=False)
         self.app_dir = os.path.join(WORK, "latency-idle")
         write_app(self.app_dir, self.r["queue"], self.r["keys"], self.r["poison"])
         self.logf = os.path.join(WORK, "latency-idle.lat")
         cmd = [BENCH_WORKER, "--app", self.app_dir, "--expect", "1000000", "--latency-log", self.logf]
-        self.proc = Proc(cmd, "latency-idle", timeout=TIMEOUT + 3 * 3600)
+        self.proc = Proc(cmd, "latency-idle", timeout=TIMEOUT + 3 * 3600, env=PROBE_ENV)
         self.samples = []
         self.stop_flag = threading.Event()
         self.thread = threading.Thread(target=self._probe, daemon=True)
@@ -751,7 +776,7 @@ class IdleLatencyProbe:
         while not self.stop_flag.wait(self.IDLE):
             tag = f"idle{k}"
             run([CEILING, "enqueue", "--queue", self.r["queue"], "--count", "1", "--tag", tag],
-                f"latency-idle-put-{k}")
+                f"latency-idle-put-{k}", env=PROBE_ENV)
             got = wait_latency(self.logf, tag + "-", self.proc, 150)
             if got is None:
                 if not self.stop_flag.is_set():
@@ -768,7 +793,6 @@ class IdleLatencyProbe:
         self.thread.join(timeout=160)
         self.proc.signal(signal.SIGTERM)
         self.proc.wait()
-        cleanup([self.r["queue"], self.r["queue"] + "-poison"], [self.r["keys"], self.r["poison"]])
         return list(self.samples)
 
 
@@ -1186,6 +1210,7 @@ def main():
             log(f"missing {exe}: build it with cargo build --release --examples --bin aqw")
             return 3
     log(f"mode {MODE}, {REPS} repetition(s), {CORES} cores; logs in {os.path.relpath(WORK, ROOT)}")
+    azurite("restart", PROBE_AZURITE)
     idle = IdleProbe()
     idle_latency = IdleLatencyProbe()
     a = throughput()
@@ -1206,6 +1231,7 @@ def main():
     e["idle"] = idle_latency.finish(SIZES["latency_idle_samples"])
 
     c = idle.finish()
+    azurite("stop", PROBE_AZURITE)
 
     with open(os.path.join(WORK, "results.json"), "w") as f:
         json.dump(dict(mode=MODE, reps=REPS, sizes=SIZES, a=a, b=b, c=c, d=d, e=e, f=scale, errors=errors,
