@@ -379,8 +379,8 @@ def fresh(restart=True):
         # Warm the new Node.js process up (JIT) with the calls the runs make,
         # so no contender pays for Azurite's cold start.
         wq, wt = rand("warm"), rand("warm")
-        ceiling("enqueue", "--queue", wq, "--count", "200", name="warm-enqueue")
-        ceiling("run", "--queue", wq, "--table", wt, "--expect", "200", name="warm-run")
+        ceiling("enqueue", "--queue", wq, "--count", "500", name="warm-enqueue")
+        ceiling("run", "--queue", wq, "--table", wt, "--expect", "500", name="warm-run")
         cleanup([wq], [wt])
     tag = rand("", 8)
     return dict(queue=rand("bq"), keys=rand("k"), poison=rand("p"), tag=tag)
