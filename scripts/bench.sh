@@ -213,13 +213,18 @@ class Proc:
     def _kill(self):
         self.timed_out = True
         try:
-            self.p.kill()
+            os.kill(self.p.pid, signal.SIGKILL)  # not Popen.kill: it may reap (see signal)
         except ProcessLookupError:
             pass
 
     def signal(self, sig):
-        if self.result is None:
-            self.p.send_signal(sig)
+        # os.kill, not Popen.send_signal: that one polls first and so may reap
+        # an exited child, whose rusage wait() then could not collect.
+        if self.result is None and not self.exited():
+            try:
+                os.kill(self.p.pid, sig)
+            except ProcessLookupError:
+                pass
 
     def exited(self):
         # Check without reaping (Popen.poll would reap): wait() needs the
@@ -331,7 +336,7 @@ class Feeder:
 
     def kill(self):
         if not self.p.exited():
-            self.p.p.kill()
+            self.p.signal(signal.SIGKILL)
         self.p.wait()
 
     def finish(self):
@@ -783,7 +788,8 @@ class IdleLatencyProbe:
         self.app_dir = os.path.join(WORK, "latency-idle")
         write_app(self.app_dir, self.r["queue"], self.r["keys"], self.r["poison"])
         self.logf = os.path.join(WORK, "latency-idle.lat")
-        cmd = [BENCH_WORKER, "--app", self.app_dir, "--expect", "1000000", "--latency-log", self.logf]
+        cmd = [BENCH_WORKER, "--app", self.app_dir, "--expect", "1000000", "--latency-log", self.logf,
+               "--timeout", str(TIMEOUT + 3 * 3600)]
         self.proc = Proc(cmd, "latency-idle", timeout=TIMEOUT + 3 * 3600, env=PROBE_ENV)
         self.samples = []
         self.stop_flag = threading.Event()
@@ -1308,9 +1314,17 @@ def main():
     for rep in range(REPS):
         for procs in (1, 2, 4):
             scale.setdefault(procs, []).append(scale_run(procs, rep))
-    e["idle"] = idle_latency.finish(SIZES["latency_idle_samples"])
-
-    c = idle.finish()
+    # A probe failing must not lose the whole run's figures.
+    try:
+        e["idle"] = idle_latency.finish(SIZES["latency_idle_samples"])
+    except Exception as ex:  # noqa: BLE001
+        fail(f"(e) idle latency probe: {ex!r}")
+        e["idle"] = list(idle_latency.samples)
+    try:
+        c = idle.finish()
+    except Exception as ex:  # noqa: BLE001
+        fail(f"(c) idle probe: {ex!r}")
+        c = None
     azurite("stop", PROBE_AZURITE)
 
     total = time.monotonic() - started
