@@ -28,6 +28,19 @@ fn json_out(out: &std::process::Output) -> Value {
     })
 }
 
+/// `poison replay --all --by test` with `concurrency` records at a time.
+fn replay_all(concurrency: usize) -> aqw::ops::ReplayOptions {
+    aqw::ops::ReplayOptions {
+        filter: Default::default(),
+        limit: None,
+        rate: None,
+        dry_run: false,
+        by: "test".into(),
+        wait: None,
+        concurrency,
+    }
+}
+
 async fn poisoned(app: &TestApp, n: usize) {
     eventually("poison records", DEADLINE, || async {
         let rows = app
@@ -495,15 +508,7 @@ async fn replay_costs_five_requests_per_keyed_record() {
     w.stop().await;
     let storage = app.storage();
     let ops = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &storage);
-    let opts = aqw::ops::ReplayOptions {
-        filter: Default::default(),
-        limit: None,
-        rate: None,
-        dry_run: false,
-        by: "test".into(),
-        wait: None,
-        concurrency: 4,
-    };
+    let opts = replay_all(4);
     let before = storage.request_counts();
     let report = aqw::ops::replay(&ops, &opts, &|_, _| {}).await.unwrap();
     let after = storage.request_counts();
@@ -557,15 +562,7 @@ async fn two_concurrent_replays_put_each_keyless_job_once() {
     poisoned(&app, n).await;
     w.stop().await;
     let storage = app.storage();
-    let opts = aqw::ops::ReplayOptions {
-        filter: Default::default(),
-        limit: None,
-        rate: None,
-        dry_run: false,
-        by: "test".into(),
-        wait: None,
-        concurrency: 8,
-    };
+    let opts = replay_all(8);
     let a = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &storage);
     let b = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &storage);
     let (ra, rb) = tokio::join!(
