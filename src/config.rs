@@ -148,6 +148,10 @@ pub struct FunctionConfig {
     pub handler: HandlerSpec,
     /// The binding name in function.json (the custom-handler `Data` key).
     pub binding_name: String,
+    /// function.json `dataType` is `binary`: the host passes the message
+    /// bytes base64-encoded in `Data` and merges no payload fields into
+    /// `Metadata` (see src/serve.rs).
+    pub binary_data: bool,
 }
 
 impl FunctionConfig {
@@ -179,6 +183,16 @@ pub struct AppConfig {
     pub http_port: Option<u16>,
     pub shutdown_timeout: Duration,
     pub functions: Vec<FunctionConfig>,
+    /// Function folders aqw does not run: disabled, or not a queue trigger.
+    /// `aqw run` warns about each; `aqw serve` answers their invocations 404.
+    pub skipped: Vec<SkippedFunction>,
+}
+
+/// A function of the app folder that aqw leaves alone, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedFunction {
+    pub name: String,
+    pub reason: String,
 }
 
 impl AppConfig {
@@ -314,6 +328,9 @@ enum RawHandler {
 struct RawFunctionJson {
     #[serde(default)]
     bindings: Vec<Value>,
+    /// `true`, or (older apps) the name of a setting that holds `true`.
+    #[serde(default)]
+    disabled: Option<Value>,
 }
 
 // ---------------------------------------------------------------------------
@@ -340,12 +357,126 @@ impl Env for BTreeMap<String, String> {
     }
 }
 
+/// The environment first, then `local.settings.json` `Values`: the order in
+/// which Core Tools (`func start`) gives a Functions app its settings, so a
+/// variable set in the shell overrides the file.
+struct LayeredEnv<'a> {
+    env: &'a dyn Env,
+    local: BTreeMap<String, String>,
+}
+
+impl Env for LayeredEnv<'_> {
+    fn get(&self, name: &str) -> Option<String> {
+        self.env
+            .get(name)
+            .or_else(|| self.local.get(name).filter(|v| !v.is_empty()).cloned())
+    }
+}
+
+/// `Values` of `local.settings.json` in the app folder (empty when absent).
+pub fn read_local_settings(app_dir: &Path) -> Result<BTreeMap<String, String>, ConfigError> {
+    let path = app_dir.join("local.settings.json");
+    let file = path.display().to_string();
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(e) => {
+            return Err(ConfigError::new(
+                &file,
+                "(file)",
+                format!("cannot read: {e}"),
+            ))
+        }
+    };
+    // Core Tools writes a UTF-8 BOM on Windows; serde_json does not skip it.
+    let text = text.trim_start_matches('\u{feff}');
+    let root: Value = serde_json::from_str(text)
+        .map_err(|e| ConfigError::new(&file, "(file)", format!("invalid JSON: {e}")))?;
+    if root.get("IsEncrypted").and_then(Value::as_bool) == Some(true) {
+        return Err(ConfigError::new(
+            &file,
+            "IsEncrypted",
+            "encrypted settings cannot be read outside Core Tools; run `func settings decrypt`",
+        ));
+    }
+    let mut out = BTreeMap::new();
+    match root.get("Values") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(values)) => {
+            for (k, v) in values {
+                let v = match v {
+                    Value::String(s) => s.clone(),
+                    Value::Bool(b) => b.to_string(),
+                    Value::Number(n) => n.to_string(),
+                    Value::Null => continue,
+                    _ => {
+                        return Err(ConfigError::new(
+                            &file,
+                            format!("Values.{k}"),
+                            "must be a string (app settings are strings)",
+                        ))
+                    }
+                };
+                out.insert(k.clone(), v);
+            }
+        }
+        Some(_) => return Err(ConfigError::new(&file, "Values", "must be an object")),
+    }
+    Ok(out)
+}
+
+/// Resolve `%AppSetting%` references the way the Functions host's name
+/// resolver does: each `%name%` is replaced by that setting's value.
+pub fn resolve_app_settings(text: &str, env: &dyn Env) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find('%') {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 1..];
+        let end = after
+            .find('%')
+            .ok_or_else(|| format!("\"{text}\" has an unmatched '%'"))?;
+        let name = &after[..end];
+        if name.is_empty() {
+            return Err(format!("\"{text}\" has an empty %% reference"));
+        }
+        let value = env
+            .get(name)
+            .ok_or_else(|| format!("\"{text}\" refers to app setting {name}, which is not set"))?;
+        out.push_str(&value);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+fn truthy(v: &str) -> bool {
+    v.eq_ignore_ascii_case("true") || v == "1"
+}
+
+/// `AzureWebJobs.<Function>.Disabled` (the Functions setting; also spelled with
+/// `_` because a Linux shell cannot export a name containing dots).
+fn disabled_by_setting(name: &str, env: &dyn Env) -> bool {
+    [
+        format!("AzureWebJobs.{name}.Disabled"),
+        format!("AzureWebJobs_{name}_Disabled"),
+    ]
+    .iter()
+    .any(|k| env.get(k).is_some_and(|v| truthy(v.trim())))
+}
+
 /// Load and validate the app folder with the process environment.
 pub fn load(app_dir: &Path) -> Result<AppConfig, ConfigError> {
     load_with_env(app_dir, &ProcessEnv)
 }
 
+/// Load and validate the app folder; `env` wins over `local.settings.json`.
 pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigError> {
+    let layered = LayeredEnv {
+        env,
+        local: read_local_settings(app_dir)?,
+    };
+    let env: &dyn Env = &layered;
     let host_path = app_dir.join("host.json");
     let host_file = host_path.display().to_string();
     let text = std::fs::read_to_string(&host_path)
@@ -518,10 +649,19 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
             .unwrap_or(Duration::from_secs(25));
 
     // Functions: folders with function.json, plus aqw.functions entries.
-    let folder_functions = scan_function_folders(app_dir)?;
+    let (folder_functions, mut skipped) = scan_function_folders(app_dir, env)?;
     let mut names: Vec<String> = folder_functions.keys().cloned().collect();
     for name in raw_aqw.functions.keys() {
-        if !names.contains(name) {
+        if let Some(s) = skipped
+            .iter()
+            .find(|s| &s.name == name && !s.reason.starts_with("disabled"))
+        {
+            return Err(f(
+                &format!("aqw.functions.{name}"),
+                format!("configures a function aqw cannot run: {}", s.reason),
+            ));
+        }
+        if !names.contains(name) && !skipped.iter().any(|s| &s.name == name) {
             names.push(name.clone());
         }
     }
@@ -532,8 +672,21 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
         let raw = raw_aqw.functions.get(&name).unwrap_or(&empty);
         let path = format!("aqw.functions.{name}");
         validate_function_name(&name).map_err(|m| f(&path, m))?;
+        if disabled_by_setting(&name, env) {
+            skipped.push(SkippedFunction {
+                name,
+                reason: "disabled by app setting AzureWebJobs.<Function>.Disabled".into(),
+            });
+            continue;
+        }
         let folder = folder_functions.get(&name);
-        let (queue, connection_name, binding_name) = match (folder, &raw.queue) {
+        let raw_queue = match &raw.queue {
+            Some(q) => {
+                Some(resolve_app_settings(q, env).map_err(|m| f(&format!("{path}.queue"), m))?)
+            }
+            None => None,
+        };
+        let (queue, connection_name, binding_name, binary_data) = match (folder, &raw_queue) {
             (Some(b), Some(q)) if &b.queue != q => {
                 return Err(f(
                     &format!("{path}.queue"),
@@ -547,8 +700,9 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
                 b.queue.clone(),
                 b.connection.clone(),
                 b.binding_name.clone(),
+                b.binary_data,
             ),
-            (None, Some(q)) => (q.clone(), None, "message".to_string()),
+            (None, Some(q)) => (q.clone(), None, "message".to_string(), false),
             (None, None) => {
                 return Err(f(
                     &format!("{path}.queue"),
@@ -598,6 +752,7 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
             key,
             handler,
             binding_name,
+            binary_data,
         });
     }
     let mut seen = std::collections::BTreeSet::new();
@@ -629,6 +784,7 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
         http_port,
         shutdown_timeout,
         functions,
+        skipped,
     })
 }
 
@@ -693,12 +849,21 @@ struct FolderBinding {
     queue: String,
     connection: Option<String>,
     binding_name: String,
+    binary_data: bool,
 }
 
-fn scan_function_folders(app_dir: &Path) -> Result<BTreeMap<String, FolderBinding>, ConfigError> {
+/// Read every `<Function>/function.json`. Queue triggers come back resolved
+/// (`%AppSetting%` queue names looked up in `env`); a disabled function or one
+/// with another trigger is listed as skipped instead of failing the app, as
+/// the Functions host loads the rest of an app around such a function.
+fn scan_function_folders(
+    app_dir: &Path,
+    env: &dyn Env,
+) -> Result<(BTreeMap<String, FolderBinding>, Vec<SkippedFunction>), ConfigError> {
     let mut out = BTreeMap::new();
+    let mut skipped = Vec::new();
     let Ok(entries) = std::fs::read_dir(app_dir) else {
-        return Ok(out);
+        return Ok((out, skipped));
     };
     for entry in entries.flatten() {
         let fj = entry.path().join("function.json");
@@ -711,28 +876,40 @@ fn scan_function_folders(app_dir: &Path) -> Result<BTreeMap<String, FolderBindin
             .map_err(|e| ConfigError::new(&file, "(file)", format!("cannot read: {e}")))?;
         let raw: RawFunctionJson = serde_json::from_str(&text)
             .map_err(|e| ConfigError::new(&file, "(file)", format!("invalid JSON: {e}")))?;
+        if raw.disabled.as_ref().is_some_and(|d| match d {
+            Value::Bool(b) => *b,
+            Value::String(s) => truthy(s) || env.get(s).is_some_and(|v| truthy(&v)),
+            _ => false,
+        }) {
+            skipped.push(SkippedFunction {
+                name,
+                reason: "disabled in function.json".into(),
+            });
+            continue;
+        }
         let trigger = raw.bindings.iter().enumerate().find(|(_, b)| {
             b.get("type")
                 .and_then(Value::as_str)
                 .is_some_and(|t| t.eq_ignore_ascii_case("queueTrigger"))
         });
         let Some((i, b)) = trigger else {
-            return Err(ConfigError::new(
-                &file,
-                "bindings",
-                "no binding of type queueTrigger",
-            ));
+            let other = raw
+                .bindings
+                .iter()
+                .filter_map(|b| b.get("type").and_then(Value::as_str))
+                .find(|t| t.to_ascii_lowercase().ends_with("trigger"))
+                .unwrap_or("no trigger");
+            skipped.push(SkippedFunction {
+                name,
+                reason: format!("its trigger is {other}; aqw runs only queueTrigger functions"),
+            });
+            continue;
         };
         let queue = b.get("queueName").and_then(Value::as_str).ok_or_else(|| {
             ConfigError::new(&file, format!("bindings[{i}].queueName"), "missing")
         })?;
-        if queue.contains('%') {
-            return Err(ConfigError::new(
-                &file,
-                format!("bindings[{i}].queueName"),
-                "%app setting% queue names are not supported; write the name",
-            ));
-        }
+        let queue = resolve_app_settings(queue, env)
+            .map_err(|m| ConfigError::new(&file, format!("bindings[{i}].queueName"), m))?;
         let connection = b
             .get("connection")
             .and_then(Value::as_str)
@@ -742,16 +919,22 @@ fn scan_function_folders(app_dir: &Path) -> Result<BTreeMap<String, FolderBindin
             .and_then(Value::as_str)
             .unwrap_or("message")
             .to_string();
+        let binary_data = b
+            .get("dataType")
+            .and_then(Value::as_str)
+            .is_some_and(|t| t.eq_ignore_ascii_case("binary"));
         out.insert(
             name,
             FolderBinding {
-                queue: queue.to_string(),
+                queue,
                 connection,
                 binding_name,
+                binary_data,
             },
         );
     }
-    Ok(out)
+    skipped.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok((out, skipped))
 }
 
 /// Parse a Functions timespan: `[d.]hh:mm:ss[.fffffff]`.
@@ -880,14 +1063,18 @@ pub fn resolve_connection(name: &str, env: &dyn Env) -> Result<Connection, Strin
     if let Some(value) = env.get(name) {
         return parse_connection_string(name, &value);
     }
-    // Identity-based connection: <name>__accountName or __queueServiceUri/__tableServiceUri.
+    // Identity-based connection: <name>__accountName, or __queueServiceUri
+    // (alias __serviceUri, as the queue extension reads it) with an optional
+    // __tableServiceUri.
     let account = env.get(&format!("{name}__accountName"));
-    let queue_uri = env.get(&format!("{name}__queueServiceUri"));
+    let queue_uri = env
+        .get(&format!("{name}__queueServiceUri"))
+        .or_else(|| env.get(&format!("{name}__serviceUri")));
     let table_uri = env.get(&format!("{name}__tableServiceUri"));
     if account.is_none() && queue_uri.is_none() && table_uri.is_none() {
         return Err(format!(
             "not set: give {name} a connection string (UseDevelopmentStorage=true for Azurite) \
-             or {name}__accountName for an identity-based connection"
+             or {name}__accountName / {name}__queueServiceUri for an identity-based connection"
         ));
     }
     let credential = env.get(&format!("{name}__credential"));
@@ -900,18 +1087,30 @@ pub fn resolve_connection(name: &str, env: &dyn Env) -> Result<Connection, Strin
     }
     let client_id = env.get(&format!("{name}__clientId"));
     let (queue_endpoint, table_endpoint, account) = match (account, queue_uri, table_uri) {
-        (_, Some(q), Some(t)) => {
-            let acct = account_from_uri(&q).ok_or_else(|| format!("{name}__queueServiceUri: not an https URL"))?;
+        (_, Some(q), t) => {
+            url::Url::parse(&q).map_err(|_| format!("{name}__queueServiceUri is not a URL"))?;
+            let t = match t {
+                Some(t) => t,
+                None => table_endpoint_for(&q).ok_or_else(|| {
+                    format!(
+                        "{name}__tableServiceUri is not set and cannot be derived from \
+                         {name}__queueServiceUri (its host is not <account>.queue.<suffix>); \
+                         set {name}__tableServiceUri (aqw keeps its keys and records in Tables)"
+                    )
+                })?,
+            };
+            let acct = account_from_uri(&q)
+                .ok_or_else(|| format!("{name}__queueServiceUri: no account in the URL"))?;
             (q, t, acct)
         }
-        (Some(a), q, t) => (
-            q.unwrap_or_else(|| format!("https://{a}.queue.core.windows.net")),
+        (Some(a), None, t) => (
+            format!("https://{a}.queue.core.windows.net"),
             t.unwrap_or_else(|| format!("https://{a}.table.core.windows.net")),
             a,
         ),
-        (None, _, _) => {
+        (None, None, _) => {
             return Err(format!(
-                "{name}__queueServiceUri and {name}__tableServiceUri must both be set (or {name}__accountName)"
+                "{name}__tableServiceUri alone is not enough: set {name}__queueServiceUri (or {name}__accountName)"
             ))
         }
     };
@@ -924,10 +1123,48 @@ pub fn resolve_connection(name: &str, env: &dyn Env) -> Result<Connection, Strin
     })
 }
 
+/// The account name in a service URL: the first label of
+/// `<account>.queue.core.windows.net`, or the first path segment of an
+/// emulator URL (`http://127.0.0.1:10001/devstoreaccount1`).
 fn account_from_uri(uri: &str) -> Option<String> {
     let u = url::Url::parse(uri).ok()?;
     let host = u.host_str()?;
+    if is_emulator_host(&u) {
+        let seg = u.path_segments()?.find(|s| !s.is_empty())?;
+        return Some(seg.to_string());
+    }
     Some(host.split('.').next()?.to_string())
+}
+
+fn is_emulator_host(u: &url::Url) -> bool {
+    matches!(
+        u.host(),
+        Some(url::Host::Ipv4(_)) | Some(url::Host::Ipv6(_))
+    ) || u.host_str() == Some("localhost")
+}
+
+/// The Table endpoint of the account a Queue endpoint belongs to:
+/// `<account>.queue.<suffix>` → `<account>.table.<suffix>`; an emulator on
+/// loopback → the same host with the table port (10001 → 10002, Azurite's
+/// defaults). `None` when the URL says neither.
+pub fn table_endpoint_for(queue_endpoint: &str) -> Option<String> {
+    let mut u = url::Url::parse(queue_endpoint).ok()?;
+    let host = u.host_str()?.to_string();
+    if is_emulator_host(&u) {
+        let port = u.port()?;
+        if port != 10001 {
+            return None;
+        }
+        u.set_port(Some(10002)).ok()?;
+        return Some(trim_slash(u.to_string()));
+    }
+    let mut labels: Vec<&str> = host.split('.').collect();
+    if labels.len() < 3 || !labels[1].eq_ignore_ascii_case("queue") {
+        return None;
+    }
+    labels[1] = "table";
+    u.set_host(Some(&labels.join("."))).ok()?;
+    Some(trim_slash(u.to_string()))
 }
 
 fn trim_slash(s: String) -> String {
@@ -978,7 +1215,15 @@ pub fn parse_connection_string(setting: &str, value: &str) -> Result<Connection,
         }
     };
     let queue_endpoint = endpoint(get("QueueEndpoint"), "queue")?;
-    let table_endpoint = endpoint(get("TableEndpoint"), "table")?;
+    // A queue-only connection string: the table endpoint of the same account.
+    let table_endpoint = match (get("TableEndpoint"), &account) {
+        (None, None) => table_endpoint_for(&queue_endpoint).ok_or_else(|| {
+            "needs AccountName or TableEndpoint (the table endpoint cannot be derived \
+             from QueueEndpoint)"
+                .to_string()
+        })?,
+        (t, _) => endpoint(t, "table")?,
+    };
     let credentials = if let Some(key) = get("AccountKey") {
         let Some(account) = account.clone() else {
             return Err("has AccountKey but no AccountName".into());
@@ -1142,5 +1387,199 @@ mod tests {
         let c = resolve_connection("AzureWebJobsStorage", &env).unwrap();
         assert_eq!(c.queue_endpoint, "https://acct.queue.core.windows.net");
         assert_eq!(c.credentials, Credentials::Identity { client_id: None });
+    }
+
+    fn env_of(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn service_uri_alias_and_queue_only_settings_derive_the_table_endpoint() {
+        let c = resolve_connection(
+            "Conn",
+            &env_of(&[("Conn__serviceUri", "https://acct.queue.core.windows.net/")]),
+        )
+        .unwrap();
+        assert_eq!(c.queue_endpoint, "https://acct.queue.core.windows.net");
+        assert_eq!(c.table_endpoint, "https://acct.table.core.windows.net");
+        assert_eq!(c.account, "acct");
+        // Sovereign clouds keep their suffix.
+        let c = resolve_connection(
+            "Conn",
+            &env_of(&[(
+                "Conn__queueServiceUri",
+                "https://a2.queue.core.chinacloudapi.cn",
+            )]),
+        )
+        .unwrap();
+        assert_eq!(c.table_endpoint, "https://a2.table.core.chinacloudapi.cn");
+        // An emulator on loopback: the table port.
+        let c = resolve_connection(
+            "Conn",
+            &env_of(&[(
+                "Conn__queueServiceUri",
+                "http://127.0.0.1:10001/devstoreaccount1",
+            )]),
+        )
+        .unwrap();
+        assert_eq!(c.table_endpoint, "http://127.0.0.1:10002/devstoreaccount1");
+        assert_eq!(c.account, "devstoreaccount1");
+        // A custom domain cannot be derived: a clear error naming the setting.
+        let e = resolve_connection(
+            "Conn",
+            &env_of(&[("Conn__queueServiceUri", "https://queues.example.com")]),
+        )
+        .unwrap_err();
+        assert!(e.contains("Conn__tableServiceUri"), "{e}");
+        // A queue-only connection string.
+        let c = parse_connection_string(
+            "Conn",
+            "QueueEndpoint=https://acct.queue.core.windows.net;SharedAccessSignature=sv=1&sig=s",
+        )
+        .unwrap();
+        assert_eq!(c.table_endpoint, "https://acct.table.core.windows.net");
+        assert!(parse_connection_string(
+            "Conn",
+            "QueueEndpoint=https://q.example.com;SharedAccessSignature=sv=1&sig=s"
+        )
+        .unwrap_err()
+        .contains("TableEndpoint"));
+    }
+
+    #[test]
+    fn app_settings_in_percent_signs_resolve_from_the_environment() {
+        let env = env_of(&[("QUEUE", "orders"), ("ENV", "prod")]);
+        assert_eq!(resolve_app_settings("%QUEUE%", &env).unwrap(), "orders");
+        assert_eq!(
+            resolve_app_settings("%QUEUE%-%ENV%", &env).unwrap(),
+            "orders-prod"
+        );
+        assert_eq!(resolve_app_settings("plain", &env).unwrap(), "plain");
+        assert!(resolve_app_settings("%MISSING%", &env)
+            .unwrap_err()
+            .contains("MISSING"));
+        assert!(resolve_app_settings("%QUEUE", &env).is_err());
+    }
+
+    fn write(dir: &Path, rel: &str, text: &str) {
+        let p = dir.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    fn queue_function(queue: &str) -> String {
+        format!(
+            r#"{{"bindings":[{{"name":"job","type":"queueTrigger","direction":"in","queueName":"{queue}"}}]}}"#
+        )
+    }
+
+    #[test]
+    fn functions_app_conventions() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        write(d, "host.json", r#"{"version":"2.0"}"#);
+        write(d, "Orders/function.json", &queue_function("%ORDERS_QUEUE%"));
+        write(d, "Refunds/function.json", &queue_function("refunds"));
+        write(
+            d,
+            "Old/function.json",
+            r#"{"disabled": true, "bindings":[{"type":"queueTrigger","queueName":"old"}]}"#,
+        );
+        write(
+            d,
+            "Web/function.json",
+            r#"{"bindings":[{"type":"httpTrigger","name":"req"},{"type":"http","direction":"out"}]}"#,
+        );
+        write(
+            d,
+            "local.settings.json",
+            r#"{"IsEncrypted": false, "Values": {"AzureWebJobsStorage": "UseDevelopmentStorage=true", "ORDERS_QUEUE": "from-file", "AzureWebJobs.Refunds.Disabled": "true"}}"#,
+        );
+        // The file alone.
+        let cfg = load_with_env(d, &BTreeMap::new()).unwrap();
+        let names: Vec<&str> = cfg.functions.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["Orders"]);
+        assert_eq!(cfg.functions[0].queue, "from-file");
+        let skipped: Vec<(&str, &str)> = cfg
+            .skipped
+            .iter()
+            .map(|s| (s.name.as_str(), s.reason.as_str()))
+            .collect();
+        assert_eq!(skipped.len(), 3, "{skipped:?}");
+        assert!(skipped
+            .iter()
+            .any(|(n, r)| *n == "Old" && r.contains("function.json")));
+        assert!(skipped
+            .iter()
+            .any(|(n, r)| *n == "Refunds" && r.contains("app setting")));
+        assert!(skipped
+            .iter()
+            .any(|(n, r)| *n == "Web" && r.contains("httpTrigger")));
+        // The environment wins over the file.
+        let env = env_of(&[
+            ("ORDERS_QUEUE", "from-env"),
+            ("AzureWebJobs.Refunds.Disabled", "false"),
+        ]);
+        let cfg = load_with_env(d, &env).unwrap();
+        assert_eq!(cfg.function("Orders").unwrap().queue, "from-env");
+        assert_eq!(cfg.function("Refunds").unwrap().queue, "refunds");
+        // An unset %setting% names the file, the field and the setting.
+        write(
+            d,
+            "local.settings.json",
+            r#"{"Values": {"AzureWebJobsStorage": "UseDevelopmentStorage=true"}}"#,
+        );
+        let e = load_with_env(d, &BTreeMap::new()).unwrap_err().to_string();
+        assert!(
+            e.contains("Orders") && e.contains("queueName") && e.contains("ORDERS_QUEUE"),
+            "{e}"
+        );
+        // Encrypted or malformed settings files are clear errors.
+        write(
+            d,
+            "local.settings.json",
+            r#"{"IsEncrypted": true, "Values": {}}"#,
+        );
+        let e = load_with_env(d, &BTreeMap::new()).unwrap_err().to_string();
+        assert!(e.contains("IsEncrypted"), "{e}");
+        write(
+            d,
+            "local.settings.json",
+            r#"{"Values": {"X": {"nested": 1}}}"#,
+        );
+        let e = load_with_env(d, &BTreeMap::new()).unwrap_err().to_string();
+        assert!(e.contains("Values.X"), "{e}");
+        write(d, "local.settings.json", "not json");
+        let e = load_with_env(d, &BTreeMap::new()).unwrap_err().to_string();
+        assert!(
+            e.contains("local.settings.json") && e.contains("invalid JSON"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn aqw_functions_cannot_configure_a_non_queue_function() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        write(
+            d,
+            "host.json",
+            r#"{"version":"2.0","aqw":{"functions":{"Web":{"key":"none"}}}}"#,
+        );
+        write(
+            d,
+            "Web/function.json",
+            r#"{"bindings":[{"type":"timerTrigger","name":"t"}]}"#,
+        );
+        let e = load_with_env(
+            d,
+            &env_of(&[("AzureWebJobsStorage", "UseDevelopmentStorage=true")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("timerTrigger"), "{e}");
     }
 }

@@ -4,46 +4,101 @@
 //! each invocation to `/{FunctionName}`. aqw runs the same [`process`] as
 //! `aqw run`, with a [`Settle`] that only tells the host what to do:
 //! success, duplicate or a completed poison copy → 200 (the host deletes the
-//! message); a retryable failure below the cap → 500 (the host retries). At the
-//! cap aqw writes its own poison envelope and record first, so the host never
-//! makes its second, error-less copy.
+//! message); a retryable failure below the cap → 500 (the host retries after
+//! its `visibilityTimeout`). At the cap aqw writes its own poison envelope and
+//! record first, so the host never makes its second, error-less copy.
+//!
+//! # What the host really sends
+//!
+//! Read from Azure/azure-functions-host, not from the docs' example:
+//! `src/WebJobs.Script/Workers/MessageExtensions/ScriptInvocationContextExtensions.cs`,
+//! `ToHttpScriptInvocationContext` fills `Data[binding]` from the trigger
+//! input and `Metadata[name]` from the binding data (keys ending in
+//! "trigger" dropped), each through `GetHttpScriptInvocationContextValue`:
+//! `byte[]` → base64, `DateTime(Offset)` → a date, what `JObject.FromObject`
+//! accepts → an object, anything else → `JsonConvert.SerializeObject(value)`.
+//! The host's test `GetHttpScriptInvocationContextValueTest_String` expects
+//! `"stringTest"` → `"\"stringTest\""`. So for a queue trigger:
+//!
+//! - `Data.<binding>` is the JSON string literal of the message text, as a
+//!   JSON string (encoded twice); with function.json `"dataType": "binary"`
+//!   it is the base64 of the message bytes (`WorkerFunctionInvoker` passes
+//!   `byte[]`);
+//! - `Metadata.Id` and `Metadata.PopReceipt` are encoded twice the same way,
+//!   `Metadata.DequeueCount` is the string `"5"` (a `long` serialized), the
+//!   three times are plain ISO 8601 strings;
+//! - for a string trigger whose message is a JSON object, the host merges the
+//!   payload's top-level properties into the binding data, **over** the
+//!   built-in ones and ignoring case (`Utility.ApplyBindingData` in
+//!   `WorkerFunctionInvoker.TransformInput`; the binder's dictionary is
+//!   `StringComparer.OrdinalIgnoreCase`). A payload field `id` therefore
+//!   replaces `Metadata.Id`. aqw detects that shadowing and does not trust
+//!   such a field (see [`parse_invocation`]); `"dataType": "binary"` avoids
+//!   the merge altogether.
+//!
+//! The docs' cleaned-up shape (`DequeueCount` a number, text unquoted) is
+//! accepted too: a number `DequeueCount` marks it.
+//!
+//! The host reads only `Outputs`, `Logs` and `ReturnValue` of a 2xx answer
+//! and throws on a non-2xx before reading the body
+//! (`DefaultHttpWorkerService.ProcessDefaultInvocationRequest`), so the error
+//! of a failed attempt is written to aqw's own log, not only to `Logs`.
 
-use crate::config::AppConfig;
+use crate::config::{AppConfig, FunctionConfig, MessageEncoding};
 use crate::handlers::Registry;
 use crate::message::encode;
 use crate::storage::{ReceivedMessage, StorageResult};
 use crate::telemetry::Alerts;
-use crate::worker::{process, runtimes, FunctionRuntime, Outcome, Settle};
+use crate::worker::{process, record_outcome, runtimes, FunctionRuntime, Health, Outcome, Settle};
 use async_trait::async_trait;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use serde_json::{json, Value};
+use base64::Engine;
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
+use tracing::{warn, Instrument};
+
+/// The header the host puts its invocation id in (`HttpWorkerConstants`).
+pub const INVOCATION_ID_HEADER: &str = "x-azure-functions-invocationid";
 
 #[derive(Clone)]
 pub struct ServeState {
     pub functions: Arc<HashMap<String, Arc<FunctionRuntime>>>,
+    /// Function folders aqw does not serve, with the reason (answered 404).
+    pub skipped: Arc<HashMap<String, String>>,
     pub hard_stop: CancellationToken,
 }
 
 impl ServeState {
     pub fn new(rts: Vec<Arc<FunctionRuntime>>) -> Self {
+        let skipped = rts
+            .first()
+            .map(|r| {
+                r.app
+                    .skipped
+                    .iter()
+                    .map(|s| (s.name.clone(), s.reason.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
         Self {
             functions: Arc::new(
                 rts.into_iter()
                     .map(|r| (r.function.name.clone(), r))
                     .collect(),
             ),
+            skipped: Arc::new(skipped),
             hard_stop: CancellationToken::new(),
         }
     }
@@ -70,129 +125,364 @@ impl Settle for HostSettle {
     async fn retry_after(&self, _after: Duration) -> StorageResult<()> {
         Ok(()) // the host makes it visible again after a non-2xx
     }
-}
-
-fn invocation_response(status: StatusCode, logs: Vec<String>, error: Option<String>) -> Response {
-    let mut body = json!({"Outputs": {}, "Logs": logs, "ReturnValue": null});
-    if let Some(e) = error {
-        body["error"] = json!(e);
-    }
-    (status, Json(body)).into_response()
-}
-
-fn bad_request(status: StatusCode, message: String) -> Response {
-    (status, Json(json!({"error": message}))).into_response()
-}
-
-fn metadata_u32(meta: &Value, key: &str) -> Option<u32> {
-    match meta.get(key)? {
-        Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
-        Value::String(s) => s.parse().ok(),
-        _ => None,
+    fn poisons_failed_last_attempt(&self) -> bool {
+        true
     }
 }
 
-fn metadata_time(meta: &Value, key: &str) -> OffsetDateTime {
-    meta.get(key)
-        .and_then(Value::as_str)
-        .and_then(|s| OffsetDateTime::parse(s, &Rfc3339).ok())
-        .unwrap_or_else(OffsetDateTime::now_utc)
+/// The body the host reads: only `Outputs`, `Logs` and `ReturnValue` exist
+/// in its `HttpScriptInvocationResult`.
+fn invocation_response(status: StatusCode, logs: Vec<String>) -> Response {
+    (
+        status,
+        Json(json!({"Outputs": {}, "Logs": logs, "ReturnValue": null})),
+    )
+        .into_response()
+}
+
+/// A request aqw cannot read: 4xx with the field named. The message is not
+/// poisoned by aqw; the host retries it and poisons it at its own cap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvocationError {
+    pub status: StatusCode,
+    pub field: String,
+    pub message: String,
+}
+
+impl InvocationError {
+    fn bad(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(
+                json!({"error": format!("{}: {}", self.field, self.message), "field": self.field}),
+            ),
+        )
+            .into_response()
+    }
+}
+
+/// How the invocation was serialized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// What the Functions host sends: strings encoded twice, numbers as strings.
+    Host,
+    /// The docs' example: plain strings, `DequeueCount` a number.
+    Docs,
+}
+
+/// One invocation turned into the message aqw would have received.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    pub message: ReceivedMessage,
+    pub shape: Shape,
+    /// Metadata fields the payload's own top-level properties replaced (the
+    /// host's binding-data merge); aqw did not use their values.
+    pub shadowed: Vec<&'static str>,
+}
+
+/// A host-encoded string: the JSON string literal inside a JSON string.
+fn unquote_host(s: &str) -> Option<String> {
+    if s.starts_with('"') {
+        serde_json::from_str::<String>(s).ok()
+    } else {
+        None
+    }
 }
 
 /// Turn one invocation body into the message aqw would have received.
+///
+/// The message text is recovered byte-exact (re-encoded per
+/// `messageEncoding`, so a poison record written here replays through
+/// `aqw run` unchanged), except when the host hands over a JSON object,
+/// which only the docs' example does: that is re-serialized compactly.
 pub fn parse_invocation(
     body: &[u8],
-    binding: &str,
-    rt: &FunctionRuntime,
-) -> Result<ReceivedMessage, String> {
-    let v: Value =
-        serde_json::from_slice(body).map_err(|e| format!("invocation body is not JSON: {e}"))?;
-    let data = v
-        .get("Data")
-        .and_then(Value::as_object)
-        .ok_or("invocation has no Data object")?;
-    let item = match data.get(binding) {
-        Some(item) => item,
-        // One trigger binding: accept it under whatever name the host used.
-        None if data.len() == 1 => data.values().next().expect("one entry"),
+    function: &FunctionConfig,
+    encoding: MessageEncoding,
+) -> Result<Invocation, InvocationError> {
+    let binding = function.binding_name.as_str();
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| InvocationError::bad("(body)", format!("invocation body is not JSON: {e}")))?;
+    let data = match v.get("Data") {
+        Some(Value::Object(d)) => d,
+        Some(_) => return Err(InvocationError::bad("Data", "must be an object")),
         None => {
-            return Err(format!(
-                "Data has no \"{binding}\" entry (the queueTrigger binding name)"
+            return Err(InvocationError::bad(
+                "Data",
+                "missing (invocation has no Data object)",
             ))
         }
     };
-    // The host passes the decoded message: as a JSON string, or already parsed
-    // when the message was JSON. Either way, recover the payload text.
-    let payload = match item {
-        Value::String(s) => s.clone(),
-        Value::Null => return Err(format!("Data.{binding} is null")),
-        other => other.to_string(),
+    let (data_field, item) = match data.get_key_value(binding) {
+        Some((name, item)) => (format!("Data.{name}"), item),
+        // One trigger binding: accept it under whatever name the host used.
+        None if data.len() == 1 => {
+            let (name, item) = data.iter().next().expect("one entry");
+            (format!("Data.{name}"), item)
+        }
+        None => {
+            return Err(InvocationError::bad(
+                format!("Data.{binding}"),
+                "missing (the queueTrigger binding name in function.json)",
+            ))
+        }
     };
-    let meta = v.get("Metadata").ok_or("invocation has no Metadata")?;
-    let dequeue_count = metadata_u32(meta, "DequeueCount")
-        .ok_or("Metadata.DequeueCount is missing or not a number")?;
-    let id = meta
-        .get("Id")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .ok_or("Metadata.Id is missing")?
-        .to_string();
-    Ok(ReceivedMessage {
-        id,
-        pop_receipt: meta
-            .get("PopReceipt")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string(),
-        dequeue_count,
-        insertion_time: metadata_time(meta, "InsertionTime"),
-        expiration_time: metadata_time(meta, "ExpirationTime"),
-        next_visible: metadata_time(meta, "NextVisibleTime"),
-        // Re-encoded per messageEncoding, so a poison record replays byte-exact.
-        text: encode(&payload, rt.app.message_encoding),
+    let meta = match v.get("Metadata") {
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err(InvocationError::bad("Metadata", "must be an object")),
+        None => return Err(InvocationError::bad("Metadata", "missing")),
+    };
+    let shape = match meta.get("DequeueCount") {
+        Some(Value::Number(_)) => Shape::Docs,
+        _ => Shape::Host,
+    };
+
+    // The message bytes, then the queue text aqw would have read.
+    let (text, payload_text) = if function.binary_data {
+        let Value::String(b64) = item else {
+            return Err(InvocationError::bad(
+                &data_field,
+                "must be a base64 string (function.json dataType is binary)",
+            ));
+        };
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|e| {
+                InvocationError::bad(
+                    &data_field,
+                    format!("is not base64 ({e}), but dataType is binary"),
+                )
+            })?;
+        let text = match encoding {
+            MessageEncoding::Base64 => base64::engine::general_purpose::STANDARD.encode(&bytes),
+            MessageEncoding::None => String::from_utf8(bytes).map_err(|_| {
+                InvocationError::bad(
+                    &data_field,
+                    "is not UTF-8, which a messageEncoding none queue cannot hold",
+                )
+            })?,
+        };
+        // No binding-data merge happens for a binary trigger.
+        (text, None)
+    } else {
+        let payload = match (item, shape) {
+            (Value::String(s), Shape::Host) => unquote_host(s).ok_or_else(|| {
+                InvocationError::bad(
+                    &data_field,
+                    "expected the JSON string literal of the message text, as the Functions \
+                     host encodes it (a string that itself starts with a quote)",
+                )
+            })?,
+            (Value::String(s), Shape::Docs) => s.clone(),
+            (Value::Null, _) => return Err(InvocationError::bad(&data_field, "is null")),
+            (other, _) => other.to_string(),
+        };
+        (encode(&payload, encoding), Some(payload))
+    };
+
+    // Which Metadata fields did the payload replace? (Only objects merge;
+    // null and array properties are skipped by the host.)
+    let payload_fields: Vec<String> = payload_text
+        .as_deref()
+        .and_then(|p| serde_json::from_str::<Map<String, Value>>(p).ok())
+        .map(|m| {
+            m.into_iter()
+                .filter(|(_, v)| !v.is_null() && !v.is_array())
+                .map(|(k, _)| k.to_ascii_lowercase())
+                .collect()
+        })
+        .unwrap_or_default();
+    const METADATA: [&str; 6] = [
+        "DequeueCount",
+        "Id",
+        "PopReceipt",
+        "InsertionTime",
+        "ExpirationTime",
+        "NextVisibleTime",
+    ];
+    let is_shadowed = |name: &str| {
+        payload_fields
+            .iter()
+            .any(|k| *k == name.to_ascii_lowercase())
+    };
+    let shadowed: Vec<&'static str> = METADATA.into_iter().filter(|n| is_shadowed(n)).collect();
+    let trusted = |name: &str| {
+        if is_shadowed(name) {
+            None
+        } else {
+            meta.get(name)
+        }
+    };
+    let string_field =
+        |name: &str, value: Option<&Value>| -> Result<Option<String>, InvocationError> {
+            match value {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(match shape {
+                    // Lenient: an id never starts with a quote of its own.
+                    Shape::Host => unquote_host(s).unwrap_or_else(|| s.clone()),
+                    Shape::Docs => s.clone(),
+                })),
+                Some(other) => Err(InvocationError::bad(
+                    format!("Metadata.{name}"),
+                    format!("must be a string, not {other}"),
+                )),
+            }
+        };
+
+    let dequeue_value = trusted("DequeueCount");
+    let dequeue_count = if shadowed.contains(&"DequeueCount") {
+        // The real count is lost: never poison at the cap on our own (the
+        // host still does, with its true count).
+        1
+    } else {
+        match dequeue_value {
+            Some(Value::Number(n)) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
+            Some(Value::String(s)) => unquote_host(s)
+                .unwrap_or_else(|| s.clone())
+                .trim()
+                .parse()
+                .ok(),
+            None => {
+                return Err(InvocationError::bad("Metadata.DequeueCount", "missing"));
+            }
+            _ => None,
+        }
+        .filter(|n| *n >= 1)
+        .ok_or_else(|| {
+            InvocationError::bad(
+                "Metadata.DequeueCount",
+                format!(
+                    "{} is not a positive number",
+                    dequeue_value.map(Value::to_string).unwrap_or_default()
+                ),
+            )
+        })?
+    };
+    let id_value = trusted("Id");
+    let id = if shadowed.contains(&"Id") {
+        None
+    } else {
+        match string_field("Id", id_value)? {
+            Some(id) if !id.is_empty() => Some(id),
+            _ => return Err(InvocationError::bad("Metadata.Id", "missing or empty")),
+        }
+    };
+    let pop_receipt = string_field("PopReceipt", trusted("PopReceipt"))?.unwrap_or_default();
+    let time_of = |name: &str| -> Result<Option<OffsetDateTime>, InvocationError> {
+        Ok(string_field(name, trusted(name))?
+            .and_then(|s| OffsetDateTime::parse(&s, &Rfc3339).ok()))
+    };
+    let insertion = time_of("InsertionTime")?;
+    let expiration = time_of("ExpirationTime")?;
+    let next_visible = time_of("NextVisibleTime")?;
+    let id = id.unwrap_or_else(|| derived_id(insertion, &text));
+    let now = OffsetDateTime::now_utc();
+    Ok(Invocation {
+        message: ReceivedMessage {
+            id,
+            pop_receipt,
+            dequeue_count,
+            insertion_time: insertion.unwrap_or(now),
+            expiration_time: expiration.unwrap_or(now),
+            next_visible: next_visible.unwrap_or(now),
+            text,
+        },
+        shape,
+        shadowed,
     })
+}
+
+/// A stable stand-in for a queue message id the payload hid: the same for
+/// every attempt of one message (its insertion time and text do not change).
+fn derived_id(insertion: Option<OffsetDateTime>, text: &str) -> String {
+    let mut h = Sha256::new();
+    if let Some(t) = insertion {
+        h.update(t.unix_timestamp_nanos().to_be_bytes());
+    }
+    h.update(text.as_bytes());
+    format!("derived-{}", &hex::encode(h.finalize())[..24])
 }
 
 async fn invoke(
     State(state): State<ServeState>,
     Path(function): Path<String>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let invocation_id = headers
+        .get(INVOCATION_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
     let Some(rt) = state.functions.get(&function).cloned() else {
-        let known: Vec<&String> = state.functions.keys().collect();
-        return bad_request(
-            StatusCode::NOT_FOUND,
-            format!("unknown function \"{function}\" (known: {known:?})"),
-        );
+        let message = match state.skipped.get(&function) {
+            Some(reason) => format!("function \"{function}\" is not served by aqw: {reason}"),
+            None => {
+                let mut known: Vec<&String> = state.functions.keys().collect();
+                known.sort();
+                format!("unknown function \"{function}\" (known: {known:?})")
+            }
+        };
+        warn!(event = "aqw.serve.unknown_function", function = %function, invocation_id = %invocation_id, "{message}");
+        return InvocationError {
+            status: StatusCode::NOT_FOUND,
+            field: "(path)".into(),
+            message,
+        }
+        .into_response();
     };
-    let msg = match parse_invocation(&body, &rt.function.binding_name, &rt) {
+    let inv = match parse_invocation(&body, &rt.function, rt.app.message_encoding) {
         Ok(m) => m,
-        Err(e) => return bad_request(StatusCode::BAD_REQUEST, e),
+        Err(e) => {
+            // The host drops a non-2xx body: say it in our own log too.
+            warn!(event = "aqw.serve.bad_invocation", function = %function, invocation_id = %invocation_id, field = %e.field, error = %e.message, "invocation rejected; the host will retry it");
+            return e.into_response();
+        }
     };
-    let span = tracing::info_span!("job", function = %function, message_id = %msg.id, dequeue_count = msg.dequeue_count, key = tracing::field::Empty);
+    let msg = inv.message;
+    let span = tracing::info_span!("job", function = %function, message_id = %msg.id, dequeue_count = msg.dequeue_count, invocation_id = %invocation_id, key = tracing::field::Empty);
+    if !inv.shadowed.is_empty() {
+        span.in_scope(|| {
+            warn!(event = "aqw.serve.metadata_shadowed", fields = ?inv.shadowed,
+                "the payload has top-level fields named like queue metadata, and the host merged them over the real values; \
+                 aqw ignored them (a derived message id, no own poisoning at the cap). Set \"dataType\": \"binary\" on the queueTrigger binding to avoid the merge")
+        });
+    }
     let outcome = process(&rt, &msg, &HostSettle, &state.hard_stop)
-        .instrument(span)
+        .instrument(span.clone())
         .await;
-    metrics::counter!("aqw_messages_total", "function" => function.clone(), "outcome" => outcome.label()).increment(1);
+    span.in_scope(|| record_outcome(&function, &outcome));
     let log = format!(
         "aqw: {} message {} (dequeue count {})",
         outcome.label(),
         msg.id,
         msg.dequeue_count
     );
-    match outcome {
+    match &outcome {
         Outcome::Completed | Outcome::Duplicate | Outcome::Poisoned { .. } => {
-            invocation_response(StatusCode::OK, vec![log], None)
+            invocation_response(StatusCode::OK, vec![log])
         }
         Outcome::Retried { .. } | Outcome::Deferred { .. } | Outcome::Released => {
-            invocation_response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                vec![log.clone()],
-                Some(log),
-            )
+            span.in_scope(|| {
+                warn!(
+                    event = "aqw.serve.retry",
+                    outcome = outcome.label(),
+                    "answering 500: the host retries after its visibilityTimeout"
+                )
+            });
+            invocation_response(StatusCode::INTERNAL_SERVER_ERROR, vec![log])
         }
         Outcome::Abandoned { error } => {
-            invocation_response(StatusCode::SERVICE_UNAVAILABLE, vec![log], Some(error))
+            span.in_scope(|| warn!(event = "aqw.serve.retry", outcome = "abandoned", error = %crate::telemetry::scrub(error), "answering 503: the host retries after its visibilityTimeout"));
+            invocation_response(StatusCode::SERVICE_UNAVAILABLE, vec![log])
         }
     }
 }
@@ -222,9 +512,20 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on 127.0.0.1:{port}: {e}"))?;
+    let health = Arc::new(Health::default());
+    let ops = match app.http_port {
+        Some(p) => {
+            Some(crate::http::serve_ops(p, health.clone(), rts.clone(), shutdown.clone()).await?)
+        }
+        None => None,
+    };
+    for s in &app.skipped {
+        warn!(event = "aqw.function.skipped", function = %s.name, reason = %s.reason, "function not served; its invocations get 404");
+    }
     if !crate::worker::ensure_resources(&rts, &shutdown).await {
         return Ok(());
     }
+    health.ready.store(true, Ordering::Relaxed);
     let state = ServeState::new(rts);
     let hard_stop = state.hard_stop.clone();
     tracing::info!(
@@ -244,6 +545,9 @@ pub async fn serve(
             });
         })
         .await?;
+    if let Some(o) = ops {
+        o.abort();
+    }
     Ok(())
 }
 

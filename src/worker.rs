@@ -68,6 +68,13 @@ pub trait Settle: Send + Sync {
     async fn delete(&self) -> StorageResult<()>;
     /// Make the message visible again after `after`.
     async fn retry_after(&self, after: Duration) -> StorageResult<()>;
+    /// True when a failed last attempt (`DequeueCount == maxDequeueCount`) is
+    /// poisoned by someone else without an error: the Functions host does
+    /// that in serve mode. [`process`] then writes its own record instead of
+    /// deferring at the last attempt.
+    fn poisons_failed_last_attempt(&self) -> bool {
+        false
+    }
 }
 
 /// Settles a message this worker received from the queue.
@@ -302,6 +309,28 @@ pub async fn process(
                     Ok(()) => Outcome::Duplicate,
                     Err(e) => abandoned(e),
                 };
+            }
+            Ok(NextAction::HeldElsewhere { until })
+                if dc >= max && settle.poisons_failed_last_attempt() =>
+            {
+                // The host would poison this message on a non-2xx, with no
+                // error and no record. Keep it as a record instead: a replay
+                // is a duplicate if the holder finishes, and runs otherwise.
+                let key_text = k.as_str().to_string();
+                return poison(
+                    rt,
+                    msg,
+                    settle,
+                    None,
+                    Some(&key_text),
+                    ErrorKind::Retryable,
+                    format!(
+                        "key held by another attempt (lease until {until}) at the last attempt \
+                         (maxDequeueCount {max}); the Functions host would poison it without an error"
+                    ),
+                    None,
+                )
+                .await;
             }
             Ok(NextAction::HeldElsewhere { until }) => {
                 let wait = defer_delay(until);
@@ -613,7 +642,8 @@ pub async fn poll_loop(
     }
 }
 
-fn record_outcome(function: &str, outcome: &Outcome) {
+/// Count and log one outcome: the same counters for `aqw run` and `aqw serve`.
+pub fn record_outcome(function: &str, outcome: &Outcome) {
     metrics::counter!("aqw_messages_total", "function" => function.to_string(), "outcome" => outcome.label()).increment(1);
     match outcome {
         Outcome::Completed => info!(event = "aqw.job.completed", "job completed"),
