@@ -12,7 +12,7 @@
 //!
 //! | rule | file |
 //! |---|---|
-//! | host.json / function.json / environment → validated config, exit 2 before I/O | [`config`] |
+//! | host.json / function.json / environment (then `local.settings.json`) → validated config, exit 2 before I/O; `%AppSetting%`, disabled and non-queue functions | [`config`] |
 //! | every Azure SDK import, behind `QueueStore` / `TableStore` | [`storage`] (`storage/azure.rs`) |
 //! | pooled transport with timeouts, storage requests counted by operation | `storage/azure.rs` |
 //! | message encoding (base64/none), 64 KiB limit, poison envelope `poison/1` | [`message`] |
@@ -22,7 +22,7 @@
 //! | the one poison path (record → envelope → delete), crash-safe | [`poison`] |
 //! | list / show / replay / discard / status (the operator's procedure) | [`ops`] |
 //! | `Handler` trait with typed results; built-in `http` and `exec` | [`handlers`] |
-//! | Functions custom handler (`aqw serve`) over the same `process` | [`serve`] |
+//! | Functions custom handler (`aqw serve`) over the same `process`; invocations decoded as the host encodes them | [`serve`] |
 //! | `/healthz`, `/readyz`, `/metrics` | [`http`] |
 //! | logs (text/JSON, secrets scrubbed), metrics, alert webhook | [`telemetry`] |
 //! | test-only crash points, compiled out of release builds | [`failpoint`] |

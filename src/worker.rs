@@ -758,6 +758,9 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let alerts = Alerts::start(app.alert_webhook.clone(), app.alert_window);
     let rts = runtimes(&app, &registry, &alerts)?;
+    for s in &app.skipped {
+        warn!(event = "aqw.function.skipped", function = %s.name, reason = %s.reason, "function not run");
+    }
     let health = Arc::new(Health::default());
     let server = match app.http_port {
         Some(port) => {
