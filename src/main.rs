@@ -6,7 +6,7 @@ use aqw::config::{self, AppConfig, MessageEncoding};
 use aqw::ops::{self, Filter, OpsError, QueueOps, ReplayOptions};
 use aqw::poison::RecordStatus;
 use aqw::telemetry::{self, LogFormat};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -14,20 +14,32 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  the command worked and found something that needs a person
+     (open poison records, a replayed key not done in time)
+  2  usage or configuration error; nothing was touched
+  3  storage or runtime error
+
+Settings come from the environment, then local.settings.json Values in the
+app folder (the environment wins). NO_COLOR turns colour off.";
+
 #[derive(Parser)]
 #[command(
     name = "aqw",
     version,
-    about = "Azure Queue Storage worker that makes background jobs safe to retry"
+    about = "Azure Queue Storage worker that makes background jobs safe to retry",
+    after_help = EXIT_CODES
 )]
 struct Cli {
     /// App folder holding host.json (and <Function>/function.json).
     #[arg(long, global = true, default_value = ".", env = "AQW_APP")]
     app: PathBuf,
-    /// Output format of records.
+    /// Output format of records and reports.
     #[arg(long, global = true, value_enum, default_value_t = Output::Text)]
     output: Output,
-    /// Log format.
+    /// Log format (stderr).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "AQW_LOG_FORMAT")]
     log_format: LogFormat,
     #[command(subcommand)]
@@ -36,19 +48,31 @@ struct Cli {
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Output {
+    /// Tables and lines for a person.
     Text,
+    /// Complete JSON for a program.
     Json,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Run the standalone worker: poll every function's queue until SIGTERM/SIGINT.
+    #[command(
+        after_help = "Examples:\n  AzureWebJobsStorage=UseDevelopmentStorage=true aqw run --app ./app\n  aqw run --app /app --log-format json"
+    )]
     Run,
     /// Azure Functions custom handler: serve invocations on FUNCTIONS_CUSTOMHANDLER_PORT.
+    #[command(
+        after_help = "The Functions host starts it (host.json customHandler → aqw serve).\n\nExample, by hand:\n  FUNCTIONS_CUSTOMHANDLER_PORT=7071 aqw serve --app examples/functions-app"
+    )]
     Serve,
     /// Put a job on a queue, encoded per the app's messageEncoding.
+    #[command(
+        after_help = "Examples:\n  aqw enqueue receipts --payload '{\"orderId\":\"o-1\"}'\n  jq -c . order.json | aqw enqueue receipts -"
+    )]
     Enqueue(EnqueueArgs),
     /// Depth and poison count per queue; exit 1 while any poison record is open.
+    #[command(after_help = "Examples:\n  aqw status\n  aqw status --output json")]
     Status,
     /// Inspect, replay and discard poisoned messages.
     #[command(subcommand)]
@@ -56,6 +80,12 @@ enum Command {
     /// Idempotency records.
     #[command(subcommand)]
     Keys(KeysCmd),
+    /// Print shell completions.
+    #[command(after_help = "Example:\n  aqw completions bash > /etc/bash_completion.d/aqw")]
+    Completions {
+        /// The shell to print completions for.
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Args)]
@@ -76,18 +106,38 @@ struct EnqueueArgs {
     force: bool,
 }
 
+/// Which records `poison list` shows.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum StatusFilter {
+    /// Not yet replayed or discarded: needs a person.
+    Open,
+    /// Re-put to the source queue.
+    Replayed,
+    /// Closed without replaying.
+    Discarded,
+    /// Every record.
+    All,
+}
+
 #[derive(Subcommand)]
 enum PoisonCmd {
-    /// List poison records, newest first.
+    /// List poison records, newest first; exit 1 while any listed record is open.
+    #[command(
+        after_help = "Examples:\n  aqw poison list receipts --status open\n  aqw poison list receipts --since 01:00:00 --error 'HTTP 503'"
+    )]
     List {
+        /// Source queue of the poisoned messages (not the -poison queue).
         queue: String,
-        #[arg(long, value_parser = parse_status)]
-        status: Option<RecordStatus>,
-        /// RFC 3339 time or a duration ago (hh:mm:ss).
+        /// Records in this state only.
+        #[arg(long, value_enum, default_value_t = StatusFilter::All)]
+        status: StatusFilter,
+        /// Poisoned at or after: RFC 3339 time or a duration ago (hh:mm:ss).
         #[arg(long)]
         since: Option<String>,
+        /// Poisoned before: RFC 3339 time or a duration ago (hh:mm:ss).
         #[arg(long)]
         until: Option<String>,
+        /// Records of this function only.
         #[arg(long)]
         function: Option<String>,
         /// Regular expression over the error text.
@@ -95,25 +145,44 @@ enum PoisonCmd {
         error: Option<String>,
     },
     /// Show one record: error, attempts, key state and decoded payload.
-    Show { queue: String, id: String },
-    /// Re-put poisoned messages to their source queue with their original key.
-    Replay {
+    #[command(
+        after_help = "Example:\n  aqw poison show receipts 7d0f3c9e-1b7a-4f1e-9d7a-2a1f0c3e4b5d"
+    )]
+    Show {
+        /// Source queue of the poisoned message.
         queue: String,
+        /// The record id: the source message id (as `poison list` shows it).
+        id: String,
+    },
+    /// Re-put poisoned messages to their source queue with their original key.
+    #[command(
+        after_help = "Examples:\n  aqw poison replay receipts --all --error 'HTTP 503' --dry-run\n  aqw poison replay receipts --id ID --wait 00:02:00"
+    )]
+    Replay {
+        /// Source queue of the poisoned messages.
+        queue: String,
+        /// A record to replay (repeat for several).
         #[arg(long = "id", required_unless_present = "all")]
         ids: Vec<String>,
+        /// Every open record (narrowed by --error, --since, --limit).
         #[arg(long, conflicts_with = "ids")]
         all: bool,
+        /// Only records whose error matches this regular expression.
         #[arg(long)]
         error: Option<String>,
+        /// Only records poisoned at or after: RFC 3339 time or a duration ago.
         #[arg(long)]
         since: Option<String>,
+        /// At most this many records.
         #[arg(long)]
         limit: Option<usize>,
         /// Messages per second.
         #[arg(long)]
         rate: Option<f64>,
+        /// Say what would be replayed; change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Who is doing it, kept on the record (default: $USER).
         #[arg(long, env = "USER", default_value = "unknown")]
         by: String,
         /// Wait (hh:mm:ss) until each replayed key is done, and report.
@@ -124,13 +193,20 @@ enum PoisonCmd {
         concurrency: u64,
     },
     /// Close a record without replaying it.
+    #[command(
+        after_help = "Example:\n  aqw poison discard credits --id ID --reason 'account closed, must never run'"
+    )]
     Discard {
+        /// Source queue of the poisoned message.
         queue: String,
+        /// The record to close.
         #[arg(long)]
         id: String,
+        /// Why it must not run, kept on the record.
         #[arg(long)]
         reason: String,
-        #[arg(long)]
+        /// Who is doing it, kept on the record (default: $USER).
+        #[arg(long, env = "USER", default_value = "unknown")]
         by: String,
     },
 }
@@ -138,11 +214,13 @@ enum PoisonCmd {
 #[derive(Subcommand)]
 enum KeysCmd {
     /// Show the idempotency record of one key.
-    Show { function: String, key: String },
-}
-
-fn parse_status(s: &str) -> Result<RecordStatus, String> {
-    RecordStatus::parse(s).ok_or_else(|| format!("\"{s}\" is not one of open, replayed, discarded"))
+    #[command(after_help = "Example:\n  aqw keys show SendReceipt receipt:o-1")]
+    Show {
+        /// The function the key belongs to.
+        function: String,
+        /// The full key, as `poison list` or `poison show` prints it.
+        key: String,
+    },
 }
 
 /// A failure with its exit code.
@@ -293,6 +371,10 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             Ok(if open > 0 { 1 } else { 0 })
         }
         Command::Poison(cmd) => poison(&cli.app, cmd, output).await,
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "aqw", &mut std::io::stdout());
+            Ok(0)
+        }
         Command::Keys(KeysCmd::Show { function, key }) => {
             let app = load(&cli.app)?;
             let f = app
@@ -346,6 +428,41 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                 }
             }
         }
+    }
+}
+
+/// The poison list for a person: every id and key in full (columns as wide
+/// as their longest value), the error's first line in full beneath each row.
+fn print_record_list(records: &[aqw::poison::PoisonRecord]) {
+    let width = |f: &dyn Fn(&aqw::poison::PoisonRecord) -> usize, title: &str| {
+        records.iter().map(f).max().unwrap_or(0).max(title.len())
+    };
+    let id_w = width(&|r| r.message_id.chars().count(), "ID");
+    let key_w = width(&|r| r.key.as_deref().unwrap_or("-").chars().count(), "KEY");
+    println!(
+        "{:<id_w$}  {:<9}  {:<20}  {:>3}  {:<10}  KEY",
+        "ID", "STATUS", "POISONED AT", "DQ", "KIND"
+    );
+    println!("{:<id_w$}  ERROR", "");
+    for r in records {
+        println!(
+            "{:<id_w$}  {:<9}  {:<20}  {:>3}  {:<10}  {:<key_w$}",
+            r.message_id,
+            r.status.as_str(),
+            r.poisoned_at.chars().take(19).collect::<String>(),
+            r.dequeue_count,
+            r.error.kind.as_str(),
+            r.key.as_deref().unwrap_or("-"),
+        );
+        let mut lines = r.error.message.lines();
+        let first = lines.next().unwrap_or("");
+        let more = lines.count();
+        let tail = if more > 0 {
+            format!("  (+{more} more line(s): aqw poison show)")
+        } else {
+            String::new()
+        };
+        println!("{:<id_w$}  {first}{tail}", "");
     }
 }
 
@@ -423,7 +540,12 @@ async fn poison(app_dir: &std::path::Path, cmd: PoisonCmd, output: Output) -> Re
             error,
         } => {
             let filter = Filter {
-                status,
+                status: match status {
+                    StatusFilter::Open => Some(RecordStatus::Open),
+                    StatusFilter::Replayed => Some(RecordStatus::Replayed),
+                    StatusFilter::Discarded => Some(RecordStatus::Discarded),
+                    StatusFilter::All => None,
+                },
                 since: since.as_deref().map(parse_time).transpose()?,
                 until: until.as_deref().map(parse_time).transpose()?,
                 function,
@@ -445,28 +567,7 @@ async fn poison(app_dir: &std::path::Path, cmd: PoisonCmd, output: Output) -> Re
             } else if records.is_empty() {
                 println!("no poison records for {queue}");
             } else {
-                println!(
-                    "{:<38} {:<9} {:<20} {:>3} {:<10} {:<24} ERROR",
-                    "ID", "STATUS", "POISONED AT", "DQ", "KIND", "KEY"
-                );
-                for r in &records {
-                    let err: String = r.error.message.chars().take(60).collect();
-                    println!(
-                        "{:<38} {:<9} {:<20} {:>3} {:<10} {:<24} {}",
-                        r.message_id,
-                        r.status.as_str(),
-                        r.poisoned_at.chars().take(19).collect::<String>(),
-                        r.dequeue_count,
-                        r.error.kind.as_str(),
-                        r.key
-                            .as_deref()
-                            .unwrap_or("-")
-                            .chars()
-                            .take(24)
-                            .collect::<String>(),
-                        err.replace('\n', " ")
-                    );
-                }
+                print_record_list(&records);
                 println!("{} record(s), {open} open", records.len());
             }
             Ok(if open > 0 { 1 } else { 0 })
@@ -684,4 +785,80 @@ fn spawn_signal_handler(shutdown: CancellationToken) {
         shutdown.cancel();
     });
     let _ = Duration::ZERO;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Walks clap's command tree: every argument, value and subcommand has a
+    /// one-line help, and every leaf command ends with an example.
+    #[test]
+    fn help_teaches_every_argument_and_command() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if a.get_help().is_none() {
+                    missing.push(format!("{path} --{id}: no help"));
+                }
+                // Flags' true/false and clap_complete's shell names need none.
+                let own_values = a.get_action().takes_values() && id != "shell";
+                for v in a.get_possible_values().into_iter().filter(|_| own_values) {
+                    if v.get_help().is_none() {
+                        missing.push(format!("{path} --{id} {}: no help", v.get_name()));
+                    }
+                }
+            }
+            for sc in cmd.get_subcommands() {
+                let name = format!("{path} {}", sc.get_name());
+                if sc.get_about().is_none() {
+                    missing.push(format!("{name}: no about"));
+                }
+                let is_leaf = sc.get_subcommands().next().is_none();
+                let has_example = sc
+                    .get_after_help()
+                    .is_some_and(|h| h.to_string().contains("Example"));
+                if is_leaf && !has_example {
+                    missing.push(format!("{name}: no example"));
+                }
+                walk(sc, &name, missing);
+            }
+        }
+        let cmd = Cli::command();
+        cmd.clone().debug_assert();
+        let mut missing = Vec::new();
+        walk(&cmd, "aqw", &mut missing);
+        assert!(missing.is_empty(), "{missing:#?}");
+        let top = cmd.get_after_help().unwrap().to_string();
+        for code in ["0 ", "1 ", "2 ", "3 "] {
+            assert!(
+                top.contains(&format!("  {code}")),
+                "exit code {code} in: {top}"
+            );
+        }
+    }
+
+    #[test]
+    fn by_behaves_the_same_on_replay_and_discard() {
+        let by_of = |sub: &str| {
+            let cmd = Cli::command();
+            let poison = cmd.find_subcommand("poison").unwrap();
+            let arg = poison
+                .find_subcommand(sub)
+                .unwrap()
+                .get_arguments()
+                .find(|a| a.get_id() == "by")
+                .unwrap()
+                .clone();
+            (
+                arg.get_env().map(|e| e.to_os_string()),
+                arg.get_default_values().to_vec(),
+                arg.is_required_set(),
+            )
+        };
+        assert_eq!(by_of("replay"), by_of("discard"));
+    }
 }

@@ -418,6 +418,7 @@ impl PoisonSink {
                 key: key.map(str::to_string),
                 error_kind: error.kind.as_str().into(),
                 error: error.message.clone(),
+                poisoned_at: time::OffsetDateTime::now_utc(),
             });
         }
         Ok(created)

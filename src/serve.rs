@@ -456,10 +456,11 @@ async fn invoke(
                  aqw ignored them (a derived message id, no own poisoning at the cap). Set \"dataType\": \"binary\" on the queueTrigger binding to avoid the merge")
         });
     }
+    let started = std::time::Instant::now();
     let outcome = process(&rt, &msg, &HostSettle, &state.hard_stop)
         .instrument(span.clone())
         .await;
-    span.in_scope(|| record_outcome(&function, &outcome));
+    span.in_scope(|| record_outcome(&function, &outcome, started.elapsed()));
     let log = format!(
         "aqw: {} message {} (dequeue count {})",
         outcome.label(),

@@ -8,7 +8,7 @@ use regex::Regex;
 use serde_json::json;
 use std::collections::HashMap;
 use std::io::Write;
-use std::sync::OnceLock;
+use std::sync::{LazyLock, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -58,7 +58,9 @@ impl Write for ScrubbingStderr {
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
+    /// One readable line per event.
     Text,
+    /// One JSON object per line, fields flattened (for log pipelines).
     Json,
 }
 
@@ -85,7 +87,11 @@ pub fn init_logging(format: LogFormat) {
             .with_span_list(false)
             .try_init(),
         LogFormat::Text => builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            // https://no-color.org: any non-empty NO_COLOR turns colour off.
+            .with_ansi(
+                std::io::IsTerminal::is_terminal(&std::io::stderr())
+                    && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+            )
             .try_init(),
     };
 }
@@ -119,6 +125,112 @@ pub struct PoisonAlert {
     pub key: Option<String>,
     pub error_kind: String,
     pub error: String,
+    pub poisoned_at: time::OffsetDateTime,
+}
+
+/// The error text an alert groups by: an HTTP status code if the text has
+/// one, and the first line with ids, numbers and times masked, so the same
+/// outage in ten messages is one group and a 404 is not hidden among 503s.
+pub fn error_group(error: &str) -> (Option<u16>, String) {
+    static STATUS: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r"(?i)\b(?:HTTP|status)\W{0,3}([1-5]\d\d)\b").unwrap());
+    static MASK: LazyLock<Regex> = LazyLock::new(|| {
+        // Any word with a digit in it: counts, times, request and message ids.
+        Regex::new(r"[\w-]*\d[\w-]*").unwrap()
+    });
+    let first = scrub(error.lines().next().unwrap_or("").trim());
+    let status = STATUS
+        .captures(&first)
+        .and_then(|c| c[1].parse::<u16>().ok());
+    let mut masked = MASK.replace_all(&first, "#").to_string();
+    if let Some(code) = status {
+        // Keep the status code itself readable.
+        masked = STATUS_MASKED
+            .replace(&masked, format!("HTTP {code}").as_str())
+            .to_string();
+    }
+    let masked: String = masked.chars().take(160).collect();
+    (status, masked)
+}
+
+static STATUS_MASKED: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?i)\b(?:HTTP|status)\W{0,3}#").unwrap());
+
+/// The webhook body (and the ERROR log summary) for one queue's window:
+/// counts grouped by error kind and error text, each group with samples and
+/// the command that lists it.
+pub fn alert_body(queue: &str, batch: &[PoisonAlert]) -> serde_json::Value {
+    struct Group<'a> {
+        kind: &'a str,
+        status: Option<u16>,
+        text: String,
+        count: usize,
+        ids: Vec<&'a str>,
+        keys: Vec<&'a str>,
+    }
+    const SAMPLES: usize = 5;
+    let mut groups: Vec<Group> = Vec::new();
+    for a in batch {
+        let (status, text) = error_group(&a.error);
+        let g = match groups
+            .iter_mut()
+            .position(|g| g.kind == a.error_kind && g.text == text)
+        {
+            Some(i) => &mut groups[i],
+            None => {
+                groups.push(Group {
+                    kind: &a.error_kind,
+                    status,
+                    text,
+                    count: 0,
+                    ids: vec![],
+                    keys: vec![],
+                });
+                groups.last_mut().expect("just pushed")
+            }
+        };
+        g.count += 1;
+        if g.ids.len() < SAMPLES {
+            g.ids.push(&a.message_id);
+        }
+        if let Some(k) = &a.key {
+            if g.keys.len() < SAMPLES && !g.keys.contains(&k.as_str()) {
+                g.keys.push(k);
+            }
+        }
+    }
+    groups.sort_by(|a, b| b.count.cmp(&a.count).then(a.text.cmp(&b.text)));
+    let mut functions: Vec<&str> = batch.iter().map(|a| a.function.as_str()).collect();
+    functions.sort();
+    functions.dedup();
+    let fmt = |t: time::OffsetDateTime| {
+        t.format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default()
+    };
+    let first = batch.iter().map(|a| a.poisoned_at).min();
+    let last = batch.iter().map(|a| a.poisoned_at).max();
+    json!({
+        "event": "aqw.poison.new",
+        "severity": "error",
+        "queue": queue,
+        "poisonQueue": format!("{queue}-poison"),
+        "count": batch.len(),
+        "function": functions.join(","),
+        "firstPoisonedAt": first.map(fmt),
+        "lastPoisonedAt": last.map(fmt),
+        "groups": groups.iter().map(|g| json!({
+            "count": g.count,
+            "errorKind": g.kind,
+            "status": g.status,
+            "error": g.text,
+            "messageIds": g.ids,
+            "keys": g.keys,
+        })).collect::<Vec<_>>(),
+        "next": format!("aqw poison list {queue} --status open"),
+        "hint": format!("read each group with `aqw poison list {queue} --status open`, then `aqw poison show {queue} ID`; replay once the cause is fixed, discard a job that must never run"),
+        // The first record, kept for receivers written against the old body.
+        "messageId": batch.first().map(|a| a.message_id.clone()),
+    })
 }
 
 /// Sends poison alerts to the webhook without ever blocking the worker: at
@@ -135,10 +247,9 @@ impl Alerts {
     }
 
     /// Start the sender task (needs a tokio runtime).
+    /// The window summary is logged (ERROR `aqw.poison.alert`) with or
+    /// without a webhook.
     pub fn start(webhook: Option<url::Url>, window: Duration) -> Self {
-        let Some(webhook) = webhook else {
-            return Self::disabled();
-        };
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(alert_loop(webhook, window, rx));
         Self { tx: Some(tx) }
@@ -169,7 +280,7 @@ struct QueueWindow {
 }
 
 async fn alert_loop(
-    webhook: url::Url,
+    webhook: Option<url::Url>,
     window: Duration,
     mut rx: mpsc::UnboundedReceiver<PoisonAlert>,
 ) {
@@ -194,23 +305,21 @@ async fn alert_loop(
             }
             let batch = std::mem::take(&mut w.pending);
             w.last_sent = Some(Instant::now());
-            let first = &batch[0];
-            let body = json!({
-                "event": "aqw.poison.new",
-                "severity": "error",
-                "queue": queue,
-                "poisonQueue": format!("{queue}-poison"),
-                "count": batch.len(),
-                "function": first.function,
-                "messageId": first.message_id,
-                "key": first.key,
-                "errorKind": first.error_kind,
-                "error": scrub(&first.error),
-                "messageIds": batch.iter().map(|a| a.message_id.clone()).collect::<Vec<_>>(),
-                "hint": format!("aqw poison list {queue}"),
-            });
+            let body = alert_body(queue, &batch);
+            tracing::error!(
+                event = "aqw.poison.alert",
+                queue = %queue,
+                count = batch.len(),
+                groups = %body["groups"],
+                next = %body["next"].as_str().unwrap_or_default(),
+                "{} message(s) poisoned on {queue} in this window",
+                batch.len()
+            );
+            let Some(webhook) = webhook.clone() else {
+                continue;
+            };
             let client = client.clone();
-            let url = webhook.clone();
+            let url = webhook;
             tokio::spawn(async move {
                 let mut delay = Duration::from_millis(500);
                 for attempt in 1..=6 {
@@ -264,5 +373,101 @@ mod tests {
             assert!(!s.contains("zzz"), "{s}");
         }
         assert_eq!(scrub("plain text, no secrets"), "plain text, no secrets");
+    }
+
+    fn alert(id: &str, key: Option<&str>, kind: &str, error: &str, at: i64) -> PoisonAlert {
+        PoisonAlert {
+            queue: "credits".into(),
+            function: "GrantCredit".into(),
+            message_id: id.into(),
+            key: key.map(str::to_string),
+            error_kind: kind.into(),
+            error: error.into(),
+            poisoned_at: time::OffsetDateTime::from_unix_timestamp(1_800_000_000 + at).unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_mixed_window_is_grouped_by_cause_not_reported_as_its_first_record() {
+        let batch = [
+            alert(
+                "m1",
+                Some("credits:acct-closed:2026"),
+                "permanent",
+                "HTTP 404 Not Found: account acct-closed is closed",
+                0,
+            ),
+            alert(
+                "m2",
+                Some("credits:a1:2026"),
+                "retryable",
+                "HTTP 503 Service Unavailable (request 5b2c)\nbody: ledger down",
+                1,
+            ),
+            alert(
+                "m3",
+                Some("credits:a2:2026"),
+                "retryable",
+                "HTTP 503 Service Unavailable (request 77f1)",
+                2,
+            ),
+            alert(
+                "m4",
+                Some("credits:a3:2026"),
+                "timeout",
+                "handler exceeded functionTimeout (10s)",
+                3,
+            ),
+            alert("m5", None, "permanent", "key field /acountId is missing", 4),
+            alert(
+                "m6",
+                Some("credits:a4:2026"),
+                "retryable",
+                "HTTP 503 Service Unavailable (request 9a0e)",
+                5,
+            ),
+        ];
+        let body = alert_body("credits", &batch);
+        assert_eq!(body["count"], 6);
+        assert_eq!(body["function"], "GrantCredit");
+        assert_eq!(body["firstPoisonedAt"], "2027-01-15T08:00:00Z");
+        assert_eq!(body["lastPoisonedAt"], "2027-01-15T08:00:05Z");
+        assert_eq!(body["next"], "aqw poison list credits --status open");
+        let groups = body["groups"].as_array().unwrap();
+        assert_eq!(groups.len(), 4, "{groups:#?}");
+        // The biggest group first: the three 503s, whatever their request ids.
+        assert_eq!(groups[0]["count"], 3);
+        assert_eq!(groups[0]["status"], 503);
+        assert_eq!(groups[0]["errorKind"], "retryable");
+        assert_eq!(groups[0]["messageIds"], json!(["m2", "m3", "m6"]));
+        assert_eq!(
+            groups[0]["keys"],
+            json!(["credits:a1:2026", "credits:a2:2026", "credits:a4:2026"])
+        );
+        assert!(groups[0]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("HTTP 503 Service Unavailable"));
+        let closed = groups.iter().find(|g| g["status"] == 404).unwrap();
+        assert_eq!(closed["count"], 1);
+        assert_eq!(closed["keys"], json!(["credits:acct-closed:2026"]));
+        let missing = groups
+            .iter()
+            .find(|g| g["error"].as_str().unwrap().contains("/acountId"))
+            .unwrap();
+        assert_eq!(missing["keys"], json!([]));
+        assert_eq!(missing["messageIds"], json!(["m5"]));
+    }
+
+    #[test]
+    fn error_groups_keep_the_status_and_mask_what_varies() {
+        assert_eq!(
+            error_group("HTTP 503 at 2026-12-03T10:00:00Z, retry 3 of 5"),
+            (Some(503), "HTTP 503 at #:#:#, retry # of #".to_string())
+        );
+        assert_eq!(error_group("status: 429 too many").0, Some(429));
+        assert_eq!(error_group("smtp timeout").0, None);
+        let (_, t) = error_group("sig=abc%2Bdef secret AccountKey=zzz;");
+        assert!(!t.contains("zzz") && !t.contains("abc%2Bdef"), "{t}");
     }
 }

@@ -301,10 +301,6 @@ pub async fn process(
         {
             Ok(NextAction::Run(c)) => claim = Some(c),
             Ok(NextAction::AlreadyDone) => {
-                info!(
-                    event = "aqw.job.duplicate",
-                    "key already done; deleting the message without running"
-                );
                 return match settle.delete().await {
                     Ok(()) => Outcome::Duplicate,
                     Err(e) => abandoned(e),
@@ -334,11 +330,6 @@ pub async fn process(
             }
             Ok(NextAction::HeldElsewhere { until }) => {
                 let wait = defer_delay(until);
-                info!(
-                    event = "aqw.job.deferred",
-                    wait_s = wait.as_secs(),
-                    "key held by a live lease (another attempt is running); looking again shortly"
-                );
                 return match settle.retry_after(wait).await {
                     Ok(()) => Outcome::Deferred { until },
                     Err(e) => abandoned(e),
@@ -449,7 +440,6 @@ fn defer_delay(until: OffsetDateTime) -> Duration {
 }
 
 fn abandoned(e: StorageError) -> Outcome {
-    warn!(event = "aqw.job.abandoned", error = %e, "storage failed mid-way; the message returns when its lease ends");
     Outcome::Abandoned {
         error: e.to_string(),
     }
@@ -600,8 +590,9 @@ pub async fn poll_loop(
                         tracker.spawn(
                             async move {
                                 let settle = QueueSettle::new(rt.source.clone(), &msg);
+                                let started = Instant::now();
                                 let outcome = process(&rt, &msg, &settle, &hard_stop).await;
-                                record_outcome(&rt.function.name, &outcome);
+                                record_outcome(&rt.function.name, &outcome, started.elapsed());
                                 drop(permit);
                             }
                             .instrument(span),
@@ -642,16 +633,62 @@ pub async fn poll_loop(
     }
 }
 
-/// Count and log one outcome: the same counters for `aqw run` and `aqw serve`.
-pub fn record_outcome(function: &str, outcome: &Outcome) {
+/// Count and log one outcome: the same counters and the same one line per
+/// attempt (`aqw.job.<outcome>`, with `outcome` and `duration_ms`) for
+/// `aqw run` and `aqw serve`.
+pub fn record_outcome(function: &str, outcome: &Outcome, elapsed: Duration) {
     metrics::counter!("aqw_messages_total", "function" => function.to_string(), "outcome" => outcome.label()).increment(1);
+    let duration_ms = elapsed.as_millis() as u64;
+    let label = outcome.label();
     match outcome {
-        Outcome::Completed => info!(event = "aqw.job.completed", "job completed"),
-        Outcome::Poisoned { reason } => {
-            warn!(event = "aqw.job.poisoned", reason = %reason, "job poisoned")
+        Outcome::Completed => {
+            info!(
+                event = "aqw.job.completed",
+                outcome = label,
+                duration_ms,
+                "job completed"
+            )
         }
-        Outcome::Released => info!(event = "aqw.job.released", "job released at shutdown"),
-        _ => {}
+        Outcome::Duplicate => info!(
+            event = "aqw.job.duplicate",
+            outcome = label,
+            duration_ms,
+            "key already done; message deleted without running"
+        ),
+        Outcome::Deferred { until } => info!(
+            event = "aqw.job.deferred",
+            outcome = label,
+            duration_ms,
+            lease_until = %until,
+            "key held by a live lease (another attempt is running); looking again shortly"
+        ),
+        Outcome::Retried { after } => info!(
+            event = "aqw.job.retried",
+            outcome = label,
+            duration_ms,
+            retry_in_ms = after.as_millis() as u64,
+            "attempt failed; will retry"
+        ),
+        Outcome::Poisoned { reason } => warn!(
+            event = "aqw.job.poisoned",
+            outcome = label,
+            duration_ms,
+            reason = %crate::telemetry::scrub(reason),
+            "job poisoned"
+        ),
+        Outcome::Released => info!(
+            event = "aqw.job.released",
+            outcome = label,
+            duration_ms,
+            "job released at shutdown"
+        ),
+        Outcome::Abandoned { error } => warn!(
+            event = "aqw.job.abandoned",
+            outcome = label,
+            duration_ms,
+            error = %crate::telemetry::scrub(error),
+            "storage failed mid-way; the message returns when its lease ends"
+        ),
     }
     if matches!(outcome, Outcome::Duplicate) {
         metrics::counter!("aqw_duplicates_total", "function" => function.to_string()).increment(1);

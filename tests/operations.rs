@@ -162,6 +162,10 @@ async fn json_job_logs_carry_function_message_id_dequeue_count_and_key() {
     assert_eq!(span["message_id"], id.as_str());
     assert_eq!(span["dequeue_count"], 1);
     assert_eq!(span["key"], "job:logged");
+    // Every job outcome line says the outcome and how long the attempt took.
+    let outcome = &completed[0];
+    assert_eq!(outcome["outcome"], "completed", "{text}");
+    assert!(outcome["duration_ms"].is_u64(), "{text}");
     app.cleanup().await;
 }
 

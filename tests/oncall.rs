@@ -1,0 +1,210 @@
+//! On-call, second round, against Azurite: the alert tells the whole story of
+//! a mixed window; `poison list` never cuts an id, a key or an error's first
+//! line; shell completions print.
+
+mod common;
+
+use aqw::handlers::HandlerError;
+use common::*;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixed_window_alerts_once_with_every_cause_grouped() {
+    let sink = Sink::start().await;
+    let app = TestApp::new(
+        json!({"key": "credits:{/account}:2026"}),
+        json!({"maxDequeueCount": 2}),
+        json!({"alert": {"webhook": format!("{}/alerts", sink.url), "window": "00:00:05"}}),
+    );
+    // The seeded incident: three ledger 503s, one closed account (404), one
+    // producer that misspelled the key field.
+    for account in ["a1", "a2", "a3", "acct-closed"] {
+        app.enqueue(&format!(r#"{{"account":"{account}","credits":5}}"#))
+            .await;
+    }
+    app.enqueue(r#"{"acount":"a4","credits":5}"#).await;
+    let h = Scripted::new(|job, n| {
+        if job.payload.contains("acct-closed") {
+            Err(HandlerError::permanent(
+                "HTTP 404 Not Found: account acct-closed is closed",
+            ))
+        } else {
+            Err(HandlerError::retryable(format!(
+                "HTTP 503 Service Unavailable (attempt {n})\nledger: upstream timeout"
+            )))
+        }
+    });
+    let w = app.start_worker(h.clone());
+    let records = eventually("five records", DEADLINE, || async {
+        let n = app.poison_messages().await.len();
+        (n == 5).then_some(n)
+    })
+    .await;
+    assert_eq!(records, 5);
+    let alerts = eventually("every poisoning alerted", DEADLINE, || {
+        let a = sink.to("/alerts");
+        async move {
+            let bodies: Vec<Value> = a
+                .iter()
+                .map(|r| serde_json::from_str(&r.body).unwrap())
+                .collect();
+            let total: u64 = bodies.iter().map(|b| b["count"].as_u64().unwrap()).sum();
+            (total == 5).then_some(bodies)
+        }
+    })
+    .await;
+    w.stop().await;
+    // Whatever the window split, no alert reports a group it does not have:
+    // merge the groups of every alert and check the story.
+    let mut by_cause: std::collections::BTreeMap<String, (u64, Vec<Value>)> = Default::default();
+    for body in &alerts {
+        assert_eq!(body["function"], "Job");
+        assert_eq!(body["queue"], app.queue.as_str());
+        assert_eq!(
+            body["next"],
+            format!("aqw poison list {} --status open", app.queue)
+        );
+        assert!(
+            body["firstPoisonedAt"].as_str().unwrap() <= body["lastPoisonedAt"].as_str().unwrap()
+        );
+        let sum: u64 = body["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["count"].as_u64().unwrap())
+            .sum();
+        assert_eq!(sum, body["count"].as_u64().unwrap(), "{body}");
+        for g in body["groups"].as_array().unwrap() {
+            let cause = format!("{} {}", g["errorKind"], g["error"]);
+            let e = by_cause.entry(cause).or_default();
+            e.0 += g["count"].as_u64().unwrap();
+            e.1.extend(g["keys"].as_array().unwrap().iter().cloned());
+        }
+    }
+    assert_eq!(by_cause.len(), 3, "{by_cause:#?}");
+    let (n503, keys503) = by_cause
+        .iter()
+        .find(|(c, _)| c.contains("HTTP 503"))
+        .map(|(_, v)| v.clone())
+        .unwrap();
+    assert_eq!(n503, 3, "three ledger 503s, whatever their attempt numbers");
+    assert_eq!(keys503.len(), 3);
+    let (n404, keys404) = by_cause
+        .iter()
+        .find(|(c, _)| c.contains("HTTP 404"))
+        .map(|(_, v)| v.clone())
+        .unwrap();
+    assert_eq!(
+        (n404, keys404),
+        (1, vec![json!("credits:acct-closed:2026")])
+    );
+    assert!(
+        by_cause.keys().any(|c| c.contains("/account")),
+        "{by_cause:#?}"
+    );
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_list_shows_full_keys_ids_and_errors() {
+    let app = TestApp::new(
+        json!({"key": "credits:{/account}:{/period}:{/grant}"}),
+        json!({"maxDequeueCount": 1}),
+        json!({}),
+    );
+    let long_account = format!("acct-{}", "7".repeat(60));
+    let id = app
+        .enqueue(&format!(
+            r#"{{"account":"{long_account}","period":"2026-12","grant":"welcome-bonus"}}"#
+        ))
+        .await;
+    let error = format!(
+        "HTTP 503 Service Unavailable from the ledger at https://ledger.example/grants/{long_account} after 3 retries"
+    );
+    let e2 = error.clone();
+    let w = app.start_worker(Scripted::new(move |_, _| {
+        Err(HandlerError::retryable(format!("{e2}\nsecond line")))
+    }));
+    eventually("poisoned", DEADLINE, || async {
+        (app.poison_messages().await.len() == 1).then_some(())
+    })
+    .await;
+    w.stop().await;
+    let out = aqw(
+        app.path(),
+        &["poison", "list", &app.queue, "--status", "open"],
+    );
+    assert_eq!(out.status.code(), Some(1), "open records need a person");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let key = format!("credits:{long_account}:2026-12:welcome-bonus");
+    assert!(text.contains(&id), "{text}");
+    assert!(text.contains(&key), "the whole key: {text}");
+    assert!(
+        text.contains(&error),
+        "the whole first line of the error: {text}"
+    );
+    assert!(text.contains("+1 more line"), "says there is more: {text}");
+    // --status lists its values in --help, and `all` is one of them.
+    let help = aqw(app.path(), &["poison", "list", "--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    for v in ["open", "replayed", "discarded", "all"] {
+        assert!(help.contains(v), "{help}");
+    }
+    let out = aqw(
+        app.path(),
+        &["poison", "list", &app.queue, "--status", "replayed"],
+    );
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no poison records"));
+    let out = aqw(
+        app.path(),
+        &["poison", "list", &app.queue, "--status", "bogus"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    // JSON stays complete.
+    let out = aqw(
+        app.path(),
+        &["poison", "list", &app.queue, "--output", "json"],
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["key"], key.as_str());
+    assert_eq!(v[0]["error"]["message"], format!("{error}\nsecond line"));
+    app.cleanup().await;
+}
+
+#[test]
+fn completions_print_for_each_shell() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = std::process::Command::new(aqw_bin())
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{shell}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("replay") && text.contains("discard"),
+            "{shell}: {text}"
+        );
+    }
+}
+
+#[test]
+fn help_ends_with_examples_and_exit_codes() {
+    let out = std::process::Command::new(aqw_bin())
+        .arg("--help")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("Exit codes") && text.contains("NO_COLOR"),
+        "{text}"
+    );
+    let out = std::process::Command::new(aqw_bin())
+        .args(["poison", "replay", "--help"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Examples:"));
+}
