@@ -183,6 +183,9 @@ pub enum KeyStatus {
     Pending,
     Done,
     Poisoned,
+    /// Closed by an operator (`poison discard --close-key`): the job must
+    /// never run, so any later delivery is settled as a duplicate.
+    Cancelled,
 }
 
 impl KeyStatus {
@@ -190,6 +193,7 @@ impl KeyStatus {
         match s {
             "done" => KeyStatus::Done,
             "poisoned" => KeyStatus::Poisoned,
+            "cancelled" => KeyStatus::Cancelled,
             _ => KeyStatus::Pending,
         }
     }
@@ -198,7 +202,13 @@ impl KeyStatus {
             KeyStatus::Pending => "pending",
             KeyStatus::Done => "done",
             KeyStatus::Poisoned => "poisoned",
+            KeyStatus::Cancelled => "cancelled",
         }
+    }
+
+    /// Nothing will run for this key again: done, or closed by an operator.
+    pub fn is_settled(self) -> bool {
+        matches!(self, KeyStatus::Done | KeyStatus::Cancelled)
     }
 }
 
@@ -218,6 +228,10 @@ pub struct KeyRecord {
     pub first_seen: Option<String>,
     pub completed_at: Option<String>,
     pub replay_count: u32,
+    /// Who closed the key (`poison discard --close-key`), when and why.
+    pub cancelled_by: Option<String>,
+    pub cancelled_at: Option<String>,
+    pub cancel_reason: Option<String>,
     pub partition_key: String,
     pub row_key: String,
 }
@@ -244,6 +258,9 @@ impl KeyRecord {
             first_seen: s("FirstSeen"),
             completed_at: s("CompletedAt"),
             replay_count: n("ReplayCount"),
+            cancelled_by: s("CancelledBy"),
+            cancelled_at: s("CancelledAt"),
+            cancel_reason: s("CancelReason"),
             partition_key: pk.to_string(),
             row_key: rk.to_string(),
         }
@@ -397,7 +414,7 @@ impl KeyStore {
                 continue; // deleted in between: insert again
             };
             let rec = KeyRecord::from_entity(&pk, &rk, &entity);
-            if rec.status == KeyStatus::Done {
+            if rec.status.is_settled() {
                 return Ok(NextAction::AlreadyDone);
             }
             if rec.lease_owner.as_deref() == Some(lease_owner) {
@@ -524,6 +541,70 @@ impl KeyStore {
         update.insert("LastError".into(), json!(cap_error(error)));
         update.insert("LeaseUntil".into(), json!(""));
         self.merge_owned(claim, update).await.map(|_| ())
+    }
+
+    /// Close `key` for good (`poison discard --close-key`): any later delivery
+    /// of the job is settled as a duplicate without running. A key already
+    /// done is left done (returned as is); a key held by a live lease is
+    /// refused, since an attempt is running right now.
+    pub async fn cancel(
+        &self,
+        function: &str,
+        key: &IdempotencyKey,
+        by: &str,
+        reason: &str,
+    ) -> StorageResult<Result<KeyStatus, String>> {
+        let (pk, rk) = (key.partition_key(function), key.row_key());
+        let now = OffsetDateTime::now_utc();
+        let mut update = Entity::new();
+        update.insert("Status".into(), json!("cancelled"));
+        update.insert("LeaseUntil".into(), json!(""));
+        update.insert("CancelledAt".into(), json!(fmt_time(now)));
+        update.insert("CancelledBy".into(), json!(by));
+        update.insert("CancelReason".into(), json!(cap_error(reason)));
+        for _ in 0..5 {
+            match self.table.get(&pk, &rk).await {
+                Ok(Some((e, etag))) => {
+                    let rec = KeyRecord::from_entity(&pk, &rk, &e);
+                    if rec.status.is_settled() {
+                        return Ok(Ok(rec.status));
+                    }
+                    if rec.lease_live(now).is_some() {
+                        return Ok(Err(format!(
+                            "key {} is held by a running attempt ({}); try again when it ends",
+                            key.as_str(),
+                            rec.lease_owner.as_deref().unwrap_or("-")
+                        )));
+                    }
+                    match self.table.merge(&pk, &rk, &update, Some(&etag)).await {
+                        Ok(_) => return Ok(Ok(KeyStatus::Cancelled)),
+                        Err(StorageError::PreconditionFailed | StorageError::NotFound) => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(None) | Err(StorageError::NotFound) => {
+                    // Never claimed: record it closed, so a first delivery is a duplicate too.
+                    let mut fresh = update.clone();
+                    fresh.insert("Key".into(), json!(key.as_str()));
+                    fresh.insert("Function".into(), json!(function));
+                    fresh.insert("ProviderKey".into(), json!(Uuid::new_v4().to_string()));
+                    fresh.insert("Attempts".into(), json!(0));
+                    fresh.insert("LastError".into(), json!(""));
+                    fresh.insert("ReplayCount".into(), json!(0));
+                    match self.table.insert(&pk, &rk, &fresh).await {
+                        Ok(_) => return Ok(Ok(KeyStatus::Cancelled)),
+                        Err(StorageError::Conflict) => continue,
+                        Err(StorageError::NotFound) => self.table.create_if_missing().await?,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Err(format!(
+            "key {} kept changing while closing it; try again",
+            key.as_str()
+        )))
     }
 
     /// Count a replay on the key's record (best effort, no lease needed).

@@ -208,6 +208,10 @@ enum PoisonCmd {
         /// Who is doing it, kept on the record (default: $USER).
         #[arg(long, env = "USER", default_value = "unknown")]
         by: String,
+        /// Also close the job's key (status cancelled): a later delivery of
+        /// the same job is settled as a duplicate without running.
+        #[arg(long)]
+        close_key: bool,
     },
 }
 
@@ -417,6 +421,13 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                         println!("firstSeen:    {}", r.first_seen.as_deref().unwrap_or("-"));
                         println!("completedAt:  {}", r.completed_at.as_deref().unwrap_or("-"));
                         println!("replayCount:  {}", r.replay_count);
+                        if let Some(by) = &r.cancelled_by {
+                            println!(
+                                "cancelled:    {} by {by}: {} (a delivery of this job is a duplicate)",
+                                r.cancelled_at.as_deref().unwrap_or("-"),
+                                r.cancel_reason.as_deref().unwrap_or("-")
+                            );
+                        }
                         println!(
                             "lease:        {} until {}",
                             r.lease_owner.as_deref().unwrap_or("-"),
@@ -645,16 +656,22 @@ async fn poison(app_dir: &std::path::Path, cmd: PoisonCmd, output: Output) -> Re
             id,
             reason,
             by,
+            close_key,
         } => {
             if reason.trim().is_empty() || by.trim().is_empty() {
                 return Err(Failure::usage("--reason and --by must not be empty"));
             }
             let ops = queue_ops(&app, &queue)?;
-            let rec = ops::discard(&ops, &id, &reason, &by).await?;
+            let rec = ops::discard(&ops, &id, &reason, &by, close_key).await?;
             if output == Output::Json {
                 print_json(&rec);
             } else {
-                println!("discarded {id} ({reason}, by {by})");
+                let key_note = match (close_key, rec.key.as_deref()) {
+                    (true, Some(k)) => format!("; key {k} closed: a resend is a duplicate"),
+                    (false, Some(k)) => format!("; key {k} left poisoned: a resend runs"),
+                    _ => String::new(),
+                };
+                println!("discarded {id} ({reason}, by {by}){key_note}");
             }
             Ok(0)
         }

@@ -8,7 +8,7 @@
 
 use crate::config::{AppConfig, FunctionConfig};
 use crate::failpoint;
-use crate::idempotency::{fmt_time, now_rfc3339, IdempotencyKey, KeyRecord, KeyStatus, KeyStore};
+use crate::idempotency::{fmt_time, now_rfc3339, IdempotencyKey, KeyRecord, KeyStore};
 use crate::message::{decode, ErrorInfo, ErrorKind, PoisonEnvelope};
 use crate::poison::{PoisonRecord, RecordStatus};
 use crate::storage::{Entity, Etag, QueueStore, Storage, StorageError, TableStore, Ttl};
@@ -380,7 +380,17 @@ pub async fn show(ops: &QueueOps, id: &str) -> OpsResult<ShowReport> {
 }
 
 /// `aqw poison discard`.
-pub async fn discard(ops: &QueueOps, id: &str, reason: &str, by: &str) -> OpsResult<PoisonRecord> {
+/// Close a record without replaying it. With `close_key`, the job's key is
+/// also closed (`cancelled`) first, so a later delivery of the same job (a
+/// producer's resend) is settled as a duplicate without running; without
+/// it, the key stays `poisoned` and a resend runs.
+pub async fn discard(
+    ops: &QueueOps,
+    id: &str,
+    reason: &str,
+    by: &str,
+    close_key: bool,
+) -> OpsResult<PoisonRecord> {
     let (mut rec, etag) = ops
         .record(id)
         .await?
@@ -390,6 +400,21 @@ pub async fn discard(ops: &QueueOps, id: &str, reason: &str, by: &str) -> OpsRes
             "record {id} is already {}",
             rec.status.as_str()
         )));
+    }
+    if close_key {
+        let key = rec
+            .key
+            .clone()
+            .filter(|k| !k.is_empty())
+            .ok_or_else(|| {
+                OpsError::Usage(format!(
+                    "record {id} has no key (keyless job, or its key could not be derived); discard it without --close-key"
+                ))
+            })
+            .and_then(|k| IdempotencyKey::new(k).map_err(OpsError::Usage))?;
+        if let Err(refused) = ops.keys.cancel(&rec.function, &key, by, reason).await? {
+            return Err(OpsError::Usage(refused));
+        }
     }
     let mut u = Entity::new();
     u.insert("Status".into(), json!("discarded"));
@@ -599,7 +624,7 @@ async fn replay_one(
     };
     let done = key_state
         .as_ref()
-        .is_some_and(|(r, _)| r.status == KeyStatus::Done);
+        .is_some_and(|(r, _)| r.status.is_settled());
     if opts.dry_run {
         item.action = if done {
             "would-close-already-done"
@@ -775,7 +800,7 @@ async fn confirm(ops: &QueueOps, report: &mut ReplayReport, wait: Duration) -> O
                     .keys
                     .get(&f.name, &k)
                     .await?
-                    .is_some_and(|r| r.status == KeyStatus::Done),
+                    .is_some_and(|r| r.status.is_settled()),
                 None => {
                     // Keyless job: confirmed when its replayed message is no longer in a poison record
                     // and has left the source queue; we can only say "unknown".

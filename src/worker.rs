@@ -5,9 +5,7 @@
 use crate::config::{AppConfig, FunctionConfig, KeySpec};
 use crate::failpoint;
 use crate::handlers::{Handler, HandlerError, Job, Registry, Success};
-use crate::idempotency::{
-    ClaimedKey, FinishError, IdempotencyKey, KeyStatus, KeyStore, NextAction,
-};
+use crate::idempotency::{ClaimedKey, FinishError, IdempotencyKey, KeyStore, NextAction};
 use crate::message::{decode, ErrorInfo, ErrorKind};
 use crate::poison::PoisonSink;
 use crate::retry::{polling_delay, retry_delay};
@@ -231,7 +229,7 @@ pub async fn process(
                 // Attempts spent waiting on another holder of the key are not
                 // failures: a done key makes this a duplicate, a live lease a
                 // deferral, whatever the dequeue count says.
-                if rec.status == KeyStatus::Done {
+                if rec.status.is_settled() {
                     return match settle.delete().await {
                         Ok(()) => Outcome::Duplicate,
                         Err(e) => abandoned(e),

@@ -208,3 +208,117 @@ fn help_ends_with_examples_and_exit_codes() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("Examples:"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discard_close_key_turns_a_resend_into_a_duplicate_without_a_call() {
+    let app = TestApp::new(
+        json!({"key": "credits:{/account}:2026"}),
+        json!({"maxDequeueCount": 1}),
+        json!({}),
+    );
+    let closed = r#"{"account":"acct-closed","credits":5}"#;
+    let other = r#"{"account":"acct-open","credits":5}"#;
+    let id_closed = app.enqueue(closed).await;
+    let id_other = app.enqueue(other).await;
+    let w = app.start_worker(Scripted::new(|_, _| {
+        Err(HandlerError::permanent(
+            "HTTP 404 Not Found: account is closed",
+        ))
+    }));
+    eventually("both poisoned", DEADLINE, || async {
+        (app.poison_messages().await.len() == 2).then_some(())
+    })
+    .await;
+    w.stop().await;
+    // With --close-key: the key is cancelled, and the output says so.
+    let out = aqw(
+        app.path(),
+        &[
+            "poison",
+            "discard",
+            &app.queue,
+            "--id",
+            &id_closed,
+            "--reason",
+            "account closed",
+            "--by",
+            "oncall",
+            "--close-key",
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("closed: a resend is a duplicate"));
+    // Without it: the key stays poisoned, and the output says a resend runs.
+    let out = aqw(
+        app.path(),
+        &[
+            "poison",
+            "discard",
+            &app.queue,
+            "--id",
+            &id_other,
+            "--reason",
+            "sent by hand",
+            "--by",
+            "oncall",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("left poisoned: a resend runs"));
+    let keys = aqw(
+        app.path(),
+        &[
+            "keys",
+            "show",
+            "Job",
+            "credits:acct-closed:2026",
+            "--output",
+            "json",
+        ],
+    );
+    let k: Value = serde_json::from_slice(&keys.stdout).unwrap();
+    assert_eq!(k["status"], "cancelled");
+    assert_eq!(k["cancelledBy"], "oncall");
+    assert_eq!(k["cancelReason"], "account closed");
+    let text = aqw(
+        app.path(),
+        &["keys", "show", "Job", "credits:acct-closed:2026"],
+    );
+    assert!(String::from_utf8_lossy(&text.stdout).contains("cancelled:"));
+    // The producer resends both jobs.
+    app.enqueue(closed).await;
+    app.enqueue(other).await;
+    let h = Scripted::new(|_, _| Ok(aqw::handlers::Success::done()));
+    let w = app.start_worker(h.clone());
+    app.drained(DEADLINE).await;
+    w.stop().await;
+    let ran: Vec<String> = h
+        .jobs
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|j| j.payload.clone())
+        .collect();
+    assert_eq!(ran, vec![other.to_string()], "the closed job made no call");
+    // A keyless record cannot close a key: a usage error, nothing changed.
+    let out = aqw(
+        app.path(),
+        &[
+            "poison",
+            "discard",
+            &app.queue,
+            "--id",
+            "no-such-record",
+            "--reason",
+            "x",
+            "--close-key",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    app.cleanup().await;
+}
