@@ -182,9 +182,10 @@ enum PoisonCmd {
         /// Say what would be replayed; change nothing.
         #[arg(long)]
         dry_run: bool,
-        /// Who is doing it, kept on the record (default: $USER).
-        #[arg(long, env = "USER", default_value = "unknown")]
-        by: String,
+        /// Who is doing it, kept on the record (default: $USER; needed
+        /// unless --dry-run).
+        #[arg(long, env = "USER", required_unless_present = "dry_run")]
+        by: Option<String>,
         /// Wait (hh:mm:ss) until each replayed key is done, and report.
         #[arg(long)]
         wait: Option<String>,
@@ -205,8 +206,8 @@ enum PoisonCmd {
         /// Why it must not run, kept on the record.
         #[arg(long)]
         reason: String,
-        /// Who is doing it, kept on the record (default: $USER).
-        #[arg(long, env = "USER", default_value = "unknown")]
+        /// Who is doing it, kept on the record (default: $USER; needed).
+        #[arg(long, env = "USER")]
         by: String,
         /// Also close the job's key (status cancelled): a later delivery of
         /// the same job is settled as a duplicate without running.
@@ -712,7 +713,7 @@ async fn poison(app_dir: &std::path::Path, cmd: PoisonCmd, output: Output) -> Re
                 limit,
                 rate,
                 dry_run,
-                by,
+                by: by.unwrap_or_default(),
                 wait: wait
                     .as_deref()
                     .map(|w| {
@@ -873,7 +874,6 @@ mod tests {
             (
                 arg.get_env().map(|e| e.to_os_string()),
                 arg.get_default_values().to_vec(),
-                arg.is_required_set(),
             )
         };
         assert_eq!(by_of("replay"), by_of("discard"));

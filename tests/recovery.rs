@@ -408,23 +408,33 @@ async fn discard_needs_reason_and_name_and_closes_the_record() {
         .code(),
         Some(2)
     );
-    assert_eq!(
-        aqw(
-            app.path(),
-            &[
-                "poison",
-                "discard",
-                &app.queue,
-                "--id",
-                &id,
-                "--reason",
-                "test data"
-            ]
-        )
-        .status
-        .code(),
-        Some(2)
-    );
+    // No --by and no $USER to default to: a usage error (replay alike).
+    for args in [
+        vec![
+            "poison",
+            "discard",
+            &app.queue,
+            "--id",
+            &id,
+            "--reason",
+            "test data",
+        ],
+        vec!["poison", "replay", &app.queue, "--id", &id],
+    ] {
+        let out = std::process::Command::new(aqw_bin())
+            .args(&args)
+            .arg("--app")
+            .arg(app.path())
+            .env("AzureWebJobsStorage", CONN)
+            .env_remove("USER")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("--by"),
+            "{args:?}"
+        );
+    }
     let out = aqw(
         app.path(),
         &[
