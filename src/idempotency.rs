@@ -212,6 +212,57 @@ impl KeyStatus {
     }
 }
 
+/// How many attempts a key record remembers (the newest are kept).
+pub const HISTORY_LEN: usize = 10;
+/// Each remembered error is cut to this many bytes (the full last error is
+/// on the poison record).
+const HISTORY_ERROR_MAX: usize = 300;
+
+/// One attempt at a key's job, kept on the key record (`History` column,
+/// JSON, newest last, at most [`HISTORY_LEN`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Attempt {
+    pub at: String,
+    pub message_id: String,
+    pub dequeue_count: u32,
+    /// `completed`, `retried`, `poisoned` or `released`.
+    pub outcome: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The attempt ended without knowing whether the effect happened (a
+    /// timeout, a connection lost after the request was sent, a 5xx after
+    /// the provider took the body): the provider key is what keeps a retry
+    /// from doubling it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub may_have_taken_effect: bool,
+}
+
+fn parse_history(text: Option<&str>) -> Vec<Attempt> {
+    text.and_then(|t| serde_json::from_str(t).ok())
+        .unwrap_or_default()
+}
+
+/// The history with `attempt` appended, as the column's JSON text.
+fn history_with(history: &[Attempt], attempt: Attempt) -> String {
+    let mut all: Vec<Attempt> = history.to_vec();
+    all.push(attempt);
+    let skip = all.len().saturating_sub(HISTORY_LEN);
+    serde_json::to_string(&all[skip..]).unwrap_or_else(|_| "[]".into())
+}
+
+fn short_error(error: &str) -> String {
+    let s = crate::telemetry::scrub(error);
+    if s.len() <= HISTORY_ERROR_MAX {
+        return s;
+    }
+    let mut end = HISTORY_ERROR_MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
 /// The idempotency record of one key, as stored.
 #[derive(Debug, Clone, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -232,6 +283,8 @@ pub struct KeyRecord {
     pub cancelled_by: Option<String>,
     pub cancelled_at: Option<String>,
     pub cancel_reason: Option<String>,
+    /// The last [`HISTORY_LEN`] attempts, oldest first.
+    pub history: Vec<Attempt>,
     pub partition_key: String,
     pub row_key: String,
 }
@@ -261,6 +314,7 @@ impl KeyRecord {
             cancelled_by: s("CancelledBy"),
             cancelled_at: s("CancelledAt"),
             cancel_reason: s("CancelReason"),
+            history: parse_history(e.get("History").and_then(Value::as_str)),
             partition_key: pk.to_string(),
             row_key: rk.to_string(),
         }
@@ -289,6 +343,24 @@ pub struct ClaimedKey {
     pub lease_owner: String,
     /// When the key was first claimed (the job's first attempt).
     pub first_seen: Option<String>,
+    /// The attempt this claim is for, and the attempts before it.
+    pub message_id: String,
+    pub dequeue_count: u32,
+    pub history: Vec<Attempt>,
+}
+
+impl ClaimedKey {
+    /// This attempt, as a history entry.
+    fn attempt(&self, outcome: &str, error: Option<&str>, uncertain: bool) -> Attempt {
+        Attempt {
+            at: now_rfc3339(),
+            message_id: self.message_id.clone(),
+            dequeue_count: self.dequeue_count,
+            outcome: outcome.into(),
+            error: error.map(short_error),
+            may_have_taken_effect: uncertain,
+        }
+    }
 }
 
 /// What the claim decided.
@@ -365,6 +437,21 @@ impl KeyStore {
         lease: Duration,
         message_id: &str,
     ) -> StorageResult<NextAction> {
+        self.claim_attempt(function, key, lease_owner, lease, message_id, 0)
+            .await
+    }
+
+    /// [`claim`](Self::claim) for attempt `dequeue_count` of `message_id`
+    /// (the numbers the attempt history records).
+    pub async fn claim_attempt(
+        &self,
+        function: &str,
+        key: &IdempotencyKey,
+        lease_owner: &str,
+        lease: Duration,
+        message_id: &str,
+        dequeue_count: u32,
+    ) -> StorageResult<NextAction> {
         let (pk, rk) = (key.partition_key(function), key.row_key());
         let now = OffsetDateTime::now_utc();
         let lease_until = fmt_time(now + lease);
@@ -399,6 +486,9 @@ impl KeyStore {
                         attempts: 1,
                         lease_owner: lease_owner.into(),
                         first_seen: Some(fmt_time(now)),
+                        message_id: message_id.into(),
+                        dequeue_count,
+                        history: vec![],
                     }))
                 }
                 Err(StorageError::Conflict) => {}
@@ -430,6 +520,9 @@ impl KeyStore {
                     attempts: rec.attempts,
                     lease_owner: lease_owner.into(),
                     first_seen: rec.first_seen.clone(),
+                    message_id: message_id.into(),
+                    dequeue_count,
+                    history: rec.history.clone(),
                 }));
             }
             if let Some(until) = rec.lease_live(now) {
@@ -438,6 +531,34 @@ impl KeyStore {
             // Free (released or expired): take it over, keeping ProviderKey.
             let attempts = rec.attempts + 1;
             let mut update = Entity::new();
+            let mut history = rec.history.clone();
+            if rec.lease_until.is_some() {
+                // The lease expired without being released: the holder
+                // crashed or lost storage mid-way, after the claim and maybe
+                // after the effect. Say so in the history.
+                let dc = rec
+                    .lease_owner
+                    .as_deref()
+                    .and_then(|o| o.rsplit('/').next())
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
+                let text = history_with(
+                    &history,
+                    Attempt {
+                        at: rec.lease_until.clone().unwrap_or_default(),
+                        message_id: rec.message_id.clone().unwrap_or_default(),
+                        dequeue_count: dc,
+                        outcome: "abandoned".into(),
+                        error: Some(
+                            "the attempt ended without a result (crash, kill or lost storage)"
+                                .into(),
+                        ),
+                        may_have_taken_effect: true,
+                    },
+                );
+                history = parse_history(Some(&text));
+                update.insert("History".into(), json!(text));
+            }
             update.insert("Status".into(), json!("pending"));
             update.insert("Attempts".into(), json!(attempts));
             update.insert("LeaseOwner".into(), json!(lease_owner));
@@ -456,6 +577,9 @@ impl KeyStore {
                         attempts,
                         lease_owner: lease_owner.into(),
                         first_seen: rec.first_seen.clone(),
+                        message_id: message_id.into(),
+                        dequeue_count,
+                        history,
                     }))
                 }
                 Err(StorageError::PreconditionFailed) | Err(StorageError::NotFound) => continue,
@@ -490,6 +614,15 @@ impl KeyStore {
         update.insert("Status".into(), json!("done"));
         update.insert("CompletedAt".into(), json!(now_rfc3339()));
         update.insert("LeaseUntil".into(), json!(""));
+        // Done: earlier errors are history now, not a current error.
+        update.insert("LastError".into(), json!(""));
+        update.insert(
+            "History".into(),
+            json!(history_with(
+                &claim.history,
+                claim.attempt("completed", None, false)
+            )),
+        );
         if effects.is_empty() {
             self.merge_owned(claim, update).await?;
             return Ok(());
@@ -525,21 +658,59 @@ impl KeyStore {
         }
     }
 
-    /// Record a failed attempt and release the lease so the next attempt can claim at once.
-    pub async fn record_failure(&self, claim: &ClaimedKey, error: &str) -> Result<(), FinishError> {
+    /// Record a failed attempt and release the lease so the next attempt can
+    /// claim at once. `uncertain`: the effect may have happened anyway.
+    pub async fn record_failure(
+        &self,
+        claim: &ClaimedKey,
+        error: &str,
+        uncertain: bool,
+    ) -> Result<(), FinishError> {
+        self.record_failure_as(claim, "retried", error, uncertain)
+            .await
+    }
+
+    /// [`record_failure`](Self::record_failure) with the history's outcome
+    /// named (`retried`, `released`).
+    pub async fn record_failure_as(
+        &self,
+        claim: &ClaimedKey,
+        outcome: &str,
+        error: &str,
+        uncertain: bool,
+    ) -> Result<(), FinishError> {
         let mut update = Entity::new();
         update.insert("LastError".into(), json!(cap_error(error)));
         update.insert("LeaseUntil".into(), json!(""));
+        update.insert(
+            "History".into(),
+            json!(history_with(
+                &claim.history,
+                claim.attempt(outcome, Some(error), uncertain)
+            )),
+        );
         self.merge_owned(claim, update).await.map(|_| ())
     }
 
     /// The message went to poison: the key is not done; a later message with the
     /// same key may run.
-    pub async fn mark_poisoned(&self, claim: &ClaimedKey, error: &str) -> Result<(), FinishError> {
+    pub async fn mark_poisoned(
+        &self,
+        claim: &ClaimedKey,
+        error: &str,
+        uncertain: bool,
+    ) -> Result<(), FinishError> {
         let mut update = Entity::new();
         update.insert("Status".into(), json!("poisoned"));
         update.insert("LastError".into(), json!(cap_error(error)));
         update.insert("LeaseUntil".into(), json!(""));
+        update.insert(
+            "History".into(),
+            json!(history_with(
+                &claim.history,
+                claim.attempt("poisoned", Some(error), uncertain)
+            )),
+        );
         self.merge_owned(claim, update).await.map(|_| ())
     }
 
@@ -695,6 +866,34 @@ pub fn cap_error(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn history_keeps_the_newest_attempts_with_short_scrubbed_errors() {
+        let attempt = |n: u32| Attempt {
+            at: format!("t{n}"),
+            message_id: "m".into(),
+            dequeue_count: n,
+            outcome: "retried".into(),
+            error: Some(short_error(&format!(
+                "GET https://a.queue.core.windows.net/q?sv=1&sig=secret{n} {}",
+                "x".repeat(1000)
+            ))),
+            may_have_taken_effect: n % 2 == 0,
+        };
+        let mut h: Vec<Attempt> = vec![];
+        for n in 1..=HISTORY_LEN as u32 + 3 {
+            h = parse_history(Some(&history_with(&h, attempt(n))));
+        }
+        assert_eq!(h.len(), HISTORY_LEN);
+        assert_eq!(h[0].dequeue_count, 4, "the oldest three dropped");
+        assert_eq!(h.last().unwrap().dequeue_count, HISTORY_LEN as u32 + 3);
+        let e = h[0].error.as_deref().unwrap();
+        assert!(
+            e.len() <= HISTORY_ERROR_MAX + 3 && !e.contains("secret"),
+            "{e}"
+        );
+        assert!(parse_history(Some("not json")).is_empty());
+    }
+
     use super::*;
     use proptest::prelude::*;
 

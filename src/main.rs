@@ -416,8 +416,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                         println!("function:     {}", r.function);
                         println!("status:       {}", r.status.as_str());
                         println!("providerKey:  {}", r.provider_key);
-                        println!("attempts:     {}", r.attempts);
-                        println!("lastError:    {}", r.last_error.as_deref().unwrap_or("-"));
+                        println!("state:        {}", key_state_line(&r));
                         println!("messageId:    {}", r.message_id.as_deref().unwrap_or("-"));
                         println!("firstSeen:    {}", r.first_seen.as_deref().unwrap_or("-"));
                         println!("completedAt:  {}", r.completed_at.as_deref().unwrap_or("-"));
@@ -435,11 +434,60 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                             r.lease_until.as_deref().unwrap_or("-")
                         );
                         println!("row:          {} / {}", r.partition_key, r.row_key);
+                        print_history(&r.history, "              ");
                     }
                     Ok(0)
                 }
             }
         }
+    }
+}
+
+/// One line on a key's state. A done key's earlier errors are history, not
+/// a current error, so they are not repeated here.
+fn key_state_line(k: &aqw::idempotency::KeyRecord) -> String {
+    use aqw::idempotency::KeyStatus;
+    let tries = format!("{} attempt(s)", k.attempts);
+    match k.status {
+        KeyStatus::Done => format!(
+            "done at {} after {tries}; provider key {}",
+            k.completed_at.as_deref().unwrap_or("-"),
+            k.provider_key
+        ),
+        KeyStatus::Cancelled => format!("cancelled (never runs again) after {tries}"),
+        s => format!(
+            "{} after {tries}; provider key {}; last error: {}",
+            s.as_str(),
+            k.provider_key,
+            k.last_error.as_deref().unwrap_or("-")
+        ),
+    }
+}
+
+/// The key's attempt history, oldest first, flagging attempts that may have
+/// taken effect (their provider key is what keeps a retry from doubling).
+fn print_history(history: &[aqw::idempotency::Attempt], indent: &str) {
+    if history.is_empty() {
+        return;
+    }
+    println!(
+        "attempts:      (last {}, oldest first)",
+        aqw::idempotency::HISTORY_LEN
+    );
+    for a in history {
+        let flag = if a.may_have_taken_effect {
+            "  [may have taken effect]"
+        } else {
+            ""
+        };
+        println!(
+            "{indent}{}  dq {}  {}  {:<9} {}{flag}",
+            a.at,
+            a.dequeue_count,
+            a.message_id,
+            a.outcome,
+            a.error.as_deref().unwrap_or("")
+        );
     }
 }
 
@@ -609,13 +657,10 @@ async fn poison(app_dir: &std::path::Path, cmd: PoisonCmd, output: Output) -> Re
                 println!("poisoned:      {}", r.poisoned_at);
                 println!("key:           {}", r.key.as_deref().unwrap_or("-"));
                 match &report.key_record {
-                    Some(k) => println!(
-                        "key state:     {} (attempts {}, provider key {}, last error {})",
-                        k.status.as_str(),
-                        k.attempts,
-                        k.provider_key,
-                        k.last_error.as_deref().unwrap_or("-")
-                    ),
+                    Some(k) => {
+                        println!("key state:     {}", key_state_line(k));
+                        print_history(&k.history, "               ");
+                    }
                     None => println!("key state:     no record"),
                 }
                 if let Some(by) = &r.replayed_by {

@@ -261,6 +261,7 @@ pub async fn process(
             ErrorKind::Crashed,
             reason,
             first,
+            false,
         )
         .await;
     }
@@ -276,13 +277,27 @@ pub async fn process(
                 ErrorKind::Decode,
                 e.to_string(),
                 None,
+                false,
             )
             .await
         }
     };
     let key = match key {
         Ok(k) => k,
-        Err(e) => return poison(rt, msg, settle, None, None, ErrorKind::Permanent, e, None).await,
+        Err(e) => {
+            return poison(
+                rt,
+                msg,
+                settle,
+                None,
+                None,
+                ErrorKind::Permanent,
+                e,
+                None,
+                false,
+            )
+            .await
+        }
     };
     if let Some(k) = &key {
         tracing::Span::current().record("key", k.as_str());
@@ -294,7 +309,7 @@ pub async fn process(
         let owner = format!("{}/{}/{}", rt.worker_id, msg.id, dc);
         match rt
             .keys
-            .claim(&rt.function.name, k, &owner, lease, &msg.id)
+            .claim_attempt(&rt.function.name, k, &owner, lease, &msg.id, dc)
             .await
         {
             Ok(NextAction::Run(c)) => claim = Some(c),
@@ -322,8 +337,8 @@ pub async fn process(
                         "key held by another attempt (lease until {until}) at the last attempt \
                          (maxDequeueCount {max}); the Functions host would poison it without an error"
                     ),
-                    None,
-                )
+                    None, false,
+)
                 .await;
             }
             Ok(NextAction::HeldElsewhere { until }) => {
@@ -355,7 +370,7 @@ pub async fn process(
     metrics::histogram!("aqw_handler_duration_seconds", "function" => rt.function.name.clone())
         .record(started.elapsed().as_secs_f64());
 
-    let (kind, message, retry_after) = match run {
+    let (kind, message, retry_after, uncertain) = match run {
         HandlerRun::Finished(Ok(success)) => {
             failpoint::hit("effect.after");
             if let Some(c) = &claim {
@@ -378,31 +393,44 @@ pub async fn process(
         }
         HandlerRun::Interrupted => {
             if let Some(c) = &claim {
-                let _ = rt.keys.record_failure(c, "interrupted by shutdown").await;
+                let _ = rt
+                    .keys
+                    .record_failure_as(c, "released", "interrupted by shutdown", true)
+                    .await;
             }
             return match settle.retry_after(Duration::ZERO).await {
                 Ok(()) => Outcome::Released,
                 Err(e) => abandoned(e),
             };
         }
+        // A timeout cut the handler off mid-way: it may have acted.
         HandlerRun::TimedOut(t) => (
             ErrorKind::Timeout,
             format!("handler exceeded functionTimeout ({t:?})"),
             None,
+            true,
         ),
         HandlerRun::Finished(Err(HandlerError::Retryable {
             message,
             retry_after,
-        })) => (ErrorKind::Retryable, message, retry_after),
+            may_have_taken_effect,
+        })) => (
+            ErrorKind::Retryable,
+            message,
+            retry_after,
+            may_have_taken_effect,
+        ),
         HandlerRun::Finished(Err(HandlerError::Permanent { message })) => {
-            (ErrorKind::Permanent, message, None)
+            (ErrorKind::Permanent, message, None, false)
         }
     };
 
     let retryable = kind != ErrorKind::Permanent;
     if retryable && dc < max {
         if let Some(c) = &claim {
-            if let Err(FinishError::Storage(e)) = rt.keys.record_failure(c, &message).await {
+            if let Err(FinishError::Storage(e)) =
+                rt.keys.record_failure(c, &message, uncertain).await
+            {
                 return abandoned(e);
             }
         }
@@ -426,6 +454,7 @@ pub async fn process(
         kind,
         message,
         first_attempt,
+        uncertain,
     )
     .await
 }
@@ -499,13 +528,14 @@ async fn poison(
     kind: ErrorKind,
     message: String,
     first_attempt_at: Option<String>,
+    uncertain: bool,
 ) -> Outcome {
     let info = ErrorInfo { kind, message };
     if let Err(e) = rt.poison.write(msg, key, &info, first_attempt_at).await {
         return abandoned(e);
     }
     if let Some(c) = claim {
-        if let Err(e) = rt.keys.mark_poisoned(c, &info.message).await {
+        if let Err(e) = rt.keys.mark_poisoned(c, &info.message, uncertain).await {
             warn!(error = %e, "could not mark the key poisoned (it stays pending; a replay still runs)");
         }
     }

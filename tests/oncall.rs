@@ -322,3 +322,75 @@ async fn discard_close_key_turns_a_resend_into_a_duplicate_without_a_call() {
     assert_eq!(out.status.code(), Some(2));
     app.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempt_history_flags_an_attempt_that_may_have_taken_effect() {
+    let app = TestApp::new(
+        json!({"key": "credits:{/account}:2026"}),
+        json!({"maxDequeueCount": 3}),
+        json!({}),
+    );
+    let id = app.enqueue(r#"{"account":"a7","credits":5}"#).await;
+    let w = app.start_worker(Scripted::new(|_, n| match n {
+        2 => Err(HandlerError::uncertain(
+            "HTTP 504 Gateway Timeout from the ledger",
+        )),
+        _ => Err(HandlerError::retryable("HTTP 503 Service Unavailable")),
+    }));
+    eventually("poisoned", DEADLINE, || async {
+        (app.poison_messages().await.len() == 1).then_some(())
+    })
+    .await;
+    w.stop().await;
+    let show = aqw(
+        app.path(),
+        &["poison", "show", &app.queue, &id, "--output", "json"],
+    );
+    let v: Value = serde_json::from_slice(&show.stdout).unwrap();
+    let history = v["keyRecord"]["history"].as_array().unwrap().clone();
+    let outcomes: Vec<&str> = history
+        .iter()
+        .map(|a| a["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes, ["retried", "retried", "poisoned"], "{history:#?}");
+    let counts: Vec<u64> = history
+        .iter()
+        .map(|a| a["dequeueCount"].as_u64().unwrap())
+        .collect();
+    assert_eq!(counts, [1, 2, 3]);
+    assert_eq!(history[1]["mayHaveTakenEffect"], true);
+    assert!(history[1]["error"].as_str().unwrap().contains("504"));
+    assert!(history[0].get("mayHaveTakenEffect").is_none());
+    let text = aqw(app.path(), &["poison", "show", &app.queue, &id]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("[may have taken effect]"), "{text}");
+    assert!(text.contains("HTTP 504 Gateway Timeout"), "{text}");
+    // Fixed, replayed, done: the history stays, as history.
+    let out = aqw(
+        app.path(),
+        &["poison", "replay", &app.queue, "--id", &id, "--by", "t"],
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let w = app.start_worker(Scripted::new(|_, _| Ok(aqw::handlers::Success::done())));
+    app.drained(DEADLINE).await;
+    w.stop().await;
+    let keys = aqw(app.path(), &["keys", "show", "Job", "credits:a7:2026"]);
+    let keys = String::from_utf8_lossy(&keys.stdout);
+    assert!(keys.contains("done at"), "{keys}");
+    assert!(
+        !keys.contains("last error"),
+        "a done key shows no current error: {keys}"
+    );
+    assert!(
+        keys.contains("[may have taken effect]") && keys.contains("completed"),
+        "{keys}"
+    );
+    let json_keys = aqw(
+        app.path(),
+        &["keys", "show", "Job", "credits:a7:2026", "--output", "json"],
+    );
+    let k: Value = serde_json::from_slice(&json_keys.stdout).unwrap();
+    assert_eq!(k["history"].as_array().unwrap().len(), 4);
+    assert_eq!(k["lastError"], Value::Null, "cleared when done");
+    app.cleanup().await;
+}

@@ -95,7 +95,7 @@ impl Handler for ExecHandler {
         };
         let (status, err) = match self.timeout {
             Some(t) => tokio::time::timeout(t, run).await.map_err(|_| {
-                HandlerError::retryable(format!("exec {program}: timed out after {t:?}"))
+                HandlerError::uncertain(format!("exec {program}: timed out after {t:?}"))
             })?,
             None => run.await,
         };
@@ -112,8 +112,9 @@ impl Handler for ExecHandler {
             Some(0) => Ok(Success::done()),
             Some(65) => Err(HandlerError::permanent(describe("exit 65 (permanent)"))),
             Some(75) => Err(HandlerError::retryable(describe("exit 75 (retry later)"))),
-            Some(c) => Err(HandlerError::retryable(describe(&format!("exit {c}")))),
-            None => Err(HandlerError::retryable(describe("killed by a signal"))),
+            // Any other exit or a signal: the program may have done its work.
+            Some(c) => Err(HandlerError::uncertain(describe(&format!("exit {c}")))),
+            None => Err(HandlerError::uncertain(describe("killed by a signal"))),
         }
     }
 }

@@ -57,9 +57,17 @@ pub fn classify(
     };
     match status {
         200..=299 => None,
-        408 | 425 | 429 | 500..=599 => Some(HandlerError::Retryable {
+        // 429/425: refused before processing. 408 and 5xx: the provider may
+        // have acted on the body before answering.
+        425 | 429 => Some(HandlerError::Retryable {
             message,
             retry_after,
+            may_have_taken_effect: false,
+        }),
+        408 | 500..=599 => Some(HandlerError::Retryable {
+            message,
+            retry_after,
+            may_have_taken_effect: true,
         }),
         _ => Some(HandlerError::Permanent { message }),
     }
@@ -90,17 +98,23 @@ impl Handler for HttpHandler {
             req = req.header("aqw-key", header_safe(k));
         }
         let resp = req.send().await.map_err(|e| {
-            let what = if e.is_timeout() {
-                "timed out"
+            let (what, sent) = if e.is_timeout() {
+                ("timed out", true)
             } else if e.is_connect() {
-                "cannot connect"
+                ("cannot connect", false)
             } else {
-                "request failed"
+                ("request failed", true)
             };
             // The URL is the operator's own config: keep host and path, drop the query.
             let mut shown = self.url.clone();
             shown.set_query(None);
-            HandlerError::retryable(format!("POST {shown}: {what}"))
+            let message = format!("POST {shown}: {what}");
+            // Not connected: the provider never saw it. Otherwise it may have.
+            if sent {
+                HandlerError::uncertain(message)
+            } else {
+                HandlerError::retryable(message)
+            }
         })?;
         let status = resp.status().as_u16();
         let retry_after = resp
@@ -142,9 +156,23 @@ mod tests {
             e,
             HandlerError::Retryable {
                 message: "HTTP 429: slow down".into(),
-                retry_after: Some(Duration::from_secs(7))
+                retry_after: Some(Duration::from_secs(7)),
+                may_have_taken_effect: false,
             }
         );
+        // A 5xx or a 408 came after the provider had the body: it may have acted.
+        for s in [408, 500, 503, 504] {
+            assert!(
+                matches!(
+                    classify(s, None, ""),
+                    Some(HandlerError::Retryable {
+                        may_have_taken_effect: true,
+                        ..
+                    })
+                ),
+                "{s}"
+            );
+        }
     }
 
     #[test]

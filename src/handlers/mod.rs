@@ -59,16 +59,30 @@ pub enum HandlerError {
     Retryable {
         message: String,
         retry_after: Option<Duration>,
+        /// The attempt may have taken effect anyway (a timeout, a connection
+        /// lost after the request was sent, a 5xx after the provider took
+        /// the body). Kept in the key's attempt history.
+        may_have_taken_effect: bool,
     },
     #[error("{message}")]
     Permanent { message: String },
 }
 
 impl HandlerError {
+    /// A failure that certainly did not take effect (refused, not reached).
     pub fn retryable(message: impl Into<String>) -> Self {
         HandlerError::Retryable {
             message: message.into(),
             retry_after: None,
+            may_have_taken_effect: false,
+        }
+    }
+    /// A failure whose effect is unknown: retry, but the provider key matters.
+    pub fn uncertain(message: impl Into<String>) -> Self {
+        HandlerError::Retryable {
+            message: message.into(),
+            retry_after: None,
+            may_have_taken_effect: true,
         }
     }
     pub fn permanent(message: impl Into<String>) -> Self {
