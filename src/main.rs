@@ -115,6 +115,8 @@ enum StatusFilter {
     Replayed,
     /// Closed without replaying.
     Discarded,
+    /// Closed by `poison fix`: a corrected message took its place.
+    Replaced,
     /// Every record.
     All,
 }
@@ -192,6 +194,33 @@ enum PoisonCmd {
         /// Records replayed at once.
         #[arg(long, default_value_t = aqw::ops::DEFAULT_REPLAY_CONCURRENCY as u64, value_parser = clap::value_parser!(u64).range(1..=64))]
         concurrency: u64,
+    },
+    /// Put a corrected payload in place of a poisoned one (a bad producer's
+    /// message), closing the old record as replaced.
+    #[command(
+        after_help = "The corrected payload must derive a key; a key already done is reported and nothing is put.\n\nExamples:\n  aqw poison fix credits --id ID --payload '{\"account\":\"a4\",\"credits\":5}' --wait 00:01:00\n  aqw poison show credits ID --output json | jq -c '.payload | .account = .acount | del(.acount)' | aqw poison fix credits --id ID -"
+    )]
+    Fix {
+        /// Source queue of the poisoned message.
+        queue: String,
+        /// The record to replace.
+        #[arg(long)]
+        id: String,
+        /// The corrected payload as text.
+        #[arg(long, conflicts_with = "file")]
+        payload: Option<String>,
+        /// Read the corrected payload from a file.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// `-` reads the corrected payload from standard input.
+        #[arg(value_name = "-")]
+        stdin: Option<String>,
+        /// Who is doing it, kept on the record (default: $USER; needed).
+        #[arg(long, env = "USER")]
+        by: String,
+        /// Wait (hh:mm:ss) until the corrected job's key is done.
+        #[arg(long)]
+        wait: Option<String>,
     },
     /// Close a record without replaying it.
     #[command(
@@ -526,25 +555,34 @@ fn print_record_list(records: &[aqw::poison::PoisonRecord]) {
     }
 }
 
-async fn enqueue(app_dir: &std::path::Path, a: EnqueueArgs, output: Output) -> Result<u8, Failure> {
-    let app = load(app_dir)?;
-    let payload = match (a.payload, a.file, a.stdin.as_deref()) {
-        (Some(p), None, None) => p,
-        (None, Some(f), None) => std::fs::read_to_string(&f)
-            .map_err(|e| Failure::usage(format!("{}: {e}", f.display())))?,
+/// The payload of `enqueue` and `poison fix`: exactly one of `--payload`,
+/// `--file` or `-` (stdin).
+fn read_payload(
+    payload: Option<String>,
+    file: Option<PathBuf>,
+    stdin: Option<&str>,
+) -> Result<String, Failure> {
+    match (payload, file, stdin) {
+        (Some(p), None, None) => Ok(p),
+        (None, Some(f), None) => {
+            std::fs::read_to_string(&f).map_err(|e| Failure::usage(format!("{}: {e}", f.display())))
+        }
         (None, None, Some("-")) => {
             let mut s = String::new();
             std::io::stdin()
                 .read_to_string(&mut s)
                 .map_err(|e| Failure::usage(format!("stdin: {e}")))?;
-            s
+            Ok(s)
         }
-        _ => {
-            return Err(Failure::usage(
-                "give exactly one of --payload JSON, --file PATH or -",
-            ))
-        }
-    };
+        _ => Err(Failure::usage(
+            "give exactly one of --payload TEXT, --file PATH or -",
+        )),
+    }
+}
+
+async fn enqueue(app_dir: &std::path::Path, a: EnqueueArgs, output: Output) -> Result<u8, Failure> {
+    let app = load(app_dir)?;
+    let payload = read_payload(a.payload, a.file, a.stdin.as_deref())?;
     let f = app.function_for_queue(&a.queue).ok_or_else(|| {
         Failure::usage(format!(
             "queue \"{}\" is not consumed by any function of this app",
@@ -604,6 +642,7 @@ async fn poison(app_dir: &std::path::Path, cmd: PoisonCmd, output: Output) -> Re
                     StatusFilter::Open => Some(RecordStatus::Open),
                     StatusFilter::Replayed => Some(RecordStatus::Replayed),
                     StatusFilter::Discarded => Some(RecordStatus::Discarded),
+                    StatusFilter::Replaced => Some(RecordStatus::Replaced),
                     StatusFilter::All => None,
                 },
                 since: since.as_deref().map(parse_time).transpose()?,
@@ -670,6 +709,15 @@ async fn poison(app_dir: &std::path::Path, cmd: PoisonCmd, output: Output) -> Re
                         r.replay_message_id.as_deref().unwrap_or("-")
                     );
                 }
+                if let Some(by) = &r.replaced_by {
+                    println!(
+                        "replaced:      {} by {by} with {} (key {}, payload {:+} bytes)",
+                        r.replaced_at.as_deref().unwrap_or("-"),
+                        r.replacement_message_id.as_deref().unwrap_or("-"),
+                        r.replacement_key.as_deref().unwrap_or("-"),
+                        r.replacement_size_diff.unwrap_or(0)
+                    );
+                }
                 if let Some(by) = &r.discarded_by {
                     println!(
                         "discarded:     {} by {by}: {}",
@@ -696,6 +744,53 @@ async fn poison(app_dir: &std::path::Path, cmd: PoisonCmd, output: Output) -> Re
                 }
             }
             Ok(0)
+        }
+        PoisonCmd::Fix {
+            queue,
+            id,
+            payload,
+            file,
+            stdin,
+            by,
+            wait,
+        } => {
+            if by.trim().is_empty() {
+                return Err(Failure::usage("--by must not be empty"));
+            }
+            let payload = read_payload(payload, file, stdin.as_deref())?;
+            let wait = wait
+                .as_deref()
+                .map(|w| {
+                    config::parse_timespan(w).map_err(|e| Failure::usage(format!("--wait: {e}")))
+                })
+                .transpose()?;
+            let ops = queue_ops(&app, &queue)?;
+            let report = ops::fix(&ops, &id, &payload, &by, wait).await?;
+            if output == Output::Json {
+                print_json(&report);
+            } else {
+                match report.action.as_str() {
+                    "replaced" => println!(
+                        "replaced {id} by {} (key {} → {}, payload {:+} bytes, by {by}){}",
+                        report.new_message_id.as_deref().unwrap_or("-"),
+                        report.old_key.as_deref().unwrap_or("-"),
+                        report.new_key.as_deref().unwrap_or("-"),
+                        report.size_diff,
+                        match report.confirmed {
+                            Some(true) => "; the new key is done",
+                            Some(false) => "; the new key is NOT done yet",
+                            None => "",
+                        }
+                    ),
+                    _ => println!(
+                        "{id}: {}: {}",
+                        report.action,
+                        report.detail.as_deref().unwrap_or("-")
+                    ),
+                }
+            }
+            let ok = report.action == "replaced" && report.confirmed != Some(false);
+            Ok(if ok { 0 } else { 1 })
         }
         PoisonCmd::Discard {
             queue,

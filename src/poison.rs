@@ -37,6 +37,8 @@ pub enum RecordStatus {
     Open,
     Replayed,
     Discarded,
+    /// Closed by `poison fix`: a corrected message was put in its place.
+    Replaced,
 }
 
 impl RecordStatus {
@@ -45,6 +47,7 @@ impl RecordStatus {
             "open" => Some(RecordStatus::Open),
             "replayed" => Some(RecordStatus::Replayed),
             "discarded" => Some(RecordStatus::Discarded),
+            "replaced" => Some(RecordStatus::Replaced),
             _ => None,
         }
     }
@@ -53,6 +56,7 @@ impl RecordStatus {
             RecordStatus::Open => "open",
             RecordStatus::Replayed => "replayed",
             RecordStatus::Discarded => "discarded",
+            RecordStatus::Replaced => "replaced",
         }
     }
 }
@@ -90,6 +94,13 @@ pub struct PoisonRecord {
     pub discarded_at: Option<String>,
     pub discarded_by: Option<String>,
     pub discard_reason: Option<String>,
+    /// `poison fix`: who put the corrected message, when, its id and key,
+    /// and how many bytes longer (or shorter) its payload is.
+    pub replaced_at: Option<String>,
+    pub replaced_by: Option<String>,
+    pub replacement_message_id: Option<String>,
+    pub replacement_key: Option<String>,
+    pub replacement_size_diff: Option<i64>,
 }
 
 fn split_parts(text: &str) -> Vec<String> {
@@ -196,6 +207,11 @@ impl PoisonRecord {
             discarded_at: s("DiscardedAt"),
             discarded_by: s("DiscardedBy"),
             discard_reason: s("DiscardReason"),
+            replaced_at: s("ReplacedAt"),
+            replaced_by: s("ReplacedBy"),
+            replacement_message_id: s("ReplacementMessageId"),
+            replacement_key: s("ReplacementKey"),
+            replacement_size_diff: e.get("ReplacementSizeDiff").and_then(Value::as_i64),
         }
     }
 
@@ -226,6 +242,11 @@ impl PoisonRecord {
             discarded_at: None,
             discarded_by: None,
             discard_reason: None,
+            replaced_at: None,
+            replaced_by: None,
+            replacement_message_id: None,
+            replacement_key: None,
+            replacement_size_diff: None,
         }
     }
 

@@ -394,3 +394,122 @@ async fn attempt_history_flags_an_attempt_that_may_have_taken_effect() {
     assert_eq!(k["lastError"], Value::Null, "cleared when done");
     app.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fix_puts_the_corrected_payload_closes_the_record_and_confirms_the_key() {
+    let app = TestApp::new(
+        json!({"key": "credits:{/account}:2026"}),
+        json!({"maxDequeueCount": 3}),
+        json!({}),
+    );
+    // A producer misspelled the key field: poisoned at once, no key.
+    let bad = r#"{"acount":"a4","credits":5}"#;
+    let id = app.enqueue(bad).await;
+    // And a job that already happened, for the second case.
+    app.enqueue(r#"{"account":"a9","credits":5}"#).await;
+    let h = Scripted::new(|_, _| Ok(aqw::handlers::Success::done()));
+    let w = app.start_worker(h.clone());
+    eventually("poisoned", DEADLINE, || async {
+        (app.poison_messages().await.len() == 1).then_some(())
+    })
+    .await;
+    app.drained(DEADLINE).await;
+    // Still bad: refused (exit 2), nothing changed.
+    let out = aqw(
+        app.path(),
+        &[
+            "poison",
+            "fix",
+            &app.queue,
+            "--id",
+            &id,
+            "--payload",
+            r#"{"acount":"a4"}"#,
+            "--by",
+            "oncall",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/account"));
+    // A corrected payload whose key is already done: reported, nothing put.
+    let out = aqw(
+        app.path(),
+        &[
+            "poison",
+            "fix",
+            &app.queue,
+            "--id",
+            &id,
+            "--payload",
+            r#"{"account":"a9","credits":5}"#,
+            "--by",
+            "oncall",
+            "--output",
+            "json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["action"], "already-done");
+    let (rec, _) = app.records().get(&app.queue, &id).await.unwrap().unwrap();
+    assert_eq!(rec["Status"], "open");
+    // The real fix, with the worker running: confirmed done.
+    let fixed = r#"{"account":"a4","credits":5}"#;
+    let out = aqw(
+        app.path(),
+        &[
+            "poison",
+            "fix",
+            &app.queue,
+            "--id",
+            &id,
+            "--payload",
+            fixed,
+            "--by",
+            "oncall",
+            "--wait",
+            "00:01:00",
+            "--output",
+            "json",
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["action"], "replaced");
+    assert_eq!(v["newKey"], "credits:a4:2026");
+    assert_eq!(v["confirmed"], true);
+    assert_eq!(v["sizeDiff"], 1, "acount → account: one byte longer");
+    w.stop().await;
+    let ran: Vec<String> = h
+        .jobs
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|j| j.payload.clone())
+        .collect();
+    assert_eq!(
+        ran.iter().filter(|p| p.as_str() == fixed).count(),
+        1,
+        "{ran:?}"
+    );
+    let (rec, _) = app.records().get(&app.queue, &id).await.unwrap().unwrap();
+    assert_eq!(rec["Status"], "replaced");
+    assert_eq!(rec["ReplacedBy"], "oncall");
+    assert_eq!(rec["ReplacementKey"], "credits:a4:2026");
+    assert_eq!(rec["ReplacementMessageId"], v["newMessageId"]);
+    assert!(
+        app.poison_messages().await.is_empty(),
+        "the poison copy is gone"
+    );
+    let list = aqw(
+        app.path(),
+        &["poison", "list", &app.queue, "--status", "replaced"],
+    );
+    assert!(String::from_utf8_lossy(&list.stdout).contains(&id));
+    app.cleanup().await;
+}
