@@ -54,17 +54,7 @@ impl MessageEncoding {
     }
 }
 
-/// Retry strategy between failed attempts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RetryStrategy {
-    /// Exponential backoff with jitter, from `initial_delay` capped at `max_delay`.
-    Exponential {
-        initial_delay: Duration,
-        max_delay: Duration,
-    },
-    /// Functions' behaviour: always `visibilityTimeout`.
-    Fixed { delay: Duration },
-}
+pub use crate::retry::RetryStrategy;
 
 /// Where a function's idempotency key comes from.
 #[derive(Debug, Clone)]

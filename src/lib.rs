@@ -17,6 +17,7 @@
 //! | pooled transport with timeouts, storage requests counted by operation | `storage/azure.rs` |
 //! | message encoding (base64/none), 64 KiB limit, poison envelope `poison/1` | [`message`] |
 //! | key from business facts (template / `idempotencyKey` / `none`), claim by insert or `If-Match` take-over, pending → done | [`idempotency`] |
+//! | the fate of a message as a pure function of its facts (`decide` → `Action`; `Policy` built once from config), the message-life table as unit tests | [`decide`] |
 //! | retry delay (exponential + jitter, or fixed) and Functions polling backoff, as pure values | [`retry`] |
 //! | one function decides a message's fate (`process` → `Outcome`); permits before receive; lease renewal; functionTimeout; drain on shutdown | [`worker`] |
 //! | the one poison path (record → envelope → delete), crash-safe | [`poison`] |
@@ -32,6 +33,7 @@
 //! `CancellationToken` passed into [`worker::run`].
 
 pub mod config;
+pub mod decide;
 pub mod failpoint;
 pub mod handlers;
 pub mod http;

@@ -1,7 +1,18 @@
 //! Retry and polling delays as small pure values.
 
-use crate::config::RetryStrategy;
 use std::time::Duration;
+
+/// Retry strategy between failed attempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryStrategy {
+    /// Exponential backoff with jitter, from `initial_delay` capped at `max_delay`.
+    Exponential {
+        initial_delay: Duration,
+        max_delay: Duration,
+    },
+    /// Functions' behaviour: always `visibilityTimeout`.
+    Fixed { delay: Duration },
+}
 
 /// Longest visibility delay the service accepts.
 const MAX_VISIBILITY: Duration = Duration::from_secs(7 * 24 * 3600);

@@ -3,12 +3,13 @@
 //! timeouts, retry delays, graceful drain).
 
 use crate::config::{AppConfig, FunctionConfig, KeySpec};
+use crate::decide::{decide, Action, AttemptResult, Facts, KeyState, Policy};
 use crate::failpoint;
 use crate::handlers::{Handler, HandlerError, Job, Registry, Success};
 use crate::idempotency::{ClaimedKey, FinishError, IdempotencyKey, KeyStore, NextAction};
 use crate::message::{decode, ErrorInfo, ErrorKind};
 use crate::poison::PoisonSink;
-use crate::retry::{polling_delay, retry_delay};
+use crate::retry::polling_delay;
 use crate::storage::{QueueStore, ReceivedMessage, Storage, StorageError, StorageResult};
 use crate::telemetry::Alerts;
 use async_trait::async_trait;
@@ -133,6 +134,8 @@ pub struct FunctionRuntime {
     pub keys: KeyStore,
     pub poison: PoisonSink,
     pub handler: Arc<dyn Handler>,
+    /// Cap, retry delays, lease and timeout, decided once from config.
+    pub policy: Policy,
     /// Unique per process: lease owners are `<worker_id>/<message id>/<dequeue count>`.
     pub worker_id: String,
 }
@@ -156,6 +159,7 @@ impl FunctionRuntime {
             alerts,
         };
         Self {
+            policy: Policy::from_config(&app),
             keys: KeyStore::new(storage.table(&app.keys_table)),
             source,
             poison,
@@ -202,261 +206,284 @@ enum HandlerRun {
     Interrupted,
 }
 
-/// Decide and carry out one message's fate. The only way into the poison queue.
+/// Decide and carry out one message's fate. The only way into the poison
+/// queue. The decisions are [`decide`]'s; this function gathers the facts
+/// for it (decoding, the key, the key's record, the handler's result) and
+/// carries out each [`Action`].
 pub async fn process(
     rt: &FunctionRuntime,
     msg: &ReceivedMessage,
     settle: &dyn Settle,
     hard_stop: &CancellationToken,
 ) -> Outcome {
-    let app = &rt.app;
-    let max = app.max_dequeue_count;
+    let policy = Policy {
+        host_poisons_failed_last_attempt: settle.poisons_failed_last_attempt(),
+        ..rt.policy
+    };
     let dc = msg.dequeue_count;
-
     // Decode and derive the key first: both are pure, and the key's record
     // carries the last error for the over-the-cap case.
-    let payload = decode(&msg.text, app.message_encoding);
-    let key = match &payload {
-        Ok(p) => derive_key(&rt.function.key, p),
-        Err(_) => Ok(None),
+    let payload = decode(&msg.text, rt.app.message_encoding);
+    let (key, key_error) = match &payload {
+        Ok(p) => match derive_key(&rt.function.key, p) {
+            Ok(k) => (k, None),
+            Err(e) => (None, Some(e)),
+        },
+        Err(_) => (None, None),
     };
-
-    if dc > max {
-        let mut reason = format!("dequeued {dc} times without completing (maxDequeueCount {max})");
-        let mut first = None;
-        if let Ok(Some(k)) = &key {
-            if let Ok(Some(rec)) = rt.keys.get(&rt.function.name, k).await {
-                // Attempts spent waiting on another holder of the key are not
-                // failures: a done key makes this a duplicate, a live lease a
-                // deferral, whatever the dequeue count says.
-                if rec.status.is_settled() {
-                    return match settle.delete().await {
-                        Ok(()) => Outcome::Duplicate,
-                        Err(e) => abandoned(e),
-                    };
-                }
-                if let Some(until) = rec.lease_live(OffsetDateTime::now_utc()) {
-                    return match settle.retry_after(defer_delay(until)).await {
-                        Ok(()) => Outcome::Deferred { until },
-                        Err(e) => abandoned(e),
-                    };
-                }
-                if let Some(e) = rec.last_error {
-                    reason.push_str(&format!("; last error: {e}"));
-                }
-                first = rec.first_seen;
-            }
-        }
-        let key_text = key
-            .as_ref()
-            .ok()
-            .and_then(|k| k.as_ref())
-            .map(|k| k.as_str().to_string());
-        return poison(
-            rt,
-            msg,
-            settle,
-            None,
-            key_text.as_deref(),
-            ErrorKind::Crashed,
-            reason,
-            first,
-            false,
-        )
-        .await;
-    }
-    let payload = match payload {
-        Ok(p) => p,
-        Err(e) => {
-            return poison(
-                rt,
-                msg,
-                settle,
-                None,
-                None,
-                ErrorKind::Decode,
-                e.to_string(),
-                None,
-                false,
-            )
-            .await
-        }
-    };
-    let key = match key {
-        Ok(k) => k,
-        Err(e) => {
-            return poison(
-                rt,
-                msg,
-                settle,
-                None,
-                None,
-                ErrorKind::Permanent,
-                e,
-                None,
-                false,
-            )
-            .await
-        }
+    let decode_error = payload.as_ref().err().map(|e| e.to_string());
+    let facts = Facts {
+        dequeue_count: dc,
+        decode_error: decode_error.as_deref(),
+        key_error: key_error.as_deref(),
     };
     if let Some(k) = &key {
         tracing::Span::current().record("key", k.as_str());
     }
-
-    let lease = app.lease;
-    let mut claim: Option<ClaimedKey> = None;
-    if let Some(k) = &key {
+    let mut ctx = Settling {
+        rt,
+        msg,
+        settle,
+        key: key.as_ref(),
+        claim: None,
+        first_attempt: None,
+    };
+    let jitter = rand::thread_rng().gen();
+    // Over the cap, the key's record decides first (see `decide`).
+    let over_cap_record = match &key {
+        Some(k) if dc > policy.max_dequeue_count => {
+            rt.keys.get(&rt.function.name, k).await.ok().flatten()
+        }
+        _ => None,
+    };
+    let state = match (&key, &over_cap_record) {
+        (None, _) => KeyState::Keyless,
+        (Some(_), _) if dc <= policy.max_dequeue_count => KeyState::Unclaimed,
+        (Some(_), None) => KeyState::Free { last_error: None },
+        (Some(_), Some(rec)) => {
+            ctx.first_attempt = rec.first_seen.clone();
+            if rec.status.is_settled() {
+                KeyState::Settled
+            } else if let Some(until) = rec.lease_live(OffsetDateTime::now_utc()) {
+                KeyState::Held { until }
+            } else {
+                KeyState::Free {
+                    last_error: rec.last_error.as_deref(),
+                }
+            }
+        }
+    };
+    let mut action = decide(&facts, &state, &AttemptResult::NotRun, &policy, jitter);
+    if action == Action::Claim {
+        let k = key.as_ref().expect("only a keyed job is claimed");
         let owner = format!("{}/{}/{}", rt.worker_id, msg.id, dc);
-        match rt
+        let state = match rt
             .keys
-            .claim_attempt(&rt.function.name, k, &owner, lease, &msg.id, dc)
+            .claim_attempt(&rt.function.name, k, &owner, policy.lease, &msg.id, dc)
             .await
         {
-            Ok(NextAction::Run(c)) => claim = Some(c),
-            Ok(NextAction::AlreadyDone) => {
-                return match settle.delete().await {
-                    Ok(()) => Outcome::Duplicate,
-                    Err(e) => abandoned(e),
-                };
+            Ok(NextAction::Run(c)) => {
+                ctx.first_attempt = c.first_seen.clone();
+                ctx.claim = Some(c);
+                KeyState::Claimed
             }
-            Ok(NextAction::HeldElsewhere { until })
-                if dc >= max && settle.poisons_failed_last_attempt() =>
-            {
-                // The host would poison this message on a non-2xx, with no
-                // error and no record. Keep it as a record instead: a replay
-                // is a duplicate if the holder finishes, and runs otherwise.
-                let key_text = k.as_str().to_string();
-                return poison(
-                    rt,
-                    msg,
-                    settle,
-                    None,
-                    Some(&key_text),
-                    ErrorKind::Retryable,
-                    format!(
-                        "key held by another attempt (lease until {until}) at the last attempt \
-                         (maxDequeueCount {max}); the Functions host would poison it without an error"
-                    ),
-                    None, false,
-)
-                .await;
-            }
-            Ok(NextAction::HeldElsewhere { until }) => {
-                let wait = defer_delay(until);
-                return match settle.retry_after(wait).await {
-                    Ok(()) => Outcome::Deferred { until },
-                    Err(e) => abandoned(e),
-                };
-            }
+            Ok(NextAction::AlreadyDone) => KeyState::Settled,
+            Ok(NextAction::HeldElsewhere { until }) => KeyState::Held { until },
             Err(e) => return abandoned(e),
-        }
+        };
+        action = decide(&facts, &state, &AttemptResult::NotRun, &policy, jitter);
+    }
+    if action != Action::Run {
+        return ctx.carry_out(action).await;
     }
     failpoint::hit("claim.after");
-
-    let job = Job {
-        function: rt.function.name.clone(),
-        message_id: msg.id.clone(),
-        dequeue_count: dc,
-        payload,
-        key: key.as_ref().map(|k| k.as_str().to_string()),
-        provider_key: claim.as_ref().map(|c| c.provider_key.clone()),
-        previously_pending: claim.as_ref().is_some_and(|c| c.previously_pending),
-        key_partition: claim.as_ref().map(|c| c.partition_key.clone()),
+    let Ok(payload) = payload else {
+        unreachable!("decide runs only decoded payloads")
     };
-    let first_attempt = claim.as_ref().and_then(|c| c.first_seen.clone());
+    let (run, success) = ctx.run(payload, hard_stop).await;
+    let attempt = match &run {
+        HandlerRun::Finished(Ok(_)) => AttemptResult::Succeeded,
+        HandlerRun::Interrupted => AttemptResult::Interrupted,
+        HandlerRun::TimedOut(t) => {
+            return ctx
+                .carry_out(decide(
+                    &facts,
+                    &KeyState::Claimed,
+                    &AttemptResult::Failed {
+                        kind: ErrorKind::Timeout,
+                        message: &format!("handler exceeded functionTimeout ({t:?})"),
+                        retry_after: None,
+                        // A timeout cut the handler off mid-way: it may have acted.
+                        uncertain: true,
+                    },
+                    &policy,
+                    jitter,
+                ))
+                .await;
+        }
+        HandlerRun::Finished(Err(e)) => failed_attempt(e),
+    };
+    match decide(&facts, &KeyState::Claimed, &attempt, &policy, jitter) {
+        Action::Complete => ctx.complete(success.unwrap_or_default()).await,
+        other => ctx.carry_out(other).await,
+    }
+}
 
-    let started = Instant::now();
-    let run = run_handler(rt, &job, settle, claim.as_mut(), hard_stop).await;
-    metrics::histogram!("aqw_handler_duration_seconds", "function" => rt.function.name.clone())
-        .record(started.elapsed().as_secs_f64());
+fn failed_attempt(e: &HandlerError) -> AttemptResult<'_> {
+    match e {
+        HandlerError::Retryable {
+            message,
+            retry_after,
+            may_have_taken_effect,
+        } => AttemptResult::Failed {
+            kind: ErrorKind::Retryable,
+            message,
+            retry_after: *retry_after,
+            uncertain: *may_have_taken_effect,
+        },
+        HandlerError::Permanent { message } => AttemptResult::Failed {
+            kind: ErrorKind::Permanent,
+            message,
+            retry_after: None,
+            uncertain: false,
+        },
+    }
+}
 
-    let (kind, message, retry_after, uncertain) = match run {
-        HandlerRun::Finished(Ok(success)) => {
-            failpoint::hit("effect.after");
-            if let Some(c) = &claim {
-                if let Err(e) = rt.keys.complete(c, success.same_store_effects).await {
-                    return match e {
-                        FinishError::Storage(e) => abandoned(e),
-                        FinishError::LeaseLost => Outcome::Abandoned {
-                            error: "lost the key lease before marking it done".into(),
-                        },
-                    };
+/// One message's context while its [`Action`]s are carried out.
+struct Settling<'a> {
+    rt: &'a FunctionRuntime,
+    msg: &'a ReceivedMessage,
+    settle: &'a dyn Settle,
+    key: Option<&'a IdempotencyKey>,
+    claim: Option<ClaimedKey>,
+    first_attempt: Option<String>,
+}
+
+impl Settling<'_> {
+    /// Run the handler under the claim; the success is kept for `complete`.
+    async fn run(
+        &mut self,
+        payload: String,
+        hard_stop: &CancellationToken,
+    ) -> (HandlerRun, Option<Success>) {
+        let rt = self.rt;
+        let claim = self.claim.as_ref();
+        let job = Job {
+            function: rt.function.name.clone(),
+            message_id: self.msg.id.clone(),
+            dequeue_count: self.msg.dequeue_count,
+            payload,
+            key: self.key.map(|k| k.as_str().to_string()),
+            provider_key: claim.map(|c| c.provider_key.clone()),
+            previously_pending: claim.is_some_and(|c| c.previously_pending),
+            key_partition: claim.map(|c| c.partition_key.clone()),
+        };
+        let started = Instant::now();
+        let run = run_handler(rt, &job, self.settle, self.claim.as_mut(), hard_stop).await;
+        metrics::histogram!("aqw_handler_duration_seconds", "function" => rt.function.name.clone())
+            .record(started.elapsed().as_secs_f64());
+        match run {
+            HandlerRun::Finished(Ok(success)) => {
+                (HandlerRun::Finished(Ok(Success::done())), Some(success))
+            }
+            other => (other, None),
+        }
+    }
+
+    /// The handler succeeded: key done (with its same-store effects), then delete.
+    async fn complete(&self, success: Success) -> Outcome {
+        failpoint::hit("effect.after");
+        if let Some(c) = &self.claim {
+            if let Err(e) = self.rt.keys.complete(c, success.same_store_effects).await {
+                return match e {
+                    FinishError::Storage(e) => abandoned(e),
+                    FinishError::LeaseLost => Outcome::Abandoned {
+                        error: "lost the key lease before marking it done".into(),
+                    },
+                };
+            }
+        } else if !success.same_store_effects.is_empty() {
+            warn!("handler returned same-store effects for a function without keys; they were not written");
+        }
+        failpoint::hit("done.after");
+        match self.settle.delete().await {
+            Ok(()) => Outcome::Completed,
+            Err(e) => abandoned(e),
+        }
+    }
+
+    async fn carry_out(&self, action: Action) -> Outcome {
+        let rt = self.rt;
+        match action {
+            Action::Duplicate => match self.settle.delete().await {
+                Ok(()) => Outcome::Duplicate,
+                Err(e) => abandoned(e),
+            },
+            Action::Defer { until } => match self.settle.retry_after(defer_delay(until)).await {
+                Ok(()) => Outcome::Deferred { until },
+                Err(e) => abandoned(e),
+            },
+            Action::Release => {
+                if let Some(c) = &self.claim {
+                    let _ = rt
+                        .keys
+                        .record_failure_as(c, "released", "interrupted by shutdown", true)
+                        .await;
                 }
-            } else if !success.same_store_effects.is_empty() {
-                warn!("handler returned same-store effects for a function without keys; they were not written");
+                match self.settle.retry_after(Duration::ZERO).await {
+                    Ok(()) => Outcome::Released,
+                    Err(e) => abandoned(e),
+                }
             }
-            failpoint::hit("done.after");
-            return match settle.delete().await {
-                Ok(()) => Outcome::Completed,
-                Err(e) => abandoned(e),
-            };
-        }
-        HandlerRun::Interrupted => {
-            if let Some(c) = &claim {
-                let _ = rt
-                    .keys
-                    .record_failure_as(c, "released", "interrupted by shutdown", true)
-                    .await;
+            Action::Retry {
+                after,
+                reason,
+                uncertain,
+            } => self.retry(after, &reason, uncertain).await,
+            Action::Poison {
+                kind,
+                reason,
+                uncertain,
+            } => {
+                poison(
+                    rt,
+                    self.msg,
+                    self.settle,
+                    self.claim.as_ref(),
+                    self.key.map(|k| k.as_str()),
+                    kind,
+                    reason,
+                    self.first_attempt.clone(),
+                    uncertain,
+                )
+                .await
             }
-            return match settle.retry_after(Duration::ZERO).await {
-                Ok(()) => Outcome::Released,
-                Err(e) => abandoned(e),
-            };
+            Action::Complete => self.complete(Success::done()).await,
+            Action::Claim | Action::Run => {
+                unreachable!("process claims and runs before carrying out")
+            }
         }
-        // A timeout cut the handler off mid-way: it may have acted.
-        HandlerRun::TimedOut(t) => (
-            ErrorKind::Timeout,
-            format!("handler exceeded functionTimeout ({t:?})"),
-            None,
-            true,
-        ),
-        HandlerRun::Finished(Err(HandlerError::Retryable {
-            message,
-            retry_after,
-            may_have_taken_effect,
-        })) => (
-            ErrorKind::Retryable,
-            message,
-            retry_after,
-            may_have_taken_effect,
-        ),
-        HandlerRun::Finished(Err(HandlerError::Permanent { message })) => {
-            (ErrorKind::Permanent, message, None, false)
-        }
-    };
+    }
 
-    let retryable = kind != ErrorKind::Permanent;
-    if retryable && dc < max {
-        if let Some(c) = &claim {
+    /// A failed attempt below the cap: note it on the key, then hide the
+    /// message until `after`.
+    async fn retry(&self, after: Duration, message: &str, uncertain: bool) -> Outcome {
+        let rt = self.rt;
+        if let Some(c) = &self.claim {
             if let Err(FinishError::Storage(e)) =
-                rt.keys.record_failure(c, &message, uncertain).await
+                rt.keys.record_failure(c, message, uncertain).await
             {
                 return abandoned(e);
             }
         }
-        let after = retry_after
-            .unwrap_or_else(|| retry_delay(&app.retry, dc, rand::thread_rng().gen()))
-            .min(Duration::from_secs(7 * 24 * 3600));
-        warn!(event = "aqw.job.retry", error_kind = kind.as_str(), error = %crate::telemetry::scrub(&message), retry_in_s = after.as_secs_f64(), "attempt failed; will retry");
+        warn!(event = "aqw.job.retry", error = %crate::telemetry::scrub(message), retry_in_s = after.as_secs_f64(), "attempt failed; will retry");
         metrics::counter!("aqw_retries_total", "function" => rt.function.name.clone()).increment(1);
-        return match settle.retry_after(after).await {
+        match self.settle.retry_after(after).await {
             Ok(()) => Outcome::Retried { after },
             Err(e) => abandoned(e),
-        };
+        }
     }
-    let key_text = key.as_ref().map(|k| k.as_str().to_string());
-    poison(
-        rt,
-        msg,
-        settle,
-        claim.as_ref(),
-        key_text.as_deref(),
-        kind,
-        message,
-        first_attempt,
-        uncertain,
-    )
-    .await
 }
 
 /// Look again soon rather than at the lease's end: the holder usually
