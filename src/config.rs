@@ -467,6 +467,55 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
         local: read_local_settings(app_dir)?,
     };
     let env: &dyn Env = &layered;
+    let (host_file, root) = read_host_json(app_dir)?;
+    let raw_queues: RawQueues = match root.get("extensions").and_then(|e| e.get("queues")) {
+        Some(v) => typed(&host_file, "extensions.queues", v)?,
+        None => RawQueues::default(),
+    };
+    let raw_aqw: RawAqw = match root.get("aqw") {
+        Some(v) => typed(&host_file, "aqw", v)?,
+        None => RawAqw::default(),
+    };
+    let function_timeout = match root.get("functionTimeout") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(timespan(&host_file, "functionTimeout", s)?),
+        Some(_) => {
+            return Err(ConfigError::new(
+                &host_file,
+                "functionTimeout",
+                "must be a timespan string hh:mm:ss",
+            ))
+        }
+    };
+
+    let q = QueueSettings::validate(&host_file, &raw_queues)?;
+    let a = AqwSettings::validate(&host_file, &raw_aqw, q.visibility_timeout)?;
+    let (functions, skipped) = functions(app_dir, &host_file, &raw_aqw, env)?;
+    Ok(AppConfig {
+        app_dir: app_dir.to_path_buf(),
+        max_dequeue_count: q.max_dequeue_count,
+        visibility_timeout: q.visibility_timeout,
+        batch_size: q.batch_size,
+        new_batch_threshold: q.new_batch_threshold,
+        max_polling_interval: q.max_polling_interval,
+        message_encoding: q.message_encoding,
+        function_timeout,
+        lease: a.lease,
+        retry: a.retry,
+        keys_table: a.keys_table,
+        poison_table: a.poison_table,
+        poison_ttl: a.poison_ttl,
+        alert_webhook: a.alert_webhook,
+        alert_window: a.alert_window,
+        http_port: a.http_port,
+        shutdown_timeout: a.shutdown_timeout,
+        functions,
+        skipped,
+    })
+}
+
+/// `host.json` as a JSON object whose top-level keys are all known.
+fn read_host_json(app_dir: &Path) -> Result<(String, serde_json::Map<String, Value>), ConfigError> {
     let host_path = app_dir.join("host.json");
     let host_file = host_path.display().to_string();
     let text = std::fs::read_to_string(&host_path)
@@ -491,94 +540,188 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
         }
     }
 
-    let raw_queues: RawQueues = match root.get("extensions").and_then(|e| e.get("queues")) {
-        Some(v) => typed(&host_file, "extensions.queues", v)?,
-        None => RawQueues::default(),
-    };
-    let raw_aqw: RawAqw = match root.get("aqw") {
-        Some(v) => typed(&host_file, "aqw", v)?,
-        None => RawAqw::default(),
-    };
-    let function_timeout = match root.get("functionTimeout") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(timespan(&host_file, "functionTimeout", s)?),
-        Some(_) => {
-            return Err(ConfigError::new(
-                &host_file,
-                "functionTimeout",
-                "must be a timespan string hh:mm:ss",
-            ))
-        }
-    };
+    Ok((host_file, root))
+}
 
-    let f = |field: &str, msg: String| ConfigError::new(&host_file, field, msg);
+/// `extensions.queues`, validated.
+struct QueueSettings {
+    max_dequeue_count: u32,
+    batch_size: u32,
+    new_batch_threshold: u32,
+    visibility_timeout: Duration,
+    max_polling_interval: Duration,
+    message_encoding: MessageEncoding,
+}
 
-    let max_dequeue_count = match raw_queues.max_dequeue_count {
-        None => 5,
-        Some(n) if (1..=1000).contains(&n) => n as u32,
-        Some(n) => {
-            return Err(f(
-                "extensions.queues.maxDequeueCount",
-                format!("{n} is out of range (1..=1000)"),
-            ))
-        }
-    };
-    let batch_size = match raw_queues.batch_size {
-        None => 16,
-        Some(n) if (1..=32).contains(&n) => n as u32,
-        Some(n) => {
-            return Err(f(
-                "extensions.queues.batchSize",
-                format!("{n} is out of range (1..=32)"),
-            ))
-        }
-    };
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get() as u32)
-        .unwrap_or(1);
-    let new_batch_threshold = match raw_queues.new_batch_threshold {
-        None => (batch_size / 2) * cores,
-        Some(n) if (0..=10_000).contains(&n) => n as u32,
-        Some(n) => {
-            return Err(f(
-                "extensions.queues.newBatchThreshold",
-                format!("{n} is out of range (0..=10000)"),
-            ))
-        }
-    };
-    let visibility_timeout = opt_timespan(
-        &host_file,
-        "extensions.queues.visibilityTimeout",
-        &raw_queues.visibility_timeout,
-    )?
-    .unwrap_or(Duration::ZERO);
-    if visibility_timeout > Duration::from_secs(7 * 24 * 3600) {
-        return Err(f(
+impl QueueSettings {
+    fn validate(host_file: &str, raw_queues: &RawQueues) -> Result<Self, ConfigError> {
+        let f = |field: &str, msg: String| ConfigError::new(host_file, field, msg);
+        let host_file = host_file.to_string();
+        let max_dequeue_count = match raw_queues.max_dequeue_count {
+            None => 5,
+            Some(n) if (1..=1000).contains(&n) => n as u32,
+            Some(n) => {
+                return Err(f(
+                    "extensions.queues.maxDequeueCount",
+                    format!("{n} is out of range (1..=1000)"),
+                ))
+            }
+        };
+        let batch_size = match raw_queues.batch_size {
+            None => 16,
+            Some(n) if (1..=32).contains(&n) => n as u32,
+            Some(n) => {
+                return Err(f(
+                    "extensions.queues.batchSize",
+                    format!("{n} is out of range (1..=32)"),
+                ))
+            }
+        };
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1);
+        let new_batch_threshold = match raw_queues.new_batch_threshold {
+            None => (batch_size / 2) * cores,
+            Some(n) if (0..=10_000).contains(&n) => n as u32,
+            Some(n) => {
+                return Err(f(
+                    "extensions.queues.newBatchThreshold",
+                    format!("{n} is out of range (0..=10000)"),
+                ))
+            }
+        };
+        let visibility_timeout = opt_timespan(
+            &host_file,
             "extensions.queues.visibilityTimeout",
-            "must be at most 7 days".into(),
-        ));
-    }
-    let max_polling_interval = opt_timespan(
-        &host_file,
-        "extensions.queues.maxPollingInterval",
-        &raw_queues.max_polling_interval,
-    )?
-    .unwrap_or(Duration::from_secs(60));
-    if max_polling_interval < Duration::from_millis(100) {
-        return Err(f(
+            &raw_queues.visibility_timeout,
+        )?
+        .unwrap_or(Duration::ZERO);
+        if visibility_timeout > Duration::from_secs(7 * 24 * 3600) {
+            return Err(f(
+                "extensions.queues.visibilityTimeout",
+                "must be at most 7 days".into(),
+            ));
+        }
+        let max_polling_interval = opt_timespan(
+            &host_file,
             "extensions.queues.maxPollingInterval",
-            "must be at least 00:00:00.100".into(),
-        ));
-    }
-    let message_encoding = raw_queues
-        .message_encoding
-        .unwrap_or(MessageEncoding::Base64);
+            &raw_queues.max_polling_interval,
+        )?
+        .unwrap_or(Duration::from_secs(60));
+        if max_polling_interval < Duration::from_millis(100) {
+            return Err(f(
+                "extensions.queues.maxPollingInterval",
+                "must be at least 00:00:00.100".into(),
+            ));
+        }
+        let message_encoding = raw_queues
+            .message_encoding
+            .unwrap_or(MessageEncoding::Base64);
 
-    let lease =
-        opt_timespan(&host_file, "aqw.lease", &raw_aqw.lease)?.unwrap_or(Duration::from_secs(30));
-    if lease < Duration::from_secs(1) || lease > Duration::from_secs(7 * 24 * 3600) {
-        return Err(f("aqw.lease", "must be between 00:00:01 and 7 days".into()));
+        Ok(Self {
+            max_dequeue_count,
+            batch_size,
+            new_batch_threshold,
+            visibility_timeout,
+            max_polling_interval,
+            message_encoding,
+        })
     }
+}
+
+/// The `aqw` section's settings other than functions, validated.
+struct AqwSettings {
+    lease: Duration,
+    retry: RetryStrategy,
+    keys_table: String,
+    poison_table: String,
+    poison_ttl: Option<Duration>,
+    alert_webhook: Option<url::Url>,
+    alert_window: Duration,
+    http_port: Option<u16>,
+    shutdown_timeout: Duration,
+}
+
+impl AqwSettings {
+    fn validate(
+        host_file: &str,
+        raw_aqw: &RawAqw,
+        visibility_timeout: Duration,
+    ) -> Result<Self, ConfigError> {
+        let f = |field: &str, msg: String| ConfigError::new(host_file, field, msg);
+        let host_file = host_file.to_string();
+        let lease = opt_timespan(&host_file, "aqw.lease", &raw_aqw.lease)?
+            .unwrap_or(Duration::from_secs(30));
+        if lease < Duration::from_secs(1) || lease > Duration::from_secs(7 * 24 * 3600) {
+            return Err(f("aqw.lease", "must be between 00:00:01 and 7 days".into()));
+        }
+        let retry = retry_setting(&host_file, raw_aqw, visibility_timeout)?;
+        let keys_table = raw_aqw
+            .tables
+            .keys
+            .clone()
+            .unwrap_or_else(|| "aqwkeys".into());
+        validate_table_name(&keys_table).map_err(|m| f("aqw.tables.keys", m))?;
+        let poison_table = raw_aqw
+            .tables
+            .poison
+            .clone()
+            .unwrap_or_else(|| "aqwpoison".into());
+        validate_table_name(&poison_table).map_err(|m| f("aqw.tables.poison", m))?;
+        if keys_table.eq_ignore_ascii_case(&poison_table) {
+            return Err(f("aqw.tables", "keys and poison tables must differ".into()));
+        }
+        let poison_ttl = match raw_aqw.poison.as_ref().and_then(|p| p.ttl.as_deref()) {
+            None | Some("never") => None,
+            Some(s) => {
+                let d = timespan(&host_file, "aqw.poison.ttl", s)?;
+                if d < Duration::from_secs(1) {
+                    return Err(f(
+                        "aqw.poison.ttl",
+                        "must be at least 1 second, or \"never\"".into(),
+                    ));
+                }
+                Some(d)
+            }
+        };
+        let (alert_webhook, alert_window) = match &raw_aqw.alert {
+            None => (None, Duration::from_secs(300)),
+            Some(a) => {
+                let url = match &a.webhook {
+                    None => None,
+                    Some(u) => Some(parse_http_url(u).map_err(|m| f("aqw.alert.webhook", m))?),
+                };
+                let window = opt_timespan(&host_file, "aqw.alert.window", &a.window)?
+                    .unwrap_or(Duration::from_secs(300));
+                (url, window)
+            }
+        };
+        let http_port = raw_aqw.http.as_ref().and_then(|h| h.port);
+        let shutdown_timeout =
+            opt_timespan(&host_file, "aqw.shutdownTimeout", &raw_aqw.shutdown_timeout)?
+                .unwrap_or(Duration::from_secs(25));
+
+        Ok(Self {
+            lease,
+            retry,
+            keys_table,
+            poison_table,
+            poison_ttl,
+            alert_webhook,
+            alert_window,
+            http_port,
+            shutdown_timeout,
+        })
+    }
+}
+
+/// `aqw.retry`: a strategy name, or an object with its delays.
+fn retry_setting(
+    host_file: &str,
+    raw_aqw: &RawAqw,
+    visibility_timeout: Duration,
+) -> Result<RetryStrategy, ConfigError> {
+    let host_file = host_file.to_string();
     let retry = match &raw_aqw.retry {
         None => RetryStrategy::Exponential {
             initial_delay: Duration::from_secs(1),
@@ -593,51 +736,18 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
             retry_strategy(&host_file, &o.strategy, initial, max, visibility_timeout)?
         }
     };
-    let keys_table = raw_aqw
-        .tables
-        .keys
-        .clone()
-        .unwrap_or_else(|| "aqwkeys".into());
-    validate_table_name(&keys_table).map_err(|m| f("aqw.tables.keys", m))?;
-    let poison_table = raw_aqw
-        .tables
-        .poison
-        .clone()
-        .unwrap_or_else(|| "aqwpoison".into());
-    validate_table_name(&poison_table).map_err(|m| f("aqw.tables.poison", m))?;
-    if keys_table.eq_ignore_ascii_case(&poison_table) {
-        return Err(f("aqw.tables", "keys and poison tables must differ".into()));
-    }
-    let poison_ttl = match raw_aqw.poison.as_ref().and_then(|p| p.ttl.as_deref()) {
-        None | Some("never") => None,
-        Some(s) => {
-            let d = timespan(&host_file, "aqw.poison.ttl", s)?;
-            if d < Duration::from_secs(1) {
-                return Err(f(
-                    "aqw.poison.ttl",
-                    "must be at least 1 second, or \"never\"".into(),
-                ));
-            }
-            Some(d)
-        }
-    };
-    let (alert_webhook, alert_window) = match &raw_aqw.alert {
-        None => (None, Duration::from_secs(300)),
-        Some(a) => {
-            let url = match &a.webhook {
-                None => None,
-                Some(u) => Some(parse_http_url(u).map_err(|m| f("aqw.alert.webhook", m))?),
-            };
-            let window = opt_timespan(&host_file, "aqw.alert.window", &a.window)?
-                .unwrap_or(Duration::from_secs(300));
-            (url, window)
-        }
-    };
-    let http_port = raw_aqw.http.as_ref().and_then(|h| h.port);
-    let shutdown_timeout =
-        opt_timespan(&host_file, "aqw.shutdownTimeout", &raw_aqw.shutdown_timeout)?
-            .unwrap_or(Duration::from_secs(25));
+    Ok(retry)
+}
 
+/// Every function: folders with function.json, plus `aqw.functions` entries;
+/// disabled and non-queue functions come back as skipped.
+fn functions(
+    app_dir: &Path,
+    host_file: &str,
+    raw_aqw: &RawAqw,
+    env: &dyn Env,
+) -> Result<(Vec<FunctionConfig>, Vec<SkippedFunction>), ConfigError> {
+    let f = |field: &str, msg: String| ConfigError::new(host_file, field, msg);
     // Functions: folders with function.json, plus aqw.functions entries.
     let (folder_functions, mut skipped) = scan_function_folders(app_dir, env)?;
     let mut names: Vec<String> = folder_functions.keys().cloned().collect();
@@ -659,9 +769,6 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
     let mut functions = Vec::new();
     let empty = RawFunction::default();
     for name in names {
-        let raw = raw_aqw.functions.get(&name).unwrap_or(&empty);
-        let path = format!("aqw.functions.{name}");
-        validate_function_name(&name).map_err(|m| f(&path, m))?;
         if disabled_by_setting(&name, env) {
             skipped.push(SkippedFunction {
                 name,
@@ -669,81 +776,9 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
             });
             continue;
         }
+        let raw = raw_aqw.functions.get(&name).unwrap_or(&empty);
         let folder = folder_functions.get(&name);
-        let raw_queue = match &raw.queue {
-            Some(q) => {
-                Some(resolve_app_settings(q, env).map_err(|m| f(&format!("{path}.queue"), m))?)
-            }
-            None => None,
-        };
-        let (queue, connection_name, binding_name, binary_data) = match (folder, &raw_queue) {
-            (Some(b), Some(q)) if &b.queue != q => {
-                return Err(f(
-                    &format!("{path}.queue"),
-                    format!(
-                        "\"{q}\" differs from queueName \"{}\" in {name}/function.json",
-                        b.queue
-                    ),
-                ))
-            }
-            (Some(b), _) => (
-                b.queue.clone(),
-                b.connection.clone(),
-                b.binding_name.clone(),
-                b.binary_data,
-            ),
-            (None, Some(q)) => (q.clone(), None, "message".to_string(), false),
-            (None, None) => {
-                return Err(f(
-                    &format!("{path}.queue"),
-                    format!("missing: give the queue here or in {name}/function.json"),
-                ))
-            }
-        };
-        validate_queue_name(&queue).map_err(|m| f(&format!("{path}.queue"), m))?;
-        let connection_name = raw
-            .connection
-            .clone()
-            .or(connection_name)
-            .unwrap_or_else(|| "AzureWebJobsStorage".into());
-        let connection = resolve_connection(&connection_name, env)
-            .map_err(|m| ConfigError::new("environment", &connection_name, m))?;
-        let key = match raw.key.as_deref() {
-            None => KeySpec::PayloadField,
-            Some("none") => KeySpec::None,
-            Some(t) => {
-                KeySpec::Template(KeyTemplate::parse(t).map_err(|m| f(&format!("{path}.key"), m))?)
-            }
-        };
-        let handler = match &raw.handler {
-            None => HandlerSpec::Registered,
-            Some(RawHandler::Http { url, timeout }) => HandlerSpec::Http {
-                url: parse_http_url(url).map_err(|m| f(&format!("{path}.handler.url"), m))?,
-                timeout: opt_timespan(&host_file, &format!("{path}.handler.timeout"), timeout)?
-                    .unwrap_or(Duration::from_secs(30)),
-            },
-            Some(RawHandler::Exec { command, timeout }) => {
-                if command.is_empty() || command[0].is_empty() {
-                    return Err(f(
-                        &format!("{path}.handler.command"),
-                        "must name a program".into(),
-                    ));
-                }
-                HandlerSpec::Exec {
-                    command: command.clone(),
-                    timeout: opt_timespan(&host_file, &format!("{path}.handler.timeout"), timeout)?,
-                }
-            }
-        };
-        functions.push(FunctionConfig {
-            name,
-            queue,
-            connection,
-            key,
-            handler,
-            binding_name,
-            binary_data,
-        });
+        functions.push(function_config(name, raw, folder, host_file, env)?);
     }
     let mut seen = std::collections::BTreeSet::new();
     for func in &functions {
@@ -755,26 +790,92 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
         }
     }
 
-    Ok(AppConfig {
-        app_dir: app_dir.to_path_buf(),
-        max_dequeue_count,
-        visibility_timeout,
-        batch_size,
-        new_batch_threshold,
-        max_polling_interval,
-        message_encoding,
-        function_timeout,
-        lease,
-        retry,
-        keys_table,
-        poison_table,
-        poison_ttl,
-        alert_webhook,
-        alert_window,
-        http_port,
-        shutdown_timeout,
-        functions,
-        skipped,
+    Ok((functions, skipped))
+}
+
+/// One function's config from its `aqw.functions` entry and its folder.
+fn function_config(
+    name: String,
+    raw: &RawFunction,
+    folder: Option<&FolderBinding>,
+    host_file: &str,
+    env: &dyn Env,
+) -> Result<FunctionConfig, ConfigError> {
+    let f = |field: &str, msg: String| ConfigError::new(host_file, field, msg);
+    let host_file = host_file.to_string();
+    let path = format!("aqw.functions.{name}");
+    validate_function_name(&name).map_err(|m| f(&path, m))?;
+    let raw_queue = match &raw.queue {
+        Some(q) => Some(resolve_app_settings(q, env).map_err(|m| f(&format!("{path}.queue"), m))?),
+        None => None,
+    };
+    let (queue, connection_name, binding_name, binary_data) = match (folder, &raw_queue) {
+        (Some(b), Some(q)) if &b.queue != q => {
+            return Err(f(
+                &format!("{path}.queue"),
+                format!(
+                    "\"{q}\" differs from queueName \"{}\" in {name}/function.json",
+                    b.queue
+                ),
+            ))
+        }
+        (Some(b), _) => (
+            b.queue.clone(),
+            b.connection.clone(),
+            b.binding_name.clone(),
+            b.binary_data,
+        ),
+        (None, Some(q)) => (q.clone(), None, "message".to_string(), false),
+        (None, None) => {
+            return Err(f(
+                &format!("{path}.queue"),
+                format!("missing: give the queue here or in {name}/function.json"),
+            ))
+        }
+    };
+    validate_queue_name(&queue).map_err(|m| f(&format!("{path}.queue"), m))?;
+    let connection_name = raw
+        .connection
+        .clone()
+        .or(connection_name)
+        .unwrap_or_else(|| "AzureWebJobsStorage".into());
+    let connection = resolve_connection(&connection_name, env)
+        .map_err(|m| ConfigError::new("environment", &connection_name, m))?;
+    let key = match raw.key.as_deref() {
+        None => KeySpec::PayloadField,
+        Some("none") => KeySpec::None,
+        Some(t) => {
+            KeySpec::Template(KeyTemplate::parse(t).map_err(|m| f(&format!("{path}.key"), m))?)
+        }
+    };
+    let handler = match &raw.handler {
+        None => HandlerSpec::Registered,
+        Some(RawHandler::Http { url, timeout }) => HandlerSpec::Http {
+            url: parse_http_url(url).map_err(|m| f(&format!("{path}.handler.url"), m))?,
+            timeout: opt_timespan(&host_file, &format!("{path}.handler.timeout"), timeout)?
+                .unwrap_or(Duration::from_secs(30)),
+        },
+        Some(RawHandler::Exec { command, timeout }) => {
+            if command.is_empty() || command[0].is_empty() {
+                return Err(f(
+                    &format!("{path}.handler.command"),
+                    "must name a program".into(),
+                ));
+            }
+            HandlerSpec::Exec {
+                command: command.clone(),
+                timeout: opt_timespan(&host_file, &format!("{path}.handler.timeout"), timeout)?,
+            }
+        }
+    };
+    Ok(FunctionConfig {
+        name,
+        queue,
+        connection,
+        key,
+        handler,
+        binding_name,
+        binary_data,
     })
 }
 
