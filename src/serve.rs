@@ -208,9 +208,55 @@ pub fn parse_invocation(
     function: &FunctionConfig,
     encoding: MessageEncoding,
 ) -> Result<Invocation, InvocationError> {
-    let binding = function.binding_name.as_str();
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| InvocationError::bad("(body)", format!("invocation body is not JSON: {e}")))?;
+    let (data_field, item) = data_item(&v, &function.binding_name)?;
+    let meta = match v.get("Metadata") {
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err(InvocationError::bad("Metadata", "must be an object")),
+        None => return Err(InvocationError::bad("Metadata", "missing")),
+    };
+    let shape = match meta.get("DequeueCount") {
+        Some(Value::Number(_)) => Shape::Docs,
+        _ => Shape::Host,
+    };
+    let (text, payload) = if function.binary_data {
+        // No binding-data merge happens for a binary trigger.
+        (binary_text(item, &data_field, encoding)?, None)
+    } else {
+        let payload = string_payload(item, &data_field, shape)?;
+        (encode(&payload, encoding), Some(payload))
+    };
+    let meta = Metadata {
+        meta,
+        shape,
+        payload_fields: payload_fields(payload.as_deref()),
+    };
+    let shadowed = meta.shadowed();
+    let insertion = meta.time("InsertionTime")?;
+    let id = match meta.id()? {
+        Some(id) => id,
+        None => derived_id(insertion, &text),
+    };
+    let now = OffsetDateTime::now_utc();
+    Ok(Invocation {
+        message: ReceivedMessage {
+            id,
+            pop_receipt: meta.string("PopReceipt")?.unwrap_or_default(),
+            dequeue_count: meta.dequeue_count()?,
+            insertion_time: insertion.unwrap_or(now),
+            expiration_time: meta.time("ExpirationTime")?.unwrap_or(now),
+            next_visible: meta.time("NextVisibleTime")?.unwrap_or(now),
+            text,
+        },
+        shape,
+        shadowed,
+    })
+}
+
+/// `Data.<binding>` (or the one entry of `Data`, whatever the host named it),
+/// with the field name errors should give.
+fn data_item<'a>(v: &'a Value, binding: &str) -> Result<(String, &'a Value), InvocationError> {
     let data = match v.get("Data") {
         Some(Value::Object(d)) => d,
         Some(_) => return Err(InvocationError::bad("Data", "must be an object")),
@@ -221,77 +267,71 @@ pub fn parse_invocation(
             ))
         }
     };
-    let (data_field, item) = match data.get_key_value(binding) {
-        Some((name, item)) => (format!("Data.{name}"), item),
+    match data.get_key_value(binding) {
+        Some((name, item)) => Ok((format!("Data.{name}"), item)),
         // One trigger binding: accept it under whatever name the host used.
         None if data.len() == 1 => {
             let (name, item) = data.iter().next().expect("one entry");
-            (format!("Data.{name}"), item)
+            Ok((format!("Data.{name}"), item))
         }
-        None => {
-            return Err(InvocationError::bad(
-                format!("Data.{binding}"),
-                "missing (the queueTrigger binding name in function.json)",
-            ))
-        }
-    };
-    let meta = match v.get("Metadata") {
-        Some(Value::Object(m)) => m,
-        Some(_) => return Err(InvocationError::bad("Metadata", "must be an object")),
-        None => return Err(InvocationError::bad("Metadata", "missing")),
-    };
-    let shape = match meta.get("DequeueCount") {
-        Some(Value::Number(_)) => Shape::Docs,
-        _ => Shape::Host,
-    };
+        None => Err(InvocationError::bad(
+            format!("Data.{binding}"),
+            "missing (the queueTrigger binding name in function.json)",
+        )),
+    }
+}
 
-    // The message bytes, then the queue text aqw would have read.
-    let (text, payload_text) = if function.binary_data {
-        let Value::String(b64) = item else {
-            return Err(InvocationError::bad(
-                &data_field,
-                "must be a base64 string (function.json dataType is binary)",
-            ));
-        };
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .map_err(|e| {
-                InvocationError::bad(
-                    &data_field,
-                    format!("is not base64 ({e}), but dataType is binary"),
-                )
-            })?;
-        let text = match encoding {
-            MessageEncoding::Base64 => base64::engine::general_purpose::STANDARD.encode(&bytes),
-            MessageEncoding::None => String::from_utf8(bytes).map_err(|_| {
-                InvocationError::bad(
-                    &data_field,
-                    "is not UTF-8, which a messageEncoding none queue cannot hold",
-                )
-            })?,
-        };
-        // No binding-data merge happens for a binary trigger.
-        (text, None)
-    } else {
-        let payload = match (item, shape) {
-            (Value::String(s), Shape::Host) => unquote_host(s).ok_or_else(|| {
-                InvocationError::bad(
-                    &data_field,
-                    "expected the JSON string literal of the message text, as the Functions \
-                     host encodes it (a string that itself starts with a quote)",
-                )
-            })?,
-            (Value::String(s), Shape::Docs) => s.clone(),
-            (Value::Null, _) => return Err(InvocationError::bad(&data_field, "is null")),
-            (other, _) => other.to_string(),
-        };
-        (encode(&payload, encoding), Some(payload))
+/// `dataType: binary`: base64 of the message bytes → the queue text.
+fn binary_text(
+    item: &Value,
+    field: &str,
+    encoding: MessageEncoding,
+) -> Result<String, InvocationError> {
+    let Value::String(b64) = item else {
+        return Err(InvocationError::bad(
+            field,
+            "must be a base64 string (function.json dataType is binary)",
+        ));
     };
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .map_err(|e| {
+            InvocationError::bad(
+                field,
+                format!("is not base64 ({e}), but dataType is binary"),
+            )
+        })?;
+    match encoding {
+        MessageEncoding::Base64 => Ok(base64::engine::general_purpose::STANDARD.encode(&bytes)),
+        MessageEncoding::None => String::from_utf8(bytes).map_err(|_| {
+            InvocationError::bad(
+                field,
+                "is not UTF-8, which a messageEncoding none queue cannot hold",
+            )
+        }),
+    }
+}
 
-    // Which Metadata fields did the payload replace? (Only objects merge;
-    // null and array properties are skipped by the host.)
-    let payload_fields: Vec<String> = payload_text
-        .as_deref()
+/// A string trigger: the message text, unquoted once more in the host's shape.
+fn string_payload(item: &Value, field: &str, shape: Shape) -> Result<String, InvocationError> {
+    match (item, shape) {
+        (Value::String(s), Shape::Host) => unquote_host(s).ok_or_else(|| {
+            InvocationError::bad(
+                field,
+                "expected the JSON string literal of the message text, as the Functions \
+                 host encodes it (a string that itself starts with a quote)",
+            )
+        }),
+        (Value::String(s), Shape::Docs) => Ok(s.clone()),
+        (Value::Null, _) => Err(InvocationError::bad(field, "is null")),
+        (other, _) => Ok(other.to_string()),
+    }
+}
+
+/// The payload's top-level property names (lowercased) that the host merges
+/// into the binding data: objects only, null and array values skipped.
+fn payload_fields(payload: Option<&str>) -> Vec<String> {
+    payload
         .and_then(|p| serde_json::from_str::<Map<String, Value>>(p).ok())
         .map(|m| {
             m.into_iter()
@@ -299,105 +339,107 @@ pub fn parse_invocation(
                 .map(|(k, _)| k.to_ascii_lowercase())
                 .collect()
         })
-        .unwrap_or_default();
-    const METADATA: [&str; 6] = [
-        "DequeueCount",
-        "Id",
-        "PopReceipt",
-        "InsertionTime",
-        "ExpirationTime",
-        "NextVisibleTime",
-    ];
-    let is_shadowed = |name: &str| {
-        payload_fields
-            .iter()
-            .any(|k| *k == name.to_ascii_lowercase())
-    };
-    let shadowed: Vec<&'static str> = METADATA.into_iter().filter(|n| is_shadowed(n)).collect();
-    let trusted = |name: &str| {
-        if is_shadowed(name) {
+        .unwrap_or_default()
+}
+
+/// The queue metadata aqw reads.
+const METADATA: [&str; 6] = [
+    "DequeueCount",
+    "Id",
+    "PopReceipt",
+    "InsertionTime",
+    "ExpirationTime",
+    "NextVisibleTime",
+];
+
+/// `Metadata`, read knowing which fields the payload shadowed.
+struct Metadata<'a> {
+    meta: &'a Map<String, Value>,
+    shape: Shape,
+    payload_fields: Vec<String>,
+}
+
+impl Metadata<'_> {
+    fn is_shadowed(&self, name: &str) -> bool {
+        let lower = name.to_ascii_lowercase();
+        self.payload_fields.iter().any(|k| *k == lower)
+    }
+
+    fn shadowed(&self) -> Vec<&'static str> {
+        METADATA
+            .into_iter()
+            .filter(|n| self.is_shadowed(n))
+            .collect()
+    }
+
+    /// The value, unless the payload replaced it.
+    fn trusted(&self, name: &str) -> Option<&Value> {
+        if self.is_shadowed(name) {
             None
         } else {
-            meta.get(name)
+            self.meta.get(name)
         }
-    };
-    let string_field =
-        |name: &str, value: Option<&Value>| -> Result<Option<String>, InvocationError> {
-            match value {
-                None | Some(Value::Null) => Ok(None),
-                Some(Value::String(s)) => Ok(Some(match shape {
-                    // Lenient: an id never starts with a quote of its own.
-                    Shape::Host => unquote_host(s).unwrap_or_else(|| s.clone()),
-                    Shape::Docs => s.clone(),
-                })),
-                Some(other) => Err(InvocationError::bad(
-                    format!("Metadata.{name}"),
-                    format!("must be a string, not {other}"),
-                )),
-            }
-        };
+    }
 
-    let dequeue_value = trusted("DequeueCount");
-    let dequeue_count = if shadowed.contains(&"DequeueCount") {
-        // The real count is lost: never poison at the cap on our own (the
-        // host still does, with its true count).
-        1
-    } else {
-        match dequeue_value {
+    fn string(&self, name: &str) -> Result<Option<String>, InvocationError> {
+        match self.trusted(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(match self.shape {
+                // Lenient: an id never starts with a quote of its own.
+                Shape::Host => unquote_host(s).unwrap_or_else(|| s.clone()),
+                Shape::Docs => s.clone(),
+            })),
+            Some(other) => Err(InvocationError::bad(
+                format!("Metadata.{name}"),
+                format!("must be a string, not {other}"),
+            )),
+        }
+    }
+
+    fn time(&self, name: &str) -> Result<Option<OffsetDateTime>, InvocationError> {
+        Ok(self
+            .string(name)?
+            .and_then(|s| OffsetDateTime::parse(&s, &Rfc3339).ok()))
+    }
+
+    /// The message id; `None` when the payload hid it.
+    fn id(&self) -> Result<Option<String>, InvocationError> {
+        if self.is_shadowed("Id") {
+            return Ok(None);
+        }
+        match self.string("Id")? {
+            Some(id) if !id.is_empty() => Ok(Some(id)),
+            _ => Err(InvocationError::bad("Metadata.Id", "missing or empty")),
+        }
+    }
+
+    fn dequeue_count(&self) -> Result<u32, InvocationError> {
+        if self.is_shadowed("DequeueCount") {
+            // The real count is lost: never poison at the cap on our own
+            // (the host still does, with its true count).
+            return Ok(1);
+        }
+        let value = self.meta.get("DequeueCount");
+        let n = match value {
             Some(Value::Number(n)) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
             Some(Value::String(s)) => unquote_host(s)
                 .unwrap_or_else(|| s.clone())
                 .trim()
                 .parse()
                 .ok(),
-            None => {
-                return Err(InvocationError::bad("Metadata.DequeueCount", "missing"));
-            }
+            None => return Err(InvocationError::bad("Metadata.DequeueCount", "missing")),
             _ => None,
-        }
-        .filter(|n| *n >= 1)
-        .ok_or_else(|| {
+        };
+        n.filter(|n| *n >= 1).ok_or_else(|| {
             InvocationError::bad(
                 "Metadata.DequeueCount",
                 format!(
                     "{} is not a positive number",
-                    dequeue_value.map(Value::to_string).unwrap_or_default()
+                    value.map(Value::to_string).unwrap_or_default()
                 ),
             )
-        })?
-    };
-    let id_value = trusted("Id");
-    let id = if shadowed.contains(&"Id") {
-        None
-    } else {
-        match string_field("Id", id_value)? {
-            Some(id) if !id.is_empty() => Some(id),
-            _ => return Err(InvocationError::bad("Metadata.Id", "missing or empty")),
-        }
-    };
-    let pop_receipt = string_field("PopReceipt", trusted("PopReceipt"))?.unwrap_or_default();
-    let time_of = |name: &str| -> Result<Option<OffsetDateTime>, InvocationError> {
-        Ok(string_field(name, trusted(name))?
-            .and_then(|s| OffsetDateTime::parse(&s, &Rfc3339).ok()))
-    };
-    let insertion = time_of("InsertionTime")?;
-    let expiration = time_of("ExpirationTime")?;
-    let next_visible = time_of("NextVisibleTime")?;
-    let id = id.unwrap_or_else(|| derived_id(insertion, &text));
-    let now = OffsetDateTime::now_utc();
-    Ok(Invocation {
-        message: ReceivedMessage {
-            id,
-            pop_receipt,
-            dequeue_count,
-            insertion_time: insertion.unwrap_or(now),
-            expiration_time: expiration.unwrap_or(now),
-            next_visible: next_visible.unwrap_or(now),
-            text,
-        },
-        shape,
-        shadowed,
-    })
+        })
+    }
 }
 
 /// A stable stand-in for a queue message id the payload hid: the same for
