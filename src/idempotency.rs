@@ -349,6 +349,86 @@ pub struct ClaimedKey {
     pub history: Vec<Attempt>,
 }
 
+/// One claim's inputs, shared by its insert and take-over paths.
+struct ClaimRequest<'a> {
+    function: &'a str,
+    key: &'a IdempotencyKey,
+    partition_key: String,
+    row_key: String,
+    owner: &'a str,
+    now: OffsetDateTime,
+    lease_until: String,
+    message_id: &'a str,
+    dequeue_count: u32,
+}
+
+impl ClaimRequest<'_> {
+    /// The record of a key claimed for the first time.
+    fn fresh_entity(&self, provider_key: &str) -> Entity {
+        let fresh = json!({
+            "Key": self.key.as_str(),
+            "Function": self.function,
+            "Status": "pending",
+            "ProviderKey": provider_key,
+            "Attempts": 1,
+            "LastError": "",
+            "LeaseOwner": self.owner,
+            "LeaseUntil": self.lease_until,
+            "MessageId": self.message_id,
+            "FirstSeen": fmt_time(self.now),
+            "ReplayCount": 0,
+        });
+        let Value::Object(fresh) = fresh else {
+            unreachable!("a JSON object literal")
+        };
+        fresh
+    }
+
+    fn claimed(
+        &self,
+        etag: Etag,
+        provider_key: String,
+        attempts: u32,
+        first_seen: Option<String>,
+        history: Vec<Attempt>,
+    ) -> ClaimedKey {
+        ClaimedKey {
+            key: self.key.clone(),
+            function: self.function.into(),
+            partition_key: self.partition_key.clone(),
+            row_key: self.row_key.clone(),
+            etag,
+            provider_key,
+            previously_pending: false,
+            attempts,
+            lease_owner: self.owner.into(),
+            first_seen,
+            message_id: self.message_id.into(),
+            dequeue_count: self.dequeue_count,
+            history,
+        }
+    }
+}
+
+/// The history entry for a holder that vanished with its lease.
+fn abandoned_attempt(rec: &KeyRecord) -> Attempt {
+    // Lease owners are `<worker>/<message id>/<dequeue count>`.
+    let dc = rec
+        .lease_owner
+        .as_deref()
+        .and_then(|o| o.rsplit('/').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    Attempt {
+        at: rec.lease_until.clone().unwrap_or_default(),
+        message_id: rec.message_id.clone().unwrap_or_default(),
+        dequeue_count: dc,
+        outcome: "abandoned".into(),
+        error: Some("the attempt ended without a result (crash, kill or lost storage)".into()),
+        may_have_taken_effect: true,
+    }
+}
+
 impl ClaimedKey {
     /// This attempt, as a history entry.
     fn attempt(&self, outcome: &str, error: Option<&str>, uncertain: bool) -> Attempt {
@@ -455,44 +535,35 @@ impl KeyStore {
         message_id: &str,
         dequeue_count: u32,
     ) -> StorageResult<NextAction> {
-        let (pk, rk) = (key.partition_key(function), key.row_key());
         let now = OffsetDateTime::now_utc();
-        let lease_until = fmt_time(now + lease);
+        let req = ClaimRequest {
+            function,
+            key,
+            partition_key: key.partition_key(function),
+            row_key: key.row_key(),
+            owner: lease_owner,
+            now,
+            lease_until: fmt_time(now + lease),
+            message_id,
+            dequeue_count,
+        };
+        let (pk, rk) = (&req.partition_key, &req.row_key);
         for _ in 0..5 {
             let provider_key = Uuid::new_v4().to_string();
-            let fresh = json!({
-                "Key": key.as_str(),
-                "Function": function,
-                "Status": "pending",
-                "ProviderKey": provider_key,
-                "Attempts": 1,
-                "LastError": "",
-                "LeaseOwner": lease_owner,
-                "LeaseUntil": lease_until,
-                "MessageId": message_id,
-                "FirstSeen": fmt_time(now),
-                "ReplayCount": 0,
-            });
-            let Value::Object(fresh) = fresh else {
-                unreachable!()
-            };
-            match self.table.insert(&pk, &rk, &fresh).await {
+            match self
+                .table
+                .insert(pk, rk, &req.fresh_entity(&provider_key))
+                .await
+            {
                 Ok(etag) => {
-                    return Ok(NextAction::Run(ClaimedKey {
-                        key: key.clone(),
-                        function: function.into(),
-                        partition_key: pk,
-                        row_key: rk,
+                    let first_seen = Some(fmt_time(now));
+                    return Ok(NextAction::Run(req.claimed(
                         etag,
                         provider_key,
-                        previously_pending: false,
-                        attempts: 1,
-                        lease_owner: lease_owner.into(),
-                        first_seen: Some(fmt_time(now)),
-                        message_id: message_id.into(),
-                        dequeue_count,
-                        history: vec![],
-                    }))
+                        1,
+                        first_seen,
+                        vec![],
+                    )));
                 }
                 Err(StorageError::Conflict) => {}
                 // The table is gone (deleted, or an in-memory emulator restarted):
@@ -503,96 +574,67 @@ impl KeyStore {
                 }
                 Err(e) => return Err(e),
             }
-            let Some((entity, etag)) = self.table.get(&pk, &rk).await? else {
+            let Some((entity, etag)) = self.table.get(pk, rk).await? else {
                 continue; // deleted in between: insert again
             };
-            let rec = KeyRecord::from_entity(&pk, &rk, &entity);
+            let rec = KeyRecord::from_entity(pk, rk, &entity);
             if rec.status.is_settled() {
                 return Ok(NextAction::AlreadyDone);
             }
             if rec.lease_owner.as_deref() == Some(lease_owner) {
                 // Our own write landed (an SDK-level retry then saw 409/412).
-                return Ok(NextAction::Run(ClaimedKey {
-                    key: key.clone(),
-                    function: function.into(),
-                    partition_key: pk,
-                    row_key: rk,
-                    etag,
-                    provider_key: rec.provider_key.clone(),
-                    previously_pending: rec.attempts > 1,
-                    attempts: rec.attempts,
-                    lease_owner: lease_owner.into(),
-                    first_seen: rec.first_seen.clone(),
-                    message_id: message_id.into(),
-                    dequeue_count,
-                    history: rec.history.clone(),
-                }));
+                let (attempts, first, history) = (rec.attempts, rec.first_seen, rec.history);
+                let mut c = req.claimed(etag, rec.provider_key, attempts, first, history);
+                c.previously_pending = attempts > 1;
+                return Ok(NextAction::Run(c));
             }
             if let Some(until) = rec.lease_live(now) {
                 return Ok(NextAction::HeldElsewhere { until });
             }
-            // Free (released or expired): take it over, keeping ProviderKey.
-            let attempts = rec.attempts + 1;
-            let mut update = Entity::new();
-            let mut history = rec.history.clone();
-            if rec.lease_until.is_some() {
-                // The lease expired without being released: the holder
-                // crashed or lost storage mid-way, after the claim and maybe
-                // after the effect. Say so in the history.
-                let dc = rec
-                    .lease_owner
-                    .as_deref()
-                    .and_then(|o| o.rsplit('/').next())
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(0);
-                let text = history_with(
-                    &history,
-                    Attempt {
-                        at: rec.lease_until.clone().unwrap_or_default(),
-                        message_id: rec.message_id.clone().unwrap_or_default(),
-                        dequeue_count: dc,
-                        outcome: "abandoned".into(),
-                        error: Some(
-                            "the attempt ended without a result (crash, kill or lost storage)"
-                                .into(),
-                        ),
-                        may_have_taken_effect: true,
-                    },
-                );
-                history = parse_history(Some(&text));
-                update.insert("History".into(), json!(text));
-            }
-            update.insert("Status".into(), json!("pending"));
-            update.insert("Attempts".into(), json!(attempts));
-            update.insert("LeaseOwner".into(), json!(lease_owner));
-            update.insert("LeaseUntil".into(), json!(lease_until));
-            update.insert("MessageId".into(), json!(message_id));
-            match self.table.merge(&pk, &rk, &update, Some(&etag)).await {
-                Ok(etag) => {
-                    return Ok(NextAction::Run(ClaimedKey {
-                        key: key.clone(),
-                        function: function.into(),
-                        partition_key: pk,
-                        row_key: rk,
-                        etag,
-                        provider_key: rec.provider_key,
-                        previously_pending: true,
-                        attempts,
-                        lease_owner: lease_owner.into(),
-                        first_seen: rec.first_seen.clone(),
-                        message_id: message_id.into(),
-                        dequeue_count,
-                        history,
-                    }))
-                }
-                Err(StorageError::PreconditionFailed) | Err(StorageError::NotFound) => continue,
-                Err(e) => return Err(e),
+            if let Some(c) = self.take_over(&req, rec, etag).await? {
+                return Ok(NextAction::Run(c));
             }
         }
         // Five rounds of losing races: someone else is active on this key.
         Ok(NextAction::HeldElsewhere {
             until: now + Duration::from_secs(1),
         })
+    }
+
+    /// Take over a free key (released, or its lease expired), keeping its
+    /// ProviderKey. `None` when someone else changed it first.
+    async fn take_over(
+        &self,
+        req: &ClaimRequest<'_>,
+        rec: KeyRecord,
+        etag: Etag,
+    ) -> StorageResult<Option<ClaimedKey>> {
+        let attempts = rec.attempts + 1;
+        let mut update = Entity::new();
+        let mut history = rec.history.clone();
+        if rec.lease_until.is_some() {
+            // The lease expired without being released: the holder crashed
+            // or lost storage mid-way, after the claim and maybe after the
+            // effect. Say so in the history.
+            let text = history_with(&history, abandoned_attempt(&rec));
+            history = parse_history(Some(&text));
+            update.insert("History".into(), json!(text));
+        }
+        update.insert("Status".into(), json!("pending"));
+        update.insert("Attempts".into(), json!(attempts));
+        update.insert("LeaseOwner".into(), json!(req.owner));
+        update.insert("LeaseUntil".into(), json!(req.lease_until));
+        update.insert("MessageId".into(), json!(req.message_id));
+        let (pk, rk) = (&req.partition_key, &req.row_key);
+        match self.table.merge(pk, rk, &update, Some(&etag)).await {
+            Ok(etag) => {
+                let mut c = req.claimed(etag, rec.provider_key, attempts, rec.first_seen, history);
+                c.previously_pending = true;
+                Ok(Some(c))
+            }
+            Err(StorageError::PreconditionFailed) | Err(StorageError::NotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Extend the key's lease (with the message lease, while the handler runs).

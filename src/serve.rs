@@ -362,7 +362,7 @@ struct Metadata<'a> {
 impl Metadata<'_> {
     fn is_shadowed(&self, name: &str) -> bool {
         let lower = name.to_ascii_lowercase();
-        self.payload_fields.iter().any(|k| *k == lower)
+        self.payload_fields.contains(&lower)
     }
 
     fn shadowed(&self) -> Vec<&'static str> {
