@@ -224,13 +224,7 @@ pub async fn process(
     // Decode and derive the key first: both are pure, and the key's record
     // carries the last error for the over-the-cap case.
     let payload = decode(&msg.text, rt.app.message_encoding);
-    let (key, key_error) = match &payload {
-        Ok(p) => match derive_key(&rt.function.key, p) {
-            Ok(k) => (k, None),
-            Err(e) => (None, Some(e)),
-        },
-        Err(_) => (None, None),
-    };
+    let (key, key_error) = key_of(&rt.function.key, &payload);
     let decode_error = payload.as_ref().err().map(|e| e.to_string());
     let facts = Facts {
         dequeue_count: dc,
@@ -262,33 +256,13 @@ pub async fn process(
         (Some(_), None) => KeyState::Free { last_error: None },
         (Some(_), Some(rec)) => {
             ctx.first_attempt = rec.first_seen.clone();
-            if rec.status.is_settled() {
-                KeyState::Settled
-            } else if let Some(until) = rec.lease_live(OffsetDateTime::now_utc()) {
-                KeyState::Held { until }
-            } else {
-                KeyState::Free {
-                    last_error: rec.last_error.as_deref(),
-                }
-            }
+            key_state_of(rec)
         }
     };
     let mut action = decide(&facts, &state, &AttemptResult::NotRun, &policy, jitter);
     if action == Action::Claim {
-        let k = key.as_ref().expect("only a keyed job is claimed");
-        let owner = format!("{}/{}/{}", rt.worker_id, msg.id, dc);
-        let state = match rt
-            .keys
-            .claim_attempt(&rt.function.name, k, &owner, policy.lease, &msg.id, dc)
-            .await
-        {
-            Ok(NextAction::Run(c)) => {
-                ctx.first_attempt = c.first_seen.clone();
-                ctx.claim = Some(c);
-                KeyState::Claimed
-            }
-            Ok(NextAction::AlreadyDone) => KeyState::Settled,
-            Ok(NextAction::HeldElsewhere { until }) => KeyState::Held { until },
+        let state = match ctx.claim(policy.lease).await {
+            Ok(state) => state,
             Err(e) => return abandoned(e),
         };
         action = decide(&facts, &state, &AttemptResult::NotRun, &policy, jitter);
@@ -300,32 +274,66 @@ pub async fn process(
     let Ok(payload) = payload else {
         unreachable!("decide runs only decoded payloads")
     };
+    run_and_settle(&mut ctx, payload, &facts, &policy, jitter, hard_stop).await
+}
+
+/// Run the handler, then settle by what it returned.
+async fn run_and_settle(
+    ctx: &mut Settling<'_>,
+    payload: String,
+    facts: &Facts<'_>,
+    policy: &Policy,
+    jitter: f64,
+    hard_stop: &CancellationToken,
+) -> Outcome {
     let (run, success) = ctx.run(payload, hard_stop).await;
+    let timeout_message;
     let attempt = match &run {
         HandlerRun::Finished(Ok(_)) => AttemptResult::Succeeded,
         HandlerRun::Interrupted => AttemptResult::Interrupted,
         HandlerRun::TimedOut(t) => {
-            return ctx
-                .carry_out(decide(
-                    &facts,
-                    &KeyState::Claimed,
-                    &AttemptResult::Failed {
-                        kind: ErrorKind::Timeout,
-                        message: &format!("handler exceeded functionTimeout ({t:?})"),
-                        retry_after: None,
-                        // A timeout cut the handler off mid-way: it may have acted.
-                        uncertain: true,
-                    },
-                    &policy,
-                    jitter,
-                ))
-                .await;
+            timeout_message = format!("handler exceeded functionTimeout ({t:?})");
+            AttemptResult::Failed {
+                kind: ErrorKind::Timeout,
+                message: &timeout_message,
+                retry_after: None,
+                // A timeout cut the handler off mid-way: it may have acted.
+                uncertain: true,
+            }
         }
         HandlerRun::Finished(Err(e)) => failed_attempt(e),
     };
-    match decide(&facts, &KeyState::Claimed, &attempt, &policy, jitter) {
+    match decide(facts, &KeyState::Claimed, &attempt, policy, jitter) {
         Action::Complete => ctx.complete(success.unwrap_or_default()).await,
         other => ctx.carry_out(other).await,
+    }
+}
+
+/// The job's key, or why none could be derived (nothing for an
+/// undecodable payload: the decode error is the one that counts).
+fn key_of<E>(
+    spec: &KeySpec,
+    payload: &Result<String, E>,
+) -> (Option<IdempotencyKey>, Option<String>) {
+    match payload {
+        Ok(p) => match derive_key(spec, p) {
+            Ok(k) => (k, None),
+            Err(e) => (None, Some(e)),
+        },
+        Err(_) => (None, None),
+    }
+}
+
+/// What a key record read over the cap says.
+fn key_state_of(rec: &crate::idempotency::KeyRecord) -> KeyState<'_> {
+    if rec.status.is_settled() {
+        KeyState::Settled
+    } else if let Some(until) = rec.lease_live(OffsetDateTime::now_utc()) {
+        KeyState::Held { until }
+    } else {
+        KeyState::Free {
+            last_error: rec.last_error.as_deref(),
+        }
     }
 }
 
@@ -361,6 +369,33 @@ struct Settling<'a> {
 }
 
 impl Settling<'_> {
+    /// Claim the job's key for this attempt; what the claim found.
+    async fn claim(&mut self, lease: Duration) -> StorageResult<KeyState<'static>> {
+        let (rt, msg) = (self.rt, self.msg);
+        let k = self.key.expect("only a keyed job is claimed");
+        let owner = format!("{}/{}/{}", rt.worker_id, msg.id, msg.dequeue_count);
+        let next = rt
+            .keys
+            .claim_attempt(
+                &rt.function.name,
+                k,
+                &owner,
+                lease,
+                &msg.id,
+                msg.dequeue_count,
+            )
+            .await?;
+        Ok(match next {
+            NextAction::Run(c) => {
+                self.first_attempt = c.first_seen.clone();
+                self.claim = Some(c);
+                KeyState::Claimed
+            }
+            NextAction::AlreadyDone => KeyState::Settled,
+            NextAction::HeldElsewhere { until } => KeyState::Held { until },
+        })
+    }
+
     /// Run the handler under the claim; the success is kept for `complete`.
     async fn run(
         &mut self,
@@ -639,19 +674,7 @@ pub async fn poll_loop(
                     empty_polls = 0;
                     for msg in msgs {
                         let permit = owned.split(1).expect("one permit per received message");
-                        let rt = rt.clone();
-                        let hard_stop = hard_stop.clone();
-                        let span = tracing::info_span!("job", function = %rt.function.name, message_id = %msg.id, dequeue_count = msg.dequeue_count, key = tracing::field::Empty);
-                        tracker.spawn(
-                            async move {
-                                let settle = QueueSettle::new(rt.source.clone(), &msg);
-                                let started = Instant::now();
-                                let outcome = process(&rt, &msg, &settle, &hard_stop).await;
-                                record_outcome(&rt.function.name, &outcome, started.elapsed());
-                                drop(permit);
-                            }
-                            .instrument(span),
-                        );
+                        spawn_job(&tracker, rt.clone(), msg, permit, hard_stop.clone());
                     }
                     Duration::ZERO
                 }
@@ -686,6 +709,27 @@ pub async fn poll_loop(
             }
         }
     }
+}
+
+/// Process one received message on the tracker, holding its permit until done.
+fn spawn_job(
+    tracker: &TaskTracker,
+    rt: Arc<FunctionRuntime>,
+    msg: ReceivedMessage,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    hard_stop: CancellationToken,
+) {
+    let span = tracing::info_span!("job", function = %rt.function.name, message_id = %msg.id, dequeue_count = msg.dequeue_count, key = tracing::field::Empty);
+    tracker.spawn(
+        async move {
+            let settle = QueueSettle::new(rt.source.clone(), &msg);
+            let started = Instant::now();
+            let outcome = process(&rt, &msg, &settle, &hard_stop).await;
+            record_outcome(&rt.function.name, &outcome, started.elapsed());
+            drop(permit);
+        }
+        .instrument(span),
+    );
 }
 
 /// Count and log one outcome: the same counters and the same one line per
