@@ -19,7 +19,7 @@ use crate::failpoint;
 use crate::idempotency::{cap_error, fmt_time, now_rfc3339};
 use crate::message::{ErrorInfo, ErrorKind, PoisonEnvelope, ENVELOPE_VERSION};
 use crate::storage::{
-    Entity, QueueStore, ReceivedMessage, StorageError, StorageResult, TableStore, Ttl,
+    Entity, Etag, QueueStore, ReceivedMessage, StorageError, StorageResult, TableStore, Ttl,
 };
 use crate::telemetry::{Alerts, PoisonAlert};
 use serde_json::{json, Value};
@@ -376,32 +376,11 @@ impl PoisonSink {
             "aqw",
             None,
         );
+        let (mut record, etag, created) = self.insert_record(&msg.id, record).await?;
         let (pk, rk) = (self.source_queue.as_str(), msg.id.as_str());
-        let mut created = true;
-        let (record, etag) = match self.records.insert(pk, rk, &record.to_entity()).await {
-            Ok(etag) => (record, Some(etag)),
-            Err(StorageError::Conflict) => {
-                created = false;
-                match self.records.get(pk, rk).await? {
-                    Some((e, etag)) => (PoisonRecord::from_entity(&e), Some(etag)),
-                    None => {
-                        return Err(StorageError::Other(
-                            "poison record vanished while being written".into(),
-                        ))
-                    }
-                }
-            }
-            Err(StorageError::NotFound) => {
-                self.records.create_if_missing().await?;
-                self.records.insert(pk, rk, &record.to_entity()).await?;
-                (record, None)
-            }
-            Err(e) => return Err(e),
-        };
         failpoint::hit("poison.after_record");
         // A record without its copy's id, found by a re-run: the copy may have
         // been put just before a crash. Adopt it rather than put a second one.
-        let mut record = record;
         if !created && record.poison_message_id.is_none() {
             if let Some(existing) = self.find_copy(&msg.id).await? {
                 let mut update = Entity::new();
@@ -411,25 +390,7 @@ impl PoisonSink {
             }
         }
         if record.poison_message_id.is_none() {
-            let text = record.envelope().to_queue_text(self.records.name());
-            let ttl = match self.ttl {
-                None => Ttl::Never,
-                Some(d) => Ttl::After(d),
-            };
-            let receipt = put_creating(self.poison_queue.as_ref(), &text, ttl).await?;
-            failpoint::hit("poison.after_put");
-            let mut update = Entity::new();
-            update.insert("PoisonMessageId".into(), json!(receipt.id));
-            update.insert("PoisonPopReceipt".into(), json!(receipt.pop_receipt));
-            match self.records.merge(pk, rk, &update, etag.as_ref()).await {
-                Ok(_) => {}
-                // Someone else updated it: our copy is then a stray (see module doc).
-                Err(StorageError::PreconditionFailed) => {
-                    self.records.merge(pk, rk, &update, None).await?;
-                }
-                Err(e) => return Err(e),
-            }
-            failpoint::hit("poison.after_mark");
+            self.put_copy(&record, etag.as_ref()).await?;
         }
         if created {
             self.alerts.poisoned(PoisonAlert {
@@ -443,6 +404,57 @@ impl PoisonSink {
             });
         }
         Ok(created)
+    }
+
+    /// Insert the record of a message being poisoned, or read the one a
+    /// crashed earlier run left: (record, its ETag, whether this run made it).
+    async fn insert_record(
+        &self,
+        message_id: &str,
+        record: PoisonRecord,
+    ) -> StorageResult<(PoisonRecord, Option<Etag>, bool)> {
+        let (pk, rk) = (self.source_queue.as_str(), message_id);
+        match self.records.insert(pk, rk, &record.to_entity()).await {
+            Ok(etag) => Ok((record, Some(etag), true)),
+            Err(StorageError::Conflict) => match self.records.get(pk, rk).await? {
+                Some((e, etag)) => Ok((PoisonRecord::from_entity(&e), Some(etag), false)),
+                None => Err(StorageError::Other(
+                    "poison record vanished while being written".into(),
+                )),
+            },
+            Err(StorageError::NotFound) => {
+                self.records.create_if_missing().await?;
+                self.records.insert(pk, rk, &record.to_entity()).await?;
+                Ok((record, None, true))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Put the record's envelope on `<queue>-poison` and note the copy's id
+    /// on the record.
+    async fn put_copy(&self, record: &PoisonRecord, etag: Option<&Etag>) -> StorageResult<()> {
+        let (pk, rk) = (self.source_queue.as_str(), record.message_id.as_str());
+        let text = record.envelope().to_queue_text(self.records.name());
+        let ttl = match self.ttl {
+            None => Ttl::Never,
+            Some(d) => Ttl::After(d),
+        };
+        let receipt = put_creating(self.poison_queue.as_ref(), &text, ttl).await?;
+        failpoint::hit("poison.after_put");
+        let mut update = Entity::new();
+        update.insert("PoisonMessageId".into(), json!(receipt.id));
+        update.insert("PoisonPopReceipt".into(), json!(receipt.pop_receipt));
+        match self.records.merge(pk, rk, &update, etag).await {
+            Ok(_) => {}
+            // Someone else updated it: our copy is then a stray (see module doc).
+            Err(StorageError::PreconditionFailed) => {
+                self.records.merge(pk, rk, &update, None).await?;
+            }
+            Err(e) => return Err(e),
+        }
+        failpoint::hit("poison.after_mark");
+        Ok(())
     }
 }
 
