@@ -793,6 +793,35 @@ fn functions(
     Ok((functions, skipped))
 }
 
+/// `aqw.functions.<name>.handler`.
+fn handler_spec(
+    raw: Option<&RawHandler>,
+    host_file: &str,
+    path: &str,
+) -> Result<HandlerSpec, ConfigError> {
+    let f = |field: &str, msg: String| ConfigError::new(host_file, field, msg);
+    Ok(match raw {
+        None => HandlerSpec::Registered,
+        Some(RawHandler::Http { url, timeout }) => HandlerSpec::Http {
+            url: parse_http_url(url).map_err(|m| f(&format!("{path}.handler.url"), m))?,
+            timeout: opt_timespan(host_file, &format!("{path}.handler.timeout"), timeout)?
+                .unwrap_or(Duration::from_secs(30)),
+        },
+        Some(RawHandler::Exec { command, timeout }) => {
+            if command.is_empty() || command[0].is_empty() {
+                return Err(f(
+                    &format!("{path}.handler.command"),
+                    "must name a program".into(),
+                ));
+            }
+            HandlerSpec::Exec {
+                command: command.clone(),
+                timeout: opt_timespan(host_file, &format!("{path}.handler.timeout"), timeout)?,
+            }
+        }
+    })
+}
+
 /// One function's config from its `aqw.functions` entry and its folder.
 fn function_config(
     name: String,
@@ -848,26 +877,7 @@ fn function_config(
             KeySpec::Template(KeyTemplate::parse(t).map_err(|m| f(&format!("{path}.key"), m))?)
         }
     };
-    let handler = match &raw.handler {
-        None => HandlerSpec::Registered,
-        Some(RawHandler::Http { url, timeout }) => HandlerSpec::Http {
-            url: parse_http_url(url).map_err(|m| f(&format!("{path}.handler.url"), m))?,
-            timeout: opt_timespan(&host_file, &format!("{path}.handler.timeout"), timeout)?
-                .unwrap_or(Duration::from_secs(30)),
-        },
-        Some(RawHandler::Exec { command, timeout }) => {
-            if command.is_empty() || command[0].is_empty() {
-                return Err(f(
-                    &format!("{path}.handler.command"),
-                    "must name a program".into(),
-                ));
-            }
-            HandlerSpec::Exec {
-                command: command.clone(),
-                timeout: opt_timespan(&host_file, &format!("{path}.handler.timeout"), timeout)?,
-            }
-        }
-    };
+    let handler = handler_spec(raw.handler.as_ref(), &host_file, &path)?;
     Ok(FunctionConfig {
         name,
         queue,
@@ -943,6 +953,24 @@ struct FolderBinding {
     binary_data: bool,
 }
 
+/// The function's queueTrigger binding and its index.
+fn queue_trigger(bindings: &[Value]) -> Option<(usize, &Value)> {
+    bindings.iter().enumerate().find(|(_, b)| {
+        b.get("type")
+            .and_then(Value::as_str)
+            .is_some_and(|t| t.eq_ignore_ascii_case("queueTrigger"))
+    })
+}
+
+/// The type of a function's other trigger, for the warning that skips it.
+fn other_trigger(bindings: &[Value]) -> &str {
+    bindings
+        .iter()
+        .filter_map(|b| b.get("type").and_then(Value::as_str))
+        .find(|t| t.to_ascii_lowercase().ends_with("trigger"))
+        .unwrap_or("no trigger")
+}
+
 /// Read every `<Function>/function.json`. Queue triggers come back resolved
 /// (`%AppSetting%` queue names looked up in `env`); a disabled function or one
 /// with another trigger is listed as skipped instead of failing the app, as
@@ -978,21 +1006,13 @@ fn scan_function_folders(
             });
             continue;
         }
-        let trigger = raw.bindings.iter().enumerate().find(|(_, b)| {
-            b.get("type")
-                .and_then(Value::as_str)
-                .is_some_and(|t| t.eq_ignore_ascii_case("queueTrigger"))
-        });
-        let Some((i, b)) = trigger else {
-            let other = raw
-                .bindings
-                .iter()
-                .filter_map(|b| b.get("type").and_then(Value::as_str))
-                .find(|t| t.to_ascii_lowercase().ends_with("trigger"))
-                .unwrap_or("no trigger");
+        let Some((i, b)) = queue_trigger(&raw.bindings) else {
             skipped.push(SkippedFunction {
                 name,
-                reason: format!("its trigger is {other}; aqw runs only queueTrigger functions"),
+                reason: format!(
+                    "its trigger is {}; aqw runs only queueTrigger functions",
+                    other_trigger(&raw.bindings)
+                ),
             });
             continue;
         };
@@ -1262,6 +1282,22 @@ fn trim_slash(s: String) -> String {
     s.trim_end_matches('/').to_string()
 }
 
+/// `UseDevelopmentStorage=true`: Azurite's well-known account on its
+/// default ports (of `DevelopmentStorageProxyUri` when given).
+fn development_storage(setting: &str, proxy: Option<&str>) -> Connection {
+    let proxy = proxy.unwrap_or("http://127.0.0.1").trim_end_matches('/');
+    Connection {
+        setting: setting.to_string(),
+        account: DEV_ACCOUNT.into(),
+        queue_endpoint: format!("{proxy}:10001/{DEV_ACCOUNT}"),
+        table_endpoint: format!("{proxy}:10002/{DEV_ACCOUNT}"),
+        credentials: Credentials::SharedKey {
+            account: DEV_ACCOUNT.into(),
+            key: Secret::new(DEV_KEY),
+        },
+    }
+}
+
 /// Parse a storage connection string (`k=v;k=v`), expanding `UseDevelopmentStorage=true`.
 pub fn parse_connection_string(setting: &str, value: &str) -> Result<Connection, String> {
     let mut kv: BTreeMap<String, String> = BTreeMap::new();
@@ -1275,18 +1311,10 @@ pub fn parse_connection_string(setting: &str, value: &str) -> Result<Connection,
     }
     let get = |k: &str| kv.get(&k.to_ascii_lowercase()).cloned();
     if get("UseDevelopmentStorage").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
-        let proxy = get("DevelopmentStorageProxyUri").unwrap_or_else(|| "http://127.0.0.1".into());
-        let proxy = proxy.trim_end_matches('/');
-        return Ok(Connection {
-            setting: setting.to_string(),
-            account: DEV_ACCOUNT.into(),
-            queue_endpoint: format!("{proxy}:10001/{DEV_ACCOUNT}"),
-            table_endpoint: format!("{proxy}:10002/{DEV_ACCOUNT}"),
-            credentials: Credentials::SharedKey {
-                account: DEV_ACCOUNT.into(),
-                key: Secret::new(DEV_KEY),
-            },
-        });
+        return Ok(development_storage(
+            setting,
+            get("DevelopmentStorageProxyUri").as_deref(),
+        ));
     }
     let account = get("AccountName");
     let protocol = get("DefaultEndpointsProtocol").unwrap_or_else(|| "https".into());
@@ -1617,6 +1645,14 @@ mod tests {
         let cfg = load_with_env(d, &env).unwrap();
         assert_eq!(cfg.function("Orders").unwrap().queue, "from-env");
         assert_eq!(cfg.function("Refunds").unwrap().queue, "refunds");
+    }
+
+    #[test]
+    fn unset_settings_and_bad_settings_files_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        write(d, "host.json", r#"{"version":"2.0"}"#);
+        write(d, "Orders/function.json", &queue_function("%ORDERS_QUEUE%"));
         // An unset %setting% names the file, the field and the setting.
         write(
             d,

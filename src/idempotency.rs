@@ -66,6 +66,34 @@ pub struct KeyTemplate {
     parts: Vec<Part>,
 }
 
+/// Why `{name}` (not a JSON pointer) cannot be a key placeholder.
+fn not_a_pointer(name: &str) -> String {
+    const PER_ATTEMPT: [&str; 13] = [
+        "messageid",
+        "id",
+        "dequeuecount",
+        "now",
+        "time",
+        "timestamp",
+        "utcnow",
+        "random",
+        "uuid",
+        "guid",
+        "randguid",
+        "popreceipt",
+        "insertiontime",
+    ];
+    let lower = name.to_ascii_lowercase().replace(['_', '-', '.'], "");
+    if PER_ATTEMPT.contains(&lower.as_str()) {
+        format!(
+            "{{{name}}} changes with every attempt or message, so retries would never match; \
+             derive the key from business facts in the payload, e.g. {{/orderId}}"
+        )
+    } else {
+        format!("{{{name}}} is not a JSON pointer into the payload (write {{/{name}}})")
+    }
+}
+
 impl KeyTemplate {
     pub fn parse(source: &str) -> Result<Self, String> {
         let mut parts = Vec::new();
@@ -95,34 +123,7 @@ impl KeyTemplate {
                         return Err(format!("unclosed '{{' in key template \"{source}\""));
                     }
                     if !name.starts_with('/') {
-                        let lower = name.to_ascii_lowercase();
-                        let per_attempt = [
-                            "messageid",
-                            "id",
-                            "dequeuecount",
-                            "now",
-                            "time",
-                            "timestamp",
-                            "utcnow",
-                            "random",
-                            "uuid",
-                            "guid",
-                            "randguid",
-                            "popreceipt",
-                            "insertiontime",
-                        ];
-                        let why = if per_attempt
-                            .iter()
-                            .any(|p| lower.replace(['_', '-', '.'], "") == *p)
-                        {
-                            format!(
-                                "{{{name}}} changes with every attempt or message, so retries would never match; \
-                                 derive the key from business facts in the payload, e.g. {{/orderId}}"
-                            )
-                        } else {
-                            format!("{{{name}}} is not a JSON pointer into the payload (write {{/{name}}})")
-                        };
-                        return Err(why);
+                        return Err(not_a_pointer(&name));
                     }
                     if !lit.is_empty() {
                         parts.push(Part::Literal(std::mem::take(&mut lit)));
