@@ -274,7 +274,7 @@ async fn main() -> anyhow::Result<()> {
             registry = registry.register(f.name.clone(), handler.clone() as Arc<dyn Handler>);
         }
     }
-    aqw::worker::preflight(&app, &registry).map_err(|e| anyhow::anyhow!(e))?;
+    aqw::app::preflight(&app, &registry).map_err(|e| anyhow::anyhow!(e))?;
 
     // Queue-depth checks (idle mode only) go through our own storage instance,
     // whose requests are subtracted from the worker's counts.

@@ -10,7 +10,6 @@ use crate::idempotency::KeyTemplate;
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -37,23 +36,7 @@ impl ConfigError {
     }
 }
 
-/// How message text is encoded on the queue (`extensions.queues.messageEncoding`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MessageEncoding {
-    Base64,
-    None,
-}
-
-impl MessageEncoding {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MessageEncoding::Base64 => "base64",
-            MessageEncoding::None => "none",
-        }
-    }
-}
-
+pub use crate::message::MessageEncoding;
 pub use crate::retry::RetryStrategy;
 
 /// Where a function's idempotency key comes from.
@@ -82,51 +65,7 @@ pub enum HandlerSpec {
     Registered,
 }
 
-/// A value that must never reach a log line or an error message.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
-        Secret(value.into())
-    }
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
-
-/// How to authenticate to the storage account.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Credentials {
-    SharedKey {
-        account: String,
-        key: Secret,
-    },
-    Sas {
-        token: Secret,
-    },
-    /// Identity-based (`<name>__accountName` etc.): Azure AD token credentials.
-    Identity {
-        client_id: Option<String>,
-    },
-}
-
-/// A resolved storage connection: endpoints and credentials.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Connection {
-    /// The setting it came from (`AzureWebJobsStorage`).
-    pub setting: String,
-    pub account: String,
-    pub queue_endpoint: String,
-    pub table_endpoint: String,
-    pub credentials: Credentials,
-}
+pub use crate::storage::{Connection, Credentials, Secret};
 
 /// One function: a queue, a key rule and a handler.
 #[derive(Debug, Clone)]

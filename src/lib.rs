@@ -32,6 +32,7 @@
 //! The binary (`src/main.rs`) is a thin CLI over this library; shutdown is a
 //! `CancellationToken` passed into [`worker::run`].
 
+pub mod app;
 pub mod config;
 pub mod decide;
 pub mod failpoint;

@@ -353,7 +353,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Run => {
             let app = load(&cli.app)?;
             let registry = aqw::Registry::new();
-            aqw::worker::preflight(&app, &registry).map_err(Failure::usage)?;
+            aqw::app::preflight(&app, &registry).map_err(Failure::usage)?;
             let shutdown = CancellationToken::new();
             spawn_signal_handler(shutdown.clone());
             aqw::worker::run(app, registry, shutdown)
@@ -364,7 +364,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Serve => {
             let app = load(&cli.app)?;
             let registry = aqw::Registry::new();
-            aqw::worker::preflight(&app, &registry).map_err(Failure::usage)?;
+            aqw::app::preflight(&app, &registry).map_err(Failure::usage)?;
             let port =
                 aqw::serve::port_from_env(std::env::var("FUNCTIONS_CUSTOMHANDLER_PORT").ok())
                     .map_err(Failure::usage)?;

@@ -1,8 +1,24 @@
 //! Message encoding, the poison envelope and the 64 KiB limit.
 
-use crate::config::MessageEncoding;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
+
+/// How message text is encoded on the queue (`extensions.queues.messageEncoding`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MessageEncoding {
+    Base64,
+    None,
+}
+
+impl MessageEncoding {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MessageEncoding::Base64 => "base64",
+            MessageEncoding::None => "none",
+        }
+    }
+}
 
 /// Azure Queue Storage's limit on message text.
 pub const MAX_MESSAGE_TEXT: usize = 64 * 1024;

@@ -14,9 +14,9 @@
 //! not name; `aqw poison list/replay` recognise and remove such strays, so
 //! operators only ever see one copy per message.
 
-use crate::config::MessageEncoding;
 use crate::failpoint;
 use crate::idempotency::{cap_error, fmt_time, now_rfc3339};
+use crate::message::MessageEncoding;
 use crate::message::{ErrorInfo, ErrorKind, PoisonEnvelope, ENVELOPE_VERSION};
 use crate::storage::{
     Entity, Etag, QueueStore, ReceivedMessage, StorageError, StorageResult, TableStore, Ttl,

@@ -44,12 +44,14 @@
 //! (`DefaultHttpWorkerService.ProcessDefaultInvocationRequest`), so the error
 //! of a failed attempt is written to aqw's own log, not only to `Logs`.
 
+use crate::app::{ensure_resources, runtimes, FunctionRuntime};
 use crate::config::{AppConfig, FunctionConfig, MessageEncoding};
 use crate::handlers::Registry;
+use crate::http::Health;
 use crate::message::encode;
 use crate::storage::{ReceivedMessage, StorageResult};
 use crate::telemetry::Alerts;
-use crate::worker::{process, record_outcome, runtimes, FunctionRuntime, Health, Outcome, Settle};
+use crate::worker::{process, record_outcome, Outcome, Settle};
 use async_trait::async_trait;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -565,7 +567,7 @@ pub async fn serve(
     for s in &app.skipped {
         warn!(event = "aqw.function.skipped", function = %s.name, reason = %s.reason, "function not served; its invocations get 404");
     }
-    if !crate::worker::ensure_resources(&rts, &shutdown).await {
+    if !ensure_resources(&rts, &shutdown).await {
         return Ok(());
     }
     health.ready.store(true, Ordering::Relaxed);

@@ -2,20 +2,20 @@
 //! poll loop per function feeds it (permits before receiving, lease renewal,
 //! timeouts, retry delays, graceful drain).
 
-use crate::config::{AppConfig, FunctionConfig, KeySpec};
+use crate::app::{ensure_resources, runtimes, FunctionRuntime};
+use crate::config::{AppConfig, KeySpec};
 use crate::decide::{decide, Action, AttemptResult, Facts, KeyState, Policy};
 use crate::failpoint;
-use crate::handlers::{Handler, HandlerError, Job, Registry, Success};
-use crate::idempotency::{ClaimedKey, FinishError, IdempotencyKey, KeyStore, NextAction};
+use crate::handlers::{HandlerError, Job, Registry, Success};
+use crate::http::Health;
+use crate::idempotency::{ClaimedKey, FinishError, IdempotencyKey, NextAction};
 use crate::message::{decode, ErrorInfo, ErrorKind};
-use crate::poison::PoisonSink;
 use crate::retry::polling_delay;
-use crate::storage::{QueueStore, ReceivedMessage, Storage, StorageError, StorageResult};
+use crate::storage::{QueueStore, ReceivedMessage, StorageError, StorageResult};
 use crate::telemetry::Alerts;
 use async_trait::async_trait;
 use rand::Rng;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use time::OffsetDateTime;
@@ -123,51 +123,6 @@ impl Settle for QueueSettle {
             .await?;
         *self.pop_receipt.lock().unwrap() = new;
         Ok(())
-    }
-}
-
-/// Everything [`process`] needs for one function.
-pub struct FunctionRuntime {
-    pub app: Arc<AppConfig>,
-    pub function: FunctionConfig,
-    pub source: Arc<dyn QueueStore>,
-    pub keys: KeyStore,
-    pub poison: PoisonSink,
-    pub handler: Arc<dyn Handler>,
-    /// Cap, retry delays, lease and timeout, decided once from config.
-    pub policy: Policy,
-    /// Unique per process: lease owners are `<worker_id>/<message id>/<dequeue count>`.
-    pub worker_id: String,
-}
-
-impl FunctionRuntime {
-    pub fn new(
-        app: Arc<AppConfig>,
-        function: FunctionConfig,
-        storage: &dyn Storage,
-        handler: Arc<dyn Handler>,
-        alerts: Alerts,
-    ) -> Self {
-        let source = storage.queue(&function.queue);
-        let poison = PoisonSink {
-            source_queue: function.queue.clone(),
-            function: function.name.clone(),
-            poison_queue: storage.queue(&function.poison_queue()),
-            records: storage.table(&app.poison_table),
-            encoding: app.message_encoding,
-            ttl: app.poison_ttl,
-            alerts,
-        };
-        Self {
-            policy: Policy::from_config(&app),
-            keys: KeyStore::new(storage.table(&app.keys_table)),
-            source,
-            poison,
-            handler,
-            worker_id: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
-            function,
-            app,
-        }
     }
 }
 
@@ -614,24 +569,6 @@ async fn poison(
 }
 
 /// Liveness and readiness, shared with the HTTP endpoints.
-#[derive(Default)]
-pub struct Health {
-    pub ready: AtomicBool,
-    pub draining: AtomicBool,
-    /// Unix millis of the last completed poll (any function).
-    pub last_poll_ms: AtomicU64,
-}
-
-impl Health {
-    pub fn beat(&self) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis() as u64;
-        self.last_poll_ms.store(now, Ordering::Relaxed);
-    }
-}
-
 /// Poll one function's queue until `shutdown`; in-flight jobs run on `tracker`.
 pub async fn poll_loop(
     rt: Arc<FunctionRuntime>,
@@ -794,95 +731,6 @@ pub fn record_outcome(function: &str, outcome: &Outcome, elapsed: Duration) {
     }
     if matches!(outcome, Outcome::Poisoned { .. }) {
         metrics::counter!("aqw_poisoned_total", "function" => function.to_string()).increment(1);
-    }
-}
-
-/// Check, before any I/O, that every function has a handler and a usable
-/// connection (configuration errors: exit 2).
-pub fn preflight(app: &AppConfig, registry: &Registry) -> Result<(), String> {
-    for f in &app.functions {
-        registry
-            .resolve(f, &app.app_dir)
-            .map_err(|e| format!("{}: {e}", app.app_dir.join("host.json").display()))?;
-        crate::storage::connect(&f.connection).map_err(|e| format!("environment: {e}"))?;
-    }
-    Ok(())
-}
-
-/// Open storage for every function (one client set per connection setting).
-pub fn open_storage(
-    app: &AppConfig,
-) -> Result<HashMap<String, Arc<crate::storage::AzureStorage>>, StorageError> {
-    let mut out = HashMap::new();
-    for f in &app.functions {
-        if !out.contains_key(&f.connection.setting) {
-            out.insert(
-                f.connection.setting.clone(),
-                Arc::new(crate::storage::connect(&f.connection)?),
-            );
-        }
-    }
-    Ok(out)
-}
-
-/// Build the runtime of every function (handlers resolved, nothing touched yet).
-pub fn runtimes(
-    app: &Arc<AppConfig>,
-    registry: &Registry,
-    alerts: &Alerts,
-) -> anyhow::Result<Vec<Arc<FunctionRuntime>>> {
-    let stores = open_storage(app).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let mut out = Vec::new();
-    for f in &app.functions {
-        let handler = registry
-            .resolve(f, &app.app_dir)
-            .map_err(|e| anyhow::anyhow!("host.json: {e}"))?;
-        let storage = stores[&f.connection.setting].clone();
-        out.push(Arc::new(FunctionRuntime::new(
-            app.clone(),
-            f.clone(),
-            storage.as_ref(),
-            handler,
-            alerts.clone(),
-        )));
-    }
-    Ok(out)
-}
-
-/// Create the tables and queues every function needs, retrying until storage answers
-/// or `shutdown`.
-pub async fn ensure_resources(rts: &[Arc<FunctionRuntime>], shutdown: &CancellationToken) -> bool {
-    let mut delay = Duration::from_millis(200);
-    loop {
-        let mut result = Ok(());
-        for rt in rts {
-            for r in [
-                rt.keys.table().create_if_missing().await,
-                rt.poison.records.create_if_missing().await,
-                rt.source.create_if_missing().await,
-            ] {
-                match r {
-                    // Least-privilege identities may not create queues or
-                    // tables (403): assume they were created by the operator.
-                    Err(StorageError::Http { status: 403, .. }) => {
-                        warn!("no permission to create a queue or table; assuming it exists")
-                    }
-                    Err(e) => result = Err(e),
-                    Ok(()) => {}
-                }
-            }
-        }
-        match result {
-            Ok(()) => return true,
-            Err(e) => {
-                warn!(event = "aqw.storage.unavailable", error = %e, retry_in_ms = delay.as_millis() as u64, "cannot reach storage at startup; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = shutdown.cancelled() => return false,
-                }
-                delay = (delay * 2).min(Duration::from_secs(10));
-            }
-        }
     }
 }
 

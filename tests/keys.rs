@@ -339,7 +339,7 @@ async fn a_keyed_message_costs_three_storage_requests_besides_the_receive() {
         .create_if_missing()
         .await
         .unwrap();
-    let rt = aqw::worker::FunctionRuntime::new(
+    let rt = aqw::app::FunctionRuntime::new(
         app.config.clone(),
         app.config.functions[0].clone(),
         &storage,

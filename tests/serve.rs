@@ -84,8 +84,8 @@ fn host_binary_invocation(binding: &str, bytes: &[u8], id: &str, dequeue: u32) -
 async fn state(app: &TestApp, handler: Arc<dyn Handler>) -> ServeState {
     let registry = Registry::new().register("Job", handler);
     let rts =
-        aqw::worker::runtimes(&app.config, &registry, &aqw::telemetry::Alerts::disabled()).unwrap();
-    assert!(aqw::worker::ensure_resources(&rts, &tokio_util::sync::CancellationToken::new()).await);
+        aqw::app::runtimes(&app.config, &registry, &aqw::telemetry::Alerts::disabled()).unwrap();
+    assert!(aqw::app::ensure_resources(&rts, &tokio_util::sync::CancellationToken::new()).await);
     ServeState::new(rts)
 }
 

@@ -230,7 +230,7 @@ async fn crash_between_poison_put_and_source_delete_leaves_one_copy() {
         .unwrap()
         .remove(0);
     let storage = app.storage();
-    let rt = aqw::worker::FunctionRuntime::new(
+    let rt = aqw::app::FunctionRuntime::new(
         app.config.clone(),
         app.config.functions[0].clone(),
         &storage,

@@ -6,7 +6,7 @@
 //! per-instance counters that tests and benchmarks read).
 
 use super::*;
-use crate::config::{Connection, Credentials};
+use super::{Connection, Credentials};
 use azure_core::error::ErrorKind;
 use azure_core::{
     ClientOptions, ExponentialRetryOptions, HttpClient, RetryOptions, TransportOptions,

@@ -6,7 +6,9 @@
 
 pub mod azure;
 
+mod connection;
 use async_trait::async_trait;
+pub use connection::{Connection, Credentials, Secret};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 use std::time::Duration;
