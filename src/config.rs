@@ -39,16 +39,7 @@ impl ConfigError {
 pub use crate::message::MessageEncoding;
 pub use crate::retry::RetryStrategy;
 
-/// Where a function's idempotency key comes from.
-#[derive(Debug, Clone)]
-pub enum KeySpec {
-    /// A template over the JSON payload (`receipt:{/orderId}`).
-    Template(KeyTemplate),
-    /// The payload's `idempotencyKey` field (no `key` configured).
-    PayloadField,
-    /// Explicit opt-out: the job is naturally idempotent.
-    None,
-}
+pub use crate::idempotency::KeySpec;
 
 /// What runs a function's job.
 #[derive(Debug, Clone)]

@@ -126,34 +126,8 @@ impl Settle for QueueSettle {
     }
 }
 
-/// Derive a job's idempotency key from its payload per the function's rule.
-pub fn derive_key(spec: &KeySpec, payload: &str) -> Result<Option<IdempotencyKey>, String> {
-    match spec {
-        KeySpec::None => Ok(None),
-        KeySpec::Template(t) => {
-            let json: serde_json::Value = serde_json::from_str(payload).map_err(|e| {
-                format!(
-                    "payload is not valid JSON ({e}); the key template {} needs JSON",
-                    t.source()
-                )
-            })?;
-            t.render(&json).map(Some)
-        }
-        KeySpec::PayloadField => {
-            let json: serde_json::Value = serde_json::from_str(payload).map_err(|e| {
-                format!(
-                    "payload is not valid JSON ({e}); the key comes from its idempotencyKey field"
-                )
-            })?;
-            match json.get("idempotencyKey") {
-                Some(serde_json::Value::String(s)) if !s.is_empty() => IdempotencyKey::new(s.clone()).map(Some),
-                _ => Err("payload has no idempotencyKey field and the function has no key template \
-                          (set aqw.functions.<name>.key, or \"none\" for naturally idempotent jobs)"
-                    .into()),
-            }
-        }
-    }
-}
+// `ops` still names `worker::derive_key`; the function lives with the keys.
+pub use crate::idempotency::derive_key;
 
 enum HandlerRun {
     Finished(Result<Success, HandlerError>),

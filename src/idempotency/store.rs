@@ -1,181 +1,14 @@
-//! Idempotency keys: derivation from business facts, and the claim protocol
-//! over Table Storage (DESIGN.md section 4).
-//!
-//! One record per key, RowKey = hex SHA-256 of the key (any key text is safe),
-//! created *pending* before the handler runs (key first), marked *done* before
-//! the message is deleted. A claim is one atomic insert (409 = exists) or a
-//! take-over of an expired lease with `If-Match` (412 = another worker won),
-//! so exactly one worker holds a key at a time.
+//! The claim protocol over Table Storage: one record per key, pending →
+//! done, with its attempt history.
 
+use super::key::IdempotencyKey;
 use crate::storage::{Entity, Etag, StorageError, StorageResult, TableOp, TableStore};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::Duration;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use uuid::Uuid;
-
-/// A business key: one stable id per intended effect.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct IdempotencyKey(String);
-
-impl IdempotencyKey {
-    pub fn new(text: impl Into<String>) -> Result<Self, String> {
-        let text = text.into();
-        if text.is_empty() {
-            return Err("the idempotency key is empty".into());
-        }
-        Ok(Self(text))
-    }
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-    /// RowKey: hex SHA-256 of the key text.
-    pub fn row_key(&self) -> String {
-        hex::encode(Sha256::digest(self.0.as_bytes()))
-    }
-    /// PartitionKey: the function name plus the first hash byte, spreading load
-    /// over 256 partitions per function.
-    pub fn partition_key(&self, function: &str) -> String {
-        format!("{function}-{}", &self.row_key()[..2])
-    }
-}
-
-impl std::fmt::Display for IdempotencyKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Part {
-    Literal(String),
-    Pointer(String),
-}
-
-/// A key template over the JSON payload: `receipt:{/orderId}:{/period}`.
-///
-/// Placeholders are JSON pointers into the payload and nothing else: a key
-/// built from the message id, the dequeue count, the time or a random value
-/// would change per attempt and defeat the constraint, so such templates
-/// are rejected when the config is loaded.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyTemplate {
-    source: String,
-    parts: Vec<Part>,
-}
-
-/// Why `{name}` (not a JSON pointer) cannot be a key placeholder.
-fn not_a_pointer(name: &str) -> String {
-    const PER_ATTEMPT: [&str; 13] = [
-        "messageid",
-        "id",
-        "dequeuecount",
-        "now",
-        "time",
-        "timestamp",
-        "utcnow",
-        "random",
-        "uuid",
-        "guid",
-        "randguid",
-        "popreceipt",
-        "insertiontime",
-    ];
-    let lower = name.to_ascii_lowercase().replace(['_', '-', '.'], "");
-    if PER_ATTEMPT.contains(&lower.as_str()) {
-        format!(
-            "{{{name}}} changes with every attempt or message, so retries would never match; \
-             derive the key from business facts in the payload, e.g. {{/orderId}}"
-        )
-    } else {
-        format!("{{{name}}} is not a JSON pointer into the payload (write {{/{name}}})")
-    }
-}
-
-impl KeyTemplate {
-    pub fn parse(source: &str) -> Result<Self, String> {
-        let mut parts = Vec::new();
-        let mut lit = String::new();
-        let mut chars = source.chars().peekable();
-        while let Some(c) = chars.next() {
-            match c {
-                '{' if chars.peek() == Some(&'{') => {
-                    chars.next();
-                    lit.push('{');
-                }
-                '}' if chars.peek() == Some(&'}') => {
-                    chars.next();
-                    lit.push('}');
-                }
-                '{' => {
-                    let mut name = String::new();
-                    let mut closed = false;
-                    for c in chars.by_ref() {
-                        if c == '}' {
-                            closed = true;
-                            break;
-                        }
-                        name.push(c);
-                    }
-                    if !closed {
-                        return Err(format!("unclosed '{{' in key template \"{source}\""));
-                    }
-                    if !name.starts_with('/') {
-                        return Err(not_a_pointer(&name));
-                    }
-                    if !lit.is_empty() {
-                        parts.push(Part::Literal(std::mem::take(&mut lit)));
-                    }
-                    parts.push(Part::Pointer(name));
-                }
-                '}' => return Err(format!("unmatched '}}' in key template \"{source}\"")),
-                c => lit.push(c),
-            }
-        }
-        if !lit.is_empty() {
-            parts.push(Part::Literal(lit));
-        }
-        if !parts.iter().any(|p| matches!(p, Part::Pointer(_))) {
-            return Err(format!(
-                "key template \"{source}\" has no {{/field}} placeholder: every job would share one key \
-                 (use \"none\" to opt out of keys)"
-            ));
-        }
-        Ok(Self {
-            source: source.to_string(),
-            parts,
-        })
-    }
-
-    pub fn source(&self) -> &str {
-        &self.source
-    }
-
-    /// Render the key from a payload. Reads the payload and nothing else.
-    pub fn render(&self, payload: &Value) -> Result<IdempotencyKey, String> {
-        let mut out = String::new();
-        for part in &self.parts {
-            match part {
-                Part::Literal(l) => out.push_str(l),
-                Part::Pointer(p) => match payload.pointer(p) {
-                    Some(Value::String(s)) if !s.is_empty() => out.push_str(s),
-                    Some(Value::Number(n)) => out.push_str(&n.to_string()),
-                    Some(Value::Bool(b)) => out.push_str(&b.to_string()),
-                    Some(Value::String(_)) => return Err(format!("key field {p} is empty")),
-                    Some(Value::Null) | None => {
-                        return Err(format!("key field {p} is missing from the payload"))
-                    }
-                    Some(_) => {
-                        return Err(format!("key field {p} is an object or array, not a value"))
-                    }
-                },
-            }
-        }
-        IdempotencyKey::new(out)
-    }
-}
 
 /// Key status in the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -912,6 +745,7 @@ pub fn cap_error(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use crate::idempotency::key::KeyTemplate;
     #[test]
     fn history_keeps_the_newest_attempts_with_short_scrubbed_errors() {
         let attempt = |n: u32| Attempt {

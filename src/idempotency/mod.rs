@@ -1,0 +1,14 @@
+//! Idempotency: keys derived from business facts ([`key`]), and the claim
+//! protocol over Table Storage ([`store`]).
+//!
+//! One record per key, RowKey = hex SHA-256 of the key (any key text is safe),
+//! created *pending* before the handler runs (key first), marked *done* before
+//! the message is deleted. A claim is one atomic insert (409 = exists) or a
+//! take-over of an expired lease with `If-Match` (412 = another worker won),
+//! so exactly one worker holds a key at a time.
+
+pub mod key;
+pub mod store;
+
+pub use key::{derive_key, IdempotencyKey, KeySpec, KeyTemplate};
+pub use store::*;
