@@ -789,7 +789,7 @@ async fn poison(app_dir: &std::path::Path, cmd: PoisonCmd, output: Output) -> Re
                     ),
                 }
             }
-            let ok = report.action == "replaced" && report.confirmed != Some(false);
+            let ok = report.action == ops::FixAction::Replaced && report.confirmed != Some(false);
             Ok(if ok { 0 } else { 1 })
         }
         PoisonCmd::Discard {
