@@ -1,5 +1,10 @@
 //! The operator's procedure (DESIGN.md section 7): status, list, show,
-//! replay, discard, and `keys show`.
+//! replay, discard, fix, enqueue and `keys show`, one file each. Each command
+//! returns data; the binary renders it and decides the exit code.
+//!
+//! This file holds what the commands share: [`QueueOps`] (the storage
+//! handles of one source queue, the poison-queue scan), [`Filter`] and
+//! [`OpsError`].
 //!
 //! Poison records live in the record table (no 32-message peek limit). Raw
 //! copies written to `<queue>-poison` by the Functions host itself are found
