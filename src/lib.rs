@@ -29,7 +29,7 @@
 //! | test-only crash points, compiled out of release builds | [`failpoint`] |
 //! | benchmarks: aqw vs the minimal ceiling loop vs a Python worker on Microsoft's SDKs | `scripts/bench.sh`, `examples/bench_worker.rs`, `examples/ceiling.rs`, `bench/python_worker.py` → `BENCHMARKS.md` |
 //!
-//! The binary (`src/main.rs`) is a thin CLI over this library; shutdown is a
+//! The binary (`src/main.rs` over `src/cli/`) is a thin CLI over this library; shutdown is a
 //! `CancellationToken` passed into [`worker::run`].
 
 pub mod app;

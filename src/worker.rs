@@ -126,8 +126,7 @@ impl Settle for QueueSettle {
     }
 }
 
-// `ops` still names `worker::derive_key`; the function lives with the keys.
-pub use crate::idempotency::derive_key;
+use crate::idempotency::derive_key;
 
 enum HandlerRun {
     Finished(Result<Success, HandlerError>),

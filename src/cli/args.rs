@@ -1,0 +1,326 @@
+//! The command line: clap's derive types. Every argument, value and
+//! subcommand carries its one-line help; every leaf command ends with an
+//! example (a test below walks the tree).
+
+use aqw::telemetry::LogFormat;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  the command worked and found something that needs a person
+     (open poison records, a replayed key not done in time)
+  2  usage or configuration error; nothing was touched
+  3  storage or runtime error
+
+Settings come from the environment, then local.settings.json Values in the
+app folder (the environment wins). NO_COLOR turns colour off.";
+
+#[derive(Parser)]
+#[command(
+    name = "aqw",
+    version,
+    about = "Azure Queue Storage worker that makes background jobs safe to retry",
+    after_help = EXIT_CODES
+)]
+pub struct Cli {
+    /// App folder holding host.json (and <Function>/function.json).
+    #[arg(long, global = true, default_value = ".", env = "AQW_APP")]
+    pub app: PathBuf,
+    /// Output format of records and reports.
+    #[arg(long, global = true, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+    /// Log format (stderr).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "AQW_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Tables and lines for a person.
+    Text,
+    /// Complete JSON for a program.
+    Json,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run the standalone worker: poll every function's queue until SIGTERM/SIGINT.
+    #[command(
+        after_help = "Examples:\n  AzureWebJobsStorage=UseDevelopmentStorage=true aqw run --app ./app\n  aqw run --app /app --log-format json"
+    )]
+    Run,
+    /// Azure Functions custom handler: serve invocations on FUNCTIONS_CUSTOMHANDLER_PORT.
+    #[command(
+        after_help = "The Functions host starts it (host.json customHandler → aqw serve).\n\nExample, by hand:\n  FUNCTIONS_CUSTOMHANDLER_PORT=7071 aqw serve --app examples/functions-app"
+    )]
+    Serve,
+    /// Put a job on a queue, encoded per the app's messageEncoding.
+    #[command(
+        after_help = "Examples:\n  aqw enqueue receipts --payload '{\"orderId\":\"o-1\"}'\n  jq -c . order.json | aqw enqueue receipts -"
+    )]
+    Enqueue(EnqueueArgs),
+    /// Depth and poison count per queue; exit 1 while any poison record is open.
+    #[command(after_help = "Examples:\n  aqw status\n  aqw status --output json")]
+    Status,
+    /// Inspect, replay and discard poisoned messages.
+    #[command(subcommand)]
+    Poison(PoisonCmd),
+    /// Idempotency records.
+    #[command(subcommand)]
+    Keys(KeysCmd),
+    /// Print shell completions.
+    #[command(after_help = "Example:\n  aqw completions bash > /etc/bash_completion.d/aqw")]
+    Completions {
+        /// The shell to print completions for.
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Args)]
+pub struct EnqueueArgs {
+    /// Target queue (a configured function's queue).
+    pub queue: String,
+    /// The payload as text (JSON for keyed functions).
+    #[arg(long, conflicts_with = "file")]
+    pub payload: Option<String>,
+    /// Read the payload from a file.
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+    /// `-` reads the payload from standard input.
+    #[arg(value_name = "-")]
+    pub stdin: Option<String>,
+    /// Enqueue even if the worker would poison it at once (no key derivable).
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Which records `poison list` shows.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatusFilter {
+    /// Not yet replayed or discarded: needs a person.
+    Open,
+    /// Re-put to the source queue.
+    Replayed,
+    /// Closed without replaying.
+    Discarded,
+    /// Closed by `poison fix`: a corrected message took its place.
+    Replaced,
+    /// Every record.
+    All,
+}
+
+#[derive(Subcommand)]
+pub enum PoisonCmd {
+    /// List poison records, newest first; exit 1 while any listed record is open.
+    #[command(
+        after_help = "Examples:\n  aqw poison list receipts --status open\n  aqw poison list receipts --since 01:00:00 --error 'HTTP 503'"
+    )]
+    List {
+        /// Source queue of the poisoned messages (not the -poison queue).
+        queue: String,
+        /// Records in this state only.
+        #[arg(long, value_enum, default_value_t = StatusFilter::All)]
+        status: StatusFilter,
+        /// Poisoned at or after: RFC 3339 time or a duration ago (hh:mm:ss).
+        #[arg(long)]
+        since: Option<String>,
+        /// Poisoned before: RFC 3339 time or a duration ago (hh:mm:ss).
+        #[arg(long)]
+        until: Option<String>,
+        /// Records of this function only.
+        #[arg(long)]
+        function: Option<String>,
+        /// Regular expression over the error text.
+        #[arg(long)]
+        error: Option<String>,
+    },
+    /// Show one record: error, attempts, key state and decoded payload.
+    #[command(
+        after_help = "Example:\n  aqw poison show receipts 7d0f3c9e-1b7a-4f1e-9d7a-2a1f0c3e4b5d"
+    )]
+    Show {
+        /// Source queue of the poisoned message.
+        queue: String,
+        /// The record id: the source message id (as `poison list` shows it).
+        id: String,
+    },
+    /// Re-put poisoned messages to their source queue with their original key.
+    #[command(
+        after_help = "Examples:\n  aqw poison replay receipts --all --error 'HTTP 503' --dry-run\n  aqw poison replay receipts --id ID --wait 00:02:00"
+    )]
+    Replay {
+        /// Source queue of the poisoned messages.
+        queue: String,
+        /// A record to replay (repeat for several).
+        #[arg(long = "id", required_unless_present = "all")]
+        ids: Vec<String>,
+        /// Every open record (narrowed by --error, --since, --limit).
+        #[arg(long, conflicts_with = "ids")]
+        all: bool,
+        /// Only records whose error matches this regular expression.
+        #[arg(long)]
+        error: Option<String>,
+        /// Only records poisoned at or after: RFC 3339 time or a duration ago.
+        #[arg(long)]
+        since: Option<String>,
+        /// At most this many records.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Messages per second.
+        #[arg(long)]
+        rate: Option<f64>,
+        /// Say what would be replayed; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Who is doing it, kept on the record (default: $USER; needed
+        /// unless --dry-run).
+        #[arg(long, env = "USER", required_unless_present = "dry_run")]
+        by: Option<String>,
+        /// Wait (hh:mm:ss) until each replayed key is done, and report.
+        #[arg(long)]
+        wait: Option<String>,
+        /// Records replayed at once.
+        #[arg(long, default_value_t = aqw::ops::DEFAULT_REPLAY_CONCURRENCY as u64, value_parser = clap::value_parser!(u64).range(1..=64))]
+        concurrency: u64,
+    },
+    /// Put a corrected payload in place of a poisoned one (a bad producer's
+    /// message), closing the old record as replaced.
+    #[command(
+        after_help = "The corrected payload must derive a key; a key already done is reported and nothing is put.\n\nExamples:\n  aqw poison fix credits --id ID --payload '{\"account\":\"a4\",\"credits\":5}' --wait 00:01:00\n  aqw poison show credits ID --output json | jq -c '.payload | .account = .acount | del(.acount)' | aqw poison fix credits --id ID -"
+    )]
+    Fix {
+        /// Source queue of the poisoned message.
+        queue: String,
+        /// The record to replace.
+        #[arg(long)]
+        id: String,
+        /// The corrected payload as text.
+        #[arg(long, conflicts_with = "file")]
+        payload: Option<String>,
+        /// Read the corrected payload from a file.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// `-` reads the corrected payload from standard input.
+        #[arg(value_name = "-")]
+        stdin: Option<String>,
+        /// Who is doing it, kept on the record (default: $USER; needed).
+        #[arg(long, env = "USER")]
+        by: String,
+        /// Wait (hh:mm:ss) until the corrected job's key is done.
+        #[arg(long)]
+        wait: Option<String>,
+    },
+    /// Close a record without replaying it.
+    #[command(
+        after_help = "Example:\n  aqw poison discard credits --id ID --reason 'account closed, must never run'"
+    )]
+    Discard {
+        /// Source queue of the poisoned message.
+        queue: String,
+        /// The record to close.
+        #[arg(long)]
+        id: String,
+        /// Why it must not run, kept on the record.
+        #[arg(long)]
+        reason: String,
+        /// Who is doing it, kept on the record (default: $USER; needed).
+        #[arg(long, env = "USER")]
+        by: String,
+        /// Also close the job's key (status cancelled): a later delivery of
+        /// the same job is settled as a duplicate without running.
+        #[arg(long)]
+        close_key: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum KeysCmd {
+    /// Show the idempotency record of one key.
+    #[command(after_help = "Example:\n  aqw keys show SendReceipt receipt:o-1")]
+    Show {
+        /// The function the key belongs to.
+        function: String,
+        /// The full key, as `poison list` or `poison show` prints it.
+        key: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Walks clap's command tree: every argument, value and subcommand has a
+    /// one-line help, and every leaf command ends with an example.
+    #[test]
+    fn help_teaches_every_argument_and_command() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if a.get_help().is_none() {
+                    missing.push(format!("{path} --{id}: no help"));
+                }
+                // Flags' true/false and clap_complete's shell names need none.
+                let own_values = a.get_action().takes_values() && id != "shell";
+                for v in a.get_possible_values().into_iter().filter(|_| own_values) {
+                    if v.get_help().is_none() {
+                        missing.push(format!("{path} --{id} {}: no help", v.get_name()));
+                    }
+                }
+            }
+            for sc in cmd.get_subcommands() {
+                let name = format!("{path} {}", sc.get_name());
+                if sc.get_about().is_none() {
+                    missing.push(format!("{name}: no about"));
+                }
+                let is_leaf = sc.get_subcommands().next().is_none();
+                let has_example = sc
+                    .get_after_help()
+                    .is_some_and(|h| h.to_string().contains("Example"));
+                if is_leaf && !has_example {
+                    missing.push(format!("{name}: no example"));
+                }
+                walk(sc, &name, missing);
+            }
+        }
+        let cmd = Cli::command();
+        cmd.clone().debug_assert();
+        let mut missing = Vec::new();
+        walk(&cmd, "aqw", &mut missing);
+        assert!(missing.is_empty(), "{missing:#?}");
+        let top = cmd.get_after_help().unwrap().to_string();
+        for code in ["0 ", "1 ", "2 ", "3 "] {
+            assert!(
+                top.contains(&format!("  {code}")),
+                "exit code {code} in: {top}"
+            );
+        }
+    }
+
+    #[test]
+    fn by_behaves_the_same_on_replay_and_discard() {
+        let by_of = |sub: &str| {
+            let cmd = Cli::command();
+            let poison = cmd.find_subcommand("poison").unwrap();
+            let arg = poison
+                .find_subcommand(sub)
+                .unwrap()
+                .get_arguments()
+                .find(|a| a.get_id() == "by")
+                .unwrap()
+                .clone();
+            (
+                arg.get_env().map(|e| e.to_os_string()),
+                arg.get_default_values().to_vec(),
+            )
+        };
+        assert_eq!(by_of("replay"), by_of("discard"));
+    }
+}

@@ -1,0 +1,356 @@
+//! Dispatch: each command turns its arguments into a call of the library
+//! (`aqw::ops`, `aqw::worker`, `aqw::serve`), renders the data it returns,
+//! and says which exit code that means.
+
+use super::args::{Cli, Command, EnqueueArgs, KeysCmd, Output, PoisonCmd, StatusFilter};
+use super::exit::{Exit, Failure};
+use super::render;
+use aqw::config::{self, AppConfig};
+use aqw::ops::{self, Filter, FixAction, QueueOps, ReplayOptions};
+use aqw::poison::RecordStatus;
+use clap::CommandFactory;
+use std::io::{IsTerminal, Read};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+pub async fn dispatch(cli: Cli) -> Result<Exit, Failure> {
+    let output = cli.output;
+    match cli.command {
+        Command::Run => run(&cli.app).await,
+        Command::Serve => serve(&cli.app).await,
+        Command::Enqueue(a) => enqueue(&cli.app, a, output).await,
+        Command::Status => status(&cli.app, output).await,
+        Command::Poison(cmd) => poison(&cli.app, cmd, output).await,
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "aqw", &mut std::io::stdout());
+            Ok(Exit::Ok)
+        }
+        Command::Keys(KeysCmd::Show { function, key }) => {
+            keys_show(&cli.app, &function, &key, output).await
+        }
+    }
+}
+
+async fn run(app_dir: &Path) -> Result<Exit, Failure> {
+    let app = load(app_dir)?;
+    let registry = aqw::Registry::new();
+    aqw::app::preflight(&app, &registry).map_err(Failure::usage)?;
+    let shutdown = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone());
+    aqw::worker::run(app, registry, shutdown)
+        .await
+        .map_err(|e| Failure::runtime(format!("{e:#}")))?;
+    Ok(Exit::Ok)
+}
+
+async fn serve(app_dir: &Path) -> Result<Exit, Failure> {
+    let app = load(app_dir)?;
+    let registry = aqw::Registry::new();
+    aqw::app::preflight(&app, &registry).map_err(Failure::usage)?;
+    let port = aqw::serve::port_from_env(std::env::var("FUNCTIONS_CUSTOMHANDLER_PORT").ok())
+        .map_err(Failure::usage)?;
+    let shutdown = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone());
+    aqw::serve::serve(app, registry, port, shutdown)
+        .await
+        .map_err(|e| Failure::runtime(format!("{e:#}")))?;
+    Ok(Exit::Ok)
+}
+
+async fn enqueue(app_dir: &Path, a: EnqueueArgs, output: Output) -> Result<Exit, Failure> {
+    let app = load(app_dir)?;
+    let payload = read_payload(a.payload, a.file, a.stdin.as_deref())?;
+    let job = ops::prepare_enqueue(&app, &a.queue, &payload, a.force)?;
+    let storage =
+        aqw::storage::connect(&job.connection).map_err(|e| Failure::usage(e.to_string()))?;
+    let done = ops::enqueue(job, &storage).await?;
+    render::enqueued(&done, output);
+    Ok(Exit::Ok)
+}
+
+async fn status(app_dir: &Path, output: Output) -> Result<Exit, Failure> {
+    let app = load(app_dir)?;
+    let mut lines = Vec::new();
+    for f in &app.functions {
+        lines.push(ops::status(&queue_ops(&app, &f.queue)?).await?);
+    }
+    let open: usize = lines.iter().map(|l| l.open_records).sum();
+    render::status(&lines, open, output);
+    Ok(Exit::needs_a_person_if(open > 0))
+}
+
+async fn keys_show(
+    app_dir: &Path,
+    function: &str,
+    key: &str,
+    output: Output,
+) -> Result<Exit, Failure> {
+    let app = load(app_dir)?;
+    let f = app
+        .function(function)
+        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
+    let storage =
+        aqw::storage::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
+    let rec = ops::key_record(&app, &storage, function, key).await?;
+    render::key_record(function, key, rec.as_ref(), output);
+    Ok(Exit::Ok)
+}
+
+async fn poison(app_dir: &Path, cmd: PoisonCmd, output: Output) -> Result<Exit, Failure> {
+    let app = load(app_dir)?;
+    match cmd {
+        PoisonCmd::List {
+            queue,
+            status,
+            since,
+            until,
+            function,
+            error,
+        } => {
+            let filter = Filter {
+                status: match status {
+                    StatusFilter::Open => Some(RecordStatus::Open),
+                    StatusFilter::Replayed => Some(RecordStatus::Replayed),
+                    StatusFilter::Discarded => Some(RecordStatus::Discarded),
+                    StatusFilter::Replaced => Some(RecordStatus::Replaced),
+                    StatusFilter::All => None,
+                },
+                since: since.as_deref().map(parse_time).transpose()?,
+                until: until.as_deref().map(parse_time).transpose()?,
+                function,
+                error: parse_error_regex(error.as_deref())?,
+                ids: vec![],
+            };
+            poison_list(&app, &queue, &filter, output).await
+        }
+        PoisonCmd::Show { queue, id } => {
+            let report = ops::show(&queue_ops(&app, &queue)?, &id).await?;
+            render::poison_show(&report, output);
+            Ok(Exit::Ok)
+        }
+        PoisonCmd::Fix {
+            queue,
+            id,
+            payload,
+            file,
+            stdin,
+            by,
+            wait,
+        } => {
+            if by.trim().is_empty() {
+                return Err(Failure::usage("--by must not be empty"));
+            }
+            let payload = read_payload(payload, file, stdin.as_deref())?;
+            let wait = parse_wait(wait.as_deref())?;
+            let ops = queue_ops(&app, &queue)?;
+            let report = ops::fix(&ops, &id, &payload, &by, wait).await?;
+            render::poison_fix(&id, &by, &report, output);
+            let ok = report.action == FixAction::Replaced && report.confirmed != Some(false);
+            Ok(Exit::needs_a_person_if(!ok))
+        }
+        PoisonCmd::Discard {
+            queue,
+            id,
+            reason,
+            by,
+            close_key,
+        } => {
+            if reason.trim().is_empty() || by.trim().is_empty() {
+                return Err(Failure::usage("--reason and --by must not be empty"));
+            }
+            let ops = queue_ops(&app, &queue)?;
+            let rec = ops::discard(&ops, &id, &reason, &by, close_key).await?;
+            render::poison_discard(&id, &reason, &by, close_key, &rec, output);
+            Ok(Exit::Ok)
+        }
+        cmd @ PoisonCmd::Replay { .. } => poison_replay(&app, cmd, output).await,
+    }
+}
+
+async fn poison_list(
+    app: &Arc<AppConfig>,
+    queue: &str,
+    filter: &Filter,
+    output: Output,
+) -> Result<Exit, Failure> {
+    let ops = queue_ops(app, queue)?;
+    let records = ops::list(&ops, filter).await?;
+    let open = records
+        .iter()
+        .filter(|r| r.status == RecordStatus::Open)
+        .count();
+    render::poison_list(queue, &records, open, output);
+    Ok(Exit::needs_a_person_if(open > 0))
+}
+
+async fn poison_replay(
+    app: &Arc<AppConfig>,
+    cmd: PoisonCmd,
+    output: Output,
+) -> Result<Exit, Failure> {
+    let PoisonCmd::Replay {
+        queue,
+        ids,
+        all,
+        error,
+        since,
+        limit,
+        rate,
+        dry_run,
+        by,
+        wait,
+        concurrency,
+    } = cmd
+    else {
+        unreachable!("poison_replay is called with PoisonCmd::Replay only");
+    };
+    if !all && ids.is_empty() {
+        return Err(Failure::usage("give --id ID (repeatable) or --all"));
+    }
+    if rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
+        return Err(Failure::usage(
+            "--rate must be a positive number of messages per second",
+        ));
+    }
+    let opts = ReplayOptions {
+        filter: Filter {
+            status: None,
+            since: since.as_deref().map(parse_time).transpose()?,
+            until: None,
+            function: None,
+            error: parse_error_regex(error.as_deref())?,
+            ids,
+        },
+        limit,
+        rate,
+        dry_run,
+        by: by.unwrap_or_default(),
+        wait: parse_wait(wait.as_deref())?,
+        concurrency: concurrency as usize,
+    };
+    let ops = queue_ops(app, &queue)?;
+    let bar = progress_bar(output);
+    let progress = |done: usize, total: usize| {
+        if let Some(b) = &bar {
+            if total > 5 {
+                b.set_length(total as u64);
+                b.set_position(done as u64);
+            }
+        }
+    };
+    let report = ops::replay(&ops, &opts, &progress).await?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    render::poison_replay(&report, opts.wait.is_some(), output);
+    Ok(Exit::needs_a_person_if(report.needs_a_person()))
+}
+
+/// A progress bar on a terminal, for text output only.
+fn progress_bar(output: Output) -> Option<indicatif::ProgressBar> {
+    if !(std::io::stderr().is_terminal() && output == Output::Text) {
+        return None;
+    }
+    let b = indicatif::ProgressBar::new(0);
+    b.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} replayed ({per_sec}, eta {eta})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    Some(b)
+}
+
+fn load(app: &Path) -> Result<Arc<AppConfig>, Failure> {
+    config::load(app)
+        .map(Arc::new)
+        .map_err(|e| Failure::usage(format!("{e:#}")))
+}
+
+fn queue_ops(app: &Arc<AppConfig>, queue: &str) -> Result<QueueOps, Failure> {
+    let connection = app
+        .function_for_queue(queue)
+        .map(|f| &f.connection)
+        .ok_or_else(|| {
+            let known: Vec<&str> = app.functions.iter().map(|f| f.queue.as_str()).collect();
+            Failure::usage(format!(
+                "queue \"{queue}\" is not consumed by any function of this app (known: {})",
+                known.join(", ")
+            ))
+        })?;
+    let storage = aqw::storage::connect(connection).map_err(|e| Failure::usage(e.to_string()))?;
+    Ok(QueueOps::new(app.clone(), queue, &storage))
+}
+
+fn parse_time(s: &str) -> Result<time::OffsetDateTime, Failure> {
+    if let Ok(t) = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339) {
+        return Ok(t);
+    }
+    config::parse_timespan(s)
+        .map(|d| time::OffsetDateTime::now_utc() - d)
+        .map_err(|_| {
+            Failure::usage(format!(
+                "\"{s}\" is neither an RFC 3339 time nor a duration ago (hh:mm:ss)"
+            ))
+        })
+}
+
+fn parse_error_regex(error: Option<&str>) -> Result<Option<regex::Regex>, Failure> {
+    error
+        .map(regex::Regex::new)
+        .transpose()
+        .map_err(|e| Failure::usage(format!("--error: {e}")))
+}
+
+fn parse_wait(wait: Option<&str>) -> Result<Option<Duration>, Failure> {
+    wait.map(|w| config::parse_timespan(w).map_err(|e| Failure::usage(format!("--wait: {e}"))))
+        .transpose()
+}
+
+/// The payload of `enqueue` and `poison fix`: exactly one of `--payload`,
+/// `--file` or `-` (stdin).
+fn read_payload(
+    payload: Option<String>,
+    file: Option<PathBuf>,
+    stdin: Option<&str>,
+) -> Result<String, Failure> {
+    match (payload, file, stdin) {
+        (Some(p), None, None) => Ok(p),
+        (None, Some(f), None) => {
+            std::fs::read_to_string(&f).map_err(|e| Failure::usage(format!("{}: {e}", f.display())))
+        }
+        (None, None, Some("-")) => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .map_err(|e| Failure::usage(format!("stdin: {e}")))?;
+            Ok(s)
+        }
+        _ => Err(Failure::usage(
+            "give exactly one of --payload TEXT, --file PATH or -",
+        )),
+    }
+}
+
+fn spawn_signal_handler(shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut term = match signal(SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return,
+            };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!(event = "aqw.worker.signal", "shutdown requested");
+        shutdown.cancel();
+    });
+}

@@ -1,0 +1,347 @@
+//! Everything a command prints: text for a person, JSON for a program.
+
+use super::args::Output;
+use aqw::config::MessageEncoding;
+use aqw::idempotency::{Attempt, KeyRecord, KeyStatus, HISTORY_LEN};
+use aqw::ops::{Enqueued, FixAction, FixReport, QueueStatus, ReplayReport, ShowReport};
+use aqw::poison::PoisonRecord;
+
+pub fn print_json(v: &impl serde::Serialize) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+/// `enqueue`: the message id, key and encoding.
+pub fn enqueued(e: &Enqueued, output: Output) {
+    let enc = match e.encoding {
+        MessageEncoding::Base64 => "base64",
+        MessageEncoding::None => "none",
+    };
+    if output == Output::Json {
+        print_json(
+            &serde_json::json!({"queue": e.queue, "messageId": e.message_id, "key": e.key.as_ref().map(|k| k.to_string()), "encoding": enc}),
+        );
+    } else {
+        println!(
+            "enqueued {} to {} (key {}, encoding {enc})",
+            e.message_id,
+            e.queue,
+            e.key
+                .as_ref()
+                .map(|k| format!("{:?}", k.as_str()))
+                .unwrap_or("none".into())
+        );
+    }
+}
+
+/// `status`: one line per queue.
+pub fn status(lines: &[QueueStatus], open: usize, output: Output) {
+    if output == Output::Json {
+        print_json(&serde_json::json!({"queues": lines, "openPoisonRecords": open}));
+        return;
+    }
+    println!(
+        "{:<20} {:<24} {:>8} {:>8} {:>6}  OLDEST OPEN",
+        "FUNCTION", "QUEUE", "DEPTH", "POISON", "OPEN"
+    );
+    for l in lines {
+        println!(
+            "{:<20} {:<24} {:>8} {:>8} {:>6}  {}",
+            l.function,
+            l.queue,
+            l.depth.map(|d| d.to_string()).unwrap_or("-".into()),
+            l.poison_depth.map(|d| d.to_string()).unwrap_or("-".into()),
+            l.open_records,
+            l.oldest_open.as_deref().unwrap_or("-")
+        );
+    }
+}
+
+/// `poison list`.
+pub fn poison_list(queue: &str, records: &[PoisonRecord], open: usize, output: Output) {
+    if output == Output::Json {
+        print_json(&records);
+    } else if records.is_empty() {
+        println!("no poison records for {queue}");
+    } else {
+        print_record_list(records);
+        println!("{} record(s), {open} open", records.len());
+    }
+}
+
+/// The poison list for a person: every id and key in full (columns as wide
+/// as their longest value), the error's first line in full beneath each row.
+fn print_record_list(records: &[PoisonRecord]) {
+    let width = |f: &dyn Fn(&PoisonRecord) -> usize, title: &str| {
+        records.iter().map(f).max().unwrap_or(0).max(title.len())
+    };
+    let id_w = width(&|r| r.message_id.chars().count(), "ID");
+    let key_w = width(&|r| r.key.as_deref().unwrap_or("-").chars().count(), "KEY");
+    println!(
+        "{:<id_w$}  {:<9}  {:<20}  {:>3}  {:<10}  KEY",
+        "ID", "STATUS", "POISONED AT", "DQ", "KIND"
+    );
+    println!("{:<id_w$}  ERROR", "");
+    for r in records {
+        println!(
+            "{:<id_w$}  {:<9}  {:<20}  {:>3}  {:<10}  {:<key_w$}",
+            r.message_id,
+            r.status.as_str(),
+            r.poisoned_at.chars().take(19).collect::<String>(),
+            r.dequeue_count,
+            r.error.kind.as_str(),
+            r.key.as_deref().unwrap_or("-"),
+        );
+        let mut lines = r.error.message.lines();
+        let first = lines.next().unwrap_or("");
+        let more = lines.count();
+        let tail = if more > 0 {
+            format!("  (+{more} more line(s): aqw poison show)")
+        } else {
+            String::new()
+        };
+        println!("{:<id_w$}  {first}{tail}", "");
+    }
+}
+
+/// `poison show`.
+pub fn poison_show(report: &ShowReport, output: Output) {
+    if output == Output::Json {
+        print_json(&report);
+        return;
+    }
+    let r = &report.record;
+    println!(
+        "record:        {} ({}, origin {})",
+        r.message_id,
+        r.status.as_str(),
+        r.origin
+    );
+    println!("queue:         {} (function {})", r.queue, r.function);
+    println!(
+        "error:         [{}] {}",
+        r.error.kind.as_str(),
+        r.error.message
+    );
+    println!("attempts:      dequeued {} time(s)", r.dequeue_count);
+    println!("inserted:      {}", r.inserted_at);
+    println!("first attempt: {}", r.first_attempt_at);
+    println!("poisoned:      {}", r.poisoned_at);
+    println!("key:           {}", r.key.as_deref().unwrap_or("-"));
+    match &report.key_record {
+        Some(k) => {
+            println!("key state:     {}", key_state_line(k));
+            print_history(&k.history, "               ");
+        }
+        None => println!("key state:     no record"),
+    }
+    print_closing(r);
+    println!(
+        "encoding:      {} ({} bytes of message text)",
+        r.encoding.as_str(),
+        r.message.len()
+    );
+    match (&report.payload, &report.payload_text, &report.decode_error) {
+        (Some(v), _, _) => println!(
+            "payload:\n{}",
+            serde_json::to_string_pretty(v).unwrap_or_default()
+        ),
+        (None, Some(t), _) => println!("payload (not JSON):\n{t}"),
+        (_, _, Some(e)) => println!(
+            "payload:       undecodable: {e}\nraw text:      {}",
+            r.message
+        ),
+        _ => {}
+    }
+}
+
+/// How a record was closed: replayed, replaced or discarded, by whom.
+fn print_closing(r: &PoisonRecord) {
+    if let Some(by) = &r.replayed_by {
+        println!(
+            "replayed:      {} by {by} as {}",
+            r.replayed_at.as_deref().unwrap_or("-"),
+            r.replay_message_id.as_deref().unwrap_or("-")
+        );
+    }
+    if let Some(by) = &r.replaced_by {
+        println!(
+            "replaced:      {} by {by} with {} (key {}, payload {:+} bytes)",
+            r.replaced_at.as_deref().unwrap_or("-"),
+            r.replacement_message_id.as_deref().unwrap_or("-"),
+            r.replacement_key.as_deref().unwrap_or("-"),
+            r.replacement_size_diff.unwrap_or(0)
+        );
+    }
+    if let Some(by) = &r.discarded_by {
+        println!(
+            "discarded:     {} by {by}: {}",
+            r.discarded_at.as_deref().unwrap_or("-"),
+            r.discard_reason.as_deref().unwrap_or("-")
+        );
+    }
+}
+
+/// `poison fix`.
+pub fn poison_fix(id: &str, by: &str, report: &FixReport, output: Output) {
+    if output == Output::Json {
+        print_json(&report);
+        return;
+    }
+    match report.action {
+        FixAction::Replaced => println!(
+            "replaced {id} by {} (key {} → {}, payload {:+} bytes, by {by}){}",
+            report.new_message_id.as_deref().unwrap_or("-"),
+            report.old_key.as_deref().unwrap_or("-"),
+            report.new_key.as_deref().unwrap_or("-"),
+            report.size_diff,
+            match report.confirmed {
+                Some(true) => "; the new key is done",
+                Some(false) => "; the new key is NOT done yet",
+                None => "",
+            }
+        ),
+        _ => println!(
+            "{id}: {}: {}",
+            report.action.as_str(),
+            report.detail.as_deref().unwrap_or("-")
+        ),
+    }
+}
+
+/// `poison discard`.
+pub fn poison_discard(
+    id: &str,
+    reason: &str,
+    by: &str,
+    close_key: bool,
+    rec: &PoisonRecord,
+    output: Output,
+) {
+    if output == Output::Json {
+        print_json(&rec);
+        return;
+    }
+    let key_note = match (close_key, rec.key.as_deref()) {
+        (true, Some(k)) => format!("; key {k} closed: a resend is a duplicate"),
+        (false, Some(k)) => format!("; key {k} left poisoned: a resend runs"),
+        _ => String::new(),
+    };
+    println!("discarded {id} ({reason}, by {by}){key_note}");
+}
+
+/// `poison replay`: a line per record, then the counts.
+pub fn poison_replay(report: &ReplayReport, waited: bool, output: Output) {
+    if output == Output::Json {
+        print_json(&report);
+        return;
+    }
+    for i in &report.items {
+        let extra = match (&i.new_message_id, &i.detail) {
+            (Some(n), _) => format!("as {n}"),
+            (None, Some(d)) => d.clone(),
+            _ => String::new(),
+        };
+        let conf = match i.confirmed {
+            Some(true) => " [done]",
+            Some(false) => " [NOT done yet]",
+            None => "",
+        };
+        println!("{:<38} {:<26} {}{conf}", i.id, i.action.as_str(), extra);
+    }
+    println!(
+        "{}: {} selected, {} replayed, {} already done, {} not replayed{}",
+        if report.dry_run { "dry run" } else { "replay" },
+        report.selected,
+        report.replayed,
+        report.already_done,
+        report.failed,
+        if waited {
+            format!(", {} not confirmed done", report.unconfirmed)
+        } else {
+            String::new()
+        }
+    );
+}
+
+/// `keys show`.
+pub fn key_record(function: &str, key: &str, rec: Option<&KeyRecord>, output: Output) {
+    let Some(r) = rec else {
+        if output == Output::Json {
+            print_json(&serde_json::json!({"key": key, "function": function, "record": null}));
+        } else {
+            println!("no record for key {key:?} of {function} (never claimed)");
+        }
+        return;
+    };
+    if output == Output::Json {
+        print_json(&r);
+        return;
+    }
+    println!("key:          {}", r.key);
+    println!("function:     {}", r.function);
+    println!("status:       {}", r.status.as_str());
+    println!("providerKey:  {}", r.provider_key);
+    println!("state:        {}", key_state_line(r));
+    println!("messageId:    {}", r.message_id.as_deref().unwrap_or("-"));
+    println!("firstSeen:    {}", r.first_seen.as_deref().unwrap_or("-"));
+    println!("completedAt:  {}", r.completed_at.as_deref().unwrap_or("-"));
+    println!("replayCount:  {}", r.replay_count);
+    if let Some(by) = &r.cancelled_by {
+        println!(
+            "cancelled:    {} by {by}: {} (a delivery of this job is a duplicate)",
+            r.cancelled_at.as_deref().unwrap_or("-"),
+            r.cancel_reason.as_deref().unwrap_or("-")
+        );
+    }
+    println!(
+        "lease:        {} until {}",
+        r.lease_owner.as_deref().unwrap_or("-"),
+        r.lease_until.as_deref().unwrap_or("-")
+    );
+    println!("row:          {} / {}", r.partition_key, r.row_key);
+    print_history(&r.history, "              ");
+}
+
+/// One line on a key's state. A done key's earlier errors are history, not
+/// a current error, so they are not repeated here.
+fn key_state_line(k: &KeyRecord) -> String {
+    let tries = format!("{} attempt(s)", k.attempts);
+    match k.status {
+        KeyStatus::Done => format!(
+            "done at {} after {tries}; provider key {}",
+            k.completed_at.as_deref().unwrap_or("-"),
+            k.provider_key
+        ),
+        KeyStatus::Cancelled => format!("cancelled (never runs again) after {tries}"),
+        s => format!(
+            "{} after {tries}; provider key {}; last error: {}",
+            s.as_str(),
+            k.provider_key,
+            k.last_error.as_deref().unwrap_or("-")
+        ),
+    }
+}
+
+/// The key's attempt history, oldest first, flagging attempts that may have
+/// taken effect (their provider key is what keeps a retry from doubling).
+fn print_history(history: &[Attempt], indent: &str) {
+    if history.is_empty() {
+        return;
+    }
+    println!("attempts:      (last {}, oldest first)", HISTORY_LEN);
+    for a in history {
+        let flag = if a.may_have_taken_effect {
+            "  [may have taken effect]"
+        } else {
+            ""
+        };
+        println!(
+            "{indent}{}  dq {}  {}  {:<9} {}{flag}",
+            a.at,
+            a.dequeue_count,
+            a.message_id,
+            a.outcome,
+            a.error.as_deref().unwrap_or("")
+        );
+    }
+}

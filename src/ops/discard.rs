@@ -1,0 +1,54 @@
+//! `aqw poison discard`.
+
+use super::{OpsError, OpsResult, QueueOps};
+use crate::idempotency::{now_rfc3339, IdempotencyKey};
+use crate::poison::{PoisonRecord, RecordStatus};
+use crate::storage::Entity;
+use serde_json::json;
+use std::time::Duration;
+
+/// `aqw poison discard`.
+/// Close a record without replaying it. With `close_key`, the job's key is
+/// also closed (`cancelled`) first, so a later delivery of the same job (a
+/// producer's resend) is settled as a duplicate without running; without
+/// it, the key stays `poisoned` and a resend runs.
+pub async fn discard(
+    ops: &QueueOps,
+    id: &str,
+    reason: &str,
+    by: &str,
+    close_key: bool,
+) -> OpsResult<PoisonRecord> {
+    let (mut rec, etag) = ops.open_record(id).await?;
+    if close_key {
+        let key = rec
+            .key
+            .clone()
+            .filter(|k| !k.is_empty())
+            .ok_or_else(|| {
+                OpsError::Usage(format!(
+                    "record {id} has no key (keyless job, or its key could not be derived); discard it without --close-key"
+                ))
+            })
+            .and_then(|k| IdempotencyKey::new(k).map_err(OpsError::Usage))?;
+        if let Err(refused) = ops.keys.cancel(&rec.function, &key, by, reason).await? {
+            return Err(OpsError::Usage(refused));
+        }
+    }
+    let mut u = Entity::new();
+    u.insert("Status".into(), json!("discarded"));
+    u.insert("DiscardedAt".into(), json!(now_rfc3339()));
+    u.insert("DiscardedBy".into(), json!(by));
+    u.insert("DiscardReason".into(), json!(reason));
+    ops.records
+        .merge(&ops.queue, &QueueOps::row_key(&rec), &u, Some(&etag))
+        .await?;
+    let held = ops.scan(Some(Duration::from_secs(30))).await?;
+    let deleted = ops.delete_copy(&rec, &held).await;
+    ops.release(held).await;
+    deleted?;
+    rec.status = RecordStatus::Discarded;
+    rec.discarded_by = Some(by.into());
+    rec.discard_reason = Some(reason.into());
+    Ok(rec)
+}

@@ -1,0 +1,184 @@
+//! `aqw poison fix`.
+
+use super::{merge_open_record, OpsError, OpsResult, QueueOps};
+use crate::idempotency::derive_key;
+use crate::idempotency::{now_rfc3339, IdempotencyKey};
+use crate::message::decode;
+use crate::storage::{Entity, Ttl};
+use serde_json::json;
+use std::time::Duration;
+
+/// What `poison fix` did with a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FixAction {
+    /// The corrected message was put and the record closed as replaced.
+    Replaced,
+    /// The corrected job's key is done or cancelled: nothing was put and the
+    /// record is still open.
+    AlreadyDone,
+    /// Someone else closed the record meanwhile (the corrected message was put).
+    Skipped,
+}
+
+impl FixAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FixAction::Replaced => "replaced",
+            FixAction::AlreadyDone => "already-done",
+            FixAction::Skipped => "skipped",
+        }
+    }
+}
+
+impl std::fmt::Display for FixAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// What `poison fix` did.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FixReport {
+    pub id: String,
+    /// `replaced`, or `already-done` (the corrected job's key is done or
+    /// cancelled: nothing was put and the record is still open).
+    pub action: FixAction,
+    pub old_key: Option<String>,
+    pub new_key: Option<String>,
+    pub new_message_id: Option<String>,
+    pub size_diff: i64,
+    /// With `--wait`: the new key reached done in time.
+    pub confirmed: Option<bool>,
+    pub detail: Option<String>,
+}
+
+/// `poison fix`: put a corrected payload in place of a poisoned one, and
+/// close the old record as `replaced` (by whom, the new message id and key,
+/// the size difference). The corrected payload must be one the worker would
+/// run: it must derive a key (unless the function is keyless) and fit in a
+/// message. If its key is already done, nothing is put: the job happened.
+///
+/// Order: put first, then close the record, then delete the poison copy. A
+/// crash after the put leaves the record open; running the fix again puts a
+/// second copy that its key settles as a duplicate.
+pub async fn fix(
+    ops: &QueueOps,
+    id: &str,
+    payload: &str,
+    by: &str,
+    wait: Option<Duration>,
+) -> OpsResult<FixReport> {
+    let (rec, mut etag) = ops.open_record(id).await?;
+    let f = ops.function.clone().ok_or_else(|| {
+        OpsError::Usage(format!(
+            "queue {} is not consumed by a function of this app",
+            ops.queue
+        ))
+    })?;
+    let key = derive_key(&f.key, payload).map_err(|e| {
+        OpsError::Usage(format!(
+            "the corrected payload would be poisoned at once: {e}"
+        ))
+    })?;
+    let text = crate::message::encode_checked(payload, ops.app.message_encoding)
+        .map_err(OpsError::Usage)?;
+    let old_len = decode(&rec.message, rec.encoding)
+        .map(|p| p.len())
+        .unwrap_or(rec.message.len());
+    let mut report = FixReport {
+        id: id.into(),
+        // Set below: already-done unless the corrected message is put.
+        action: FixAction::AlreadyDone,
+        old_key: rec.key.clone(),
+        new_key: key.as_ref().map(|k| k.as_str().to_string()),
+        new_message_id: None,
+        size_diff: payload.len() as i64 - old_len as i64,
+        confirmed: None,
+        detail: None,
+    };
+    if let Some(k) = &key {
+        if let Some(detail) = already_settled(ops, &f.name, k).await? {
+            report.detail = Some(detail);
+            return Ok(report);
+        }
+    }
+    let receipt = crate::poison::put_creating(ops.source.as_ref(), &text, Ttl::Default).await?;
+    let close = close_entity(by, &receipt.id, &report);
+    if let Err(why) = merge_open_record(ops, &QueueOps::row_key(&rec), &close, &mut etag).await? {
+        report.action = FixAction::Skipped;
+        report.detail = Some(format!(
+            "{why} (someone else closed it meanwhile); the corrected message {} was put and              its key settles any duplicate",
+            receipt.id
+        ));
+        report.new_message_id = Some(receipt.id);
+        return Ok(report);
+    }
+    let held = ops.scan(Some(Duration::from_secs(30))).await?;
+    let deleted = ops.delete_copy(&rec, &held).await;
+    ops.release(held).await;
+    deleted?;
+    report.action = FixAction::Replaced;
+    report.new_message_id = Some(receipt.id);
+    if let (Some(wait), Some(k)) = (wait, &key) {
+        report.confirmed = Some(wait_settled(ops, &f.name, k, wait).await?);
+    }
+    Ok(report)
+}
+
+/// If the corrected job's key is already done or cancelled: why nothing is put.
+async fn already_settled(
+    ops: &QueueOps,
+    function: &str,
+    k: &IdempotencyKey,
+) -> OpsResult<Option<String>> {
+    let Some(kr) = ops.keys.get(function, k).await? else {
+        return Ok(None);
+    };
+    if !kr.status.is_settled() {
+        return Ok(None);
+    }
+    Ok(Some(format!(
+                    "key {} is already {} ({}); nothing put. If that job is the one this record                      was for, discard the record",
+                    k.as_str(),
+                    kr.status.as_str(),
+                    kr.completed_at.as_deref().unwrap_or("-")
+                )))
+}
+
+/// The merge that closes the old record as replaced.
+fn close_entity(by: &str, new_message_id: &str, report: &FixReport) -> Entity {
+    let mut close = Entity::new();
+    close.insert("Status".into(), json!("replaced"));
+    close.insert("ReplacedAt".into(), json!(now_rfc3339()));
+    close.insert("ReplacedBy".into(), json!(by));
+    close.insert("ReplacementMessageId".into(), json!(new_message_id));
+    close.insert(
+        "ReplacementKey".into(),
+        json!(report.new_key.clone().unwrap_or_default()),
+    );
+    close.insert("ReplacementSizeDiff".into(), json!(report.size_diff));
+    close
+}
+
+/// `--wait`: poll the key until it is settled or the deadline passes.
+async fn wait_settled(
+    ops: &QueueOps,
+    function: &str,
+    k: &IdempotencyKey,
+    wait: Duration,
+) -> OpsResult<bool> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let done = ops
+            .keys
+            .get(function, k)
+            .await?
+            .is_some_and(|r| r.status.is_settled());
+        if done || tokio::time::Instant::now() >= deadline {
+            return Ok(done);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

@@ -1,0 +1,510 @@
+//! `aqw poison replay`.
+
+use super::{merge_open_record, Filter, Held, OpsError, OpsResult, QueueOps};
+use crate::failpoint;
+use crate::idempotency::derive_key;
+use crate::idempotency::{now_rfc3339, IdempotencyKey, KeyRecord};
+use crate::message::decode;
+use crate::poison::{PoisonRecord, RecordStatus};
+use crate::storage::{Entity, Etag, StorageError, Ttl};
+use futures::StreamExt as _;
+use serde_json::json;
+use std::time::Duration;
+
+/// Records replayed at once by default (each is a handful of storage calls).
+pub const DEFAULT_REPLAY_CONCURRENCY: usize = 8;
+
+/// Options of `aqw poison replay`.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayOptions {
+    pub filter: Filter,
+    pub limit: Option<usize>,
+    /// Messages per second.
+    pub rate: Option<f64>,
+    pub dry_run: bool,
+    pub by: String,
+    pub wait: Option<Duration>,
+    /// Records replayed at once.
+    pub concurrency: usize,
+}
+
+/// What replay did (or would do) with one record. Serialized in kebab-case
+/// (`would-close-already-done`), as the JSON output has always shown it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReplayAction {
+    /// Re-put to the source queue; the record is closed.
+    Replayed,
+    /// The key is already done: the record is closed without a re-put.
+    AlreadyDone,
+    /// Dry run: would be re-put.
+    WouldReplay,
+    /// Dry run: the key is done, the record would be closed without a re-put.
+    WouldCloseAlreadyDone,
+    /// Not replayed: the record changed meanwhile, or a keyless replay was
+    /// interrupted before.
+    Skipped,
+    /// Not replayed: an error.
+    Failed,
+}
+
+impl ReplayAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplayAction::Replayed => "replayed",
+            ReplayAction::AlreadyDone => "already-done",
+            ReplayAction::WouldReplay => "would-replay",
+            ReplayAction::WouldCloseAlreadyDone => "would-close-already-done",
+            ReplayAction::Skipped => "skipped",
+            ReplayAction::Failed => "failed",
+        }
+    }
+}
+
+impl std::fmt::Display for ReplayAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// What replay did (or would do) with one record.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplayItem {
+    pub id: String,
+    pub key: Option<String>,
+    pub action: ReplayAction,
+    pub new_message_id: Option<String>,
+    pub detail: Option<String>,
+    /// With --wait: whether the key is done.
+    pub confirmed: Option<bool>,
+}
+
+impl ReplayItem {
+    fn new(id: &str, key: Option<String>, action: ReplayAction) -> Self {
+        ReplayItem {
+            id: id.to_string(),
+            key,
+            action,
+            new_message_id: None,
+            detail: None,
+            confirmed: None,
+        }
+    }
+
+    fn with(mut self, action: ReplayAction, detail: impl Into<String>) -> Self {
+        self.action = action;
+        self.detail = Some(detail.into());
+        self
+    }
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplayReport {
+    pub queue: String,
+    pub selected: usize,
+    pub replayed: usize,
+    pub already_done: usize,
+    pub failed: usize,
+    pub unconfirmed: usize,
+    pub dry_run: bool,
+    pub items: Vec<ReplayItem>,
+}
+
+impl ReplayReport {
+    /// Exit 1 when some selected records were not replayed or not confirmed.
+    pub fn needs_a_person(&self) -> bool {
+        self.failed > 0 || self.unconfirmed > 0
+    }
+
+    fn push(&mut self, item: ReplayItem) {
+        match item.action {
+            ReplayAction::Replayed => self.replayed += 1,
+            ReplayAction::AlreadyDone => self.already_done += 1,
+            ReplayAction::Failed | ReplayAction::Skipped => self.failed += 1,
+            ReplayAction::WouldReplay | ReplayAction::WouldCloseAlreadyDone => {}
+        }
+        self.items.push(item);
+    }
+}
+
+/// `aqw poison replay`: re-put the exact original message text to the source
+/// queue, record the replay, remove the poison copy. Safe to interrupt and
+/// run again: a record is closed right after its re-put, and a record found
+/// mid-replay (re-put possibly done, record not yet closed) is re-put only
+/// when the job has a key, which makes a second copy a clean duplicate.
+pub async fn replay(
+    ops: &QueueOps,
+    opts: &ReplayOptions,
+    progress: &dyn Fn(usize, usize),
+) -> OpsResult<ReplayReport> {
+    let receipts = if opts.dry_run {
+        Held::default()
+    } else {
+        ops.scan(Some(Duration::from_secs(120))).await?
+    };
+    let mut selected = select(ops, &opts.filter).await?;
+    for id in &opts.filter.ids {
+        if !selected.iter().any(|(r, _)| &r.message_id == id) {
+            ops.release(receipts).await;
+            return Err(OpsError::Usage(format!(
+                "no open poison record {id} for queue {}",
+                ops.queue
+            )));
+        }
+    }
+    if let Some(l) = opts.limit {
+        selected.truncate(l);
+    }
+    let mut report = ReplayReport {
+        queue: ops.queue.clone(),
+        selected: selected.len(),
+        replayed: 0,
+        already_done: 0,
+        failed: 0,
+        unconfirmed: 0,
+        dry_run: opts.dry_run,
+        items: vec![],
+    };
+    replay_all(ops, opts, selected, &receipts, &mut report, progress).await;
+    ops.release(receipts).await;
+    if let (Some(wait), false) = (opts.wait, opts.dry_run) {
+        confirm(ops, &mut report, wait).await?;
+    }
+    Ok(report)
+}
+
+/// The open records matching `filter`, oldest first, with their ETags.
+async fn select(ops: &QueueOps, filter: &Filter) -> OpsResult<Vec<(PoisonRecord, Option<Etag>)>> {
+    let mut filter = filter.clone();
+    filter.status = Some(RecordStatus::Open);
+    let mut selected: Vec<(PoisonRecord, Option<Etag>)> = ops
+        .versioned_records()
+        .await?
+        .into_iter()
+        .filter(|(r, _)| filter.matches(r))
+        .collect();
+    selected.sort_by(|(a, _), (b, _)| {
+        a.poisoned_at
+            .cmp(&b.poisoned_at)
+            .then(a.message_id.cmp(&b.message_id))
+    });
+    Ok(selected)
+}
+
+/// Replay the selected records into `report`. Records are independent:
+/// replay a few at a time. With --rate, each record still starts no earlier
+/// than its slot.
+async fn replay_all(
+    ops: &QueueOps,
+    opts: &ReplayOptions,
+    selected: Vec<(PoisonRecord, Option<Etag>)>,
+    receipts: &Held,
+    report: &mut ReplayReport,
+    progress: &dyn Fn(usize, usize),
+) {
+    let total = selected.len();
+    let interval = opts
+        .rate
+        .filter(|r| *r > 0.0)
+        .map(|r| Duration::from_secs_f64(1.0 / r));
+    let start = tokio::time::Instant::now();
+    let mut done = 0;
+    let mut results = futures::stream::iter(selected.into_iter().enumerate().map(
+        |(i, (rec, etag))| async move {
+            if let Some(iv) = interval {
+                tokio::time::sleep_until(start + iv * i as u32).await;
+            }
+            match replay_one(ops, &rec, etag, opts, receipts).await {
+                Ok(item) => item,
+                Err(e) => ReplayItem::new(&rec.message_id, rec.key.clone(), ReplayAction::Failed)
+                    .with(ReplayAction::Failed, e.to_string()),
+            }
+        },
+    ))
+    .buffered(opts.concurrency.max(1));
+    while let Some(item) = futures::StreamExt::next(&mut results).await {
+        report.push(item);
+        done += 1;
+        progress(done, total);
+    }
+}
+
+/// The key of a record: re-derived from the payload (the same payload gives
+/// the same key), else the one kept on the record.
+fn record_key(ops: &QueueOps, rec: &PoisonRecord) -> Option<IdempotencyKey> {
+    match (ops.function.as_ref(), decode(&rec.message, rec.encoding)) {
+        (Some(f), Ok(p)) => derive_key(&f.key, &p).ok().flatten(),
+        _ => rec.key.clone().and_then(|k| IdempotencyKey::new(k).ok()),
+    }
+}
+
+/// Replay one record. `listed_etag` is the record's version from the
+/// listing: every record update is conditional on it, so a concurrent replay
+/// or discard shows up as a 412 (then the record is read again) and the
+/// common case needs no read of its own. Per keyed record that is 5 requests:
+/// key read, put, record close, copy delete, key ReplayCount (the last
+/// alongside the two before it: 4 round trips one after another).
+async fn replay_one(
+    ops: &QueueOps,
+    rec: &PoisonRecord,
+    listed_etag: Option<Etag>,
+    opts: &ReplayOptions,
+    receipts: &Held,
+) -> OpsResult<ReplayItem> {
+    let key = record_key(ops, rec);
+    let item_key = key
+        .as_ref()
+        .map(|k| k.as_str().to_string())
+        .or(rec.key.clone());
+    let mut item = ReplayItem::new(&rec.message_id, item_key, ReplayAction::Failed);
+    let key_state = match (ops.function.as_ref(), &key) {
+        (Some(f), Some(k)) => ops
+            .keys
+            .get_versioned(&f.name, k)
+            .await
+            .or_else(|e| match e {
+                StorageError::NotFound => Ok(None),
+                e => Err(e),
+            })?,
+        _ => None,
+    };
+    let done = key_state
+        .as_ref()
+        .is_some_and(|(r, _)| r.status.is_settled());
+    if opts.dry_run {
+        item.action = if done {
+            ReplayAction::WouldCloseAlreadyDone
+        } else {
+            ReplayAction::WouldReplay
+        };
+        return Ok(item);
+    }
+    let row_key = QueueOps::row_key(rec);
+    let (current, mut etag) = match listed_etag {
+        Some(etag) => (rec.clone(), etag),
+        None => match ops.records.get(&ops.queue, &row_key).await? {
+            Some((e, etag)) => (PoisonRecord::from_entity(&e), etag),
+            None => return Ok(item.with(ReplayAction::Failed, "record vanished")),
+        },
+    };
+    if current.status != RecordStatus::Open {
+        let why = format!("already {}", current.status.as_str());
+        return Ok(item.with(ReplayAction::Skipped, why));
+    }
+    let mut close = close_entity(&opts.by, &current);
+    if done {
+        close.insert("ReplayNote".into(), json!("already done"));
+        if let Err(why) = merge_open_record(ops, &row_key, &close, &mut etag).await? {
+            return Ok(item.with(ReplayAction::Skipped, why));
+        }
+        ops.delete_copy(rec, receipts).await?;
+        item = item.with(ReplayAction::AlreadyDone, "key already done; not re-put");
+        item.confirmed = Some(true);
+        return Ok(item);
+    }
+    let put = Put {
+        rec,
+        row_key: &row_key,
+        key: key.as_ref(),
+        key_state: key_state.as_ref(),
+        receipts,
+    };
+    put.run(ops, &current, close, etag, item).await
+}
+
+/// The merge that closes a record as replayed.
+fn close_entity(by: &str, current: &PoisonRecord) -> Entity {
+    let mut close = Entity::new();
+    close.insert("Status".into(), json!("replayed"));
+    close.insert("ReplayedAt".into(), json!(now_rfc3339()));
+    close.insert("ReplayedBy".into(), json!(by));
+    close.insert("ReplayCount".into(), json!(current.replay_count + 1));
+    close
+}
+
+/// The re-put of one open record whose key is not done.
+struct Put<'a> {
+    rec: &'a PoisonRecord,
+    row_key: &'a str,
+    key: Option<&'a IdempotencyKey>,
+    key_state: Option<&'a (KeyRecord, Etag)>,
+    receipts: &'a Held,
+}
+
+impl Put<'_> {
+    async fn run(
+        &self,
+        ops: &QueueOps,
+        current: &PoisonRecord,
+        mut close: Entity,
+        mut etag: Etag,
+        item: ReplayItem,
+    ) -> OpsResult<ReplayItem> {
+        let interrupted_before = current.replay_started_at.is_some();
+        if interrupted_before && self.key.is_none() {
+            return Ok(item.with(ReplayAction::Skipped, INTERRUPTED_KEYLESS));
+        }
+        // Crash marker, needed only for keyless jobs: a keyed job re-put twice
+        // is a clean duplicate, so it saves the round trip. The marker is
+        // conditional on the version this replay saw, so of two replays racing
+        // for one keyless record only one gets to put it.
+        if self.key.is_none() {
+            let mut mark = Entity::new();
+            mark.insert("ReplayStartedAt".into(), json!(now_rfc3339()));
+            match ops
+                .records
+                .merge(&ops.queue, self.row_key, &mark, Some(&etag))
+                .await
+            {
+                Ok(e) => etag = e,
+                Err(StorageError::PreconditionFailed) => {
+                    return Ok(item.with(
+                        ReplayAction::Skipped,
+                        "the record changed while this replay ran (another replay or discard?); \
+                         run `poison show` and try again",
+                    ));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let receipt =
+            crate::poison::put_creating(ops.source.as_ref(), &self.rec.message, Ttl::Default)
+                .await?;
+        failpoint::hit("replay.after_put");
+        close.insert("ReplayMessageId".into(), json!(receipt.id));
+        if let Some(why) = self.close_and_count(ops, &close, &mut etag).await? {
+            // Someone else closed the record first; the copy just put is keyed
+            // (keyless records stop at the marker above), so it is a duplicate.
+            let why = format!(
+                "{why}; the copy this replay put ({}) is a duplicate its key will drop",
+                receipt.id
+            );
+            return Ok(item.with(ReplayAction::Skipped, why));
+        }
+        let mut item = item;
+        item.action = ReplayAction::Replayed;
+        item.new_message_id = Some(receipt.id);
+        Ok(item)
+    }
+
+    /// Close the record, then delete the poison copy (that order: a crash in
+    /// between leaves a closed record whose stray copy the next scan deletes).
+    /// The key's ReplayCount is informational and independent: counted
+    /// meanwhile, which saves a round trip per record. `Some(why)` when
+    /// someone else closed the record first.
+    async fn close_and_count(
+        &self,
+        ops: &QueueOps,
+        close: &Entity,
+        etag: &mut Etag,
+    ) -> OpsResult<Option<String>> {
+        let close_then_delete = async {
+            if let Err(why) = merge_open_record(ops, self.row_key, close, etag).await? {
+                return Ok::<_, OpsError>(Some(why));
+            }
+            failpoint::hit("replay.after_record");
+            ops.delete_copy(self.rec, self.receipts).await?;
+            Ok(None)
+        };
+        let count_on_key = async {
+            if let (Some(f), Some(k)) = (ops.function.as_ref(), self.key) {
+                let seen = self.key_state.map(|(r, e)| (r, e));
+                let _ = ops.keys.note_replay(&f.name, k, seen).await;
+            }
+        };
+        let (closed, ()) = tokio::join!(close_then_delete, count_on_key);
+        closed
+    }
+}
+
+const INTERRUPTED_KEYLESS: &str =
+    "an earlier replay was interrupted after it may have re-put this keyless job; \
+     check the source queue, then discard or replay by hand";
+
+/// `--wait`: poll each replayed key until done or the deadline.
+async fn confirm(ops: &QueueOps, report: &mut ReplayReport, wait: Duration) -> OpsResult<()> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let Some(f) = ops.function.clone() else {
+        return Ok(());
+    };
+    loop {
+        let mut pending = 0;
+        for item in report
+            .items
+            .iter_mut()
+            .filter(|i| i.action == ReplayAction::Replayed && i.confirmed != Some(true))
+        {
+            let done = match item
+                .key
+                .as_ref()
+                .and_then(|k| IdempotencyKey::new(k.clone()).ok())
+            {
+                Some(k) => ops
+                    .keys
+                    .get(&f.name, &k)
+                    .await?
+                    .is_some_and(|r| r.status.is_settled()),
+                None => {
+                    // Keyless job: confirmed when its replayed message is no longer in a poison record
+                    // and has left the source queue; we can only say "unknown".
+                    false
+                }
+            };
+            item.confirmed = Some(done);
+            if !done {
+                pending += 1;
+            }
+        }
+        if pending == 0 || tokio::time::Instant::now() >= deadline {
+            report.unconfirmed = pending;
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::FixAction;
+
+    /// The JSON output spells actions as it did when they were strings.
+    #[test]
+    fn actions_serialize_as_their_kebab_case_names() {
+        for a in [
+            ReplayAction::Replayed,
+            ReplayAction::AlreadyDone,
+            ReplayAction::WouldReplay,
+            ReplayAction::WouldCloseAlreadyDone,
+            ReplayAction::Skipped,
+            ReplayAction::Failed,
+        ] {
+            assert_eq!(serde_json::to_value(a).unwrap(), a.as_str());
+            assert_eq!(format!("{a:<26}|").len(), 27);
+        }
+        let names = [
+            ReplayAction::WouldCloseAlreadyDone.as_str(),
+            FixAction::Replaced.as_str(),
+            FixAction::AlreadyDone.as_str(),
+            FixAction::Skipped.as_str(),
+        ];
+        assert_eq!(
+            names,
+            [
+                "would-close-already-done",
+                "replaced",
+                "already-done",
+                "skipped"
+            ]
+        );
+        for a in [
+            FixAction::Replaced,
+            FixAction::AlreadyDone,
+            FixAction::Skipped,
+        ] {
+            assert_eq!(serde_json::to_value(a).unwrap(), a.as_str());
+        }
+    }
+}

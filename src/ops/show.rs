@@ -1,0 +1,41 @@
+//! `aqw poison show`.
+
+use super::{OpsError, OpsResult, QueueOps};
+use crate::idempotency::KeyRecord;
+use crate::message::decode;
+use crate::poison::PoisonRecord;
+
+/// `aqw poison show`: the record, its key state and the decoded payload.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShowReport {
+    pub record: PoisonRecord,
+    pub key_record: Option<KeyRecord>,
+    pub payload: Option<serde_json::Value>,
+    pub payload_text: Option<String>,
+    pub decode_error: Option<String>,
+}
+
+pub async fn show(ops: &QueueOps, id: &str) -> OpsResult<ShowReport> {
+    let (record, _) = match ops.record(id).await? {
+        Some(r) => r,
+        None => {
+            ops.scan(None).await?;
+            ops.record(id).await?.ok_or_else(|| {
+                OpsError::Usage(format!("no poison record {id} for queue {}", ops.queue))
+            })?
+        }
+    };
+    let key_record = ops.key_record(&record).await?;
+    let (payload, payload_text, decode_error) = match decode(&record.message, record.encoding) {
+        Ok(text) => (serde_json::from_str(&text).ok(), Some(text), None),
+        Err(e) => (None, None, Some(e.to_string())),
+    };
+    Ok(ShowReport {
+        record,
+        key_record,
+        payload,
+        payload_text,
+        decode_error,
+    })
+}

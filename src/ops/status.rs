@@ -1,0 +1,51 @@
+//! `aqw status`: one line per queue.
+
+use super::{OpsResult, QueueOps};
+use crate::poison::{PoisonRecord, RecordStatus};
+use crate::storage::StorageError;
+
+/// One queue's line in `aqw status`.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStatus {
+    pub function: String,
+    pub queue: String,
+    pub depth: Option<u64>,
+    pub poison_depth: Option<u64>,
+    pub open_records: usize,
+    pub oldest_open: Option<String>,
+}
+
+pub async fn status(ops: &QueueOps) -> OpsResult<QueueStatus> {
+    let depth = match ops.source.approximate_count().await {
+        Ok(n) => Some(n),
+        Err(StorageError::NotFound) => Some(0),
+        Err(e) => return Err(e.into()),
+    };
+    let poison_depth = match ops.poison_queue.approximate_count().await {
+        Ok(n) => Some(n),
+        Err(StorageError::NotFound) => Some(0),
+        Err(e) => return Err(e.into()),
+    };
+    // Import raw Functions-host copies first (peek: nothing changes visibility).
+    ops.scan(None).await?;
+    let open: Vec<PoisonRecord> = ops
+        .records()
+        .await?
+        .into_iter()
+        .filter(|r| r.status == RecordStatus::Open)
+        .collect();
+    let oldest_open = open.iter().map(|r| r.poisoned_at.clone()).min();
+    Ok(QueueStatus {
+        function: ops
+            .function
+            .as_ref()
+            .map(|f| f.name.clone())
+            .unwrap_or_default(),
+        queue: ops.queue.clone(),
+        depth,
+        poison_depth,
+        open_records: open.len(),
+        oldest_open,
+    })
+}
