@@ -8,7 +8,7 @@ use crate::decide::{decide, Action, AttemptResult, Facts, KeyState, Policy};
 use crate::failpoint;
 use crate::handlers::{HandlerError, Job, Registry, Success};
 use crate::http::Health;
-use crate::idempotency::{ClaimedKey, FinishError, IdempotencyKey, NextAction};
+use crate::idempotency::{derive_key, ClaimedKey, FinishError, IdempotencyKey, NextAction};
 use crate::message::{decode, ErrorInfo, ErrorKind};
 use crate::retry::polling_delay;
 use crate::storage::{QueueStore, ReceivedMessage, StorageError, StorageResult};
@@ -125,8 +125,6 @@ impl Settle for QueueSettle {
         Ok(())
     }
 }
-
-use crate::idempotency::derive_key;
 
 enum HandlerRun {
     Finished(Result<Success, HandlerError>),
