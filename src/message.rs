@@ -40,6 +40,20 @@ pub enum DecodeError {
     Utf8(usize),
 }
 
+/// The suffix of a queue's poison queue (Functions' naming).
+pub const POISON_SUFFIX: &str = "-poison";
+
+/// The poison queue of `queue`: `<queue>-poison`.
+pub fn poison_queue_name(queue: &str) -> String {
+    format!("{queue}{POISON_SUFFIX}")
+}
+
+/// The record id of a raw copy the Functions host itself put on the poison
+/// queue (no aqw envelope): `host-<poison message id>`.
+pub fn host_record_id(poison_message_id: &str) -> String {
+    format!("host-{poison_message_id}")
+}
+
 /// Decode message text into the payload string.
 pub fn decode(text: &str, encoding: MessageEncoding) -> Result<String, DecodeError> {
     let bytes = match encoding {

@@ -213,7 +213,7 @@ pub fn alert_body(queue: &str, batch: &[PoisonAlert]) -> serde_json::Value {
         "event": "aqw.poison.new",
         "severity": "error",
         "queue": queue,
-        "poisonQueue": format!("{queue}-poison"),
+        "poisonQueue": crate::message::poison_queue_name(queue),
         "count": batch.len(),
         "function": functions.join(","),
         "firstPoisonedAt": first.map(fmt),
@@ -265,8 +265,8 @@ impl Alerts {
             key = alert.key.as_deref().unwrap_or(""),
             error_kind = %alert.error_kind,
             error = %scrub(&alert.error),
-            "message moved to {}-poison",
-            alert.queue
+            "message moved to {}",
+            crate::message::poison_queue_name(&alert.queue)
         );
         if let Some(tx) = &self.tx {
             let _ = tx.send(alert);

@@ -1,10 +1,8 @@
 //! `aqw poison discard`.
 
 use super::{OpsError, OpsResult, QueueOps};
-use crate::idempotency::{now_rfc3339, IdempotencyKey};
+use crate::idempotency::IdempotencyKey;
 use crate::poison::{PoisonRecord, RecordStatus};
-use crate::storage::Entity;
-use serde_json::json;
 use std::time::Duration;
 
 /// `aqw poison discard`.
@@ -35,11 +33,7 @@ pub async fn discard(
             return Err(OpsError::Usage(refused));
         }
     }
-    let mut u = Entity::new();
-    u.insert("Status".into(), json!("discarded"));
-    u.insert("DiscardedAt".into(), json!(now_rfc3339()));
-    u.insert("DiscardedBy".into(), json!(by));
-    u.insert("DiscardReason".into(), json!(reason));
+    let u = crate::poison::record::discarded_update(by, reason);
     ops.records
         .merge(&ops.queue, &QueueOps::row_key(&rec), &u, Some(&etag))
         .await?;

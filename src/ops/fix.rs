@@ -2,10 +2,9 @@
 
 use super::{merge_open_record, OpsError, OpsResult, QueueOps};
 use crate::idempotency::derive_key;
-use crate::idempotency::{now_rfc3339, IdempotencyKey};
+use crate::idempotency::IdempotencyKey;
 use crate::message::decode;
 use crate::storage::{Entity, Ttl};
-use serde_json::json;
 use std::time::Duration;
 
 /// What `poison fix` did with a record.
@@ -149,17 +148,12 @@ async fn already_settled(
 
 /// The merge that closes the old record as replaced.
 fn close_entity(by: &str, new_message_id: &str, report: &FixReport) -> Entity {
-    let mut close = Entity::new();
-    close.insert("Status".into(), json!("replaced"));
-    close.insert("ReplacedAt".into(), json!(now_rfc3339()));
-    close.insert("ReplacedBy".into(), json!(by));
-    close.insert("ReplacementMessageId".into(), json!(new_message_id));
-    close.insert(
-        "ReplacementKey".into(),
-        json!(report.new_key.clone().unwrap_or_default()),
-    );
-    close.insert("ReplacementSizeDiff".into(), json!(report.size_diff));
-    close
+    crate::poison::record::replaced_update(
+        by,
+        new_message_id,
+        report.new_key.as_deref(),
+        report.size_diff,
+    )
 }
 
 /// `--wait`: poll the key until it is settled or the deadline passes.

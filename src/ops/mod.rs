@@ -72,7 +72,7 @@ impl QueueOps {
             function: app.function_for_queue(queue).cloned(),
             queue: queue.to_string(),
             source: storage.queue(queue),
-            poison_queue: storage.queue(&format!("{queue}-poison")),
+            poison_queue: storage.queue(&crate::message::poison_queue_name(queue)),
             records: storage.table(&app.poison_table),
             keys: KeyStore::new(storage.table(&app.keys_table)),
             app,
@@ -106,7 +106,7 @@ impl QueueOps {
         &self,
         id: &str,
     ) -> OpsResult<Option<(PoisonRecord, crate::storage::Etag)>> {
-        for rk in [id.to_string(), format!("host-{id}")] {
+        for rk in [id.to_string(), crate::message::host_record_id(id)] {
             match self.records.get(&self.queue, &rk).await {
                 Ok(Some((e, etag))) => return Ok(Some((PoisonRecord::from_entity(&e), etag))),
                 Ok(None) | Err(StorageError::NotFound) => {}
@@ -132,7 +132,7 @@ impl QueueOps {
 
     fn row_key(r: &PoisonRecord) -> String {
         if r.origin == "host" {
-            format!("host-{}", r.message_id)
+            crate::message::host_record_id(&r.message_id)
         } else {
             r.message_id.clone()
         }
@@ -231,7 +231,7 @@ impl QueueOps {
         let (row_key, imported) = match PoisonEnvelope::from_queue_text(&text) {
             Some(env) => (env.message_id.clone(), record_from_envelope(&env, &id)),
             None => (
-                format!("host-{id}"),
+                crate::message::host_record_id(&id),
                 self.host_record(&id, dequeue_count, inserted, &text),
             ),
         };

@@ -3,12 +3,11 @@
 use super::{merge_open_record, Filter, Held, OpsError, OpsResult, QueueOps};
 use crate::failpoint;
 use crate::idempotency::derive_key;
-use crate::idempotency::{now_rfc3339, IdempotencyKey, KeyRecord};
+use crate::idempotency::{IdempotencyKey, KeyRecord};
 use crate::message::decode;
 use crate::poison::{PoisonRecord, RecordStatus};
 use crate::storage::{Entity, Etag, StorageError, Ttl};
 use futures::StreamExt as _;
-use serde_json::json;
 use std::time::Duration;
 
 /// Records replayed at once by default (each is a handful of storage calls).
@@ -295,7 +294,7 @@ async fn replay_one(
     }
     let mut close = close_entity(&opts.by, &current);
     if done {
-        close.insert("ReplayNote".into(), json!("already done"));
+        crate::poison::record::with_replay_note(&mut close, "already done");
         if let Err(why) = merge_open_record(ops, &row_key, &close, &mut etag).await? {
             return Ok(item.with(ReplayAction::Skipped, why));
         }
@@ -316,12 +315,7 @@ async fn replay_one(
 
 /// The merge that closes a record as replayed.
 fn close_entity(by: &str, current: &PoisonRecord) -> Entity {
-    let mut close = Entity::new();
-    close.insert("Status".into(), json!("replayed"));
-    close.insert("ReplayedAt".into(), json!(now_rfc3339()));
-    close.insert("ReplayedBy".into(), json!(by));
-    close.insert("ReplayCount".into(), json!(current.replay_count + 1));
-    close
+    crate::poison::record::replayed_update(by, current.replay_count + 1)
 }
 
 /// The re-put of one open record whose key is not done.
@@ -351,8 +345,7 @@ impl Put<'_> {
         // conditional on the version this replay saw, so of two replays racing
         // for one keyless record only one gets to put it.
         if self.key.is_none() {
-            let mut mark = Entity::new();
-            mark.insert("ReplayStartedAt".into(), json!(now_rfc3339()));
+            let mark = crate::poison::record::replay_started_update();
             match ops
                 .records
                 .merge(&ops.queue, self.row_key, &mark, Some(&etag))
@@ -373,7 +366,7 @@ impl Put<'_> {
             crate::poison::put_creating(ops.source.as_ref(), &self.rec.message, Ttl::Default)
                 .await?;
         failpoint::hit("replay.after_put");
-        close.insert("ReplayMessageId".into(), json!(receipt.id));
+        crate::poison::record::with_replay_message_id(&mut close, &receipt.id);
         if let Some(why) = self.close_and_count(ops, &close, &mut etag).await? {
             // Someone else closed the record first; the copy just put is keyed
             // (keyless records stop at the marker above), so it is a duplicate.

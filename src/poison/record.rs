@@ -1,0 +1,364 @@
+//! A poison record as stored in the record table: its columns and status.
+
+use crate::idempotency::now_rfc3339;
+use crate::message::MessageEncoding;
+use crate::message::{ErrorInfo, ErrorKind, PoisonEnvelope, ENVELOPE_VERSION};
+use crate::storage::Entity;
+use serde_json::{json, Value};
+
+/// Table string properties hold 64 KiB (32 K UTF-16 units): store message
+/// text in parts well under that.
+const PART_CHARS: usize = 15_000;
+
+/// Lifecycle of a poison record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecordStatus {
+    Open,
+    Replayed,
+    Discarded,
+    /// Closed by `poison fix`: a corrected message was put in its place.
+    Replaced,
+}
+
+impl RecordStatus {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "open" => Some(RecordStatus::Open),
+            "replayed" => Some(RecordStatus::Replayed),
+            "discarded" => Some(RecordStatus::Discarded),
+            "replaced" => Some(RecordStatus::Replaced),
+            _ => None,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordStatus::Open => "open",
+            RecordStatus::Replayed => "replayed",
+            RecordStatus::Discarded => "discarded",
+            RecordStatus::Replaced => "replaced",
+        }
+    }
+}
+
+/// One poisoned message, as stored in the record table.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoisonRecord {
+    pub queue: String,
+    pub function: String,
+    /// The source message id (the record id on the CLI).
+    pub message_id: String,
+    pub inserted_at: String,
+    pub dequeue_count: u32,
+    pub first_attempt_at: String,
+    pub poisoned_at: String,
+    pub key: Option<String>,
+    pub error: ErrorInfo,
+    /// The source message text exactly as received.
+    pub message: String,
+    pub encoding: MessageEncoding,
+    pub status: RecordStatus,
+    /// `aqw` for aqw's own envelopes, `host` for raw copies written by the Functions host.
+    pub origin: String,
+    pub poison_message_id: Option<String>,
+    #[serde(skip)]
+    pub poison_pop_receipt: Option<String>,
+    pub replay_count: u32,
+    pub replayed_at: Option<String>,
+    pub replayed_by: Option<String>,
+    pub replay_message_id: Option<String>,
+    pub replay_note: Option<String>,
+    /// Set just before a replay re-puts the message (crash detection).
+    pub replay_started_at: Option<String>,
+    pub discarded_at: Option<String>,
+    pub discarded_by: Option<String>,
+    pub discard_reason: Option<String>,
+    /// `poison fix`: who put the corrected message, when, its id and key,
+    /// and how many bytes longer (or shorter) its payload is.
+    pub replaced_at: Option<String>,
+    pub replaced_by: Option<String>,
+    pub replacement_message_id: Option<String>,
+    pub replacement_key: Option<String>,
+    pub replacement_size_diff: Option<i64>,
+}
+
+fn split_parts(text: &str) -> Vec<String> {
+    let mut parts = Vec::new();
+    let mut cur = String::new();
+    let mut n = 0;
+    for c in text.chars() {
+        cur.push(c);
+        n += 1;
+        if n == PART_CHARS {
+            parts.push(std::mem::take(&mut cur));
+            n = 0;
+        }
+    }
+    if !cur.is_empty() || parts.is_empty() {
+        parts.push(cur);
+    }
+    parts
+}
+
+impl PoisonRecord {
+    pub fn to_entity(&self) -> Entity {
+        let mut e = Entity::new();
+        let mut put = |k: &str, v: Value| {
+            e.insert(k.to_string(), v);
+        };
+        put(col::QUEUE, json!(self.queue));
+        put(col::FUNCTION, json!(self.function));
+        put(col::MESSAGE_ID, json!(self.message_id));
+        put(col::INSERTED_AT, json!(self.inserted_at));
+        put(col::DEQUEUE_COUNT, json!(self.dequeue_count));
+        put(col::FIRST_ATTEMPT_AT, json!(self.first_attempt_at));
+        put(col::POISONED_AT, json!(self.poisoned_at));
+        put(col::KEY, json!(self.key.clone().unwrap_or_default()));
+        put(col::ERROR_KIND, json!(self.error.kind.as_str()));
+        put(col::ERROR_MESSAGE, json!(self.error.message));
+        put(col::ENCODING, json!(self.encoding.as_str()));
+        let parts = split_parts(&self.message);
+        put(col::MESSAGE_PARTS, json!(parts.len()));
+        for (i, p) in parts.into_iter().enumerate() {
+            put(&format!("Message{i}"), json!(p));
+        }
+        put(col::STATUS, json!(self.status.as_str()));
+        put(col::ORIGIN, json!(self.origin));
+        put(
+            col::POISON_MESSAGE_ID,
+            json!(self.poison_message_id.clone().unwrap_or_default()),
+        );
+        put(
+            col::POISON_POP_RECEIPT,
+            json!(self.poison_pop_receipt.clone().unwrap_or_default()),
+        );
+        put(col::REPLAY_COUNT, json!(self.replay_count));
+        e
+    }
+
+    pub fn from_entity(e: &Entity) -> Self {
+        let s = |k: &str| {
+            e.get(k)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+        };
+        let n = |k: &str| e.get(k).and_then(Value::as_u64).unwrap_or(0) as u32;
+        let parts = n(col::MESSAGE_PARTS).max(1);
+        let message: String = (0..parts)
+            .map(|i| {
+                e.get(&format!("Message{i}"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+            })
+            .collect();
+        PoisonRecord {
+            queue: s(col::QUEUE).unwrap_or_default(),
+            function: s(col::FUNCTION).unwrap_or_default(),
+            message_id: s(col::MESSAGE_ID).unwrap_or_default(),
+            inserted_at: s(col::INSERTED_AT).unwrap_or_default(),
+            dequeue_count: n(col::DEQUEUE_COUNT),
+            first_attempt_at: s(col::FIRST_ATTEMPT_AT).unwrap_or_default(),
+            poisoned_at: s(col::POISONED_AT).unwrap_or_default(),
+            key: s(col::KEY),
+            error: ErrorInfo {
+                kind: ErrorKind::parse(&s(col::ERROR_KIND).unwrap_or_default()),
+                message: s(col::ERROR_MESSAGE).unwrap_or_default(),
+            },
+            message,
+            encoding: if s(col::ENCODING).as_deref() == Some("none") {
+                MessageEncoding::None
+            } else {
+                MessageEncoding::Base64
+            },
+            status: s(col::STATUS)
+                .and_then(|s| RecordStatus::parse(&s))
+                .unwrap_or(RecordStatus::Open),
+            origin: s(col::ORIGIN).unwrap_or_else(|| "aqw".into()),
+            poison_message_id: s(col::POISON_MESSAGE_ID),
+            poison_pop_receipt: s(col::POISON_POP_RECEIPT),
+            replay_count: n(col::REPLAY_COUNT),
+            replayed_at: s(col::REPLAYED_AT),
+            replayed_by: s(col::REPLAYED_BY),
+            replay_message_id: s(col::REPLAY_MESSAGE_ID),
+            replay_note: s(col::REPLAY_NOTE),
+            replay_started_at: s(col::REPLAY_STARTED_AT),
+            discarded_at: s(col::DISCARDED_AT),
+            discarded_by: s(col::DISCARDED_BY),
+            discard_reason: s(col::DISCARD_REASON),
+            replaced_at: s(col::REPLACED_AT),
+            replaced_by: s(col::REPLACED_BY),
+            replacement_message_id: s(col::REPLACEMENT_MESSAGE_ID),
+            replacement_key: s(col::REPLACEMENT_KEY),
+            replacement_size_diff: e.get(col::REPLACEMENT_SIZE_DIFF).and_then(Value::as_i64),
+        }
+    }
+
+    /// A new open record for `envelope` (whose `message` holds the full text).
+    pub fn open(envelope: PoisonEnvelope, origin: &str, poison_message_id: Option<String>) -> Self {
+        PoisonRecord {
+            queue: envelope.queue,
+            function: envelope.function,
+            message_id: envelope.message_id,
+            inserted_at: envelope.inserted_at,
+            dequeue_count: envelope.dequeue_count,
+            first_attempt_at: envelope.first_attempt_at,
+            poisoned_at: envelope.poisoned_at,
+            key: envelope.key,
+            error: envelope.error,
+            message: envelope.message.unwrap_or_default(),
+            encoding: envelope.encoding,
+            status: RecordStatus::Open,
+            origin: origin.to_string(),
+            poison_message_id,
+            poison_pop_receipt: None,
+            replay_count: 0,
+            replayed_at: None,
+            replayed_by: None,
+            replay_message_id: None,
+            replay_note: None,
+            replay_started_at: None,
+            discarded_at: None,
+            discarded_by: None,
+            discard_reason: None,
+            replaced_at: None,
+            replaced_by: None,
+            replacement_message_id: None,
+            replacement_key: None,
+            replacement_size_diff: None,
+        }
+    }
+
+    pub fn envelope(&self) -> PoisonEnvelope {
+        PoisonEnvelope {
+            aqw: ENVELOPE_VERSION.into(),
+            queue: self.queue.clone(),
+            function: self.function.clone(),
+            message_id: self.message_id.clone(),
+            inserted_at: self.inserted_at.clone(),
+            dequeue_count: self.dequeue_count,
+            first_attempt_at: self.first_attempt_at.clone(),
+            poisoned_at: self.poisoned_at.clone(),
+            key: self.key.clone(),
+            error: self.error.clone(),
+            message: Some(self.message.clone()),
+            record: None,
+            encoding: self.encoding,
+        }
+    }
+}
+
+/// The record table's column names: the one place that spells them.
+pub mod col {
+    pub const DEQUEUE_COUNT: &str = "DequeueCount";
+    pub const DISCARD_REASON: &str = "DiscardReason";
+    pub const DISCARDED_AT: &str = "DiscardedAt";
+    pub const DISCARDED_BY: &str = "DiscardedBy";
+    pub const ENCODING: &str = "Encoding";
+    pub const ERROR_KIND: &str = "ErrorKind";
+    pub const ERROR_MESSAGE: &str = "ErrorMessage";
+    pub const FIRST_ATTEMPT_AT: &str = "FirstAttemptAt";
+    pub const FUNCTION: &str = "Function";
+    pub const INSERTED_AT: &str = "InsertedAt";
+    pub const KEY: &str = "Key";
+    pub const MESSAGE_ID: &str = "MessageId";
+    pub const MESSAGE_PARTS: &str = "MessageParts";
+    pub const ORIGIN: &str = "Origin";
+    pub const POISON_MESSAGE_ID: &str = "PoisonMessageId";
+    pub const POISON_POP_RECEIPT: &str = "PoisonPopReceipt";
+    pub const POISONED_AT: &str = "PoisonedAt";
+    pub const QUEUE: &str = "Queue";
+    pub const REPLACED_AT: &str = "ReplacedAt";
+    pub const REPLACED_BY: &str = "ReplacedBy";
+    pub const REPLACEMENT_KEY: &str = "ReplacementKey";
+    pub const REPLACEMENT_MESSAGE_ID: &str = "ReplacementMessageId";
+    pub const REPLACEMENT_SIZE_DIFF: &str = "ReplacementSizeDiff";
+    pub const REPLAY_COUNT: &str = "ReplayCount";
+    pub const REPLAY_MESSAGE_ID: &str = "ReplayMessageId";
+    pub const REPLAY_NOTE: &str = "ReplayNote";
+    pub const REPLAY_STARTED_AT: &str = "ReplayStartedAt";
+    pub const REPLAYED_AT: &str = "ReplayedAt";
+    pub const REPLAYED_BY: &str = "ReplayedBy";
+    pub const STATUS: &str = "Status";
+}
+
+/// The merge that closes a record as discarded.
+pub fn discarded_update(by: &str, reason: &str) -> Entity {
+    let mut u = Entity::new();
+    u.insert(col::STATUS.into(), json!(RecordStatus::Discarded.as_str()));
+    u.insert(col::DISCARDED_AT.into(), json!(now_rfc3339()));
+    u.insert(col::DISCARDED_BY.into(), json!(by));
+    u.insert(col::DISCARD_REASON.into(), json!(reason));
+    u
+}
+
+/// The merge that closes a record as replaced by a corrected message.
+pub fn replaced_update(
+    by: &str,
+    new_message_id: &str,
+    new_key: Option<&str>,
+    size_diff: i64,
+) -> Entity {
+    let mut u = Entity::new();
+    u.insert(col::STATUS.into(), json!(RecordStatus::Replaced.as_str()));
+    u.insert(col::REPLACED_AT.into(), json!(now_rfc3339()));
+    u.insert(col::REPLACED_BY.into(), json!(by));
+    u.insert(col::REPLACEMENT_MESSAGE_ID.into(), json!(new_message_id));
+    u.insert(
+        col::REPLACEMENT_KEY.into(),
+        json!(new_key.unwrap_or_default()),
+    );
+    u.insert(col::REPLACEMENT_SIZE_DIFF.into(), json!(size_diff));
+    u
+}
+
+/// The merge that closes a record as replayed (the new message id and a
+/// note are added by [`with_replay_message_id`] / [`with_replay_note`]).
+pub fn replayed_update(by: &str, replay_count: u32) -> Entity {
+    let mut u = Entity::new();
+    u.insert(col::STATUS.into(), json!(RecordStatus::Replayed.as_str()));
+    u.insert(col::REPLAYED_AT.into(), json!(now_rfc3339()));
+    u.insert(col::REPLAYED_BY.into(), json!(by));
+    u.insert(col::REPLAY_COUNT.into(), json!(replay_count));
+    u
+}
+
+pub fn with_replay_message_id(update: &mut Entity, id: &str) {
+    update.insert(col::REPLAY_MESSAGE_ID.into(), json!(id));
+}
+
+pub fn with_replay_note(update: &mut Entity, note: &str) {
+    update.insert(col::REPLAY_NOTE.into(), json!(note));
+}
+
+/// The crash marker a keyless replay sets before it re-puts.
+pub fn replay_started_update() -> Entity {
+    let mut u = Entity::new();
+    u.insert(col::REPLAY_STARTED_AT.into(), json!(now_rfc3339()));
+    u
+}
+
+/// The merge that names a record's poison-queue copy.
+pub fn copy_update(poison_message_id: &str, pop_receipt: Option<&str>) -> Entity {
+    let mut u = Entity::new();
+    u.insert(col::POISON_MESSAGE_ID.into(), json!(poison_message_id));
+    if let Some(r) = pop_receipt {
+        u.insert(col::POISON_POP_RECEIPT.into(), json!(r));
+    }
+    u
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_messages_split_and_join_exactly() {
+        let text: String = "é😀a".repeat(30_000);
+        let parts = split_parts(&text);
+        assert!(parts.len() > 1 && parts.iter().all(|p| p.chars().count() <= PART_CHARS));
+        assert_eq!(parts.concat(), text);
+        assert_eq!(split_parts(""), vec![String::new()]);
+    }
+}
