@@ -21,6 +21,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const TOKEN_MARK: &str = "aqw-fake-signature";
+const TENANT: &str = "72f988bf-86f1-41af-91ab-2d7cd011db47";
+/// The federated service-account token (workload identity) the kubelet would mount.
+const ASSERTION: &str = "eyJhbGciOiJSUzI1NiJ9.federated-sa-token.c2ln";
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -112,6 +115,8 @@ struct HttpsAzurite {
     queue_port: u16,
     table_port: u16,
     ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -126,13 +131,15 @@ impl HttpsAzurite {
             queue_port,
             table_port,
             ca: dir.path().join("ca.pem"),
+            cert: dir.path().join("cert.pem"),
+            key: dir.path().join("key.pem"),
             _dir: dir,
         };
         let status = a
             .script("start")
             .env("AQW_AZURITE_BLOB_PORT", blob_port.to_string())
-            .env("AQW_AZURITE_CERT", a._dir.path().join("cert.pem"))
-            .env("AQW_AZURITE_KEY", a._dir.path().join("key.pem"))
+            .env("AQW_AZURITE_CERT", &a.cert)
+            .env("AQW_AZURITE_KEY", &a.key)
             .env("AQW_AZURITE_OAUTH", "basic")
             .status()
             .unwrap();
@@ -213,7 +220,52 @@ async fn token_endpoint() -> (u16, Seen) {
     (port, seen)
 }
 
-fn identity_env(c: &mut Command, azurite: &HttpsAzurite, token_port: u16, client_id: Option<&str>) {
+/// Which credential the child process is set up for.
+#[derive(Clone)]
+enum Platform {
+    /// App Service / Container Apps: IDENTITY_ENDPOINT on this port.
+    ManagedIdentity(u16),
+    /// AKS workload identity: token file, tenant, client id, authority port.
+    Workload {
+        token_file: PathBuf,
+        env_client_id: String,
+        authority_port: u16,
+    },
+}
+
+fn identity_env(
+    c: &mut Command,
+    azurite: &HttpsAzurite,
+    platform: &Platform,
+    client_id: Option<&str>,
+) {
+    match platform {
+        Platform::ManagedIdentity(token_port) => {
+            c.env(
+                "IDENTITY_ENDPOINT",
+                format!("http://127.0.0.1:{token_port}/msi/token"),
+            )
+            .env("IDENTITY_HEADER", "local-identity-secret")
+            .env("AzureWebJobsStorage__credential", "managedidentity")
+            .env_remove("AZURE_FEDERATED_TOKEN_FILE");
+        }
+        Platform::Workload {
+            token_file,
+            env_client_id,
+            authority_port,
+        } => {
+            c.env("AZURE_FEDERATED_TOKEN_FILE", token_file)
+                .env("AZURE_CLIENT_ID", env_client_id)
+                .env("AZURE_TENANT_ID", TENANT)
+                .env(
+                    "AZURE_AUTHORITY_HOST",
+                    format!("https://127.0.0.1:{authority_port}"),
+                )
+                .env_remove("IDENTITY_ENDPOINT")
+                .env_remove("IDENTITY_HEADER")
+                .env_remove("AzureWebJobsStorage__credential");
+        }
+    }
     c.env_remove("AzureWebJobsStorage")
         .env(
             "AzureWebJobsStorage__queueServiceUri",
@@ -223,15 +275,8 @@ fn identity_env(c: &mut Command, azurite: &HttpsAzurite, token_port: u16, client
             "AzureWebJobsStorage__tableServiceUri",
             format!("https://127.0.0.1:{}/devstoreaccount1", azurite.table_port),
         )
-        .env("AzureWebJobsStorage__credential", "managedidentity")
-        .env(
-            "IDENTITY_ENDPOINT",
-            format!("http://127.0.0.1:{token_port}/msi/token"),
-        )
-        .env("IDENTITY_HEADER", "local-identity-secret")
         .env("SSL_CERT_FILE", &azurite.ca)
         .env("AQW_LOG", "debug")
-        .env_remove("AZURE_FEDERATED_TOKEN_FILE")
         .env_remove("AzureWebJobsStorage__managedIdentityResourceId");
     match client_id {
         Some(id) => c.env("AzureWebJobsStorage__clientId", id),
@@ -244,6 +289,28 @@ fn identity_env(c: &mut Command, azurite: &HttpsAzurite, token_port: u16, client
 async fn jobs_run_with_managed_identity(client_id: Option<&str>) {
     let azurite = HttpsAzurite::start();
     let (token_port, seen) = token_endpoint().await;
+    run_three_jobs(&azurite, &Platform::ManagedIdentity(token_port), client_id).await;
+    let seen = seen.lock().unwrap().clone();
+    assert!(!seen.is_empty(), "the token endpoint was asked");
+    for (q, secret) in &seen {
+        assert_eq!(
+            q.get("resource").map(String::as_str),
+            Some("https://storage.azure.com")
+        );
+        assert_eq!(secret.as_deref(), Some("local-identity-secret"));
+        assert_eq!(
+            q.get("client_id").map(String::as_str),
+            client_id,
+            "the user-assigned identity is asked for by client id (system-assigned: none)"
+        );
+    }
+    // At least one token per process (three enqueues and the worker).
+    assert!(seen.len() >= 4, "{seen:?}");
+}
+
+/// Enqueue three jobs with the aqw binary, then run a worker until their
+/// effects appear; every storage call authenticated by a bearer token.
+async fn run_three_jobs(azurite: &HttpsAzurite, platform: &Platform, client_id: Option<&str>) {
     let app = tempfile::tempdir().unwrap();
     let effects = app.path().join("effects");
     let queue = common::random_name("mi");
@@ -274,7 +341,7 @@ async fn jobs_run_with_managed_identity(client_id: Option<&str>) {
             "--app",
         ])
         .arg(app.path());
-        identity_env(&mut c, &azurite, token_port, client_id);
+        identity_env(&mut c, azurite, platform, client_id);
         let out = tokio::task::spawn_blocking(move || c.output().unwrap())
             .await
             .unwrap();
@@ -292,7 +359,7 @@ async fn jobs_run_with_managed_identity(client_id: Option<&str>) {
 
     let mut c = Command::new(aqw_bin());
     c.args(["run", "--app"]).arg(app.path());
-    identity_env(&mut c, &azurite, token_port, client_id);
+    identity_env(&mut c, azurite, platform, client_id);
     let log = app.path().join("run.log");
     c.stdout(std::fs::File::create(&log).unwrap())
         .stderr(std::fs::File::create(app.path().join("run.err")).unwrap());
@@ -319,26 +386,9 @@ async fn jobs_run_with_managed_identity(client_id: Option<&str>) {
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(!stderr.contains(TOKEN_MARK), "token in a log line");
     assert!(
-        !stderr.contains("local-identity-secret"),
-        "identity header in a log line"
+        !stderr.contains("local-identity-secret") && !stderr.contains(ASSERTION),
+        "identity secret or federated assertion in a log line"
     );
-
-    let seen = seen.lock().unwrap().clone();
-    assert!(!seen.is_empty(), "the token endpoint was asked");
-    for (q, secret) in &seen {
-        assert_eq!(
-            q.get("resource").map(String::as_str),
-            Some("https://storage.azure.com")
-        );
-        assert_eq!(secret.as_deref(), Some("local-identity-secret"));
-        assert_eq!(
-            q.get("client_id").map(String::as_str),
-            client_id,
-            "the user-assigned identity is asked for by client id (system-assigned: none)"
-        );
-    }
-    // At least one token per process (three enqueues and the worker).
-    assert!(seen.len() >= 4, "{seen:?}");
 }
 
 fn unsafe_sigterm(pid: u32) {
@@ -355,4 +405,131 @@ async fn system_assigned_managed_identity_processes_jobs_over_https() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn user_assigned_client_id_processes_jobs_over_https() {
     jobs_run_with_managed_identity(Some("5c2f0a43-63c6-4d6b-9b0c-1f0e0a1b2c3d")).await;
+}
+
+/// A one-route HTTPS Entra ID token endpoint (`POST /{tenant}/oauth2/v2.0/token`)
+/// with the test's certificate: records each request's path and form body.
+async fn https_authority(azurite: &HttpsAzurite) -> (u16, Arc<Mutex<Vec<(String, String)>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_file_iter(&azurite.cert)
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(&azurite.key).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let record = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let acceptor = acceptor.clone();
+            let record = record.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                let (head, body) = loop {
+                    let n = tls.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                        let len = head
+                            .lines()
+                            .find_map(|l| {
+                                let (k, v) = l.split_once(':')?;
+                                k.eq_ignore_ascii_case("content-length")
+                                    .then(|| v.trim().parse::<usize>().ok())?
+                            })
+                            .unwrap_or(0);
+                        if body.len() >= len {
+                            break (head.to_string(), body.to_string());
+                        }
+                    }
+                };
+                let path = head
+                    .split_whitespace()
+                    .nth(1)
+                    .unwrap_or_default()
+                    .to_string();
+                record.lock().unwrap().push((path, body));
+                let json = format!(
+                    r#"{{"token_type":"Bearer","expires_in":3600,"ext_expires_in":3600,"access_token":"{}"}}"#,
+                    fake_jwt()
+                );
+                let rsp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{json}",
+                    json.len()
+                );
+                let _ = tls.write_all(rsp.as_bytes()).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    (port, seen)
+}
+
+async fn jobs_run_with_workload_identity(client_id: Option<&str>) {
+    let azurite = HttpsAzurite::start();
+    let (authority_port, seen) = https_authority(&azurite).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("azure-identity-token");
+    std::fs::write(&token_file, ASSERTION).unwrap();
+    let env_client_id = "11111111-2222-3333-4444-555555555555".to_string();
+    let platform = Platform::Workload {
+        token_file,
+        env_client_id: env_client_id.clone(),
+        authority_port,
+    };
+    run_three_jobs(&azurite, &platform, client_id).await;
+    let seen = seen.lock().unwrap().clone();
+    assert!(seen.len() >= 4, "a token per process: {seen:?}");
+    for (path, body) in &seen {
+        assert_eq!(path, &format!("/{TENANT}/oauth2/v2.0/token"));
+        let form: HashMap<String, String> = url::form_urlencoded::parse(body.as_bytes())
+            .into_owned()
+            .collect();
+        assert_eq!(
+            form.get("client_assertion").map(String::as_str),
+            Some(ASSERTION)
+        );
+        assert_eq!(
+            form.get("scope").map(String::as_str),
+            Some("https://storage.azure.com/.default")
+        );
+        assert_eq!(
+            form.get("client_id").map(String::as_str),
+            Some(client_id.unwrap_or(&env_client_id)),
+            "__clientId wins over AZURE_CLIENT_ID"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workload_identity_processes_jobs_over_https() {
+    jobs_run_with_workload_identity(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workload_identity_honours_the_settings_client_id() {
+    jobs_run_with_workload_identity(Some("99999999-8888-7777-6666-555555555555")).await;
 }
