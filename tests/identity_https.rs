@@ -231,6 +231,8 @@ enum Platform {
         env_client_id: String,
         authority_port: u16,
     },
+    /// A developer's machine: a fake `az` first on PATH.
+    DeveloperTools { bin_dir: PathBuf },
 }
 
 fn identity_env(
@@ -261,6 +263,14 @@ fn identity_env(
                     "AZURE_AUTHORITY_HOST",
                     format!("https://127.0.0.1:{authority_port}"),
                 )
+                .env_remove("IDENTITY_ENDPOINT")
+                .env_remove("IDENTITY_HEADER")
+                .env_remove("AzureWebJobsStorage__credential");
+        }
+        Platform::DeveloperTools { bin_dir } => {
+            let path = std::env::var("PATH").unwrap_or_default();
+            c.env("PATH", format!("{}:{path}", bin_dir.display()))
+                .env_remove("AZURE_FEDERATED_TOKEN_FILE")
                 .env_remove("IDENTITY_ENDPOINT")
                 .env_remove("IDENTITY_HEADER")
                 .env_remove("AzureWebJobsStorage__credential");
@@ -532,4 +542,42 @@ async fn workload_identity_processes_jobs_over_https() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workload_identity_honours_the_settings_client_id() {
     jobs_run_with_workload_identity(Some("99999999-8888-7777-6666-555555555555")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn developer_tools_credential_without_settings_uses_the_azure_cli() {
+    let azurite = HttpsAzurite::start();
+    let dir = tempfile::tempdir().unwrap();
+    let calls = dir.path().join("az-calls");
+    let expires = time::OffsetDateTime::now_utc().unix_timestamp() + 3600;
+    // `az account get-access-token -o json --scope ...` as Azure CLI 2.54+ answers it.
+    let az = dir.path().join("az");
+    std::fs::write(
+        &az,
+        format!(
+            "#!/bin/sh\necho \"$@\" >> '{}'\n\
+             printf '%s' '{{\"accessToken\":\"{}\",\"expiresOn\":\"2030-01-02 03:04:05.000000\",\"expires_on\":{expires},\"tokenType\":\"Bearer\"}}'\n",
+            calls.display(),
+            fake_jwt()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&az, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let platform = Platform::DeveloperTools {
+        bin_dir: dir.path().to_path_buf(),
+    };
+    run_three_jobs(&azurite, &platform, None).await;
+    let calls = std::fs::read_to_string(&calls).unwrap();
+    assert!(
+        calls.lines().count() >= 4,
+        "az asked once per process: {calls}"
+    );
+    for line in calls.lines() {
+        assert!(
+            line.starts_with("account get-access-token")
+                && line.contains("https://storage.azure.com/.default"),
+            "{line}"
+        );
+    }
 }
