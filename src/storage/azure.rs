@@ -298,10 +298,7 @@ impl QueueStore for AzureQueue {
             .update_message(id, pop_receipt, clamp_secs(visibility), None)
             .await
             .map_err(map_err)?;
-        resp.headers()
-            .get_optional_str(&azure_core::http::headers::HeaderName::from_static(
-                "x-ms-popreceipt",
-            ))
+        super::pipeline::find_header(resp.headers(), "x-ms-popreceipt")
             .map(str::to_string)
             .ok_or_else(|| missing("x-ms-popreceipt"))
     }

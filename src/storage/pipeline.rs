@@ -300,8 +300,17 @@ impl Policy for SharedKeyPolicy {
 }
 
 fn header<'a>(h: &'a Headers, name: &'static str) -> &'a str {
-    h.get_optional_str(&HeaderName::from_static(name))
-        .unwrap_or_default()
+    find_header(h, name).unwrap_or_default()
+}
+
+/// A header's value, without `Headers::get_optional_str`: that one builds an
+/// `azure_core::Error` for every absent header, and an error captures a
+/// backtrace when `RUST_BACKTRACE` is set (measured: ~5 % of the worker's CPU
+/// in SharedKey signing alone). `name` is lowercase, as stored.
+pub(crate) fn find_header<'a>(h: &'a Headers, name: &str) -> Option<&'a str> {
+    h.iter()
+        .find(|(k, _)| k.as_str() == name)
+        .map(|(_, v)| v.as_str())
 }
 
 fn string_to_sign(

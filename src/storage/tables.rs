@@ -18,6 +18,7 @@
 //! and Azurite take `PATCH` as merge, as the current SDKs send it) and the
 //! literal `MERGE` inside a batch body (plain text there).
 
+use super::pipeline::find_header;
 use super::*;
 use azure_core::http::{Context, Method, Pipeline, PipelineSendOptions, RawResponse, Request};
 
@@ -59,6 +60,12 @@ impl TablesClient {
         r.insert_header("dataserviceversion", "3.0");
         r.insert_header("maxdataserviceversion", "3.0;NetFx");
         r.insert_header("accept", FULL_METADATA);
+        // Set here so azure_core's ClientRequestIdPolicy finds it without
+        // building an error for the absent header (see pipeline::find_header).
+        r.insert_header(
+            "x-ms-client-request-id",
+            uuid::Uuid::new_v4().hyphenated().to_string(),
+        );
         Ok(r)
     }
 
@@ -87,12 +94,7 @@ impl TablesClient {
 
 /// The service's error code: `x-ms-error-code`, else the OData error body.
 fn error_code(rsp: &RawResponse) -> String {
-    if let Some(c) =
-        rsp.headers()
-            .get_optional_str(&azure_core::http::headers::HeaderName::from_static(
-                "x-ms-error-code",
-            ))
-    {
+    if let Some(c) = find_header(rsp.headers(), "x-ms-error-code") {
         return c.to_string();
     }
     serde_json::from_slice::<Value>(rsp.body())
@@ -115,8 +117,7 @@ pub(crate) fn status_error(status: u16, code: String) -> StorageError {
 }
 
 fn etag_of(rsp: &RawResponse) -> StorageResult<Etag> {
-    rsp.headers()
-        .get_optional_str(&azure_core::http::headers::ETAG)
+    find_header(rsp.headers(), "etag")
         .map(|e| Etag(e.to_string()))
         .ok_or_else(|| StorageError::Other("unexpected response from storage: no ETag".into()))
 }
@@ -298,11 +299,7 @@ impl TableStore for AzureTable {
                 .client
                 .send(self.client.request(Method::Get, &q)?)
                 .await?;
-            let h = |n: &'static str| {
-                rsp.headers()
-                    .get_optional_str(&azure_core::http::headers::HeaderName::from_static(n))
-                    .map(str::to_string)
-            };
+            let h = |n: &str| find_header(rsp.headers(), n).map(str::to_string);
             let npk = h("x-ms-continuation-nextpartitionkey");
             let nrk = h("x-ms-continuation-nextrowkey");
             let body = parse_json(&rsp)?;
