@@ -12,6 +12,19 @@
 
 ARG RUST_VERSION=1
 
+# Base images and digests.
+# TODO(issue 12): pin both FROM lines by digest (`image:tag@sha256:<digest>`).
+# The digests were not available offline when this was written, and a digest
+# must never be guessed. To pin (or refresh, e.g. monthly for security fixes):
+#
+#   docker buildx imagetools inspect rust:1-slim-bookworm          # "Digest:" line
+#   docker buildx imagetools inspect gcr.io/distroless/cc-debian12:nonroot
+#   # or: crane digest <image>   /   skopeo inspect docker://<image> | jq -r .Digest
+#
+# and write the index (multi-arch) digest after the tag, keeping the tag for
+# readers: FROM gcr.io/distroless/cc-debian12:nonroot@sha256:<digest>.
+# Renovate/Dependabot ("docker" ecosystem) keep pinned digests fresh.
+
 # ---------------------------------------------------------------------------
 # Build stage. The Azure SDK and reqwest use rustls (ring), so no OpenSSL and
 # no pkg-config: the gcc + libc6-dev already in the slim image are enough.

@@ -13,6 +13,11 @@
 # to AQW_AZURITE_STATE (.azurite), so a second instance on other ports needs
 # its own. Safe to call from many test processes at once.
 #
+# HTTPS and bearer tokens (a second instance only, for identity tests):
+# AQW_AZURITE_CERT and AQW_AZURITE_KEY (PEM files) serve HTTPS; with
+# AQW_AZURITE_OAUTH=basic Azurite also accepts Entra ID bearer tokens, checking
+# their issuer, audience and lifetime but not their signature.
+#
 # Why restart: Azurite keeps one extent per queue message in memory and its
 # garbage collector (every 60 s) deletes them one by one from a LokiJS
 # collection whose index update is linear, so a pass is quadratic in the
@@ -28,6 +33,13 @@ queue_port="${AQW_AZURITE_QUEUE_PORT:-10001}"
 table_port="${AQW_AZURITE_TABLE_PORT:-10002}"
 blob_port="${AQW_AZURITE_BLOB_PORT:-10000}"
 mkdir -p "$state"
+tls_args=()
+if [ -n "${AQW_AZURITE_CERT:-}" ]; then
+  tls_args+=(--cert "$AQW_AZURITE_CERT" --key "${AQW_AZURITE_KEY:?AQW_AZURITE_KEY is needed with AQW_AZURITE_CERT}")
+fi
+if [ -n "${AQW_AZURITE_OAUTH:-}" ]; then
+  tls_args+=(--oauth "$AQW_AZURITE_OAUTH")
+fi
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 ready() { port_open "$queue_port" && port_open "$table_port"; }
@@ -52,6 +64,7 @@ start() {
     --blobHost 127.0.0.1 --blobPort "$blob_port" \
     --queueHost 127.0.0.1 --queuePort "$queue_port" \
     --tableHost 127.0.0.1 --tablePort "$table_port" \
+    ${tls_args[@]+"${tls_args[@]}"} \
     >"$state/azurite.log" 2>&1 </dev/null 9>&- &
   echo $! >"$state/azurite.pid"
   for _ in $(seq 1 300); do

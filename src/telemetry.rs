@@ -73,7 +73,7 @@ pub fn init_logging(format: LogFormat) {
     // SDK at warn.
     let filter = match std::env::var("AQW_LOG").or_else(|_| std::env::var("RUST_LOG")) {
         Ok(f) => EnvFilter::try_new(f).unwrap_or_else(|_| EnvFilter::new("info")),
-        Err(_) => EnvFilter::new("info,azure_core=warn,azure_storage=warn,azure_storage_queues=warn,azure_data_tables=warn,reqwest=warn,hyper=warn"),
+        Err(_) => EnvFilter::new("info,azure_core=warn,azure_identity=warn,azure_storage_queue=warn,typespec_client_core=warn,reqwest=warn,hyper=warn"),
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -757,7 +757,7 @@ mod tests {
                 "GET https://a.queue.core.windows.net/q?sv=1&sig=secret{n} {}",
                 "x".repeat(1000)
             ))),
-            may_have_taken_effect: n % 2 == 0,
+            may_have_taken_effect: n.is_multiple_of(2),
         };
         let mut h: Vec<Attempt> = vec![];
         for n in 1..=HISTORY_LEN as u32 + 3 {

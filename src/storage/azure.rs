@@ -1,111 +1,53 @@
-//! The Azure SDK (0.21 line) behind [`QueueStore`] and [`TableStore`].
+//! The maintained Azure SDK line (`azure_core` / `azure_identity` /
+//! `azure_storage_queue` 1.x) behind [`QueueStore`] and [`TableStore`].
 //!
-//! Transport: one pooled reqwest client with connect and request timeouts,
-//! wrapped in [`CountingTransport`] so every storage request is counted by
-//! operation and status (the `aqw_storage_requests_total` metric and the
-//! per-instance counters that tests and benchmarks read).
+//! * Queues: the official `azure_storage_queue` 1.x `QueueClient`. It has
+//!   every operation aqw calls (create, receive, peek, send with
+//!   `messagettl=-1`, update visibility without rewriting the text, delete,
+//!   properties for the approximate count, delete queue), and it costs no
+//!   measurable CPU per message over the 0.21 stack, so there is no reason
+//!   to call the Queue REST API ourselves. Measured (issue 12) on this 2-core
+//!   machine, shared and loaded (load average 7-8, so absolute figures are
+//!   about 2x BENCHMARKS.md's): `examples/bench_worker` on 2,000 keyed no-op
+//!   jobs, default settings, one private Azurite restarted before each run,
+//!   3 runs per stack alternating, medians; main (0.21) vs this stack:
+//!   CPU 0.785 vs 0.75 ms/message (RUST_BACKTRACE unset), 0.92 vs 1.015 with
+//!   `RUST_BACKTRACE=1`; storage requests 3.064 vs 3.064 per message; peak RSS
+//!   12.1 vs 12.8 MiB. The residual cost under `RUST_BACKTRACE=1` is
+//!   `azure_core`'s `ClientRequestIdPolicy`, which probes for its header with
+//!   an erroring lookup (an `Error` captures a backtrace when that variable is
+//!   set); our own code avoids that lookup (`pipeline::find_header`).
+//! * Tables: our own client, [`super::tables`] (no 1.x Tables crate exists).
+//! * Both share one transport ([`super::pipeline::CountingTransport`]: pooled
+//!   reqwest, timeouts, every request counted by operation and status), one
+//!   retry configuration, and one authorization policy per connection:
+//!   SharedKey (account key, also `UseDevelopmentStorage=true`), SAS, or an
+//!   Entra ID bearer token ([`super::identity`]).
 
+use super::identity::{identity_credential, BearerPolicy};
+use super::pipeline::{CountingTransport, SasPolicy, Service, SharedKeyPolicy};
+use super::tables::TablesClient;
 use super::*;
 use super::{Connection, Credentials};
 use azure_core::error::ErrorKind;
-use azure_core::{
-    ClientOptions, ExponentialRetryOptions, HttpClient, RetryOptions, TransportOptions,
+use azure_core::http::policies::Policy;
+use azure_core::http::{
+    ClientOptions, ExponentialRetryOptions, Pipeline, RetryOptions, Transport, Url,
 };
-use azure_data_tables::clients::TableServiceClientBuilder;
-use azure_data_tables::prelude::*;
-use azure_data_tables::IfMatchCondition;
-use azure_storage::clients::ServiceType;
-use azure_storage::{CloudLocation, StorageCredentials};
-use azure_storage_queues::prelude::*;
-use azure_storage_queues::QueueServiceClientBuilder;
-use futures::StreamExt;
+use azure_storage_queue::models::{
+    QueueClientGetPropertiesResultHeaders, QueueClientPeekMessagesOptions,
+    QueueClientReceiveMessagesOptions, QueueClientSendMessageOptions,
+};
+use azure_storage_queue::{QueueClient, QueueClientOptions};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-
-/// Counts requests by operation and status, then hands them to reqwest.
-#[derive(Debug)]
-pub struct CountingTransport {
-    client: reqwest::Client,
-    counts: Arc<Mutex<BTreeMap<String, u64>>>,
-}
-
-fn operation_name(method: &azure_core::Method, url: &url::Url) -> &'static str {
-    use azure_core::Method as M;
-    let path = url.path();
-    let query = url.query().unwrap_or("");
-    let is_table_port =
-        url.port() == Some(10002) || url.host_str().is_some_and(|h| h.contains(".table."));
-    if path.ends_with("/messages") || path.contains("/messages/") {
-        let with_id = path.contains("/messages/");
-        return match (method, with_id) {
-            (M::Get, _) if query.contains("peekonly=true") => "queue.peek",
-            (M::Get, _) => "queue.receive",
-            (M::Post, _) => "queue.put",
-            (M::Put, true) => "queue.update",
-            (M::Delete, true) => "queue.delete",
-            (M::Delete, false) => "queue.clear",
-            _ => "queue.other",
-        };
-    }
-    if path.ends_with("$batch") {
-        return "table.batch";
-    }
-    if path.ends_with("/Tables") || path.contains("/Tables(") {
-        return "table.admin";
-    }
-    if path.ends_with("()") {
-        return "table.query";
-    }
-    if path.contains("(PartitionKey=") {
-        return match method {
-            M::Get => "table.get",
-            M::Put | M::Merge => "table.update",
-            M::Delete => "table.delete",
-            _ => "table.other",
-        };
-    }
-    if matches!(method, M::Post) && (is_table_port || !query.contains("comp=")) {
-        return "table.insert";
-    }
-    if query.contains("comp=metadata") {
-        return "queue.metadata";
-    }
-    match method {
-        M::Put => "queue.create",
-        M::Delete => "queue.delete_queue",
-        _ => "other",
-    }
-}
-
-#[async_trait]
-impl HttpClient for CountingTransport {
-    async fn execute_request(
-        &self,
-        request: &azure_core::Request,
-    ) -> azure_core::Result<azure_core::Response> {
-        let op = operation_name(request.method(), request.url());
-        let result = self.client.execute_request(request).await;
-        let status = match &result {
-            Ok(r) => (r.status() as u16).to_string(),
-            Err(_) => "error".to_string(),
-        };
-        metrics::counter!("aqw_storage_requests_total", "operation" => op, "status" => status)
-            .increment(1);
-        *self
-            .counts
-            .lock()
-            .unwrap()
-            .entry(op.to_string())
-            .or_default() += 1;
-        result
-    }
-}
 
 /// Queues and tables of one account, sharing one pooled transport.
 #[derive(Clone)]
 pub struct AzureStorage {
-    queues: QueueServiceClient,
-    tables: TableServiceClient,
+    queue_endpoint: String,
+    queue_options: ClientOptions,
+    tables: TablesClient,
     counts: Arc<Mutex<BTreeMap<String, u64>>>,
 }
 
@@ -116,159 +58,108 @@ impl AzureStorage {
     }
 }
 
+/// Pipeline options shared by queues and tables: our transport and a few
+/// quick retries (longer outages are the worker's business: it backs off).
+fn client_options(transport: &Transport, auth: Option<Arc<dyn Policy>>) -> ClientOptions {
+    let mut o = ClientOptions {
+        retry: RetryOptions::exponential(ExponentialRetryOptions {
+            max_retries: 3,
+            initial_delay: time::Duration::milliseconds(100),
+            max_delay: time::Duration::seconds(2),
+            max_total_elapsed: time::Duration::seconds(10),
+        }),
+        transport: Some(transport.clone()),
+        ..Default::default()
+    };
+    if let Some(auth) = auth {
+        o.per_try_policies.push(auth);
+    }
+    o
+}
+
 /// Build clients for a resolved connection. No network access happens here.
 pub fn connect(connection: &Connection) -> Result<AzureStorage, StorageError> {
-    let http = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(30))
-        // Below Node's 5 s keep-alive (Azurite) so a pooled connection is
-        // never reused just as the server closes it (a request lost as
-        // "connection closed before message completed").
-        .pool_idle_timeout(Duration::from_secs(4))
-        .pool_max_idle_per_host(64)
-        // Storage never redirects. Following one would re-send a signed
-        // request to a URL the account did not name (and costs a URL parse
-        // per request in reqwest's redirect layer): surface it as an error.
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .map_err(|e| StorageError::Other(format!("cannot build HTTP client: {e}")))?;
     let counts = Arc::new(Mutex::new(BTreeMap::new()));
-    let transport = CountingTransport {
-        client: http,
-        counts: counts.clone(),
-    };
-    // A few quick SDK-level retries smooth over blips; longer outages are the
-    // worker's business (it backs off and keeps going).
-    let options = ClientOptions::default()
-        .retry(RetryOptions::exponential(
-            ExponentialRetryOptions::default()
-                .max_retries(3u32)
-                .initial_delay(Duration::from_millis(100))
-                .max_delay(Duration::from_secs(2))
-                .max_total_elapsed(Duration::from_secs(10)),
-        ))
-        .transport(TransportOptions::new(Arc::new(transport)));
-    let credentials = match &connection.credentials {
+    let transport = Transport::new(Arc::new(
+        CountingTransport::new(counts.clone()).map_err(StorageError::Other)?,
+    ));
+    let setting = &connection.setting;
+    let (queue_auth, table_auth): (Arc<dyn Policy>, Arc<dyn Policy>) = match &connection.credentials
+    {
         Credentials::SharedKey { account, key } => {
-            StorageCredentials::access_key(account.clone(), key.expose().to_string())
+            let q = SharedKeyPolicy::new(account, key, Service::Queue)
+                .map_err(|e| StorageError::Other(format!("{setting}: {e}")))?;
+            let t = SharedKeyPolicy::new(account, key, Service::Table)
+                .map_err(|e| StorageError::Other(format!("{setting}: {e}")))?;
+            (Arc::new(q), Arc::new(t))
         }
         Credentials::Sas { token } => {
-            StorageCredentials::sas_token(token.expose()).map_err(|_| {
-                StorageError::Other(format!(
-                    "{}: the SAS token could not be parsed",
-                    connection.setting
-                ))
-            })?
+            let p = Arc::new(SasPolicy::new(token).map_err(|_| {
+                StorageError::Other(format!("{setting}: the SAS token could not be parsed"))
+            })?);
+            (p.clone(), p)
         }
         Credentials::Identity { client_id } => {
-            StorageCredentials::token_credential(identity_credential(client_id.as_deref())?)
+            let credential = identity_credential(setting, client_id.as_deref(), &transport)?;
+            let p = Arc::new(BearerPolicy::new(credential));
+            (p.clone(), p)
         }
     };
-    let queues = QueueServiceClientBuilder::with_location(
-        CloudLocation::Custom {
-            account: connection.account.clone(),
-            uri: connection.queue_endpoint.clone(),
-        },
-        credentials.clone(),
-    )
-    .client_options(options.clone())
-    .build();
-    let tables = TableServiceClientBuilder::with_location(
-        CloudLocation::Custom {
-            account: connection.account.clone(),
-            uri: connection.table_endpoint.clone(),
-        },
-        credentials,
-    )
-    .client_options(options)
-    .build();
-    let _ = ServiceType::Queue;
+    let queue_options = client_options(&transport, Some(queue_auth));
+    let tables_pipeline = Pipeline::new(
+        Some("aqw"),
+        Some(env!("CARGO_PKG_VERSION")),
+        client_options(&transport, Some(table_auth)),
+        Vec::new(),
+        Vec::new(),
+        None,
+    );
+    Url::parse(&connection.queue_endpoint)
+        .map_err(|_| StorageError::Other(format!("{setting}: the queue endpoint is not a URL")))?;
     Ok(AzureStorage {
-        queues,
-        tables,
+        queue_endpoint: connection.queue_endpoint.trim_end_matches('/').to_string(),
+        queue_options,
+        tables: TablesClient::new(&connection.table_endpoint, tables_pipeline),
         counts,
     })
 }
 
 impl Storage for AzureStorage {
     fn queue(&self, name: &str) -> Arc<dyn QueueStore> {
+        let url = Url::parse(&format!("{}/{}", self.queue_endpoint, name));
+        let client = url.map_err(|_| ()).and_then(|url| {
+            // The credential is not handed to the crate: authorization is our
+            // per-try policy (SharedKey / SAS / bearer), see `connect`.
+            QueueClient::new(
+                url,
+                None,
+                Some(QueueClientOptions {
+                    client_options: self.queue_options.clone(),
+                    ..Default::default()
+                }),
+            )
+            .map_err(|_| ())
+        });
         Arc::new(AzureQueue {
             name: name.to_string(),
-            client: self.queues.queue_client(name),
+            client: client.ok(),
         })
     }
     fn table(&self, name: &str) -> Arc<dyn TableStore> {
-        Arc::new(AzureTable {
-            name: name.to_string(),
-            client: self.tables.table_client(name),
-        })
+        Arc::new(self.tables.table(name))
     }
-}
-
-/// The token credential for an identity-based connection, picked from the
-/// environment the platform sets: AKS workload identity
-/// (`AZURE_FEDERATED_TOKEN_FILE`, `AZURE_CLIENT_ID`, `AZURE_TENANT_ID`), App
-/// Service / Container Apps / Functions (`IDENTITY_ENDPOINT`,
-/// `IDENTITY_HEADER`), else the VM's instance metadata endpoint.
-fn identity_credential(
-    client_id: Option<&str>,
-) -> Result<Arc<dyn azure_core::auth::TokenCredential>, StorageError> {
-    use azure_identity::{
-        AppServiceManagedIdentityCredential, TokenCredentialOptions,
-        VirtualMachineManagedIdentityCredential, WorkloadIdentityCredential,
-    };
-    let options = TokenCredentialOptions::default();
-    let var = |n: &str| std::env::var(n).ok().filter(|v| !v.is_empty());
-    if var("AZURE_FEDERATED_TOKEN_FILE").is_some() {
-        if let (Some(want), Some(have)) = (client_id, var("AZURE_CLIENT_ID")) {
-            if want != have {
-                tracing::warn!("__clientId differs from AZURE_CLIENT_ID; workload identity uses AZURE_CLIENT_ID");
-            }
-        }
-        let c = WorkloadIdentityCredential::create(options).map_err(|e| {
-            StorageError::Other(format!(
-                "workload identity: {}",
-                crate::telemetry::scrub(&e.to_string())
-            ))
-        })?;
-        return Ok(Arc::new(c));
-    }
-    if client_id.is_some() {
-        // The 0.21 SDK's managed identity credentials only ask for the
-        // system-assigned identity (its client-id option is crate-private).
-        tracing::warn!("__clientId is not supported by this SDK line's managed identity credential; using the system-assigned identity");
-    }
-    if var("IDENTITY_ENDPOINT").is_some() {
-        let c = AppServiceManagedIdentityCredential::create(options).map_err(|e| {
-            StorageError::Other(format!(
-                "managed identity: {}",
-                crate::telemetry::scrub(&e.to_string())
-            ))
-        })?;
-        return Ok(Arc::new(c));
-    }
-    Ok(Arc::new(VirtualMachineManagedIdentityCredential::new(
-        options,
-    )))
 }
 
 /// Map an SDK error to [`StorageError`], keeping only status and error code:
 /// SDK messages can carry URLs, and URLs can carry SAS signatures.
-fn map_err(e: azure_core::Error) -> StorageError {
+pub(crate) fn map_err(e: azure_core::Error) -> StorageError {
     match e.kind() {
-        ErrorKind::HttpResponse { status, error_code } => {
-            let status = *status as u16;
-            let code = error_code.clone().unwrap_or_default();
-            match status {
-                404 => StorageError::NotFound,
-                409 if code != "QueueBeingDeleted" && code != "TableBeingDeleted" => {
-                    StorageError::Conflict
-                }
-                412 => StorageError::PreconditionFailed,
-                _ => StorageError::Http { status, code },
-            }
+        ErrorKind::HttpResponse {
+            status, error_code, ..
+        } => tables::status_error(u16::from(*status), error_code.clone().unwrap_or_default()),
+        ErrorKind::Io | ErrorKind::Connection => {
+            StorageError::Transport(crate::telemetry::scrub(&super::pipeline::error_chain(&e)))
         }
-        ErrorKind::Io => StorageError::Transport(crate::telemetry::scrub(&io_chain(&e))),
         ErrorKind::Credential => {
             StorageError::Other("credential error (check the connection setting)".into())
         }
@@ -280,27 +171,29 @@ fn map_err(e: azure_core::Error) -> StorageError {
     }
 }
 
-fn io_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        src = s.source();
-    }
-    out
-}
-
 struct AzureQueue {
     name: String,
-    client: QueueClient,
+    /// None when the queue name does not make a valid URL.
+    client: Option<QueueClient>,
 }
 
-fn clamp_secs(d: Duration) -> Duration {
+fn clamp_secs(d: Duration) -> i32 {
     // The service takes whole seconds; round sub-second delays up so a retry
     // delay of 0.5 s does not become "visible now".
     let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
-    Duration::from_secs(secs.min(7 * 24 * 3600))
+    secs.min(7 * 24 * 3600) as i32
+}
+
+fn missing(what: &str) -> StorageError {
+    StorageError::Other(format!("unexpected response from storage: no {what}"))
+}
+
+impl AzureQueue {
+    fn client(&self) -> StorageResult<&QueueClient> {
+        self.client
+            .as_ref()
+            .ok_or_else(|| StorageError::Other(format!("invalid queue name {:?}", self.name)))
+    }
 }
 
 #[async_trait]
@@ -310,7 +203,7 @@ impl QueueStore for AzureQueue {
     }
 
     async fn create_if_missing(&self) -> StorageResult<()> {
-        match self.client.create().await.map_err(map_err) {
+        match self.client()?.create(None).await.map_err(map_err) {
             Ok(_) | Err(StorageError::Conflict) => Ok(()),
             Err(e) => Err(e),
         }
@@ -318,64 +211,88 @@ impl QueueStore for AzureQueue {
 
     async fn receive(&self, max: u8, visibility: Duration) -> StorageResult<Vec<ReceivedMessage>> {
         let resp = self
-            .client
-            .get_messages()
-            .number_of_messages(max.clamp(1, 32))
-            .visibility_timeout(clamp_secs(visibility))
+            .client()?
+            .receive_messages(Some(QueueClientReceiveMessagesOptions {
+                number_of_messages: Some(i32::from(max.clamp(1, 32))),
+                visibility_timeout: Some(clamp_secs(visibility)),
+                ..Default::default()
+            }))
             .await
+            .map_err(map_err)?
+            .into_model()
             .map_err(map_err)?;
-        Ok(resp
-            .messages
+        resp.items
+            .unwrap_or_default()
             .into_iter()
-            .map(|m| ReceivedMessage {
-                id: m.message_id,
-                pop_receipt: m.pop_receipt,
-                dequeue_count: m.dequeue_count.min(u32::MAX as u64) as u32,
-                insertion_time: m.insertion_time,
-                expiration_time: m.expiration_time,
-                next_visible: m.time_next_visible,
-                text: m.message_text,
+            .map(|m| {
+                Ok(ReceivedMessage {
+                    id: m.message_id.ok_or_else(|| missing("MessageId"))?,
+                    pop_receipt: m.pop_receipt.ok_or_else(|| missing("PopReceipt"))?,
+                    dequeue_count: m.dequeue_count.unwrap_or(0).clamp(0, u32::MAX as i64) as u32,
+                    insertion_time: m.insertion_time.ok_or_else(|| missing("InsertionTime"))?,
+                    expiration_time: m.expiration_time.ok_or_else(|| missing("ExpirationTime"))?,
+                    next_visible: m
+                        .time_next_visible
+                        .ok_or_else(|| missing("TimeNextVisible"))?,
+                    text: m.message_text.unwrap_or_default(),
+                })
             })
-            .collect())
+            .collect()
     }
 
     async fn peek(&self, max: u8) -> StorageResult<Vec<PeekedMessage>> {
         let resp = self
-            .client
-            .peek_messages()
-            .number_of_messages(max.clamp(1, 32))
+            .client()?
+            .peek_messages(Some(QueueClientPeekMessagesOptions {
+                number_of_messages: Some(i32::from(max.clamp(1, 32))),
+                ..Default::default()
+            }))
             .await
+            .map_err(map_err)?
+            .into_model()
             .map_err(map_err)?;
-        Ok(resp
-            .messages
+        resp.items
+            .unwrap_or_default()
             .into_iter()
-            .map(|m| PeekedMessage {
-                id: m.message_id,
-                dequeue_count: m.dequeue_count.min(u32::MAX as u64) as u32,
-                insertion_time: m.insertion_time,
-                text: m.message_text,
+            .map(|m| {
+                Ok(PeekedMessage {
+                    id: m.message_id.ok_or_else(|| missing("MessageId"))?,
+                    dequeue_count: m.dequeue_count.unwrap_or(0).clamp(0, u32::MAX as i64) as u32,
+                    insertion_time: m.insertion_time.ok_or_else(|| missing("InsertionTime"))?,
+                    text: m.message_text.unwrap_or_default(),
+                })
             })
-            .collect())
+            .collect()
     }
 
     async fn put(&self, text: &str, visibility: Duration, ttl: Ttl) -> StorageResult<PutReceipt> {
-        let mut builder = self.client.put_message(text.to_string());
-        if !visibility.is_zero() {
-            builder = builder.visibility_timeout(clamp_secs(visibility));
-        }
-        builder = match ttl {
-            Ttl::Default => builder,
-            Ttl::After(d) => builder.ttl(clamp_secs(d)),
-            // The 0.21 MessageTTL only takes a Duration (no -1); i32::MAX
-            // seconds (68 years) is accepted by the service and Azurite and is
-            // "never" for any practical purpose.
-            Ttl::Never => builder.ttl(Duration::from_secs(i32::MAX as u64)),
+        let message = azure_storage_queue::models::QueueMessage {
+            message_text: Some(text.to_string()),
         };
-        let resp = builder.await.map_err(map_err)?;
+        let options = QueueClientSendMessageOptions {
+            visibility_timeout: (!visibility.is_zero()).then(|| clamp_secs(visibility)),
+            message_time_to_live: match ttl {
+                Ttl::Default => None,
+                Ttl::After(d) => Some(clamp_secs(d)),
+                Ttl::Never => Some(-1),
+            },
+            ..Default::default()
+        };
+        let sent = self
+            .client()?
+            .send_message(message.try_into().map_err(map_err)?, Some(options))
+            .await
+            .map_err(map_err)?
+            .into_model()
+            .map_err(map_err)?
+            .into_message()
+            .map_err(map_err)?;
         Ok(PutReceipt {
-            id: resp.queue_message.message_id,
-            pop_receipt: resp.queue_message.pop_receipt,
-            insertion_time: resp.queue_message.insertion_time,
+            id: sent.message_id.ok_or_else(|| missing("MessageId"))?,
+            pop_receipt: sent.pop_receipt.ok_or_else(|| missing("PopReceipt"))?,
+            insertion_time: sent
+                .insertion_time
+                .ok_or_else(|| missing("InsertionTime"))?,
         })
     }
 
@@ -383,217 +300,40 @@ impl QueueStore for AzureQueue {
         &self,
         id: &str,
         pop_receipt: &str,
-        text: &str,
+        _text: &str,
         visibility: Duration,
     ) -> StorageResult<String> {
+        // 1.x updates the visibility alone (no message body), so the text
+        // is not rewritten.
         let resp = self
-            .client
-            .pop_receipt_client(PopReceipt::new(id, pop_receipt))
-            .update(text.to_string(), clamp_secs(visibility))
+            .client()?
+            .update_message(id, pop_receipt, clamp_secs(visibility), None)
             .await
             .map_err(map_err)?;
-        Ok(resp.pop_receipt)
+        super::pipeline::find_header(resp.headers(), "x-ms-popreceipt")
+            .map(str::to_string)
+            .ok_or_else(|| missing("x-ms-popreceipt"))
     }
 
     async fn delete(&self, id: &str, pop_receipt: &str) -> StorageResult<()> {
-        self.client
-            .pop_receipt_client(PopReceipt::new(id, pop_receipt))
-            .delete()
+        self.client()?
+            .delete_message(id, pop_receipt, None)
             .await
             .map_err(map_err)?;
         Ok(())
     }
 
     async fn approximate_count(&self) -> StorageResult<u64> {
-        let resp = self.client.get_metadata().await.map_err(map_err)?;
-        Ok(resp.approximate_messages_count as u64)
+        let resp = self.client()?.get_properties(None).await.map_err(map_err)?;
+        let n = resp
+            .approximate_messages_count()
+            .map_err(map_err)?
+            .unwrap_or(0);
+        Ok(n.max(0) as u64)
     }
 
     async fn delete_queue(&self) -> StorageResult<()> {
-        match self.client.delete().await.map_err(map_err) {
-            Ok(_) | Err(StorageError::NotFound) => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-}
-
-struct AzureTable {
-    name: String,
-    client: TableClient,
-}
-
-fn with_keys(pk: &str, rk: &str, entity: &Entity) -> Value {
-    let mut m = entity.clone();
-    m.insert("PartitionKey".into(), Value::String(pk.into()));
-    m.insert("RowKey".into(), Value::String(rk.into()));
-    Value::Object(m)
-}
-
-/// Drop service metadata (odata.*, Timestamp, keys) from a returned entity.
-fn strip(v: Value) -> (String, String, Entity) {
-    let Value::Object(mut m) = v else {
-        return (String::new(), String::new(), Entity::new());
-    };
-    let pk = m
-        .remove("PartitionKey")
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default();
-    let rk = m
-        .remove("RowKey")
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default();
-    m.retain(|k, _| !k.starts_with("odata.") && !k.contains("@odata.") && k != "Timestamp");
-    (pk, rk, m)
-}
-
-fn if_match(etag: Option<&Etag>) -> IfMatchCondition {
-    match etag {
-        Some(e) => IfMatchCondition::Etag(azure_core::Etag::from(e.0.clone())),
-        None => IfMatchCondition::Any,
-    }
-}
-
-#[async_trait]
-impl TableStore for AzureTable {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    async fn create_if_missing(&self) -> StorageResult<()> {
-        match self.client.create().await.map_err(map_err) {
-            Ok(_) | Err(StorageError::Conflict) => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn insert(&self, pk: &str, rk: &str, entity: &Entity) -> StorageResult<Etag> {
-        let resp = self
-            .client
-            .insert::<_, Value>(with_keys(pk, rk, entity))
-            .map_err(map_err)?
-            .await
-            .map_err(map_err)?;
-        Ok(Etag(resp.etag.to_string()))
-    }
-
-    async fn get(&self, pk: &str, rk: &str) -> StorageResult<Option<(Entity, Etag)>> {
-        let client = self.client.partition_key_client(pk).entity_client(rk);
-        match client.get::<Value>().await.map_err(map_err) {
-            Ok(resp) => Ok(Some((strip(resp.entity).2, Etag(resp.etag.to_string())))),
-            Err(StorageError::NotFound) => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn replace(
-        &self,
-        pk: &str,
-        rk: &str,
-        entity: &Entity,
-        etag: Option<&Etag>,
-    ) -> StorageResult<Etag> {
-        let client = self.client.partition_key_client(pk).entity_client(rk);
-        let builder = client
-            .update(with_keys(pk, rk, entity), if_match(etag))
-            .map_err(map_err)?;
-        Ok(Etag(builder.await.map_err(map_err)?.etag.to_string()))
-    }
-
-    async fn merge(
-        &self,
-        pk: &str,
-        rk: &str,
-        entity: &Entity,
-        etag: Option<&Etag>,
-    ) -> StorageResult<Etag> {
-        let client = self.client.partition_key_client(pk).entity_client(rk);
-        let builder = client
-            .merge(with_keys(pk, rk, entity), if_match(etag))
-            .map_err(map_err)?;
-        Ok(Etag(builder.await.map_err(map_err)?.etag.to_string()))
-    }
-
-    async fn delete(&self, pk: &str, rk: &str) -> StorageResult<()> {
-        let client = self.client.partition_key_client(pk).entity_client(rk);
-        match client.delete().await.map_err(map_err) {
-            Ok(_) | Err(StorageError::NotFound) => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn query_rows(&self, pk: Option<&str>) -> StorageResult<Vec<Row>> {
-        let mut builder = self.client.query();
-        if let Some(pk) = pk {
-            // Partition keys aqw writes are queue names or hex: no quote to escape,
-            // but escape anyway (the 0.21 SDK does not).
-            builder = builder.filter(format!("PartitionKey eq '{}'", pk.replace('\'', "''")));
-        }
-        let mut stream = builder.into_stream::<Value>();
-        let mut out = Vec::new();
-        while let Some(page) = stream.next().await {
-            let page = page.map_err(map_err)?;
-            out.extend(page.entities.into_iter().map(|mut v| {
-                let etag = v
-                    .get("odata.etag")
-                    .and_then(Value::as_str)
-                    .map(|e| Etag(e.to_string()));
-                let (partition_key, row_key, entity) = strip(std::mem::take(&mut v));
-                Row {
-                    partition_key,
-                    row_key,
-                    entity,
-                    etag,
-                }
-            }));
-        }
-        Ok(out)
-    }
-
-    async fn transaction(&self, pk: &str, ops: Vec<TableOp>) -> StorageResult<()> {
-        let mut tx = self.client.partition_key_client(pk).transaction();
-        for op in ops {
-            tx = match op {
-                TableOp::Insert { row_key, entity } => tx.insert(with_keys(pk, &row_key, &entity)),
-                TableOp::Replace {
-                    row_key,
-                    entity,
-                    if_match: m,
-                } => {
-                    let body = with_keys(pk, &row_key, &entity);
-                    tx.update(row_key, body, Some(if_match(m.as_ref())))
-                }
-                TableOp::Merge {
-                    row_key,
-                    entity,
-                    if_match: m,
-                } => {
-                    let body = with_keys(pk, &row_key, &entity);
-                    tx.merge(row_key, body, Some(if_match(m.as_ref())))
-                }
-            }
-            .map_err(map_err)?;
-        }
-        let resp = tx.await.map_err(map_err)?;
-        // The batch answers 202 even when an operation failed: look inside.
-        for r in &resp.operation_responses {
-            let status = r.status_code as u16;
-            if status >= 300 {
-                return Err(match status {
-                    404 => StorageError::NotFound,
-                    409 => StorageError::Conflict,
-                    412 => StorageError::PreconditionFailed,
-                    _ => StorageError::Http {
-                        status,
-                        code: "BatchOperationFailed".into(),
-                    },
-                });
-            }
-        }
-        Ok(())
-    }
-
-    async fn delete_table(&self) -> StorageResult<()> {
-        match self.client.delete().await.map_err(map_err) {
+        match self.client()?.delete(None).await.map_err(map_err) {
             Ok(_) | Err(StorageError::NotFound) => Ok(()),
             Err(e) => Err(e),
         }
@@ -603,6 +343,7 @@ impl TableStore for AzureTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::pipeline::operation_name;
 
     #[tokio::test]
     async fn a_redirect_is_an_error_not_followed() {
@@ -648,57 +389,54 @@ mod tests {
     #[test]
     fn operations_are_named() {
         let u = |s: &str| url::Url::parse(s).unwrap();
-        use azure_core::Method as M;
+        use azure_core::http::Method as M;
         assert_eq!(
             operation_name(
-                &M::Get,
+                M::Get,
                 &u("http://h:10001/acct/q/messages?numofmessages=32")
             ),
             "queue.receive"
         );
         assert_eq!(
-            operation_name(&M::Get, &u("http://h:10001/acct/q/messages?peekonly=true")),
+            operation_name(M::Get, &u("http://h:10001/acct/q/messages?peekonly=true")),
             "queue.peek"
         );
         assert_eq!(
-            operation_name(&M::Post, &u("http://h:10001/acct/q/messages")),
+            operation_name(M::Post, &u("http://h:10001/acct/q/messages")),
             "queue.put"
         );
         assert_eq!(
             operation_name(
-                &M::Delete,
+                M::Delete,
                 &u("http://h:10001/acct/q/messages/id?popreceipt=x")
             ),
             "queue.delete"
         );
         assert_eq!(
-            operation_name(
-                &M::Put,
-                &u("http://h:10001/acct/q/messages/id?popreceipt=x")
-            ),
+            operation_name(M::Put, &u("http://h:10001/acct/q/messages/id?popreceipt=x")),
             "queue.update"
         );
         assert_eq!(
-            operation_name(&M::Post, &u("http://h:10002/acct/aqwkeys")),
+            operation_name(M::Post, &u("http://h:10002/acct/aqwkeys")),
             "table.insert"
         );
         assert_eq!(
             operation_name(
-                &M::Put,
+                M::Put,
                 &u("http://h:10002/acct/aqwkeys(PartitionKey='a',RowKey='b')")
             ),
             "table.update"
         );
         assert_eq!(
-            operation_name(&M::Get, &u("http://h:10002/acct/aqwkeys()?$filter=x")),
+            operation_name(M::Get, &u("http://h:10002/acct/aqwkeys()?$filter=x")),
             "table.query"
         );
         assert_eq!(
-            operation_name(&M::Post, &u("http://h:10002/acct/$batch")),
+            operation_name(M::Post, &u("http://h:10002/acct/$batch")),
             "table.batch"
         );
         assert_eq!(
-            operation_name(&M::Get, &u("http://h:10001/acct/q?comp=metadata")),
+            operation_name(M::Get, &u("http://h:10001/acct/q?comp=metadata")),
             "queue.metadata"
         );
     }

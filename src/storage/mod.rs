@@ -1,10 +1,21 @@
 //! Storage behind two small traits: [`QueueStore`] and [`TableStore`].
 //!
-//! This folder is the only code that imports the Azure SDK crates (in
-//! [`azure`]); switching SDK lines later touches nothing outside it.
+//! This folder is the only code that imports the Azure SDK crates; switching
+//! SDK lines touches nothing outside it. On the maintained 1.x line:
+//!
+//! * [`azure`]: [`connect`], queues on `azure_storage_queue` 1.x;
+//! * [`tables`]: our own typed Tables client (no 1.x Tables crate exists);
+//! * [`pipeline`]: the shared `azure_core` 1.x transport, retry options, and
+//!   the SharedKey / SAS authorization policies;
+//! * [`identity`]: Entra ID credentials (`azure_identity` 1.x) and the order
+//!   they are tried in.
+//!
 //! Queue and table behaviour is proven against Azurite in `tests/`, never on a fake.
 
 pub mod azure;
+pub mod identity;
+pub mod pipeline;
+pub mod tables;
 
 mod connection;
 use async_trait::async_trait;
@@ -112,7 +123,8 @@ pub trait QueueStore: Send + Sync {
     async fn peek(&self, max: u8) -> StorageResult<Vec<PeekedMessage>>;
     async fn put(&self, text: &str, visibility: Duration, ttl: Ttl) -> StorageResult<PutReceipt>;
     /// Change a leased message's visibility; returns the new pop receipt.
-    /// The 0.21 SDK always rewrites the content, so the caller passes it back.
+    /// The text is what the message holds (kept for backends that rewrite it;
+    /// the 1.x queue client changes the visibility alone).
     async fn update_visibility(
         &self,
         id: &str,

@@ -1,0 +1,526 @@
+//! The `azure_core` 1.x pipeline aqw's queue and table clients share:
+//! transport, retry options and the account-key / SAS authorization policies.
+//!
+//! * [`CountingTransport`]: the pipeline's `HttpClient`, one pooled reqwest
+//!   client (rustls on ring, as before; `azure_core`'s own reqwest 0.13
+//!   transport would pull in aws-lc) that counts every request by operation
+//!   and status.
+//! * [`SharedKeyPolicy`]: `azure_storage_queue` 1.x takes only Entra ID tokens
+//!   or a SAS in the URL, and there is no 1.x Tables crate, so account keys are
+//!   signed here, per try (after the retry policy, so every retry carries a
+//!   fresh `x-ms-date`). The canonicalization is the one the 0.21 SDK used
+//!   against Azure and Azurite (azure-sdk-for-rust
+//!   `sdk/storage/src/authorization/authorization_policy.rs`, 0.21 line:
+//!   `string_to_sign`, `canonicalize_header`, `canonicalized_resource`,
+//!   `canonicalized_resource_table`), which follows "Authorize with Shared Key"
+//!   (learn.microsoft.com/rest/api/storageservices/authorize-with-shared-key):
+//!   queues sign the 12-line SharedKey string (Content-Length empty when 0,
+//!   all `x-ms-*` headers sorted, `/account/path` plus every query parameter
+//!   lowercased and sorted); tables sign the Table-service SharedKey string
+//!   (`VERB`, `Content-MD5`, `Content-Type`, `x-ms-date`, `/account/path`).
+//!   Azurite checks the same strings (Azurite `src/queue/authentication/
+//!   QueueSharedKeyAuthenticator.ts`, `src/table/authentication/
+//!   TableSharedKeyAuthenticator.ts`), including the path-style
+//!   `/devstoreaccount1/devstoreaccount1/...` resource.
+//! * [`SasPolicy`]: appends the connection string's SAS to each request URL.
+//!
+//! The key and the SAS never reach a log line or an error: the policies hold
+//! them in [`Secret`]s, errors are mapped to status and code only
+//! (`azure::map_err`), and `azure_core`'s logging policy redacts the
+//! `Authorization` header and every query parameter outside its allow-list
+//! (`sig` is not on it).
+
+use super::Secret;
+use async_trait::async_trait;
+use azure_core::error::{Error, ErrorKind};
+use azure_core::http::headers::{HeaderName, HeaderValue, Headers};
+use azure_core::http::policies::{Policy, PolicyResult};
+use azure_core::http::{AsyncRawResponse, Body, Context, HttpClient, Method, Request};
+use hmac::{Hmac, Mac};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Counts requests by operation and status, then hands them to reqwest.
+#[derive(Debug)]
+pub struct CountingTransport {
+    client: reqwest::Client,
+    counts: Arc<Mutex<BTreeMap<String, u64>>>,
+}
+
+impl CountingTransport {
+    pub fn new(counts: Arc<Mutex<BTreeMap<String, u64>>>) -> Result<Self, String> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(30))
+            // Below Node's 5 s keep-alive (Azurite) so a pooled connection is
+            // never reused just as the server closes it (a request lost as
+            // "connection closed before message completed").
+            .pool_idle_timeout(Duration::from_secs(4))
+            .pool_max_idle_per_host(64)
+            // Storage never redirects. Following one would re-send a signed
+            // request to a URL the account did not name: surface it as an error.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| format!("cannot build HTTP client: {e}"))?;
+        Ok(Self { client, counts })
+    }
+
+    /// A transport for token endpoints (IMDS, App Service, Entra ID): the
+    /// same client settings, counted under `identity.*`.
+    pub fn client(&self) -> reqwest::Client {
+        self.client.clone()
+    }
+}
+
+pub(crate) fn operation_name(method: Method, url: &url::Url) -> &'static str {
+    use Method as M;
+    let path = url.path();
+    let query = url.query().unwrap_or("");
+    let is_table_port =
+        url.port() == Some(10002) || url.host_str().is_some_and(|h| h.contains(".table."));
+    if path.ends_with("/messages") || path.contains("/messages/") {
+        let with_id = path.contains("/messages/");
+        return match (method, with_id) {
+            (M::Get, _) if query.contains("peekonly=true") => "queue.peek",
+            (M::Get, _) => "queue.receive",
+            (M::Post, _) => "queue.put",
+            (M::Put, true) => "queue.update",
+            (M::Delete, true) => "queue.delete",
+            (M::Delete, false) => "queue.clear",
+            _ => "queue.other",
+        };
+    }
+    if path.ends_with("$batch") {
+        return "table.batch";
+    }
+    if path.ends_with("/Tables") || path.contains("/Tables(") {
+        return "table.admin";
+    }
+    if path.ends_with("()") {
+        return "table.query";
+    }
+    if path.contains("(PartitionKey=") {
+        return match method {
+            M::Get => "table.get",
+            M::Put | M::Patch => "table.update",
+            M::Delete => "table.delete",
+            _ => "table.other",
+        };
+    }
+    if matches!(method, M::Post) && (is_table_port || !query.contains("comp=")) {
+        return "table.insert";
+    }
+    if query.contains("comp=metadata") {
+        return "queue.metadata";
+    }
+    match method {
+        M::Put => "queue.create",
+        M::Delete => "queue.delete_queue",
+        _ => "other",
+    }
+}
+
+fn reqwest_method(m: Method) -> reqwest::Method {
+    match m {
+        Method::Delete => reqwest::Method::DELETE,
+        Method::Get => reqwest::Method::GET,
+        Method::Head => reqwest::Method::HEAD,
+        Method::Patch => reqwest::Method::PATCH,
+        Method::Post => reqwest::Method::POST,
+        Method::Put => reqwest::Method::PUT,
+        _ => reqwest::Method::GET,
+    }
+}
+
+#[async_trait]
+impl HttpClient for CountingTransport {
+    async fn execute_request(&self, request: &Request) -> azure_core::Result<AsyncRawResponse> {
+        let op = operation_name(request.method(), request.url());
+        let mut req = self
+            .client
+            .request(reqwest_method(request.method()), request.url().clone());
+        for (name, value) in request.headers().iter() {
+            req = req.header(name.as_str(), value.as_str());
+        }
+        let req = match request.body() {
+            Body::Bytes(b) => req.body(b.clone()),
+            #[allow(unreachable_patterns)]
+            _ => {
+                return Err(Error::with_message(
+                    ErrorKind::Other,
+                    "streamed request bodies are not used by aqw",
+                ))
+            }
+        };
+        let result = req.send().await;
+        let status = match &result {
+            Ok(r) => r.status().as_u16().to_string(),
+            Err(_) => "error".to_string(),
+        };
+        metrics::counter!("aqw_storage_requests_total", "operation" => op, "status" => status)
+            .increment(1);
+        *self
+            .counts
+            .lock()
+            .unwrap()
+            .entry(op.to_string())
+            .or_default() += 1;
+        let rsp = result.map_err(|e| {
+            // reqwest's error text names the URL, which can carry a SAS:
+            // keep the cause chain without it.
+            let kind = if e.is_connect() {
+                ErrorKind::Connection
+            } else {
+                ErrorKind::Io
+            };
+            let e = e.without_url();
+            Error::with_message(kind, crate::telemetry::scrub(&error_chain(&e)))
+        })?;
+        let status = rsp.status().as_u16();
+        let mut headers = HashMap::new();
+        for (k, v) in rsp.headers() {
+            if let Ok(v) = v.to_str() {
+                headers.insert(
+                    HeaderName::from(k.as_str().to_owned()),
+                    HeaderValue::from(v.to_owned()),
+                );
+            }
+        }
+        // Storage answers are small (at most 32 messages of 64 KiB): read
+        // the whole body here, where a read error still counts as I/O.
+        let body = rsp.bytes().await.map_err(|e| {
+            let e = e.without_url();
+            Error::with_message(ErrorKind::Io, crate::telemetry::scrub(&error_chain(&e)))
+        })?;
+        Ok(AsyncRawResponse::from_bytes(
+            status.into(),
+            Headers::from(headers),
+            body,
+        ))
+    }
+}
+
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        src = s.source();
+    }
+    out
+}
+
+/// Which SharedKey string to sign.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    Queue,
+    Table,
+}
+
+/// Signs each try with the account key (`Authorization: SharedKey account:sig`).
+pub struct SharedKeyPolicy {
+    account: String,
+    key: Vec<u8>,
+    service: Service,
+}
+
+impl std::fmt::Debug for SharedKeyPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedKeyPolicy")
+            .field("account", &self.account)
+            .field("service", &self.service)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SharedKeyPolicy {
+    /// `key` is the base64 account key (validated by the config parser).
+    pub fn new(account: &str, key: &Secret, service: Service) -> Result<Self, String> {
+        use base64::Engine;
+        let key = base64::engine::general_purpose::STANDARD
+            .decode(key.expose())
+            .map_err(|_| "AccountKey is not valid base64".to_string())?;
+        Ok(Self {
+            account: account.to_string(),
+            key,
+            service,
+        })
+    }
+
+    fn sign(&self, s: &str) -> String {
+        use base64::Engine;
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&self.key).expect("any key length");
+        mac.update(s.as_bytes());
+        base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+    }
+
+    /// The Authorization header value for a request whose headers are final.
+    pub fn authorization(&self, request: &Request) -> String {
+        let body_len = match request.body() {
+            Body::Bytes(b) => b.len(),
+            #[allow(unreachable_patterns)]
+            _ => 0,
+        };
+        let s = string_to_sign(
+            request.headers(),
+            request.url(),
+            request.method(),
+            &self.account,
+            self.service,
+            body_len,
+        );
+        format!("SharedKey {}:{}", self.account, self.sign(&s))
+    }
+}
+
+pub(crate) fn http_date(t: time::OffsetDateTime) -> String {
+    let f = time::macros::format_description!(
+        "[weekday repr:short], [day] [month repr:short] [year] [hour]:[minute]:[second] GMT"
+    );
+    t.to_offset(time::UtcOffset::UTC)
+        .format(&f)
+        .unwrap_or_default()
+}
+
+#[async_trait]
+impl Policy for SharedKeyPolicy {
+    async fn send(
+        &self,
+        ctx: &Context,
+        request: &mut Request,
+        next: &[Arc<dyn Policy>],
+    ) -> PolicyResult {
+        request.insert_header("x-ms-date", http_date(time::OffsetDateTime::now_utc()));
+        let auth = self.authorization(request);
+        request.insert_header("authorization", auth);
+        next[0].send(ctx, request, &next[1..]).await
+    }
+}
+
+fn header<'a>(h: &'a Headers, name: &'static str) -> &'a str {
+    find_header(h, name).unwrap_or_default()
+}
+
+/// A header's value, without `Headers::get_optional_str`: that one builds an
+/// `azure_core::Error` for every absent header, and an error captures a
+/// backtrace when `RUST_BACKTRACE` is set (measured: ~5 % of the worker's CPU
+/// in SharedKey signing alone). `name` is lowercase, as stored.
+pub(crate) fn find_header<'a>(h: &'a Headers, name: &str) -> Option<&'a str> {
+    h.iter()
+        .find(|(k, _)| k.as_str() == name)
+        .map(|(_, v)| v.as_str())
+}
+
+fn string_to_sign(
+    h: &Headers,
+    u: &url::Url,
+    method: Method,
+    account: &str,
+    service: Service,
+    body_len: usize,
+) -> String {
+    let verb = method.as_ref().to_ascii_uppercase();
+    if service == Service::Table {
+        return format!(
+            "{}\n{}\n{}\n{}\n{}",
+            verb,
+            header(h, "content-md5"),
+            header(h, "content-type"),
+            header(h, "x-ms-date"),
+            canonicalized_resource_table(account, u)
+        );
+    }
+    let content_length = if body_len == 0 {
+        String::new()
+    } else {
+        body_len.to_string()
+    };
+    format!(
+        "{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}{}",
+        verb,
+        header(h, "content-encoding"),
+        header(h, "content-language"),
+        content_length,
+        header(h, "content-md5"),
+        header(h, "content-type"),
+        header(h, "date"),
+        header(h, "if-modified-since"),
+        header(h, "if-match"),
+        header(h, "if-none-match"),
+        header(h, "if-unmodified-since"),
+        header(h, "range"),
+        canonicalized_headers(h),
+        canonicalized_resource(account, u)
+    )
+}
+
+fn canonicalized_headers(h: &Headers) -> String {
+    let mut xms: Vec<(String, String)> = h
+        .iter()
+        .filter(|(k, _)| k.as_str().starts_with("x-ms-"))
+        .map(|(k, v)| {
+            (
+                k.as_str().to_ascii_lowercase(),
+                v.as_str().trim().to_string(),
+            )
+        })
+        .collect();
+    xms.sort();
+    let mut out = String::new();
+    for (k, v) in xms {
+        out.push_str(&k);
+        out.push(':');
+        out.push_str(&v);
+        out.push('\n');
+    }
+    out
+}
+
+fn canonicalized_resource_table(account: &str, u: &url::Url) -> String {
+    let mut s = format!("/{}{}", account, u.path());
+    // The Table service's SharedKey resource keeps only `comp` (never used by
+    // aqw's table calls, kept for completeness).
+    if let Some((_, v)) = u.query_pairs().find(|(k, _)| k == "comp") {
+        s.push_str("?comp=");
+        s.push_str(&v);
+    }
+    s
+}
+
+fn canonicalized_resource(account: &str, u: &url::Url) -> String {
+    let mut s = format!("/{account}");
+    for p in u.path_segments().into_iter().flatten() {
+        s.push('/');
+        s.push_str(p);
+    }
+    let mut params: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (k, v) in u.query_pairs() {
+        params
+            .entry(k.to_ascii_lowercase())
+            .or_default()
+            .push(v.into_owned());
+    }
+    for (k, mut vs) in params {
+        vs.sort();
+        s.push('\n');
+        s.push_str(&k);
+        s.push(':');
+        s.push_str(&vs.join(","));
+    }
+    s
+}
+
+/// Appends a SAS (the query string of a connection string's
+/// `SharedAccessSignature`) to every request URL that has none yet.
+pub struct SasPolicy {
+    token: Secret,
+}
+
+impl std::fmt::Debug for SasPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SasPolicy(***)")
+    }
+}
+
+impl SasPolicy {
+    pub fn new(token: &Secret) -> Result<Self, String> {
+        let pairs: Vec<(String, String)> = url::form_urlencoded::parse(token.expose().as_bytes())
+            .into_owned()
+            .collect();
+        if !pairs.iter().any(|(k, _)| k == "sig") {
+            return Err("the SAS token has no signature (sig)".into());
+        }
+        Ok(Self {
+            token: token.clone(),
+        })
+    }
+}
+
+#[async_trait]
+impl Policy for SasPolicy {
+    async fn send(
+        &self,
+        ctx: &Context,
+        request: &mut Request,
+        next: &[Arc<dyn Policy>],
+    ) -> PolicyResult {
+        if !request.url().query_pairs().any(|(k, _)| k == "sig") {
+            let pairs = url::form_urlencoded::parse(self.token.expose().as_bytes());
+            request.url_mut().query_pairs_mut().extend_pairs(pairs);
+        }
+        next[0].send(ctx, request, &next[1..]).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example of "Authorize with Shared Key" (Blob/Queue/File string):
+    /// same layout, headers and resource as documented there.
+    #[test]
+    fn queue_string_to_sign_has_the_documented_layout() {
+        let mut req = Request::new(
+            url::Url::parse(
+                "http://127.0.0.1:10001/devstoreaccount1/q/messages?numofmessages=32&visibilitytimeout=30",
+            )
+            .unwrap(),
+            Method::Get,
+        );
+        req.insert_header("x-ms-version", "2026-04-06");
+        req.insert_header("x-ms-date", "Fri, 26 Jun 2015 23:39:12 GMT");
+        let s = string_to_sign(
+            req.headers(),
+            req.url(),
+            req.method(),
+            "devstoreaccount1",
+            Service::Queue,
+            0,
+        );
+        assert_eq!(
+            s,
+            "GET\n\n\n\n\n\n\n\n\n\n\n\n\
+             x-ms-date:Fri, 26 Jun 2015 23:39:12 GMT\nx-ms-version:2026-04-06\n\
+             /devstoreaccount1/devstoreaccount1/q/messages\nnumofmessages:32\nvisibilitytimeout:30"
+        );
+    }
+
+    #[test]
+    fn table_string_to_sign_is_the_table_form() {
+        let mut req = Request::new(
+            url::Url::parse("http://127.0.0.1:10002/devstoreaccount1/t()?$filter=x").unwrap(),
+            Method::Get,
+        );
+        req.insert_header("x-ms-date", "Fri, 26 Jun 2015 23:39:12 GMT");
+        req.insert_header("content-type", "application/json");
+        let s = string_to_sign(
+            req.headers(),
+            req.url(),
+            req.method(),
+            "devstoreaccount1",
+            Service::Table,
+            0,
+        );
+        assert_eq!(
+            s,
+            "GET\n\napplication/json\nFri, 26 Jun 2015 23:39:12 GMT\n/devstoreaccount1/devstoreaccount1/t()"
+        );
+    }
+
+    #[test]
+    fn http_dates_are_rfc1123() {
+        let t = time::macros::datetime!(2015-06-26 23:39:12 UTC);
+        assert_eq!(http_date(t), "Fri, 26 Jun 2015 23:39:12 GMT");
+    }
+
+    #[test]
+    fn policies_do_not_print_secrets() {
+        let key = Secret::new(crate::config::DEV_KEY);
+        let p = SharedKeyPolicy::new("acct", &key, Service::Queue).unwrap();
+        assert!(!format!("{p:?}").contains(crate::config::DEV_KEY));
+        let sas = SasPolicy::new(&Secret::new("sv=2024&sig=c2VjcmV0")).unwrap();
+        assert!(!format!("{sas:?}").contains("c2VjcmV0"));
+    }
+}
