@@ -85,7 +85,6 @@ impl FunctionConfig {
 pub struct AppConfig {
     pub app_dir: PathBuf,
     pub max_dequeue_count: u32,
-    pub visibility_timeout: Duration,
     pub batch_size: u32,
     pub new_batch_threshold: u32,
     pub max_polling_interval: Duration,
@@ -123,11 +122,6 @@ impl AppConfig {
     /// Functions consuming `queue` (the source queue of a poison record).
     pub fn function_for_queue(&self, queue: &str) -> Option<&FunctionConfig> {
         self.functions.iter().find(|f| f.queue == queue)
-    }
-
-    /// The connection used by the management commands: the first function's.
-    pub fn default_connection(&self) -> Option<&Connection> {
-        self.functions.first().map(|f| &f.connection)
     }
 }
 
@@ -424,7 +418,6 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
     Ok(AppConfig {
         app_dir: app_dir.to_path_buf(),
         max_dequeue_count: q.max_dequeue_count,
-        visibility_timeout: q.visibility_timeout,
         batch_size: q.batch_size,
         new_batch_threshold: q.new_batch_threshold,
         max_polling_interval: q.max_polling_interval,

@@ -5,18 +5,6 @@
 //! `AQW_FAILPOINT=<name>` makes the process abort at that point, as a
 //! `kill -9` would at the worst moment.
 
-/// Names of every crash point, in protocol order.
-pub const POINTS: &[&str] = &[
-    "claim.after",
-    "effect.after",
-    "done.after",
-    "poison.after_record",
-    "poison.after_put",
-    "poison.after_mark",
-    "replay.after_put",
-    "replay.after_record",
-];
-
 #[cfg(feature = "failpoints")]
 pub fn hit(name: &str) {
     if std::env::var("AQW_FAILPOINT").ok().as_deref() == Some(name) {

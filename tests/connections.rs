@@ -126,7 +126,7 @@ async fn exercise(storage: &dyn Storage) {
     assert_eq!(etag, e1);
     assert_eq!(got["Status"], "pending");
     let e2 = t
-        .replace(
+        .merge(
             "p",
             "r'1",
             &entity(json!({"Status": "done", "Attempts": 2})),
@@ -135,7 +135,7 @@ async fn exercise(storage: &dyn Storage) {
         .await
         .unwrap();
     assert!(matches!(
-        t.replace("p", "r'1", &entity(json!({})), Some(&e1)).await,
+        t.merge("p", "r'1", &entity(json!({})), Some(&e1)).await,
         Err(StorageError::PreconditionFailed)
     ));
     let e3 = t
@@ -190,7 +190,7 @@ async fn exercise(storage: &dyn Storage) {
                 row_key: "new".into(),
                 entity: entity(json!({"A": 1})),
             },
-            TableOp::Replace {
+            TableOp::Merge {
                 row_key: "r'1".into(),
                 entity: entity(json!({"Status": "poisoned"})),
                 if_match: Some(e3.clone()),
@@ -210,7 +210,10 @@ async fn exercise(storage: &dyn Storage) {
     assert_eq!(p.len(), 2);
     let poisoned = p.iter().find(|(_, rk, _)| rk == "r'1").unwrap();
     assert_eq!(poisoned.2["Status"], "poisoned");
-    assert!(!poisoned.2.contains_key("LastError"), "replace, not merge");
+    assert_eq!(
+        poisoned.2["LastError"], "x",
+        "a merge keeps the other properties"
+    );
     assert!(!poisoned.2.keys().any(|k| k.contains("odata")));
     assert_eq!(t.query(None).await.unwrap().len(), 1102);
 

@@ -60,17 +60,6 @@ pub enum StorageError {
     Other(String),
 }
 
-impl StorageError {
-    /// Worth trying again later (throttling, server errors, network).
-    pub fn is_transient(&self) -> bool {
-        match self {
-            StorageError::Http { status, .. } => *status == 408 || *status == 429 || *status >= 500,
-            StorageError::Transport(_) => true,
-            _ => false,
-        }
-    }
-}
-
 pub type StorageResult<T> = Result<T, StorageError>;
 
 /// A message as received (with a lease) from a queue.
@@ -147,11 +136,6 @@ pub enum TableOp {
         row_key: String,
         entity: Entity,
     },
-    Replace {
-        row_key: String,
-        entity: Entity,
-        if_match: Option<Etag>,
-    },
     Merge {
         row_key: String,
         entity: Entity,
@@ -167,14 +151,6 @@ pub trait TableStore: Send + Sync {
     /// Insert; `Conflict` when (pk, rk) exists. Returns the new ETag.
     async fn insert(&self, pk: &str, rk: &str, entity: &Entity) -> StorageResult<Etag>;
     async fn get(&self, pk: &str, rk: &str) -> StorageResult<Option<(Entity, Etag)>>;
-    /// Replace the whole entity; `PreconditionFailed` when the ETag moved on.
-    async fn replace(
-        &self,
-        pk: &str,
-        rk: &str,
-        entity: &Entity,
-        if_match: Option<&Etag>,
-    ) -> StorageResult<Etag>;
     /// Merge properties into the entity; `PreconditionFailed` when the ETag moved on.
     async fn merge(
         &self,

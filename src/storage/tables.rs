@@ -244,16 +244,6 @@ impl TableStore for AzureTable {
         }
     }
 
-    async fn replace(
-        &self,
-        pk: &str,
-        rk: &str,
-        entity: &Entity,
-        etag: Option<&Etag>,
-    ) -> StorageResult<Etag> {
-        self.write(Method::Put, pk, rk, entity, etag).await
-    }
-
     async fn merge(
         &self,
         pk: &str,
@@ -341,16 +331,6 @@ impl TableStore for AzureTable {
                     self.client.url(&pct(&self.name))?,
                     with_keys(pk, row_key, entity),
                     None,
-                ),
-                TableOp::Replace {
-                    row_key,
-                    entity,
-                    if_match,
-                } => (
-                    "PUT",
-                    self.client.url(&entity_path(&self.name, pk, row_key))?,
-                    with_keys(pk, row_key, entity),
-                    Some(if_match.as_ref().map(|e| e.0.clone()).unwrap_or("*".into())),
                 ),
                 TableOp::Merge {
                     row_key,
