@@ -8,26 +8,33 @@
 //!
 //! ## Layout
 //!
-//! Each rule of the design (`DESIGN.md`) and where it lives:
+//! Each rule of the design and the one file that owns it:
 //!
 //! | rule | file |
 //! |---|---|
-//! | host.json / function.json / environment (then `local.settings.json`) → validated config, exit 2 before I/O; `%AppSetting%`, disabled and non-queue functions | [`config`] |
-//! | every Azure SDK import, behind `QueueStore` / `TableStore` | [`storage`] (`storage/azure.rs`) |
-//! | pooled transport with timeouts, storage requests counted by operation | `storage/azure.rs` |
-//! | message encoding (base64/none), 64 KiB limit, poison envelope `poison/1` | [`message`] |
-//! | key from business facts (template / `idempotencyKey` / `none`), claim by insert or `If-Match` take-over, pending → done | [`idempotency`] |
-//! | the fate of a message as a pure function of its facts (`decide` → `Action`; `Policy` built once from config), the message-life table as unit tests | [`decide`] |
-//! | retry delay (exponential + jitter, or fixed) and Functions polling backoff, as pure values | [`retry`] |
-//! | one function decides a message's fate (`process` → `Outcome`); permits before receive; lease renewal; functionTimeout; drain on shutdown | [`worker`] |
-//! | the one poison path (record → envelope → delete), crash-safe | [`poison`] |
-//! | list / show / replay / discard / status (the operator's procedure) | [`ops`] |
-//! | `Handler` trait with typed results; built-in `http` and `exec` | [`handlers`] |
-//! | Functions custom handler (`aqw serve`) over the same `process`; invocations decoded as the host encodes them | [`serve`] |
-//! | `/healthz`, `/readyz`, `/metrics` | [`http`] |
-//! | logs (text/JSON, secrets scrubbed), metrics, alert webhook | [`telemetry`] |
-//! | test-only crash points, compiled out of release builds | [`failpoint`] |
-//! | benchmarks: aqw vs the minimal ceiling loop vs a Python worker on Microsoft's SDKs | `scripts/bench.sh`, `examples/bench_worker.rs`, `examples/ceiling.rs`, `bench/python_worker.py` → `BENCHMARKS.md` |
+//! | host.json / function.json / environment and `local.settings.json` → a validated config, exit 2 before any I/O | `src/config.rs` |
+//! | wiring: one runtime per function, storage connected once per setting, queues and tables created | `src/app.rs` |
+//! | the fate of a message as a pure function of its facts (`decide` → `Action`, `Policy` from config); the message-life table as unit tests | `src/decide.rs` |
+//! | carrying actions out: permits before receive, lease renewal, `functionTimeout`, drain on shutdown, one outcome line and counters | `src/worker.rs` |
+//! | retry delay (exponential + jitter, or fixed) and the Functions polling back-off, as pure values | `src/retry.rs` |
+//! | the key from business facts (template / `idempotencyKey` / `none`), `IdempotencyKey` | `src/idempotency/key.rs` |
+//! | key first: claim by insert or `If-Match` take-over, pending → done, attempt history | `src/idempotency/store.rs` |
+//! | message encoding (base64/none), the 64 KiB limit, the poison envelope, `<queue>-poison` naming | `src/message.rs` |
+//! | a poison record's table columns, and every update that closes one | `src/poison/record.rs` |
+//! | the one poison path (record → envelope → delete), crash-safe | `src/poison/sink.rs` |
+//! | the operator's commands, one file each, returning data: list, show, replay, fix, discard, status, enqueue, keys | `src/ops/` |
+//! | `Handler` with typed results (retryable, uncertain, permanent); built-in `http` and `exec` | `src/handlers/` |
+//! | Functions custom handler (`aqw serve`): invocations read as the host encodes them | `src/serve.rs` |
+//! | `/healthz`, `/readyz`, `/metrics` | `src/http.rs` |
+//! | logs (text/JSON, secrets scrubbed), metrics, grouped alerts | `src/telemetry.rs` |
+//! | every Azure import, behind `QueueStore` / `TableStore`; the connection types | `src/storage/mod.rs` |
+//! | queues on `azure_storage_queue` 1.x | `src/storage/azure.rs` |
+//! | our Tables client on the `azure_core` 1.x pipeline | `src/storage/tables.rs` |
+//! | SharedKey / SAS / bearer signing, retries and timeouts in the pipeline | `src/storage/pipeline.rs` |
+//! | which identity signs (workload, managed, developer tools) | `src/storage/identity.rs` |
+//! | test-only crash points, compiled out of release builds | `src/failpoint.rs` |
+//! | the CLI: arguments and help, rendering, exit codes decided once | `src/cli/` |
+//! | the benchmark driver and its report | `scripts/bench.sh → BENCHMARKS.md` |
 //!
 //! The binary (`src/main.rs` over `src/cli/`) is a thin CLI over this library; shutdown is a
 //! `CancellationToken` passed into [`worker::run`].

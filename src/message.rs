@@ -137,7 +137,7 @@ pub struct RecordRef {
     pub row_key: String,
 }
 
-/// The poison queue message (DESIGN.md section 6), `"aqw": "poison/1"`.
+/// The poison queue message, `"aqw": "poison/1"`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PoisonEnvelope {

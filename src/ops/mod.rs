@@ -1,4 +1,4 @@
-//! The operator's procedure (DESIGN.md section 7): status, list, show,
+//! The operator's procedure: status, list, show,
 //! replay, discard, fix, enqueue and `keys show`, one file each. Each command
 //! returns data; the binary renders it and decides the exit code.
 //!
