@@ -149,7 +149,7 @@ pub struct PoisonEnvelope {
     pub dequeue_count: u32,
     pub first_attempt_at: String,
     pub poisoned_at: String,
-    pub key: Option<String>,
+    pub key: Option<crate::idempotency::IdempotencyKey>,
     pub error: ErrorInfo,
     /// The source message text exactly as received; absent when `record` is set.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -227,7 +227,7 @@ mod tests {
             dequeue_count: 5,
             first_attempt_at: "t".into(),
             poisoned_at: "t".into(),
-            key: Some("k".into()),
+            key: Some(crate::idempotency::IdempotencyKey::new("k").unwrap()),
             error: ErrorInfo {
                 kind: ErrorKind::Retryable,
                 message: "boom".into(),

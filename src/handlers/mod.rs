@@ -24,7 +24,7 @@ pub struct Job {
     /// The decoded payload.
     pub payload: String,
     /// The business key (absent for `"key": "none"`).
-    pub key: Option<String>,
+    pub key: Option<crate::idempotency::IdempotencyKey>,
     /// The provider idempotency key (UUID v4 minted once per key): send it on
     /// every outside call so a retry or replay cannot double the effect.
     pub provider_key: Option<String>,

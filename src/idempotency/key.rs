@@ -5,9 +5,32 @@
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-/// A business key: one stable id per intended effect.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// A business key: one stable id per intended effect. Never empty; carried
+/// typed from derivation to the handler, the poison record and replay, and
+/// written as its plain text wherever it is serialized.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct IdempotencyKey(String);
+
+impl TryFrom<String> for IdempotencyKey {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        Self::new(text)
+    }
+}
+
+impl From<IdempotencyKey> for String {
+    fn from(k: IdempotencyKey) -> String {
+        k.0
+    }
+}
+
+impl std::ops::Deref for IdempotencyKey {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
 
 impl IdempotencyKey {
     pub fn new(text: impl Into<String>) -> Result<Self, String> {

@@ -44,8 +44,8 @@ pub struct FixReport {
     /// `replaced`, or `already-done` (the corrected job's key is done or
     /// cancelled: nothing was put and the record is still open).
     pub action: FixAction,
-    pub old_key: Option<String>,
-    pub new_key: Option<String>,
+    pub old_key: Option<IdempotencyKey>,
+    pub new_key: Option<IdempotencyKey>,
     pub new_message_id: Option<String>,
     pub size_diff: i64,
     /// With `--wait`: the new key reached done in time.
@@ -91,7 +91,7 @@ pub async fn fix(
         // Set below: already-done unless the corrected message is put.
         action: FixAction::AlreadyDone,
         old_key: rec.key.clone(),
-        new_key: key.as_ref().map(|k| k.as_str().to_string()),
+        new_key: key.clone(),
         new_message_id: None,
         size_diff: payload.len() as i64 - old_len as i64,
         confirmed: None,

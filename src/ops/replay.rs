@@ -71,7 +71,7 @@ impl std::fmt::Display for ReplayAction {
 #[serde(rename_all = "camelCase")]
 pub struct ReplayItem {
     pub id: String,
-    pub key: Option<String>,
+    pub key: Option<IdempotencyKey>,
     pub action: ReplayAction,
     pub new_message_id: Option<String>,
     pub detail: Option<String>,
@@ -80,7 +80,7 @@ pub struct ReplayItem {
 }
 
 impl ReplayItem {
-    fn new(id: &str, key: Option<String>, action: ReplayAction) -> Self {
+    fn new(id: &str, key: Option<IdempotencyKey>, action: ReplayAction) -> Self {
         ReplayItem {
             id: id.to_string(),
             key,
@@ -253,10 +253,7 @@ async fn replay_one(
     receipts: &Held,
 ) -> OpsResult<ReplayItem> {
     let key = record_key(ops, rec);
-    let item_key = key
-        .as_ref()
-        .map(|k| k.as_str().to_string())
-        .or(rec.key.clone());
+    let item_key = key.clone().or(rec.key.clone());
     let mut item = ReplayItem::new(&rec.message_id, item_key, ReplayAction::Failed);
     let key_state = match (ops.function.as_ref(), &key) {
         (Some(f), Some(k)) => ops

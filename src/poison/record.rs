@@ -1,6 +1,7 @@
 //! A poison record as stored in the record table: its columns and status.
 
 use crate::idempotency::now_rfc3339;
+use crate::idempotency::IdempotencyKey;
 use crate::message::MessageEncoding;
 use crate::message::{ErrorInfo, ErrorKind, PoisonEnvelope, ENVELOPE_VERSION};
 use crate::storage::Entity;
@@ -53,7 +54,7 @@ pub struct PoisonRecord {
     pub dequeue_count: u32,
     pub first_attempt_at: String,
     pub poisoned_at: String,
-    pub key: Option<String>,
+    pub key: Option<crate::idempotency::IdempotencyKey>,
     pub error: ErrorInfo,
     /// The source message text exactly as received.
     pub message: String,
@@ -79,7 +80,7 @@ pub struct PoisonRecord {
     pub replaced_at: Option<String>,
     pub replaced_by: Option<String>,
     pub replacement_message_id: Option<String>,
-    pub replacement_key: Option<String>,
+    pub replacement_key: Option<crate::idempotency::IdempotencyKey>,
     pub replacement_size_diff: Option<i64>,
 }
 
@@ -114,7 +115,7 @@ impl PoisonRecord {
         put(col::DEQUEUE_COUNT, json!(self.dequeue_count));
         put(col::FIRST_ATTEMPT_AT, json!(self.first_attempt_at));
         put(col::POISONED_AT, json!(self.poisoned_at));
-        put(col::KEY, json!(self.key.clone().unwrap_or_default()));
+        put(col::KEY, json!(self.key.as_deref().unwrap_or_default()));
         put(col::ERROR_KIND, json!(self.error.kind.as_str()));
         put(col::ERROR_MESSAGE, json!(self.error.message));
         put(col::ENCODING, json!(self.encoding.as_str()));
@@ -161,7 +162,7 @@ impl PoisonRecord {
             dequeue_count: n(col::DEQUEUE_COUNT),
             first_attempt_at: s(col::FIRST_ATTEMPT_AT).unwrap_or_default(),
             poisoned_at: s(col::POISONED_AT).unwrap_or_default(),
-            key: s(col::KEY),
+            key: s(col::KEY).and_then(|k| IdempotencyKey::new(k).ok()),
             error: ErrorInfo {
                 kind: ErrorKind::parse(&s(col::ERROR_KIND).unwrap_or_default()),
                 message: s(col::ERROR_MESSAGE).unwrap_or_default(),
@@ -190,7 +191,7 @@ impl PoisonRecord {
             replaced_at: s(col::REPLACED_AT),
             replaced_by: s(col::REPLACED_BY),
             replacement_message_id: s(col::REPLACEMENT_MESSAGE_ID),
-            replacement_key: s(col::REPLACEMENT_KEY),
+            replacement_key: s(col::REPLACEMENT_KEY).and_then(|k| IdempotencyKey::new(k).ok()),
             replacement_size_diff: e.get(col::REPLACEMENT_SIZE_DIFF).and_then(Value::as_i64),
         }
     }

@@ -3,6 +3,7 @@
 
 use super::record::PoisonRecord;
 use crate::failpoint;
+use crate::idempotency::IdempotencyKey;
 use crate::idempotency::{cap_error, fmt_time, now_rfc3339};
 use crate::message::MessageEncoding;
 use crate::message::{ErrorInfo, PoisonEnvelope, ENVELOPE_VERSION};
@@ -93,7 +94,7 @@ impl PoisonSink {
     pub async fn write(
         &self,
         msg: &ReceivedMessage,
-        key: Option<&str>,
+        key: Option<&IdempotencyKey>,
         error: &ErrorInfo,
         first_attempt_at: Option<String>,
     ) -> StorageResult<bool> {
@@ -111,7 +112,7 @@ impl PoisonSink {
                 dequeue_count: msg.dequeue_count,
                 first_attempt_at: first_attempt_at.unwrap_or_else(|| fmt_time(msg.insertion_time)),
                 poisoned_at: now_rfc3339(),
-                key: key.map(str::to_string),
+                key: key.cloned(),
                 error: error.clone(),
                 message: Some(msg.text.clone()),
                 record: None,
@@ -140,7 +141,7 @@ impl PoisonSink {
                 queue: self.source_queue.clone(),
                 function: self.function.clone(),
                 message_id: msg.id.clone(),
-                key: key.map(str::to_string),
+                key: key.map(|k| k.to_string()),
                 error_kind: error.kind.as_str().into(),
                 error: error.message.clone(),
                 poisoned_at: time::OffsetDateTime::now_utc(),
