@@ -26,7 +26,7 @@
 //! | `/healthz`, `/readyz`, `/metrics` | [`http`] |
 //! | logs (text/JSON, secrets scrubbed), metrics, alert webhook | [`telemetry`] |
 //! | test-only crash points, compiled out of release builds | [`failpoint`] |
-//! | benchmarks: aqw vs the minimal ceiling loop vs a Python worker on Microsoft's SDKs | `scripts/bench.sh`, `examples/bench_worker.rs`, `examples/ceiling.rs`, `bench/python_worker.py` → `BENCHMARKS.md` |
+//! | benchmarks: aqw vs the minimal ceiling loop vs a Python worker on Microsoft's SDKs | `scripts/bench.sh` (driver) → `bench/aqw_bench.py` (`scenarios.py`, `figures.py`, `report.py`, `harness.py`; tests `test_aqw_bench.py`), `examples/bench_worker.rs`, `examples/ceiling.rs`, `bench/python_worker.py` → `BENCHMARKS.md` |
 //!
 //! The binary (`src/main.rs`) is a thin CLI over this library; shutdown is a
 //! `CancellationToken` passed into [`worker::run`].
