@@ -1,6 +1,7 @@
 //! Benchmark harness: aqw's real worker (`aqw::worker::run`) with an
 //! in-process handler, so the figures measure aqw itself and not a child
-//! process or an HTTP hop. Used by `scripts/bench.sh`.
+//! process or an HTTP hop. Used by the benchmark (`scripts/bench.sh`, which runs
+//! `bench/aqw_bench.py`).
 //!
 //! ```text
 //! cargo run --release --example bench_worker -- --app DIR [--expect N]
@@ -38,6 +39,7 @@ use anyhow::{bail, Context};
 use aqw::handlers::{Handler, HandlerError, Job, Registry, Success};
 use aqw::storage::Storage;
 use async_trait::async_trait;
+use clap::{Parser, ValueEnum};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -80,69 +82,47 @@ impl Handler for BenchHandler {
     }
 }
 
+/// aqw's worker with the bench's in-process handler (run by
+/// `bench/scenarios.py`).
+#[derive(Parser)]
+#[command(name = "bench_worker")]
 struct Args {
+    /// The app folder (host.json).
+    #[arg(long, default_value = ".")]
     app: PathBuf,
+    /// Stop once N messages have reached a final outcome.
+    #[arg(long, value_name = "N")]
     expect: Option<u64>,
+    /// Stop when nothing happened for SECS and the queues are empty (2 when
+    /// neither this nor --expect is given).
+    #[arg(long = "exit-when-idle", value_name = "SECS")]
     idle_exit: Option<f64>,
-    fail: bool,
+    /// `fail`: every job fails (the replay setup's poisoning).
+    #[arg(long, value_enum, default_value_t = HandlerKind::Ok)]
+    handler: HandlerKind,
+    /// Install a log subscriber (none by default: no per-job logging).
+    #[arg(long, value_enum)]
     log: Option<aqw::telemetry::LogFormat>,
+    /// Give up after SECS.
+    #[arg(long, value_name = "SECS", default_value_t = 600.0)]
     timeout: f64,
+    /// Append `<id> <ms from enqueue to handler start>` per job to FILE.
+    #[arg(long = "latency-log", value_name = "FILE")]
     latency_log: Option<PathBuf>,
 }
 
-fn parse_args() -> anyhow::Result<Args> {
-    let mut args = Args {
-        app: PathBuf::from("."),
-        expect: None,
-        idle_exit: None,
-        fail: false,
-        log: None,
-        timeout: 600.0,
-        latency_log: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        let mut val = |name: &str| it.next().with_context(|| format!("{name} needs a value"));
-        match a.as_str() {
-            "--app" => args.app = PathBuf::from(val("--app")?),
-            "--expect" => args.expect = Some(val("--expect")?.parse().context("--expect")?),
-            "--exit-when-idle" => {
-                args.idle_exit = Some(
-                    val("--exit-when-idle")?
-                        .parse()
-                        .context("--exit-when-idle")?,
-                )
-            }
-            "--timeout" => args.timeout = val("--timeout")?.parse().context("--timeout")?,
-            "--latency-log" => args.latency_log = Some(PathBuf::from(val("--latency-log")?)),
-            "--handler" => {
-                args.fail = match val("--handler")?.as_str() {
-                    "ok" => false,
-                    "fail" => true,
-                    other => bail!("--handler: ok or fail, not {other}"),
-                }
-            }
-            "--log" => {
-                args.log = Some(match val("--log")?.as_str() {
-                    "text" => aqw::telemetry::LogFormat::Text,
-                    "json" => aqw::telemetry::LogFormat::Json,
-                    other => bail!("--log: text or json, not {other}"),
-                })
-            }
-            "-h" | "--help" => {
-                println!(
-                    "bench_worker --app DIR [--expect N] [--exit-when-idle SECS] \
-                     [--handler ok|fail] [--log text|json] [--timeout SECS] [--latency-log FILE]"
-                );
-                std::process::exit(0);
-            }
-            other => bail!("unknown argument {other}"),
-        }
-    }
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum HandlerKind {
+    Ok,
+    Fail,
+}
+
+fn parse_args() -> Args {
+    let mut args = Args::parse();
     if args.expect.is_none() && args.idle_exit.is_none() {
         args.idle_exit = Some(2.0);
     }
-    Ok(args)
+    args
 }
 
 /// This process's user+system CPU seconds (all threads).
@@ -245,7 +225,7 @@ fn subtract(a: &BTreeMap<String, u64>, own: &BTreeMap<String, u64>) -> BTreeMap<
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = parse_args()?;
+    let args = parse_args();
     if let Some(f) = args.log {
         aqw::telemetry::init_logging(f);
     }
@@ -255,7 +235,7 @@ async fn main() -> anyhow::Result<()> {
     aqw::telemetry::metrics_handle();
 
     let handler = Arc::new(BenchHandler {
-        fail: args.fail,
+        fail: args.handler == HandlerKind::Fail,
         handled: AtomicU64::new(0),
         latency_log: match &args.latency_log {
             Some(p) => Some(std::sync::Mutex::new(

@@ -1,6 +1,7 @@
-//! Benchmark companion of `scripts/bench.sh`: the *ceiling* loop and the
-//! bench's storage utilities, all through aqw's own storage layer
-//! (`aqw::storage`), so they pay the same SDK and transport costs as aqw.
+//! Benchmark companion of `bench/aqw_bench.py` (run by `scripts/bench.sh`):
+//! the *ceiling* loop and the bench's storage utilities, all through aqw's own
+//! storage layer (`aqw::storage`), so they pay the same SDK and transport
+//! costs as aqw.
 //!
 //! ```text
 //! ceiling run --queue Q --table T [--batch 16] [--threshold 16] [--expect N] [--idle-exit 1]
@@ -36,6 +37,7 @@
 use anyhow::{bail, Context};
 use aqw::storage::{connect, AzureStorage, QueueStore, Storage, StorageError, TableStore, Ttl};
 use base64::Engine;
+use clap::Parser;
 use futures::StreamExt;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -47,61 +49,91 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use tokio::sync::Semaphore;
 
-fn usage() -> ! {
-    eprintln!(
-        "usage:\n  ceiling run --queue Q --table T [--batch 16] [--threshold 16] [--expect N] [--idle-exit SECS]\n  \
-         ceiling enqueue --queue Q --count N [--tag T] [--max-depth 900] [--ready-file F] [--concurrency 32]\n  \
-         ceiling replay-loop --from Q1 --to Q2 [--expect N]\n  \
-         ceiling count --queue Q\n  \
-         ceiling cleanup [--queue Q]... [--table T]..."
-    );
-    std::process::exit(2)
+/// The ceiling loop and the bench's storage utilities.
+#[derive(Parser)]
+#[command(name = "ceiling")]
+enum Cmd {
+    /// The ceiling worker: the least a keyed worker can do per message.
+    Run(RunArgs),
+    /// Put `{"id": "<tag>-<i>", "t": <ms>}` messages, in waves or at a rate.
+    Enqueue(EnqueueArgs),
+    /// The minimal replay: receive, then put + delete one at a time.
+    ReplayLoop(ReplayArgs),
+    /// Print `{"queue": Q, "count": N}` (the approximate depth; 0 if missing).
+    Count {
+        #[arg(long)]
+        queue: String,
+    },
+    /// Delete queues and tables (a missing table is fine).
+    Cleanup {
+        #[arg(long)]
+        queue: Vec<String>,
+        #[arg(long)]
+        table: Vec<String>,
+    },
 }
 
-/// `--name value` options (repeatable ones collect every value).
-struct Opts(Vec<(String, String)>);
+#[derive(clap::Args)]
+struct RunArgs {
+    #[arg(long)]
+    queue: String,
+    #[arg(long)]
+    table: String,
+    /// Messages per receive (1..=32).
+    #[arg(long, default_value_t = 16)]
+    batch: u32,
+    /// Extra permits beyond the batch (aqw's newBatchThreshold).
+    #[arg(long, default_value_t = 16)]
+    threshold: u32,
+    /// Stop once N messages are settled.
+    #[arg(long, value_name = "N")]
+    expect: Option<u64>,
+    /// Stop when the queue stayed empty for SECS.
+    #[arg(long = "idle-exit", value_name = "SECS", default_value_t = 1.0)]
+    idle_exit: f64,
+    /// Give up after SECS.
+    #[arg(long, value_name = "SECS", default_value_t = 600.0)]
+    timeout: f64,
+}
 
-impl Opts {
-    fn parse(args: impl Iterator<Item = String>) -> anyhow::Result<Self> {
-        let mut out = Vec::new();
-        let mut it = args.peekable();
-        while let Some(a) = it.next() {
-            let Some(name) = a.strip_prefix("--") else {
-                bail!("unexpected argument {a}");
-            };
-            let value = it
-                .next()
-                .with_context(|| format!("--{name} needs a value"))?;
-            out.push((name.to_string(), value));
-        }
-        Ok(Opts(out))
-    }
-    fn get(&self, name: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .rev()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-    fn all(&self, name: &str) -> Vec<String> {
-        self.0
-            .iter()
-            .filter(|(n, _)| n == name)
-            .map(|(_, v)| v.clone())
-            .collect()
-    }
-    fn req(&self, name: &str) -> anyhow::Result<&str> {
-        self.get(name)
-            .with_context(|| format!("--{name} is required"))
-    }
-    fn num<T: std::str::FromStr>(&self, name: &str, default: T) -> anyhow::Result<T> {
-        match self.get(name) {
-            None => Ok(default),
-            Some(v) => v
-                .parse()
-                .map_err(|_| anyhow::anyhow!("--{name}: not a number: {v}")),
-        }
-    }
+#[derive(clap::Args)]
+struct EnqueueArgs {
+    #[arg(long)]
+    queue: String,
+    #[arg(long, default_value_t = 0)]
+    count: u64,
+    /// The first job's index.
+    #[arg(long, default_value_t = 0)]
+    start: u64,
+    /// Never let the queue's approximate depth exceed this.
+    #[arg(long = "max-depth", default_value_t = 900)]
+    max_depth: u64,
+    /// Concurrent puts.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Job ids are `<tag>-<i>`.
+    #[arg(long, default_value = "job")]
+    tag: String,
+    /// `base64` (aqw's default) or plain text.
+    #[arg(long, default_value = "base64")]
+    encoding: String,
+    /// Written once the first wave is on the queue (at the end with --rate).
+    #[arg(long = "ready-file", value_name = "FILE")]
+    ready_file: Option<PathBuf>,
+    /// Put one message every 1/R s instead of in waves.
+    #[arg(long, value_name = "R", default_value_t = 0.0)]
+    rate: f64,
+}
+
+#[derive(clap::Args)]
+struct ReplayArgs {
+    #[arg(long)]
+    from: String,
+    #[arg(long)]
+    to: String,
+    /// Stop once N messages are moved.
+    #[arg(long, value_name = "N")]
+    expect: Option<u64>,
 }
 
 fn storage() -> anyhow::Result<AzureStorage> {
@@ -143,20 +175,13 @@ fn now() -> String {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let mut args = std::env::args().skip(1);
-    let Some(mode) = args.next() else { usage() };
-    if mode == "-h" || mode == "--help" {
-        usage()
-    }
-    let opts = Opts::parse(args)?;
-    match mode.as_str() {
-        "run" => run(&opts).await,
-        "enqueue" => enqueue(&opts).await,
-        "replay-loop" => replay_loop(&opts).await,
-        "count" => {
+    match Cmd::parse() {
+        Cmd::Run(args) => run(&args).await,
+        Cmd::Enqueue(args) => enqueue(&args).await,
+        Cmd::ReplayLoop(args) => replay_loop(&args).await,
+        Cmd::Count { queue: q } => {
             let s = storage()?;
-            let q = opts.req("queue")?;
-            let n = match s.queue(q).approximate_count().await {
+            let n = match s.queue(&q).approximate_count().await {
                 Ok(n) => n,
                 Err(StorageError::NotFound) => 0,
                 Err(e) => return Err(e.into()),
@@ -164,12 +189,12 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", json!({"queue": q, "count": n}));
             Ok(())
         }
-        "cleanup" => {
+        Cmd::Cleanup { queue, table } => {
             let s = storage()?;
-            for q in opts.all("queue") {
+            for q in queue {
                 s.queue(&q).delete_queue().await?;
             }
-            for t in opts.all("table") {
+            for t in table {
                 match s.table(&t).delete_table().await {
                     Ok(()) | Err(StorageError::NotFound) => {}
                     Err(e) => return Err(e.into()),
@@ -177,7 +202,6 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        _ => usage(),
     }
 }
 
@@ -251,18 +275,21 @@ async fn handle(
     Ok(duplicate)
 }
 
-async fn run(opts: &Opts) -> anyhow::Result<()> {
-    let batch: u32 = opts.num("batch", 16)?;
-    let threshold: u32 = opts.num("threshold", 16)?;
-    let expect: Option<u64> = opts.get("expect").map(str::parse).transpose()?;
-    let idle_exit: f64 = opts.num("idle-exit", 1.0)?;
-    let timeout: f64 = opts.num("timeout", 600.0)?;
+async fn run(args: &RunArgs) -> anyhow::Result<()> {
+    let RunArgs {
+        batch,
+        threshold,
+        expect,
+        idle_exit,
+        timeout,
+        ..
+    } = *args;
     if !(1..=32).contains(&batch) {
         bail!("--batch must be 1..=32");
     }
     let storage = storage()?;
-    let queue = storage.queue(opts.req("queue")?);
-    let table = storage.table(opts.req("table")?);
+    let queue = storage.queue(&args.queue);
+    let table = storage.table(&args.table);
 
     let cpu0 = cpu_seconds();
     let t0 = Instant::now();
@@ -388,17 +415,20 @@ fn stamped_body(tag: &str, i: u64, encoding: &str) -> String {
     }
 }
 
-async fn enqueue(opts: &Opts) -> anyhow::Result<()> {
-    let count: u64 = opts.num("count", 0)?;
-    let start: u64 = opts.num("start", 0)?;
-    let max_depth: u64 = opts.num("max-depth", 900)?;
-    let concurrency: usize = opts.num("concurrency", 32)?;
-    let tag = opts.get("tag").unwrap_or("job").to_string();
-    let encoding = opts.get("encoding").unwrap_or("base64").to_string();
-    let ready_file = opts.get("ready-file").map(PathBuf::from);
-    let rate: f64 = opts.num("rate", 0.0)?;
+async fn enqueue(args: &EnqueueArgs) -> anyhow::Result<()> {
+    let EnqueueArgs {
+        count,
+        start,
+        max_depth,
+        concurrency,
+        rate,
+        ..
+    } = *args;
+    let tag = args.tag.clone();
+    let encoding = args.encoding.clone();
+    let ready_file = args.ready_file.clone();
     let storage = storage()?;
-    let queue = storage.queue(opts.req("queue")?);
+    let queue = storage.queue(&args.queue);
     queue.create_if_missing().await?;
     let t0 = Instant::now();
     if rate > 0.0 {
@@ -485,11 +515,11 @@ async fn enqueue(opts: &Opts) -> anyhow::Result<()> {
 // replay-loop: the minimal put + delete replay
 // ---------------------------------------------------------------------------
 
-async fn replay_loop(opts: &Opts) -> anyhow::Result<()> {
-    let expect: Option<u64> = opts.get("expect").map(str::parse).transpose()?;
+async fn replay_loop(args: &ReplayArgs) -> anyhow::Result<()> {
+    let expect = args.expect;
     let storage = storage()?;
-    let from = storage.queue(opts.req("from")?);
-    let to = storage.queue(opts.req("to")?);
+    let from = storage.queue(&args.from);
+    let to = storage.queue(&args.to);
     let cpu0 = cpu_seconds();
     let t0 = Instant::now();
     to.create_if_missing().await?;

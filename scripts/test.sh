@@ -8,6 +8,8 @@ cd "$root"
 bash scripts/azurite.sh start
 # failpoints: test-only crash points (compiled out of release builds).
 cargo test --features failpoints "$@"
+# The benchmark program's own unit tests (stdlib Python, no Azurite).
+python3 -m unittest discover -s bench -p 'test_*.py'
 # A smoke run of the benchmark script (tiny sizes, one repetition): it fails
 # only when something is broken, never because of speed.
 if [ $# -eq 0 ] && [ -z "${AQW_SKIP_BENCH_SMOKE:-}" ]; then

@@ -34,7 +34,7 @@
 //! | which identity signs (workload, managed, developer tools) | `src/storage/identity.rs` |
 //! | test-only crash points, compiled out of release builds | `src/failpoint.rs` |
 //! | the CLI: arguments and help, rendering, exit codes decided once | `src/cli/` |
-//! | the benchmark driver and its report | `scripts/bench.sh → BENCHMARKS.md` |
+//! | benchmarks: aqw vs the minimal ceiling loop vs a Python worker on Microsoft's SDKs | `scripts/bench.sh` (driver) → `bench/aqw_bench.py` (`scenarios.py`, `figures.py`, `report.py`, `harness.py`; tests `test_aqw_bench.py`), `examples/bench_worker.rs`, `examples/ceiling.rs`, `bench/python_worker.py` → `BENCHMARKS.md` |
 //!
 //! The binary (`src/main.rs` over `src/cli/`) is a thin CLI over this library; shutdown is a
 //! `CancellationToken` passed into [`worker::run`].

@@ -1,0 +1,182 @@
+"""aqw benchmarks against a local Azurite, in one command.
+
+  bash scripts/bench.sh            full run (3 repetitions), rewrites BENCHMARKS.md
+  bash scripts/bench.sh --smoke    tiny sizes, 1 repetition, writes .bench/smoke.md
+  bash scripts/bench.sh --reps 5   full run with 5 repetitions
+  bash scripts/bench.sh --report .bench/full-YYYYMMDD-HHMMSS
+                                   re-render a run's report from its results.json
+
+Scenarios:
+  (a) throughput and CPU on keyed jobs: aqw (examples/bench_worker, in-process
+      no-op handler) with default settings and tuned (batchSize 32,
+      newBatchThreshold 32); the ceiling loop (examples/ceiling.rs run); the
+      Python asyncio worker (bench/python_worker.py, official Azure SDKs).
+  (b) storage requests per message, from aqw's own aqw_storage_requests_total:
+      keyed, keyless ("key": "none"), duplicates (every job enqueued twice),
+      poisoned (`aqw run` with an exec handler that exits 65).
+  (c) idle receive calls per hour: `aqw run` on an empty queue with the
+      default maxPollingInterval, in the background for the whole bench (at
+      least 10 minutes; 10 s in --smoke); steady state after a 150 s warm-up.
+  (d) replay: N open poison records, `aqw poison replay QUEUE --all` against
+      a minimal receive/put/delete loop (examples/ceiling.rs replay-loop).
+  (e) pickup latency, enqueue -> handler start: a steady feed at 100/s into a
+      running worker (p50, p99), and, in the background, one job after each
+      idle minute.
+  (f) scale-out: 1, 2 and 4 worker processes on 2,000 jobs: throughput and
+      Azurite's CPU (is the storage the limit?).
+
+Every run uses a fresh random queue and fresh tables (deleted afterwards),
+and queues are fed in waves that keep them under ~900 messages (Azurite
+slows as a queue deepens). CPU comes from the kernel's rusage of each worker
+process (wait4), peak RSS from its VmHWM (polled every 20 ms). The exit
+status is non-zero only when something is broken (a process failed, a count
+did not match), never because of speed. Azurite is left running.
+
+Needs: cargo, Node.js/npm (Azurite, via scripts/azurite.sh), python3 (venv).
+Scratch: .bench/ (venv, per-run logs and raw results; the last 5 runs kept).
+"""
+# scripts/bench.sh starts Azurite, makes the venv and builds the binaries,
+# then runs this with the same flags; --help and --report need none of that
+# (this program is stdlib only: the venv is for bench/python_worker.py).
+# Modules: harness.py (processes, Azurite, feeder), scenarios.py (a)–(f),
+# figures.py (the arithmetic and the targets), report.py (the Markdown).
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import report
+import scenarios
+from harness import CORES, Bench, log
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Usage(Exception):
+    """A bad flag: reported as `bench.sh: <message>`, exit status 2."""
+
+
+def parse_args(argv):
+    """The flags of scripts/bench.sh, read left to right as it always did
+    (`--smoke` sets 1 repetition, so a later `--reps` wins). Returns
+    dict(mode, reps, report, help)."""
+    opts = dict(mode="full", reps="3", report="", help=False)
+    it = iter(argv)
+    for arg in it:
+        if arg == "--smoke":
+            opts.update(mode="smoke", reps="1")
+        elif arg == "--reps":
+            opts["reps"] = next(it, "")
+            if not opts["reps"]:
+                raise Usage("--reps needs a number")
+        elif arg.startswith("--reps="):
+            opts["reps"] = arg[len("--reps="):]
+        elif arg == "--report":
+            opts["report"] = next(it, "")
+            if not opts["report"]:
+                raise Usage("--report needs a run folder")
+        elif arg in ("-h", "--help"):
+            opts["help"] = True
+            return opts
+        else:
+            raise Usage(f"unknown argument {arg} (try --help)")
+    if not re.fullmatch(r"[0-9]+", opts["reps"]) or opts["reps"] == "0":
+        raise Usage("--reps must be a positive integer")
+    opts["reps"] = int(opts["reps"])
+    return opts
+
+
+def target_dir():
+    """Where cargo put the release binaries (CARGO_TARGET_DIR, as cargo reads it)."""
+    return os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target", "release")
+
+
+def prune_runs(state, keep=5):
+    runs = sorted(d for d in os.listdir(state) if re.fullmatch(r"(smoke|full)-\d{8}-\d{6}", d))
+    for d in runs[:-keep]:
+        subprocess.run(["rm", "-rf", os.path.join(state, d)], check=False)
+
+
+def run_all(b):
+    """Every scenario, b.reps times: the results (the shape of results.json)."""
+    b.azurite("restart", b.probe_azurite)
+    idle = scenarios.IdleProbe(b)
+    idle_latency = scenarios.IdleLatencyProbe(b)
+    a = scenarios.throughput(b)
+    rb = dict(keyless=[], keyless_tuned=[], duplicates=[], poisoned=[])
+    d = []
+    for rep in range(b.reps):
+        rb["keyless"].append(scenarios.keyless_run(b, rep))
+        rb["keyless_tuned"].append(scenarios.keyless_run(b, rep, tuned=True))
+        rb["duplicates"].append(scenarios.duplicates_run(b, rep))
+        rb["poisoned"].append(scenarios.poisoned_run(b, rep))
+    for rep in range(b.reps):
+        d.append(scenarios.replay_run(b, rep))
+    e = dict(busy=[scenarios.latency_busy_run(b, rep) for rep in range(b.reps)])
+    scale = {}
+    for rep in range(b.reps):
+        for procs in (1, 2, 4):
+            scale.setdefault(procs, []).append(scenarios.scale_run(b, procs, rep))
+    # A probe failing must not lose the whole run's figures.
+    try:
+        e["idle"] = idle_latency.finish(b.sizes["latency_idle_samples"])
+    except Exception as ex:  # noqa: BLE001
+        b.fail(f"(e) idle latency probe: {ex!r}")
+        e["idle"] = list(idle_latency.samples)
+    try:
+        c = idle.finish()
+    except Exception as ex:  # noqa: BLE001
+        b.fail(f"(c) idle probe: {ex!r}")
+        c = None
+    b.azurite("stop", b.probe_azurite)
+    return dict(a=a, b=rb, c=c, d=d, e=e, f=scale)
+
+
+def bench(mode, reps):
+    """A full or smoke run: every scenario, results.json, the report."""
+    os.environ["AzureWebJobsStorage"] = "UseDevelopmentStorage=true"
+    b = Bench(ROOT, target_dir(), mode, reps)
+    os.makedirs(b.work, exist_ok=True)
+    started = time.monotonic()
+    m = report.machine(ROOT)
+    prune_runs(b.state)
+    for exe in (b.aqw, b.bench_worker, b.ceiling_exe):
+        if not os.access(exe, os.X_OK):
+            log(f"missing {exe}: build it with cargo build --release --examples --bin aqw")
+            return 3
+    log(f"mode {b.mode}, {b.reps} repetition(s), {CORES} cores; logs in {os.path.relpath(b.work, ROOT)}")
+    results = run_all(b)
+    total = time.monotonic() - started
+    data = dict(mode=b.mode, reps=b.reps, sizes=b.sizes, **results, errors=b.errors,
+                commands=b.commands, machine=m, total_seconds=total)
+    with open(os.path.join(b.work, "results.json"), "w") as f:
+        json.dump(data, f, indent=1, default=str)
+    return report.write(data, os.path.basename(b.work), ROOT)
+
+
+def main(argv):
+    # `--needs-setup FLAGS...`: scripts/bench.sh asks before its slow setup.
+    # Exit 0: a run (Azurite, the venv and a build first); 1: --help or
+    # --report (none of them); 2: a bad flag (already reported).
+    needs_setup = argv[:1] == ["--needs-setup"]
+    try:
+        opts = parse_args(argv[1:] if needs_setup else argv)
+    except Usage as e:
+        print(f"bench.sh: {e}", file=sys.stderr)
+        return 2
+    if needs_setup:
+        return 1 if opts["help"] or opts["report"] else 0
+    if opts["help"]:
+        print(__doc__.strip())
+        return 0
+    os.makedirs(os.path.join(ROOT, ".bench"), exist_ok=True)
+    if opts["report"]:
+        run_dir = opts["report"]
+        return report.write(report.load(run_dir, ROOT), os.path.basename(os.path.abspath(run_dir)), ROOT)
+    return bench(opts["mode"], opts["reps"])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,120 @@
+"""The bench's arithmetic, pure: percentiles, summaries, requests per message,
+the figures the report derives from a run's results, and the targets check."""
+import statistics
+
+
+def percentile(values, q):
+    """The nearest-rank q-th percentile (None for no values)."""
+    if not values:
+        return None
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, int(round(q / 100 * len(v) + 0.5)) - 1))]
+
+
+def stats(values):
+    """(median, min, max) of the values that are numbers (not None, not NaN)."""
+    values = [v for v in values if v is not None and v == v]
+    if not values:
+        return None
+    return statistics.median(values), min(values), max(values)
+
+
+def median(values):
+    s = stats(values)
+    return s[0] if s else None
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def data_plane(requests):
+    """Requests per op:status without one-off admin calls (create, metadata)."""
+    return {k: v for k, v in (requests or {}).items()
+            if not k.startswith(("table.admin", "queue.create", "queue.metadata"))}
+
+
+def per_message(requests, n):
+    total = sum(data_plane(requests).values())
+    return total / n if n else float("nan")
+
+
+def fmt(v, digits=2):
+    if v is None:
+        return "n/a"
+    if isinstance(v, float) and v != v:
+        return "n/a"
+    if abs(v) >= 100:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}f}"
+
+
+def derive(data):
+    """The per-repetition series the report and the targets read, from a
+    run's results (the shape of results.json)."""
+    a, b, d = data["a"], data["b"], data["d"]
+    N = data["sizes"]
+
+    def col(kind, f):
+        return [f(x) for x in a.get(kind, [])]
+
+    return dict(
+        rps={k: col(k, lambda x: x["rps"]) for k in a},
+        cpu_msg={k: col(k, lambda x: x["cpu"] / x["n"] * 1000) for k in a},
+        loop_cpu_msg={k: col(k, lambda x: x["json"]["cpu_s"] / x["n"] * 1000) for k in a},
+        rss={k: col(k, lambda x: x["rss_mb"]) for k in a},
+        keyed_req=[per_message(x["json"]["requests"], x["n"]) for x in a.get("aqw-default", [])],
+        keyed_tuned_req=[per_message(x["json"]["requests"], x["n"]) for x in a.get("aqw-tuned", [])],
+        keyless_req=[per_message(x["json"]["requests"], N["keyless"]) for x in b["keyless"] if x and x["json"]],
+        keyless_tuned_req=[per_message(x["json"]["requests"], N["keyless"])
+                           for x in b.get("keyless_tuned", []) if x and x["json"]],
+        dup_req=[per_message(s["json"]["requests"], N["duplicates"]) for f_, s in b["duplicates"] if s],
+        dup_job_req=[(per_message(f_["json"]["requests"], 1) + per_message(s["json"]["requests"], 1))
+                     / N["duplicates"] for f_, s in b["duplicates"] if f_ and s],
+        poison_req=[per_message(x["requests"], x["n"]) for x in b["poisoned"] if x],
+        ceiling_req=[per_message(x["json"]["requests"], x["n"]) for x in a.get("ceiling", [])],
+        replay_aqw=[x["aqw"]["wall"] for x in d if x],
+        replay_raw=[x["raw"]["wall"] for x in d if x],
+    )
+
+
+def verdict(ok):
+    return "n/a" if ok is None else ("met" if ok else "**missed**")
+
+
+def _le(v, t):
+    return None if v is None else v <= t
+
+
+def _ge(v, t):
+    return None if v is None else v >= t
+
+
+def targets(fig, c):
+    """The benchmark issue's targets checked against a run: (target, this
+    run's figure as text, met: True, False, or None for no figure)."""
+    rps, cpu_msg, rss = fig["rps"], fig["cpu_msg"], fig["rss"]
+    keyed_req, keyed_tuned_req = fig["keyed_req"], fig["keyed_tuned_req"]
+    keyless_req, keyless_tuned_req = fig["keyless_req"], fig["keyless_tuned_req"]
+    cpu_ratio = ratio(median(cpu_msg.get("aqw-default", [])), median(cpu_msg.get("python", [])))
+    tp_ratio = ratio(median(rps.get("aqw-default", [])), median(rps.get("ceiling", [])))
+    replay_rate_ratio = ratio(median(fig["replay_raw"]), median(fig["replay_aqw"]))
+    rss_max = max(rss.get("aqw-default", []) + rss.get("aqw-tuned", []), default=None)
+    idle_h = c.get("steady_per_hour") if c else None
+    return [
+        ("worker CPU per message ≤ 0.1× the Python worker's", fmt(cpu_ratio), _le(cpu_ratio, 0.1)),
+        ("throughput ≥ 0.9× the ceiling loop's (default settings)", fmt(tp_ratio), _ge(tp_ratio, 0.9)),
+        ("≤ 3.05 storage requests per keyed message, default settings (batchSize 16)",
+         fmt(median(keyed_req)), _le(median(keyed_req), 3.05)),
+        ("≤ 3.05 storage requests per keyed message, batchSize 32",
+         fmt(median(keyed_tuned_req)), _le(median(keyed_tuned_req), 3.05)),
+        ("≤ 1.05 without keys, default settings (batchSize 16)", fmt(median(keyless_req)),
+         _le(median(keyless_req), 1.05)),
+        ("≤ 1.05 without keys, batchSize 32", fmt(median(keyless_tuned_req)), _le(median(keyless_tuned_req), 1.05)),
+        ("idle: ≤ 60 receive calls per hour per queue (default maxPollingInterval)", fmt(idle_h, 1),
+         _le(idle_h, 60.5)),
+        ("peak RSS ≤ 30 MiB with up to 32 (default) or 64 (tuned) jobs in flight",
+         fmt(rss_max, 1) + " MiB" if rss_max else "n/a", _le(rss_max, 30)),
+        ("replay ≥ 0.8× the raw put+delete loop (records/s ÷ messages/s)", fmt(replay_rate_ratio),
+         _ge(replay_rate_ratio, 0.8)),
+    ]

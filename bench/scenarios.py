@@ -1,0 +1,517 @@
+"""The bench's scenarios (a)–(f): each runs its contenders against Azurite,
+checks the counts (a mismatch is an error, never a slow run) and returns the
+raw figures results.json keeps."""
+import os
+import random
+import signal
+import statistics
+import threading
+import time
+
+from figures import percentile
+from harness import (DEFAULT_THRESHOLD, PROBE_ENV, Feeder, free_port, log, metric_by, rand, scrape, subs,
+                     wait_http, write_app)
+
+TUNED = {"batchSize": 32, "newBatchThreshold": 32}
+
+
+# ---------------------------------------------------------------------------
+# (a) throughput and CPU
+# ---------------------------------------------------------------------------
+
+def worker_cmd(b, kind, r, app_dir, n):
+    if kind in ("aqw-default", "aqw-tuned"):
+        return [b.bench_worker, "--app", app_dir, "--expect", str(n)]
+    if kind == "ceiling":
+        return [b.ceiling_exe, "run", "--queue", r["queue"], "--table", r["keys"], "--batch", "16",
+                "--threshold", str(DEFAULT_THRESHOLD), "--expect", str(n)]
+    if kind == "python":
+        return [b.python, b.py_worker, "--queue", r["queue"], "--table", r["keys"], "--batch", "16",
+                "--threshold", str(DEFAULT_THRESHOLD), "--expect", str(n)]
+    raise ValueError(kind)
+
+
+def keyed_run(b, kind, n, rep, r=None, tag=None, queues=None, label=None):
+    """Feed n keyed jobs and run one worker until all n are settled."""
+    r = r or b.fresh()
+    tag = tag or r["tag"]
+    label = label or f"{kind}-{rep}"
+    app_dir = os.path.join(b.work, label)
+    qs = dict(queues or {})
+    if kind == "aqw-tuned":
+        qs.update(batchSize=32, newBatchThreshold=32)
+    write_app(app_dir, r["queue"], r["keys"], r["poison"], queues=qs)
+    feeder = Feeder(b, r["queue"], n, tag, f"{label}-enqueue")
+    if not feeder.wait_ready():
+        feeder.finish()
+        return None
+    cmd = worker_cmd(b, kind, r, app_dir, n)
+    b.commands.setdefault(kind, b.show(cmd, subs(r, app_dir)))
+    p = b.proc(cmd, label)
+    res = p.wait()
+    if res["rc"] != 0 or res["timed_out"] or res["json"] is None:
+        feeder.kill()  # it would wait for room on the queue forever
+        b.fail(f"{label}: worker exited {res['rc']}{' (timed out)' if res['timed_out'] else ''}: {p.tail()}")
+        return None
+    fed = feeder.finish()
+    if not fed:
+        return None
+    j = res["json"]
+    settled = j.get("settled", j.get("messages"))
+    if settled != n:
+        b.fail(f"{label}: settled {settled} of {n} messages")
+    left = b.queue_count(r["queue"], f"{label}-count")
+    if left not in (0, None):
+        b.fail(f"{label}: {left} messages left on the queue after the run")
+    res["n"] = n
+    res["rps"] = n / j["seconds"] if j.get("seconds") else float("nan")
+    return res
+
+
+def throughput(b):
+    n = b.sizes["throughput"]
+    results = {k: [] for k in ("aqw-default", "aqw-tuned", "ceiling", "python")}
+    for rep in range(b.reps):
+        order = list(results)
+        random.shuffle(order)  # no contender always runs first on a warm Azurite
+        for kind in order:
+            r = b.fresh()
+            log(f"(a) {kind} rep {rep + 1}/{b.reps}: {n} keyed jobs")
+            res = keyed_run(b, kind, n, rep, r)
+            b.cleanup_run(r)
+            if res is None:
+                continue
+            j = res["json"]
+            if kind.startswith("aqw"):
+                oc = j.get("outcomes", {})
+                if oc.get("completed", 0) != n or j.get("handled") != n:
+                    b.fail(f"(a) {kind}: outcomes {oc}, handled {j.get('handled')} (expected {n} completed)")
+            elif j.get("completed") != n:
+                b.fail(f"(a) {kind}: completed {j.get('completed')} of {n}")
+            results[kind].append(res)
+    return results
+
+
+# ---------------------------------------------------------------------------
+# (b) storage requests per message
+# ---------------------------------------------------------------------------
+
+def stop_aqw_run(b, proc, label):
+    proc.signal(signal.SIGTERM)
+    res = proc.wait()
+    if res["rc"] != 0:
+        b.fail(f"{label}: aqw run exited {res['rc']} after SIGTERM (expected 0): {proc.tail()}")
+    return res
+
+
+def keyless_run(b, rep, tuned=False):
+    n = b.sizes["keyless"]
+    r = b.fresh()
+    label = f"keyless{'-tuned' if tuned else ''}-{rep}"
+    app_dir = os.path.join(b.work, label)
+    write_app(app_dir, r["queue"], r["keys"], r["poison"], key="none", queues=TUNED if tuned else None)
+    log(f"(b) keyless{' tuned' if tuned else ''} rep {rep + 1}/{b.reps}: {n} jobs")
+    feeder = Feeder(b, r["queue"], n, r["tag"], f"{label}-enqueue")
+    res = None
+    if feeder.wait_ready():
+        cmd = [b.bench_worker, "--app", app_dir, "--expect", str(n)]
+        b.commands.setdefault("aqw-keyless" + ("-tuned" if tuned else ""), b.show(cmd, subs(r, app_dir)))
+        res = b.run(cmd, label)
+    if res is None:
+        feeder.kill()
+    else:
+        feeder.finish()
+    if res and res["json"]:
+        oc = res["json"].get("outcomes", {})
+        if oc.get("completed", 0) != n:
+            b.fail(f"(b) keyless: outcomes {oc} (expected {n} completed)")
+    b.cleanup_run(r)
+    return res
+
+
+def duplicates_run(b, rep):
+    n = b.sizes["duplicates"]
+    r = b.fresh()
+    log(f"(b) duplicates rep {rep + 1}/{b.reps}: {n} jobs, each enqueued twice")
+    first = keyed_run(b, "aqw-default", n, rep, r, label=f"dup-first-{rep}")
+    second = None
+    if first is not None:
+        second = keyed_run(b, "aqw-default", n, rep, r, tag=r["tag"], label=f"dup-second-{rep}")
+        if second is not None:
+            oc = second["json"].get("outcomes", {})
+            if oc.get("duplicate", 0) != n or second["json"].get("handled") != 0:
+                b.fail(f"(b) duplicates: second pass outcomes {oc}, handled {second['json'].get('handled')} "
+                       f"(expected {n} duplicates, handler never called)")
+    b.cleanup_run(r)
+    return first, second
+
+
+def poisoned_run(b, rep):
+    n = b.sizes["poisoned"]
+    r = b.fresh()
+    label = f"poisoned-{rep}"
+    app_dir = os.path.join(b.work, label)
+    port = free_port()
+    write_app(app_dir, r["queue"], r["keys"], r["poison"],
+              handler={"type": "exec", "command": ["sh", "-c", "exit 65"]},
+              queues={"maxPollingInterval": "00:00:01"}, http_port=port)
+    log(f"(b) poisoned rep {rep + 1}/{b.reps}: {n} jobs whose handler exits 65")
+    # The poison queue exists already, as after a function's first poisoned job
+    # (its creation on first use is a one-off: a queue.put 404 + create + put).
+    if not b.ceiling("enqueue", "--queue", r["queue"] + "-poison", "--count", "0", name=f"{label}-create"):
+        return None
+    if not b.ceiling("enqueue", "--queue", r["queue"], "--count", str(n), "--tag", r["tag"],
+                     name=f"{label}-enqueue"):
+        return None
+    cmd = [b.aqw, "run", "--app", app_dir]
+    b.commands.setdefault("aqw-run-poison", b.show(cmd, subs(r, app_dir)))
+    proc = b.proc(cmd, label)
+    at_done = None
+    if wait_http(port, proc):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not proc.exited():
+            m = scrape(port)
+            if metric_by(m, "aqw_messages_total", "outcome").get("poisoned", 0) >= n:
+                at_done = m
+                break
+            time.sleep(0.1)
+    res = stop_aqw_run(b, proc, label)
+    if at_done is None:
+        b.fail(f"(b) poisoned: {n} poisoned outcomes not seen within 60 s: {proc.tail()}")
+    else:
+        res["requests"] = metric_by(at_done, "aqw_storage_requests_total", "operation", "status")
+        res["n"] = n
+        lst = b.run([b.aqw, "poison", "list", r["queue"], "--app", app_dir, "--output", "json"],
+                    f"{label}-list", ok_codes=(0, 1))
+        if lst is not None:
+            records = lst["json"] if isinstance(lst["json"], list) else None
+            if records is None or len(records) != n:
+                b.fail(f"(b) poisoned: aqw poison list shows {None if records is None else len(records)} records, "
+                       f"expected {n}")
+        depth = b.queue_count(r["queue"] + "-poison", f"{label}-count")
+        if depth != n:
+            b.fail(f"(b) poisoned: poison queue holds {depth} messages, expected {n}")
+    b.cleanup_run(r)
+    return res if at_done is not None else None
+
+
+# ---------------------------------------------------------------------------
+# (c) idle receives
+# ---------------------------------------------------------------------------
+
+def idle_figures(samples, window, warmup):
+    """The idle figures from (t, receives, metadata) samples of /metrics taken
+    over `window` seconds: the steady state is read after `warmup`."""
+    receives = samples[-1][1] if samples else 0
+    metadata = samples[-1][2] if samples else 0
+    # Times at which the receive counter moved (1 s resolution).
+    moves, prev = [], None
+    for t, n, _ in samples:
+        if prev is not None and n > prev:
+            moves.append(t)
+        prev = n
+    steady_moves = [t for t in moves if t >= warmup]
+    intervals = [b - a for a, b in zip(steady_moves, steady_moves[1:])]
+    mean = statistics.mean(intervals) if intervals else None
+    steady_window = window - warmup
+    return dict(
+        window=window, warmup=warmup, receives=receives, metadata=metadata,
+        ramp_receives=len([t for t in moves if t < warmup]),
+        steady_receives=len(steady_moves), steady_window=steady_window,
+        intervals=intervals, mean_interval=mean,
+        min_interval=min(intervals) if intervals else None,
+        max_interval=max(intervals) if intervals else None,
+        steady_per_hour=3600 / mean if mean else None,
+        counted_per_hour=len(steady_moves) / steady_window * 3600 if steady_window > 0 else None,
+        naive_per_hour=receives / window * 3600 if window else None,
+        # The sampler's first tick (2 calls) comes at start-up.
+        metadata_per_hour=max(metadata - 2, 0) / window * 3600 if window else None,
+    )
+
+
+class IdleProbe:
+    """`aqw run` on an empty queue for the whole bench (idle costs no CPU the
+    other scenarios would notice), its receive counter sampled every second.
+
+    The Functions back-off needs about 100 s of empty polls to reach the 60 s
+    maxPollingInterval cap, so the first WARMUP seconds are the ramp and the
+    steady state is measured after it: receives per hour = 3600 / the mean
+    interval between receives after the warm-up.
+    """
+
+    WARMUP = 150
+
+    def __init__(self, b):
+        self.b = b
+        self.r = b.fresh(restart=False)
+        self.app_dir = os.path.join(b.work, "idle")
+        self.port = free_port()
+        write_app(self.app_dir, self.r["queue"], self.r["keys"], self.r["poison"],
+                  handler={"type": "exec", "command": ["sh", "-c", "exit 0"]}, http_port=self.port)
+        cmd = [b.aqw, "run", "--app", self.app_dir]
+        b.commands.setdefault("aqw-run-idle", b.show(cmd, subs(self.r, self.app_dir)))
+        log(f"(c) idle: aqw run on an empty queue in the background for at least {b.sizes['idle_seconds']} s")
+        self.proc = b.proc(cmd, "idle", timeout=b.timeout + 3 * 3600, env=PROBE_ENV)
+        self.samples = []  # (t, receives, metadata)
+        self.stop_flag = threading.Event()
+        self.ok = wait_http(self.port, self.proc)
+        self.t0 = time.monotonic()
+        if not self.ok:
+            b.fail(f"(c) idle: aqw run did not serve /metrics: {self.proc.tail()}")
+            return
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self):
+        while not self.stop_flag.is_set() and not self.proc.exited():
+            try:
+                ops = metric_by(scrape(self.port), "aqw_storage_requests_total", "operation")
+                self.samples.append((time.monotonic() - self.t0, ops.get("queue.receive", 0),
+                                     ops.get("queue.metadata", 0)))
+            except Exception:  # a missed sample only coarsens the interval
+                pass
+            self.stop_flag.wait(1.0)
+
+    def finish(self):
+        if not self.ok:
+            stop_aqw_run(self.b, self.proc, "idle")
+            return None
+        left = self.b.sizes["idle_seconds"] - (time.monotonic() - self.t0)
+        if left > 0:
+            log(f"(c) idle: waiting {left:.0f} s more for the idle window")
+            self.stop_flag.wait(left)
+        self.stop_flag.set()
+        self.thread.join()
+        window = time.monotonic() - self.t0
+        res = stop_aqw_run(self.b, self.proc, "idle")
+        res.update(idle_figures(self.samples, window, self.WARMUP))
+        return res
+
+
+# ---------------------------------------------------------------------------
+# (e) pickup latency: enqueue -> handler start
+# ---------------------------------------------------------------------------
+
+def read_latencies(path, prefix):
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 2 and parts[0].startswith(prefix):
+                    out.append(float(parts[1]))
+    except OSError:
+        pass
+    return out
+
+
+def wait_latency(path, prefix, proc, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not proc.exited():
+        got = read_latencies(path, prefix)
+        if got:
+            return got[0]
+        time.sleep(0.05)
+    return None
+
+
+def latency_busy_run(b, rep):
+    """A steady feed below capacity (RATE/s) into a running aqw worker (default
+    settings): the latency of every message, enqueue -> handler start."""
+    n, rate = b.sizes["latency_busy"], b.sizes["latency_rate"]
+    r = b.fresh()
+    label = f"latency-busy-{rep}"
+    app_dir = os.path.join(b.work, label)
+    write_app(app_dir, r["queue"], r["keys"], r["poison"])
+    logf = os.path.join(b.work, f"{label}.lat")
+    log(f"(e) pickup latency while busy rep {rep + 1}/{b.reps}: {n} jobs at {rate}/s")
+    cmd = [b.bench_worker, "--app", app_dir, "--expect", str(n + 1), "--latency-log", logf]
+    b.commands.setdefault("aqw-latency", b.show(cmd, subs(r, app_dir, **{logf: "$RUN_DIR/latency.log"})))
+    worker = b.proc(cmd, label)
+    # One warm-up job first, so the feed starts against a worker that is polling.
+    b.ceiling("enqueue", "--queue", r["queue"], "--count", "1", "--tag", "warm", name=f"{label}-warm")
+    out = None
+    if wait_latency(logf, "warm-", worker, 60) is None:
+        b.fail(f"(e) latency: the warm-up job was not picked up: {worker.tail()}")
+        worker.signal(signal.SIGTERM)
+    else:
+        feed = [b.ceiling_exe, "enqueue", "--queue", r["queue"], "--count", str(n), "--tag", r["tag"],
+                "--rate", str(rate)]
+        b.commands.setdefault(f"steady feed at {rate}/s (jobs stamped with their enqueue time)",
+                              b.show(feed, subs(r)))
+        b.run(feed, f"{label}-feed")
+    res = worker.wait()
+    lat = read_latencies(logf, r["tag"] + "-")
+    if len(lat) != n:
+        b.fail(f"(e) latency: {len(lat)} of {n} jobs measured (worker rc {res['rc']}): {worker.tail()}")
+    else:
+        out = dict(n=n, rate=rate, p50=percentile(lat, 50), p99=percentile(lat, 99), max=max(lat))
+    b.cleanup_run(r)
+    return out
+
+
+class IdleLatencyProbe:
+    """A second aqw worker (default settings) in the background for the whole
+    bench: every time it has been idle for a minute, one job is enqueued and
+    its pickup latency recorded. The Functions back-off has by then stretched
+    the polling interval towards maxPollingInterval, which is what this shows."""
+
+    IDLE = 60
+
+    def __init__(self, b):
+        self.b = b
+        self.r = b.fresh(restart=False)
+        self.app_dir = os.path.join(b.work, "latency-idle")
+        write_app(self.app_dir, self.r["queue"], self.r["keys"], self.r["poison"])
+        self.logf = os.path.join(b.work, "latency-idle.lat")
+        cmd = [b.bench_worker, "--app", self.app_dir, "--expect", "1000000", "--latency-log", self.logf,
+               "--timeout", str(b.timeout + 3 * 3600)]
+        self.proc = b.proc(cmd, "latency-idle", timeout=b.timeout + 3 * 3600, env=PROBE_ENV)
+        self.samples = []
+        self.stop_flag = threading.Event()
+        self.thread = threading.Thread(target=self._probe, daemon=True)
+        self.thread.start()
+
+    def _probe(self):
+        k = 0
+        while not self.stop_flag.wait(self.IDLE):
+            tag = f"idle{k}"
+            self.b.run([self.b.ceiling_exe, "enqueue", "--queue", self.r["queue"], "--count", "1", "--tag", tag],
+                       f"latency-idle-put-{k}", env=PROBE_ENV)
+            got = wait_latency(self.logf, tag + "-", self.proc, 150)
+            if got is None:
+                if not self.stop_flag.is_set():
+                    self.b.fail(f"(e) idle latency: probe job {tag} not picked up within 150 s")
+                return
+            self.samples.append(got)
+            k += 1
+
+    def finish(self, min_samples):
+        deadline = time.monotonic() + (self.IDLE + 150) * max(0, min_samples - len(self.samples))
+        while len(self.samples) < min_samples and time.monotonic() < deadline and self.thread.is_alive():
+            time.sleep(1)
+        self.stop_flag.set()
+        self.thread.join(timeout=160)
+        self.proc.signal(signal.SIGTERM)
+        self.proc.wait()
+        return list(self.samples)
+
+
+# ---------------------------------------------------------------------------
+# (f) scale-out: 1, 2, 4 worker processes on one queue
+# ---------------------------------------------------------------------------
+
+def scale_run(b, procs, rep):
+    n = b.sizes["scale"]
+    r = b.fresh()
+    label = f"scale{procs}-{rep}"
+    app_dir = os.path.join(b.work, label)
+    write_app(app_dir, r["queue"], r["keys"], r["poison"])
+    log(f"(f) scale-out rep {rep + 1}/{b.reps}: {procs} process(es), {n} jobs")
+    feeder = Feeder(b, r["queue"], n, r["tag"], f"{label}-enqueue")
+    out = None
+    if feeder.wait_ready():
+        # Azurite's CPU sampled 10 times a second, so its busy share can be
+        # taken over the span the jobs ran (not the idle-exit tail).
+        az_samples, az_stop = [], threading.Event()
+
+        def sample_azurite():
+            while not az_stop.is_set():
+                az_samples.append((time.monotonic() - t0, b.azurite_cpu()))
+                az_stop.wait(0.1)
+
+        t0 = time.monotonic()
+        sampler = threading.Thread(target=sample_azurite, daemon=True)
+        sampler.start()
+        started = []
+        for i in range(procs):
+            cmd = [b.bench_worker, "--app", app_dir, "--exit-when-idle", "3"]
+            b.commands.setdefault("aqw-scale (each process)", b.show(cmd, subs(r, app_dir)))
+            started.append((time.monotonic() - t0, b.proc(cmd, f"{label}-{i}")))
+        results = [(off, p.wait()) for off, p in started]
+        az_stop.set()
+        sampler.join()
+        feeder.finish()
+        ok = all(res["rc"] == 0 and res["json"] for _, res in results)
+        if not ok:
+            b.fail(f"(f) scale-out {procs}: a worker failed: {started[0][1].tail()}")
+        else:
+            handled = sum(res["json"]["handled"] for _, res in results)
+            end = max(off + res["json"]["seconds"] for off, res in results)
+            # Azurite's CPU from the first start to the last settle.
+            az = [(t, c) for t, c in az_samples if c is not None]
+            az0 = az[0][1] if az else None
+            az1 = next((c for t, c in az if t >= end), az[-1][1] if az else None)
+            span = end
+            if handled != n:
+                b.fail(f"(f) scale-out {procs}: handled {handled} of {n}")
+            else:
+                out = dict(procs=procs, n=n, seconds=end, rps=n / end if end else None,
+                           worker_cpu_ms=sum(res["cpu"] for _, res in results) / n * 1000,
+                           azurite_cpu_ms=(az1 - az0) / n * 1000 if az0 is not None and az1 is not None else None,
+                           azurite_util=(az1 - az0) / span if az0 is not None and az1 is not None else None,
+                           per_process=[res["json"]["handled"] for _, res in results])
+    else:
+        feeder.kill()
+    b.cleanup_run(r)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# (d) replay
+# ---------------------------------------------------------------------------
+
+def replay_run(b, rep):
+    n = b.sizes["replay"]
+    r = b.fresh()
+    label = f"replay-{rep}"
+    app_dir = os.path.join(b.work, label)
+    write_app(app_dir, r["queue"], r["keys"], r["poison"], queues={"maxDequeueCount": 1})
+    log(f"(d) replay rep {rep + 1}/{b.reps}: poisoning {n} jobs")
+    raw_target = rand("bq")
+    out = None
+    try:
+        feeder = Feeder(b, r["queue"], n, r["tag"], f"{label}-enqueue")
+        res = None
+        if feeder.wait_ready():
+            cmd = [b.bench_worker, "--app", app_dir, "--expect", str(n), "--handler", "fail"]
+            b.commands.setdefault("aqw-poison-setup", b.show(cmd, subs(r, app_dir)))
+            res = b.run(cmd, f"{label}-poison")
+        if res is None:
+            feeder.kill()
+            return None
+        if not feeder.finish():
+            return None
+        oc = res["json"].get("outcomes", {})
+        if oc.get("poisoned", 0) != n:
+            b.fail(f"(d) replay setup: outcomes {oc} (expected {n} poisoned)")
+            return None
+        depth = b.queue_count(r["queue"] + "-poison", f"{label}-count0")
+        if depth != n:
+            b.fail(f"(d) replay setup: poison queue holds {depth}, expected {n}")
+            return None
+        log(f"(d) replay rep {rep + 1}/{b.reps}: aqw poison replay --all ({n} records)")
+        cmd = [b.aqw, "poison", "replay", r["queue"], "--all", "--by", "bench", "--app", app_dir, "--output", "json"]
+        b.commands.setdefault("aqw-replay", b.show(cmd, subs(r, app_dir)))
+        rep_res = b.run(cmd, f"{label}-aqw")
+        if rep_res is None:
+            return None
+        j = rep_res["json"] or {}
+        if j.get("replayed") != n or j.get("failed", 0) != 0:
+            b.fail(f"(d) aqw poison replay: replayed {j.get('replayed')} of {n}, failed {j.get('failed')}")
+        src = b.queue_count(r["queue"], f"{label}-count1")
+        left = b.queue_count(r["queue"] + "-poison", f"{label}-count2")
+        if src != n or left != 0:
+            b.fail(f"(d) after replay: source queue {src} (expected {n}), poison queue {left} (expected 0)")
+        log(f"(d) replay rep {rep + 1}/{b.reps}: raw put+delete loop ({n} messages)")
+        cmd = [b.ceiling_exe, "replay-loop", "--from", r["queue"], "--to", raw_target, "--expect", str(n)]
+        b.commands.setdefault("raw-replay", b.show(cmd, subs(r, app_dir, **{raw_target: "$QUEUE2"})))
+        raw = b.run(cmd, f"{label}-raw")
+        if raw is None:
+            return None
+        if (raw["json"] or {}).get("messages") != n:
+            b.fail(f"(d) raw loop moved {(raw['json'] or {}).get('messages')} of {n}")
+        out = dict(aqw=rep_res, raw=raw, n=n)
+    finally:
+        b.cleanup_run(r, raw_target)
+    return out

@@ -1,0 +1,292 @@
+"""Tests of the bench's pure parts: flags, the arithmetic, the targets check,
+and rendering a report from a small synthetic results.json. No Azurite, no
+build: python3 -m unittest discover -s bench -p 'test_*.py'"""
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import aqw_bench  # noqa: E402
+import figures  # noqa: E402
+import harness  # noqa: E402
+import report  # noqa: E402
+import scenarios  # noqa: E402
+
+
+class Flags(unittest.TestCase):
+    def parse(self, *argv):
+        return aqw_bench.parse_args(list(argv))
+
+    def test_defaults_are_a_full_run_of_three(self):
+        self.assertEqual(self.parse(), dict(mode="full", reps=3, report="", help=False))
+
+    def test_smoke_is_one_repetition_and_a_later_reps_wins(self):
+        self.assertEqual(self.parse("--smoke")["reps"], 1)
+        self.assertEqual(self.parse("--smoke", "--reps", "2"), dict(mode="smoke", reps=2, report="", help=False))
+        self.assertEqual(self.parse("--reps", "5", "--smoke")["reps"], 1)
+
+    def test_reps_both_spellings(self):
+        self.assertEqual(self.parse("--reps", "5")["reps"], 5)
+        self.assertEqual(self.parse("--reps=7")["reps"], 7)
+
+    def test_report_and_help(self):
+        self.assertEqual(self.parse("--report", ".bench/full-x")["report"], ".bench/full-x")
+        self.assertTrue(self.parse("-h")["help"])
+        # --help stops reading: what follows is not checked.
+        self.assertTrue(self.parse("--help", "--bogus")["help"])
+
+    def test_bad_flags(self):
+        for argv, msg in ((["--bogus"], "unknown argument --bogus (try --help)"),
+                          (["--reps"], "--reps needs a number"),
+                          (["--reps", "0"], "--reps must be a positive integer"),
+                          (["--reps=x"], "--reps must be a positive integer"),
+                          (["--reps", "-1"], "--reps must be a positive integer"),
+                          (["--report"], "--report needs a run folder"),
+                          (["--bogus", "--help"], "unknown argument --bogus (try --help)")):
+            with self.subTest(argv=argv):
+                with self.assertRaises(aqw_bench.Usage) as cm:
+                    self.parse(*argv)
+                self.assertEqual(str(cm.exception), msg)
+
+    def test_needs_setup(self):
+        def status(*argv):
+            with contextlib.redirect_stderr(io.StringIO()):
+                return aqw_bench.main(["--needs-setup", *argv])
+        self.assertEqual(status(), 0)
+        self.assertEqual(status("--smoke"), 0)
+        self.assertEqual(status("--help"), 1)
+        self.assertEqual(status("--report", "x"), 1)
+        self.assertEqual(status("--reps", "0"), 2)
+
+
+class Arithmetic(unittest.TestCase):
+    def test_percentile_is_nearest_rank(self):
+        v = list(range(1, 101))
+        self.assertEqual(figures.percentile(v, 50), 50)
+        # rank = round(q/100 × n + 0.5), Python's round (half to even): 100 of 100 here.
+        self.assertEqual(figures.percentile(v, 99), 100)
+        self.assertEqual(figures.percentile(v, 90), 90)
+        self.assertEqual(figures.percentile([48, 50], 50), 50)
+        self.assertEqual(figures.percentile([3, 1, 2], 50), 2)
+        self.assertEqual(figures.percentile([3, 1, 2], 99), 3)
+        self.assertEqual(figures.percentile([7], 1), 7)
+        self.assertIsNone(figures.percentile([], 50))
+
+    def test_stats_skip_missing_and_nan(self):
+        self.assertEqual(figures.stats([3, None, float("nan"), 1, 2]), (2, 1, 3))
+        self.assertEqual(figures.stats([1, 2]), (1.5, 1, 2))
+        self.assertIsNone(figures.stats([None]))
+        self.assertIsNone(figures.median([]))
+
+    def test_ratio(self):
+        self.assertEqual(figures.ratio(1, 4), 0.25)
+        self.assertIsNone(figures.ratio(None, 4))
+        self.assertIsNone(figures.ratio(1, 0))
+        self.assertIsNone(figures.ratio(1, None))
+
+    def test_requests_per_message_leave_admin_calls_out(self):
+        req = {"queue.receive:200": 10, "queue.delete:204": 100, "table.insert:201": 100,
+               "table.admin:201": 1, "queue.create:201": 1, "queue.metadata:200": 4}
+        self.assertEqual(figures.data_plane(req), {"queue.receive:200": 10, "queue.delete:204": 100,
+                                                   "table.insert:201": 100})
+        self.assertAlmostEqual(figures.per_message(req, 100), 2.1)
+        self.assertNotEqual(figures.per_message(req, 0), figures.per_message(req, 0))  # NaN
+
+    def test_fmt(self):
+        self.assertEqual(figures.fmt(None), "n/a")
+        self.assertEqual(figures.fmt(float("nan")), "n/a")
+        self.assertEqual(figures.fmt(1234.5), "1,234")
+        self.assertEqual(figures.fmt(3.14159), "3.14")
+        self.assertEqual(figures.fmt(3.14159, 1), "3.1")
+
+    def test_idle_figures(self):
+        # The counter moves at 10 s (ramp), then at 150, 210 and 270 s.
+        samples = [(t, n, 2) for t, n in ((0, 0), (10, 1), (150, 2), (210, 3), (270, 4), (300, 4))]
+        f = scenarios.idle_figures(samples, 300.0, 150)
+        self.assertEqual((f["ramp_receives"], f["steady_receives"]), (1, 3))
+        self.assertEqual(f["intervals"], [60, 60])
+        self.assertEqual(f["steady_per_hour"], 60)
+        self.assertEqual(f["counted_per_hour"], 3 / 150 * 3600)
+        self.assertEqual(f["metadata_per_hour"], 0)
+        self.assertIsNone(scenarios.idle_figures([], 10.0, 150)["steady_per_hour"])
+
+    def test_metrics_parsing(self):
+        m = harness.parse_metrics(
+            '# TYPE aqw_storage_requests_total counter\n'
+            'aqw_storage_requests_total{operation="queue.receive",status="200"} 3\n'
+            'aqw_storage_requests_total{operation="queue.receive",status="503"} 1\n'
+            'aqw_messages_total{outcome="poisoned",function="Bench"} 2\n')
+        self.assertEqual(harness.metric_by(m, "aqw_storage_requests_total", "operation"), {"queue.receive": 4})
+        self.assertEqual(harness.metric_by(m, "aqw_storage_requests_total", "operation", "status"),
+                         {"queue.receive:200": 3, "queue.receive:503": 1})
+        self.assertEqual(harness.metric_by(m, "aqw_messages_total", "outcome"), {"poisoned": 2})
+
+    def test_last_json_line(self):
+        self.assertEqual(harness.last_json('noise\n{"a": 1}\n{"b": 2}\ntrailer\n'), {"b": 2})
+        self.assertEqual(harness.last_json('[\n {"x": 1}\n]\n'), [{"x": 1}])
+        self.assertIsNone(harness.last_json("nothing here\n"))
+
+
+def worker(n, seconds, cpu, rss, requests, **extra):
+    return dict(rc=0, wall=seconds + 0.5, cpu=cpu, rss_mb=rss, timed_out=False, n=n, rps=n / seconds,
+                json=dict(seconds=seconds, cpu_s=cpu * 0.9, requests=requests, **extra))
+
+
+def synthetic(mode="full", errors=()):
+    """A one-repetition results.json with round numbers."""
+    n, nk, nd = 100, 50, 50
+    keyed = {"queue.receive:200": 10, "table.insert:204": 100, "table.merge:204": 100, "queue.delete:204": 100,
+             "table.admin:201": 2}
+    keyless = {"queue.receive:200": 5, "queue.delete:204": 50}
+    a = {"aqw-default": [worker(n, 2.0, 0.05, 12.0, keyed)],
+         "aqw-tuned": [worker(n, 1.6, 0.05, 14.0, keyed)],
+         "ceiling": [worker(n, 2.0, 0.04, 9.0, keyed)],
+         "python": [worker(n, 4.0, 1.0, 57.0, {})]}
+    dup_first = worker(nd, 1.0, 0.02, 11.0, {"queue.receive:200": 5, "table.insert:204": 50,
+                                              "table.merge:204": 50, "queue.delete:204": 50})
+    dup_second = worker(nd, 1.0, 0.02, 11.0, {"queue.receive:200": 5, "table.insert:409": 50,
+                                               "queue.delete:204": 50})
+    b = dict(keyless=[worker(nk, 1.0, 0.01, 10.0, keyless)], keyless_tuned=[worker(nk, 1.0, 0.01, 10.0, keyless)],
+             duplicates=[[dup_first, dup_second]],
+             poisoned=[dict(rc=0, wall=3.0, cpu=0.1, rss_mb=12.0, json=None, timed_out=False, n=2,
+                            requests={"queue.receive:200": 2, "queue.put:201": 2, "queue.delete:204": 2,
+                                      "table.insert:204": 4})])
+    c = dict(rc=0, wall=700.0, cpu=0.5, rss_mb=10.0, json=None, timed_out=False, window=700.0, warmup=150,
+             receives=30, metadata=24, ramp_receives=20, steady_receives=10, steady_window=550.0,
+             intervals=[60.0] * 9, mean_interval=60.0, min_interval=59.0, max_interval=61.0,
+             steady_per_hour=60.0, counted_per_hour=65.0, naive_per_hour=154.0, metadata_per_hour=113.0)
+    d = [dict(n=20, aqw=dict(rc=0, wall=2.0, cpu=0.1, rss_mb=10.0, json={"replayed": 20}, timed_out=False),
+              raw=dict(rc=0, wall=1.0, cpu=0.1, rss_mb=8.0, json={"messages": 20}, timed_out=False))]
+    e = dict(busy=[dict(n=20, rate=20, p50=90.0, p99=150.0, max=160.0)], idle=[48000.0, 50000.0])
+    f = {"1": [dict(procs=1, n=40, seconds=2.0, rps=20.0, worker_cpu_ms=0.5, azurite_cpu_ms=2.0,
+                    azurite_util=0.9, per_process=[40])],
+         "2": [dict(procs=2, n=40, seconds=2.0, rps=20.0, worker_cpu_ms=0.6, azurite_cpu_ms=None,
+                    azurite_util=None, per_process=[20, 20])]}
+    sizes = harness.sizes(mode == "smoke")
+    sizes.update(throughput=n, keyless=nk, duplicates=nd, poisoned=2, replay=20)
+    machine = dict(nproc="2", model="Test CPU", mem_gib=4.0, kernel="Linux 6.0", rustc="rustc 1.90.0",
+                   python="3.11.7", node="v20.0.0", azurite="3.35.0", commit="abc1234",
+                   date="2026-01-02 03:04 UTC")
+    commands = {"aqw-default": "target/release/examples/bench_worker --app $APP --expect 100"}
+    return dict(mode=mode, reps=1, sizes=sizes, a=a, b=b, c=c, d=d, e=e, f=f, errors=list(errors),
+                commands=commands, machine=machine, total_seconds=123.4)
+
+
+class Targets(unittest.TestCase):
+    def test_targets_from_synthetic_results(self):
+        data = synthetic()
+        got = {t: (v, ok) for t, v, ok in figures.targets(figures.derive(data), data["c"])}
+        self.assertEqual(len(got), 9)
+        # CPU: aqw 0.5 ms / Python 10 ms per message.
+        self.assertEqual(got["worker CPU per message ≤ 0.1× the Python worker's"], ("0.05", True))
+        self.assertEqual(got["throughput ≥ 0.9× the ceiling loop's (default settings)"], ("1.00", True))
+        # 3 data-plane requests per keyed message (the admin call left out).
+        self.assertEqual(got["≤ 3.05 storage requests per keyed message, default settings (batchSize 16)"],
+                         ("3.10", False))
+        self.assertEqual(got["≤ 1.05 without keys, batchSize 32"], ("1.10", False))
+        self.assertEqual(got["idle: ≤ 60 receive calls per hour per queue (default maxPollingInterval)"],
+                         ("60.0", True))
+        self.assertEqual(got["peak RSS ≤ 30 MiB with up to 32 (default) or 64 (tuned) jobs in flight"],
+                         ("14.0 MiB", True))
+        self.assertEqual(got["replay ≥ 0.8× the raw put+delete loop (records/s ÷ messages/s)"], ("0.50", False))
+
+    def test_missing_figures_are_not_applicable(self):
+        data = synthetic()
+        data["a"] = {k: [] for k in data["a"]}
+        data["d"] = [None]
+        rows = figures.targets(figures.derive(data), None)
+        self.assertEqual(rows[0], ("worker CPU per message ≤ 0.1× the Python worker's", "n/a", None))
+        self.assertEqual(figures.verdict(None), "n/a")
+        self.assertEqual(figures.verdict(True), "met")
+        self.assertEqual(figures.verdict(False), "**missed**")
+        # Only the keyless figures remain (b), at 1.10 requests per message.
+        self.assertEqual([(v, ok) for _, v, ok in rows if ok is not None], [("1.10", False), ("1.10", False)])
+
+
+class Report(unittest.TestCase):
+    def write_run(self, root, data, name="full-20260102-030405"):
+        run_dir = os.path.join(root, ".bench", name)
+        os.makedirs(run_dir)
+        with open(os.path.join(run_dir, "results.json"), "w") as f:
+            json.dump(data, f)
+        return run_dir
+
+    def rerender(self, data, name="full-20260102-030405"):
+        with tempfile.TemporaryDirectory() as root:
+            run_dir = self.write_run(root, data, name)
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                status = report.write(report.load(run_dir, root), name, root)
+            written = {}
+            for p in ("BENCHMARKS.md", ".bench/smoke.md", ".bench/failed.md"):
+                if os.path.exists(os.path.join(root, p)):
+                    with open(os.path.join(root, p)) as f:
+                        written[p] = f.read()
+            return status, out.getvalue(), written
+
+    def test_full_run_renders_to_benchmarks_md(self):
+        status, text, written = self.rerender(synthetic())
+        self.assertEqual(status, 0)
+        self.assertEqual(written, {"BENCHMARKS.md": text[:-1]})  # printed with a newline more
+        headings = [line for line in text.splitlines() if line.startswith("#")]
+        self.assertEqual(headings, [
+            "# aqw benchmarks",
+            "## Targets (from the benchmark issue, this run)",
+            "## Summary",
+            "## (a) Throughput and CPU: 100 keyed jobs",
+            "## (b) Storage requests per message (aqw_storage_requests_total)",
+            "## (c) Idle: receive calls on an empty queue (`aqw run`, default maxPollingInterval 00:01:00)",
+            "## (d) Replay of 20 open poison records",
+            "## (e) Pickup latency: enqueue → handler start (aqw default settings)",
+            "## (f) Scale-out: 2000 keyed jobs, 1, 2 and 4 worker processes on one queue",
+            "## Commands",
+            "# aqw-default",
+        ])
+        self.assertIn("Measured 2026-01-02 03:04 UTC on 2 cores (Test CPU), 4.0 GiB memory, Linux 6.0; "
+                      "rustc 1.90.0; Python 3.11.7; Node v20.0.0, Azurite 3.35.0 (in-memory, on the same "
+                      "machine); aqw commit abc1234. 1 repetition(s) per figure: median, min and max. "
+                      "Total bench time 123 s.", text)
+        self.assertIn("| worker CPU per message ≤ 0.1× the Python worker's | 0.05 | met |", text)
+        self.assertIn("| replay ≥ 0.8× the raw put+delete loop (records/s ÷ messages/s) | 0.50 | **missed** |", text)
+        self.assertIn("| aqw / ceiling throughput (default settings) | 1.00 |", text)
+        self.assertIn("| storage requests per keyed message, default / tuned (batchSize 16 / 32) | 3.10 / 3.10 |",
+                      text)
+        self.assertIn("| keyed, first delivery (100 jobs) | 3.10 | 3.10 | 3.10 | requests/message |", text)
+        self.assertIn("| job enqueued twice, both deliveries | 5.20 | 5.20 | 5.20 | requests/job |", text)
+        self.assertIn("- keyed: `queue.delete:204` 1.000, `queue.receive:200` 0.100, `table.insert:204` 1.000, "
+                      "`table.merge:204` 1.000", text)
+        self.assertIn("| **receive calls per hour, steady state** (3600 / mean interval) | **60** |", text)
+        self.assertIn("| pickup latency after an idle minute, p50 (s) | 50.0 |", text)
+        self.assertIn("| scale-out throughput, 2 / 1 and 4 / 1 processes | 1.00 / n/a |", text)
+        self.assertIn("| 2 | Azurite CPU busy | n/a | | | % of one core |", text)
+        self.assertIn("```sh\nbash scripts/bench.sh --reps 1\n```", text)
+        self.assertIn("Raw per-run data: `.bench/full-20260102-030405/results.json`.", text)
+        self.assertNotIn("## Errors", text)
+
+    def test_errors_go_to_failed_md_and_fail(self):
+        status, text, written = self.rerender(synthetic(errors=["(a) python: completed 99 of 100"]))
+        self.assertEqual(status, 1)
+        self.assertEqual(list(written), [".bench/failed.md"])
+        self.assertTrue(text.rstrip().endswith("## Errors\n\n- (a) python: completed 99 of 100"))
+
+    def test_smoke_goes_to_smoke_md(self):
+        status, text, written = self.rerender(synthetic(mode="smoke"), name="smoke-20260102-030405")
+        self.assertEqual(status, 0)
+        self.assertEqual(list(written), [".bench/smoke.md"])
+        self.assertTrue(text.startswith("# aqw benchmarks (smoke run: tiny sizes, figures are not meaningful)"))
+        self.assertIn("```sh\nbash scripts/bench.sh --smoke\n```", text)
+
+    def test_reps_other_than_three_are_in_the_command(self):
+        data = dict(synthetic(), reps=5, f={})
+        self.assertIn("```sh\nbash scripts/bench.sh --reps 5\n```", report.render(data, "x"))
+
+    def test_rendering_in_memory_and_from_results_json_agree(self):
+        data = synthetic()
+        in_memory = dict(data, f={int(k): v for k, v in data["f"].items()})
+        _, text, _ = self.rerender(data)
+        self.assertEqual(report.render(in_memory, "full-20260102-030405") + "\n", text)
