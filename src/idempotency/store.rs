@@ -86,15 +86,21 @@ fn history_with(history: &[Attempt], attempt: Attempt) -> String {
 }
 
 fn short_error(error: &str) -> String {
-    let s = crate::telemetry::scrub(error);
-    if s.len() <= HISTORY_ERROR_MAX {
+    scrubbed_and_cut(error, HISTORY_ERROR_MAX, "…")
+}
+
+/// `text` scrubbed of secrets and cut to `max` bytes (on a character
+/// boundary), with `marker` saying it was cut.
+fn scrubbed_and_cut(text: &str, max: usize, marker: &str) -> String {
+    let s = crate::telemetry::scrub(text);
+    if s.len() <= max {
         return s;
     }
-    let mut end = HISTORY_ERROR_MAX;
+    let mut end = max;
     while !s.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}…", &s[..end])
+    format!("{}{marker}", &s[..end])
 }
 
 /// The idempotency record of one key, as stored.
@@ -731,16 +737,7 @@ impl KeyStore {
 
 /// Errors are capped before they are stored (Table string properties hold 64 KiB).
 pub fn cap_error(s: &str) -> String {
-    const MAX: usize = 4096;
-    let s = crate::telemetry::scrub(s);
-    if s.len() <= MAX {
-        return s;
-    }
-    let mut end = MAX;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… [truncated]", &s[..end])
+    scrubbed_and_cut(s, 4096, "… [truncated]")
 }
 
 #[cfg(test)]
