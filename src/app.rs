@@ -66,7 +66,7 @@ impl FunctionRuntime {
 pub fn preflight(app: &AppConfig, registry: &Registry) -> Result<(), String> {
     for f in &app.functions {
         registry
-            .resolve(f, &app.app_dir)
+            .resolve(&f.name, &f.handler, &app.app_dir)
             .map_err(|e| format!("{}: {e}", app.app_dir.join("host.json").display()))?;
         crate::storage::connect(&f.connection).map_err(|e| format!("environment: {e}"))?;
     }
@@ -99,7 +99,7 @@ pub fn runtimes(
     let mut out = Vec::new();
     for f in &app.functions {
         let handler = registry
-            .resolve(f, &app.app_dir)
+            .resolve(&f.name, &f.handler, &app.app_dir)
             .map_err(|e| anyhow::anyhow!("host.json: {e}"))?;
         let storage = stores[&f.connection.setting].clone();
         out.push(Arc::new(FunctionRuntime::new(

@@ -41,21 +41,7 @@ pub use crate::retry::RetryStrategy;
 
 pub use crate::idempotency::KeySpec;
 
-/// What runs a function's job.
-#[derive(Debug, Clone)]
-pub enum HandlerSpec {
-    Http {
-        url: url::Url,
-        timeout: Duration,
-    },
-    Exec {
-        command: Vec<String>,
-        timeout: Option<Duration>,
-    },
-    /// Registered in code by the embedding binary under the function's name.
-    Registered,
-}
-
+pub use crate::handlers::HandlerSpec;
 pub use crate::storage::{Connection, Credentials, Secret};
 
 /// One function: a queue, a key rule and a handler.
@@ -1087,10 +1073,7 @@ fn validate_function_name(name: &str) -> Result<(), String> {
     }
 }
 
-/// Well-known Azurite account and key (public, documented by Microsoft).
-pub const DEV_ACCOUNT: &str = "devstoreaccount1";
-pub const DEV_KEY: &str =
-    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+pub use crate::storage::{DEV_ACCOUNT, DEV_KEY};
 
 /// Resolve a connection setting from the environment. Errors never include the value.
 pub fn resolve_connection(name: &str, env: &dyn Env) -> Result<Connection, String> {

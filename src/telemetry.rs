@@ -120,6 +120,8 @@ pub fn metrics_handle() -> &'static metrics_exporter_prometheus::PrometheusHandl
 #[derive(Debug, Clone)]
 pub struct PoisonAlert {
     pub queue: String,
+    /// `<queue>-poison` (named by the poison path, which owns the naming).
+    pub poison_queue: String,
     pub function: String,
     pub message_id: String,
     pub key: Option<String>,
@@ -213,7 +215,7 @@ pub fn alert_body(queue: &str, batch: &[PoisonAlert]) -> serde_json::Value {
         "event": "aqw.poison.new",
         "severity": "error",
         "queue": queue,
-        "poisonQueue": crate::message::poison_queue_name(queue),
+        "poisonQueue": batch.first().map(|a| a.poison_queue.clone()),
         "count": batch.len(),
         "function": functions.join(","),
         "firstPoisonedAt": first.map(fmt),
@@ -266,7 +268,7 @@ impl Alerts {
             error_kind = %alert.error_kind,
             error = %scrub(&alert.error),
             "message moved to {}",
-            crate::message::poison_queue_name(&alert.queue)
+            alert.poison_queue
         );
         if let Some(tx) = &self.tx {
             let _ = tx.send(alert);
@@ -351,7 +353,7 @@ mod tests {
 
     #[test]
     fn scrub_removes_secrets() {
-        let key = crate::config::DEV_KEY;
+        let key = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
         let cases = [
             format!(
                 "DefaultEndpointsProtocol=https;AccountName=a;AccountKey={key};EndpointSuffix=x"
@@ -378,6 +380,7 @@ mod tests {
     fn alert(id: &str, key: Option<&str>, kind: &str, error: &str, at: i64) -> PoisonAlert {
         PoisonAlert {
             queue: "credits".into(),
+            poison_queue: "credits-poison".into(),
             function: "GrantCredit".into(),
             message_id: id.into(),
             key: key.map(str::to_string),

@@ -8,7 +8,6 @@
 pub mod exec;
 pub mod http;
 
-use crate::config::{FunctionConfig, HandlerSpec};
 use crate::storage::Entity;
 use async_trait::async_trait;
 use std::collections::HashMap;
@@ -97,6 +96,21 @@ pub trait Handler: Send + Sync {
     async fn handle(&self, job: &Job) -> Result<Success, HandlerError>;
 }
 
+/// What runs a function's job.
+#[derive(Debug, Clone)]
+pub enum HandlerSpec {
+    Http {
+        url: url::Url,
+        timeout: Duration,
+    },
+    Exec {
+        command: Vec<String>,
+        timeout: Option<Duration>,
+    },
+    /// Registered in code by the embedding binary under the function's name.
+    Registered,
+}
+
 /// Handlers registered in code, by function name.
 #[derive(Clone, Default)]
 pub struct Registry {
@@ -113,15 +127,18 @@ impl Registry {
     }
 
     /// The handler of `function`: registered in code, else built from host.json.
+    /// The handler of function `name`: registered in code, or built from
+    /// its `spec` (relative paths against `app_dir`).
     pub fn resolve(
         &self,
-        function: &FunctionConfig,
+        name: &str,
+        spec: &HandlerSpec,
         app_dir: &std::path::Path,
     ) -> Result<Arc<dyn Handler>, String> {
-        if let Some(h) = self.handlers.get(&function.name) {
+        if let Some(h) = self.handlers.get(name) {
             return Ok(h.clone());
         }
-        match &function.handler {
+        match spec {
             HandlerSpec::Http { url, timeout } => Ok(Arc::new(http::HttpHandler::new(url.clone(), *timeout)?)),
             HandlerSpec::Exec { command, timeout } => Ok(Arc::new(exec::ExecHandler::new(
                 command.clone(),
@@ -131,8 +148,7 @@ impl Registry {
                 app_dir.to_path_buf(),
             ))),
             HandlerSpec::Registered => Err(format!(
-                "aqw.functions.{}.handler: missing (give {{\"type\": \"http\"|\"exec\", ...}} or register a handler in code)",
-                function.name
+                "aqw.functions.{name}.handler: missing (give {{\"type\": \"http\"|\"exec\", ...}} or register a handler in code)"
             )),
         }
     }

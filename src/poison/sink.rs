@@ -139,6 +139,7 @@ impl PoisonSink {
         if created {
             self.alerts.poisoned(PoisonAlert {
                 queue: self.source_queue.clone(),
+                poison_queue: self.poison_queue.name().to_string(),
                 function: self.function.clone(),
                 message_id: msg.id.clone(),
                 key: key.map(|k| k.to_string()),

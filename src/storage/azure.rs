@@ -25,11 +25,10 @@
 //!   Entra ID bearer token ([`super::identity`]).
 
 use super::identity::{identity_credential, BearerPolicy};
-use super::pipeline::{CountingTransport, SasPolicy, Service, SharedKeyPolicy};
+use super::pipeline::{map_err, CountingTransport, SasPolicy, Service, SharedKeyPolicy};
 use super::tables::TablesClient;
 use super::*;
 use super::{Connection, Credentials};
-use azure_core::error::ErrorKind;
 use azure_core::http::policies::Policy;
 use azure_core::http::{
     ClientOptions, ExponentialRetryOptions, Pipeline, RetryOptions, Transport, Url,
@@ -147,27 +146,6 @@ impl Storage for AzureStorage {
     }
     fn table(&self, name: &str) -> Arc<dyn TableStore> {
         Arc::new(self.tables.table(name))
-    }
-}
-
-/// Map an SDK error to [`StorageError`], keeping only status and error code:
-/// SDK messages can carry URLs, and URLs can carry SAS signatures.
-pub(crate) fn map_err(e: azure_core::Error) -> StorageError {
-    match e.kind() {
-        ErrorKind::HttpResponse {
-            status, error_code, ..
-        } => tables::status_error(u16::from(*status), error_code.clone().unwrap_or_default()),
-        ErrorKind::Io | ErrorKind::Connection => {
-            StorageError::Transport(crate::telemetry::scrub(&super::pipeline::error_chain(&e)))
-        }
-        ErrorKind::Credential => {
-            StorageError::Other("credential error (check the connection setting)".into())
-        }
-        ErrorKind::DataConversion => StorageError::Other(format!(
-            "unexpected response from storage: {}",
-            crate::telemetry::scrub(&e.to_string())
-        )),
-        _ => StorageError::Other(crate::telemetry::scrub(&e.to_string())),
     }
 }
 
@@ -370,16 +348,17 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         tokio::spawn(async move { axum::serve(listener, app).await });
-        let conn = crate::config::parse_connection_string(
-            "AzureWebJobsStorage",
-            &format!(
-                "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;\
-                 AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;\
-                 QueueEndpoint=http://127.0.0.1:{port}/devstoreaccount1;\
-                 TableEndpoint=http://127.0.0.1:{port}/devstoreaccount1;"
-            ),
-        )
-        .unwrap();
+        let endpoint = format!("http://127.0.0.1:{port}/{DEV_ACCOUNT}");
+        let conn = Connection {
+            setting: "AzureWebJobsStorage".into(),
+            account: DEV_ACCOUNT.into(),
+            queue_endpoint: endpoint.clone(),
+            table_endpoint: endpoint,
+            credentials: Credentials::SharedKey {
+                account: DEV_ACCOUNT.into(),
+                key: Secret::new(DEV_KEY),
+            },
+        };
         let storage = connect(&conn).unwrap();
         let got = storage.queue("q").receive(1, Duration::from_secs(30)).await;
         assert!(got.is_err(), "a 307 must not look like an answer: {got:?}");

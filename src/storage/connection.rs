@@ -48,3 +48,8 @@ pub struct Connection {
     pub table_endpoint: String,
     pub credentials: Credentials,
 }
+
+/// Well-known Azurite account and key (public, documented by Microsoft).
+pub const DEV_ACCOUNT: &str = "devstoreaccount1";
+pub const DEV_KEY: &str =
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";

@@ -19,7 +19,7 @@ pub mod tables;
 
 mod connection;
 use async_trait::async_trait;
-pub use connection::{Connection, Credentials, Secret};
+pub use connection::{Connection, Credentials, Secret, DEV_ACCOUNT, DEV_KEY};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 use std::time::Duration;

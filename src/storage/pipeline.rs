@@ -30,7 +30,7 @@
 //! `Authorization` header and every query parameter outside its allow-list
 //! (`sig` is not on it).
 
-use super::Secret;
+use super::{Secret, StorageError};
 use async_trait::async_trait;
 use azure_core::error::{Error, ErrorKind};
 use azure_core::http::headers::{HeaderName, HeaderValue, Headers};
@@ -454,6 +454,37 @@ impl Policy for SasPolicy {
     }
 }
 
+/// A storage status and error code as a [`StorageError`].
+pub(crate) fn status_error(status: u16, code: String) -> StorageError {
+    match status {
+        404 => StorageError::NotFound,
+        409 if code != "QueueBeingDeleted" && code != "TableBeingDeleted" => StorageError::Conflict,
+        412 => StorageError::PreconditionFailed,
+        _ => StorageError::Http { status, code },
+    }
+}
+
+/// Map an SDK error to [`StorageError`], keeping only status and error code:
+/// SDK messages can carry URLs, and URLs can carry SAS signatures.
+pub(crate) fn map_err(e: azure_core::Error) -> StorageError {
+    match e.kind() {
+        azure_core::error::ErrorKind::HttpResponse {
+            status, error_code, ..
+        } => status_error(u16::from(*status), error_code.clone().unwrap_or_default()),
+        azure_core::error::ErrorKind::Io | azure_core::error::ErrorKind::Connection => {
+            StorageError::Transport(crate::telemetry::scrub(&error_chain(&e)))
+        }
+        azure_core::error::ErrorKind::Credential => {
+            StorageError::Other("credential error (check the connection setting)".into())
+        }
+        azure_core::error::ErrorKind::DataConversion => StorageError::Other(format!(
+            "unexpected response from storage: {}",
+            crate::telemetry::scrub(&e.to_string())
+        )),
+        _ => StorageError::Other(crate::telemetry::scrub(&e.to_string())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -517,9 +548,9 @@ mod tests {
 
     #[test]
     fn policies_do_not_print_secrets() {
-        let key = Secret::new(crate::config::DEV_KEY);
+        let key = Secret::new(super::super::DEV_KEY);
         let p = SharedKeyPolicy::new("acct", &key, Service::Queue).unwrap();
-        assert!(!format!("{p:?}").contains(crate::config::DEV_KEY));
+        assert!(!format!("{p:?}").contains(super::super::DEV_KEY));
         let sas = SasPolicy::new(&Secret::new("sv=2024&sig=c2VjcmV0")).unwrap();
         assert!(!format!("{sas:?}").contains("c2VjcmV0"));
     }

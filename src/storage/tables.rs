@@ -18,7 +18,7 @@
 //! and Azurite take `PATCH` as merge, as the current SDKs send it) and the
 //! literal `MERGE` inside a batch body (plain text there).
 
-use super::pipeline::find_header;
+use super::pipeline::{find_header, status_error};
 use super::*;
 use azure_core::http::{Context, Method, Pipeline, PipelineSendOptions, RawResponse, Request};
 
@@ -82,7 +82,7 @@ impl TablesClient {
                 }),
             )
             .await
-            .map_err(super::azure::map_err)?;
+            .map_err(super::pipeline::map_err)?;
         let status = u16::from(rsp.status());
         if (200..300).contains(&status) {
             return Ok(rsp);
@@ -105,15 +105,6 @@ fn error_code(rsp: &RawResponse) -> String {
                 .map(str::to_string)
         })
         .unwrap_or_default()
-}
-
-pub(crate) fn status_error(status: u16, code: String) -> StorageError {
-    match status {
-        404 => StorageError::NotFound,
-        409 if code != "QueueBeingDeleted" && code != "TableBeingDeleted" => StorageError::Conflict,
-        412 => StorageError::PreconditionFailed,
-        _ => StorageError::Http { status, code },
-    }
 }
 
 fn etag_of(rsp: &RawResponse) -> StorageResult<Etag> {
