@@ -61,6 +61,14 @@ impl FunctionRuntime {
     }
 }
 
+/// Connect to the storage account of `connection`: the one place every
+/// command, the worker and the custom handler open storage.
+pub fn connect(
+    connection: &crate::config::Connection,
+) -> Result<crate::storage::AzureStorage, StorageError> {
+    crate::storage::connect(connection)
+}
+
 /// Check, before any I/O, that every function has a handler and a usable
 /// connection (configuration errors: exit 2).
 pub fn preflight(app: &AppConfig, registry: &Registry) -> Result<(), String> {
@@ -68,7 +76,7 @@ pub fn preflight(app: &AppConfig, registry: &Registry) -> Result<(), String> {
         registry
             .resolve(&f.name, &f.handler, &app.app_dir)
             .map_err(|e| format!("{}: {e}", app.app_dir.join("host.json").display()))?;
-        crate::storage::connect(&f.connection).map_err(|e| format!("environment: {e}"))?;
+        connect(&f.connection).map_err(|e| format!("environment: {e}"))?;
     }
     Ok(())
 }
@@ -82,7 +90,7 @@ pub fn open_storage(
         if !out.contains_key(&f.connection.setting) {
             out.insert(
                 f.connection.setting.clone(),
-                Arc::new(crate::storage::connect(&f.connection)?),
+                Arc::new(connect(&f.connection)?),
             );
         }
     }

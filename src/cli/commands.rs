@@ -63,8 +63,7 @@ async fn enqueue(app_dir: &Path, a: EnqueueArgs, output: Output) -> Result<Exit,
     let app = load(app_dir)?;
     let payload = read_payload(a.payload, a.file, a.stdin.as_deref())?;
     let job = ops::prepare_enqueue(&app, &a.queue, &payload, a.force)?;
-    let storage =
-        aqw::storage::connect(&job.connection).map_err(|e| Failure::usage(e.to_string()))?;
+    let storage = aqw::app::connect(&job.connection).map_err(|e| Failure::usage(e.to_string()))?;
     let done = ops::enqueue(job, &storage).await?;
     render::enqueued(&done, output);
     Ok(Exit::Ok)
@@ -91,8 +90,7 @@ async fn keys_show(
     let f = app
         .function(function)
         .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
-    let storage =
-        aqw::storage::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
+    let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
     let rec = ops::key_record(&app, &storage, function, key).await?;
     render::key_record(function, key, rec.as_ref(), output);
     Ok(Exit::Ok)
@@ -280,7 +278,7 @@ fn queue_ops(app: &Arc<AppConfig>, queue: &str) -> Result<QueueOps, Failure> {
                 known.join(", ")
             ))
         })?;
-    let storage = aqw::storage::connect(connection).map_err(|e| Failure::usage(e.to_string()))?;
+    let storage = aqw::app::connect(connection).map_err(|e| Failure::usage(e.to_string()))?;
     Ok(QueueOps::new(app.clone(), queue, &storage))
 }
 
