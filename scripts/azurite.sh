@@ -42,7 +42,20 @@ if [ -n "${AQW_AZURITE_OAUTH:-}" ]; then
 fi
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-ready() { port_open "$queue_port" && port_open "$table_port"; }
+# A port can accept connections before Node.js answers on it (seen once after
+# a restart: the first request timed out). Ready means both services return an
+# HTTP status; any status will do (the request is unsigned, so it is a 4xx).
+answers() {
+  local scheme=http
+  if [ -n "${AQW_AZURITE_CERT:-}" ]; then scheme=https; fi
+  local code
+  code="$(curl -sk -o /dev/null -m 2 -w '%{http_code}' "$scheme://127.0.0.1:$1/devstoreaccount1?comp=list" 2>/dev/null || true)"
+  [ -n "$code" ] && [ "$code" != "000" ]
+}
+ready() {
+  port_open "$queue_port" && port_open "$table_port" || return 1
+  if command -v curl >/dev/null; then answers "$queue_port" && answers "$table_port"; fi
+}
 
 install() {
   if [ -x "$tool/node_modules/.bin/azurite" ]; then return 0; fi
