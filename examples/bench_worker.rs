@@ -226,8 +226,13 @@ fn subtract(a: &BTreeMap<String, u64>, own: &BTreeMap<String, u64>) -> BTreeMap<
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = parse_args();
-    if let Some(f) = args.log {
-        aqw::telemetry::init_logging(f);
+    // Traces as `aqw run` sets them up (OTEL_* / APPLICATIONINSIGHTS_*), so
+    // the benchmark can compare export off and on.
+    let traces = aqw::traces::export::targets_from_env(|k| std::env::var(k).ok())
+        .and_then(|t| aqw::traces::export::install(&t))
+        .map_err(|e| anyhow::anyhow!(e))?;
+    if args.log.is_some() || traces.provider().is_some() {
+        aqw::telemetry::init_logging(args.log.unwrap_or(aqw::telemetry::LogFormat::Text), &traces);
     }
     let app =
         Arc::new(aqw::config::load(&args.app).map_err(|e| anyhow::anyhow!("configuration: {e}"))?);

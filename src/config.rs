@@ -86,6 +86,10 @@ pub struct AppConfig {
     pub alert_webhook: Option<url::Url>,
     pub alert_window: Duration,
     pub http_port: Option<u16>,
+    /// `aqw.tracing.parent`: where a JSON payload carries its producer's
+    /// trace context (RFC 6901 pointer). Queue messages have no headers, so
+    /// nothing is read or written there unless this is set.
+    pub trace_parent: Option<String>,
     pub shutdown_timeout: Duration,
     pub functions: Vec<FunctionConfig>,
     /// Function folders aqw does not run: disabled, or not a queue trigger.
@@ -157,7 +161,15 @@ struct RawAqw {
     poison: Option<RawPoison>,
     alert: Option<RawAlert>,
     http: Option<RawHttp>,
+    tracing: Option<RawTracing>,
     shutdown_timeout: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawTracing {
+    /// JSON pointer to the producer's W3C trace context in a JSON payload.
+    parent: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -417,6 +429,7 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
         alert_webhook: a.alert_webhook,
         alert_window: a.alert_window,
         http_port: a.http_port,
+        trace_parent: a.trace_parent,
         shutdown_timeout: a.shutdown_timeout,
         functions,
         skipped,
@@ -548,6 +561,7 @@ struct AqwSettings {
     alert_webhook: Option<url::Url>,
     alert_window: Duration,
     http_port: Option<u16>,
+    trace_parent: Option<String>,
     shutdown_timeout: Duration,
 }
 
@@ -606,6 +620,15 @@ impl AqwSettings {
             }
         };
         let http_port = raw_aqw.http.as_ref().and_then(|h| h.port);
+        let trace_parent = raw_aqw.tracing.as_ref().and_then(|t| t.parent.clone());
+        if let Some(p) = &trace_parent {
+            if !p.starts_with('/') {
+                return Err(f(
+                    "aqw.tracing.parent",
+                    format!("must be a JSON pointer starting with '/' (for example \"/traceparent\"), got {p:?}"),
+                ));
+            }
+        }
         let shutdown_timeout =
             opt_timespan(&host_file, "aqw.shutdownTimeout", &raw_aqw.shutdown_timeout)?
                 .unwrap_or(Duration::from_secs(25));
@@ -619,6 +642,7 @@ impl AqwSettings {
             alert_webhook,
             alert_window,
             http_port,
+            trace_parent,
             shutdown_timeout,
         })
     }

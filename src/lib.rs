@@ -53,6 +53,7 @@ pub mod retry;
 pub mod serve;
 pub mod storage;
 pub mod telemetry;
+pub mod traces;
 pub mod worker;
 
 pub use config::AppConfig;

@@ -4,13 +4,24 @@
 
 mod cli;
 
-use aqw::telemetry;
+use aqw::{telemetry, traces};
 use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
-    telemetry::init_logging(args.log_format);
+    // Exporters come from the process environment (OTEL_*,
+    // APPLICATIONINSIGHTS_CONNECTION_STRING); the guard flushes them at exit.
+    let traces = match traces::export::targets_from_env(|k| std::env::var(k).ok())
+        .and_then(|t| traces::export::install(&t))
+    {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("aqw: {}", telemetry::scrub(&e));
+            return cli::Exit::Usage.into();
+        }
+    };
+    telemetry::init_logging(args.log_format, &traces);
     let exit = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -27,5 +38,6 @@ fn main() -> ExitCode {
             cli::Exit::Runtime
         }
     };
+    drop(traces);
     ExitCode::from(exit)
 }

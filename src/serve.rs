@@ -492,7 +492,10 @@ async fn invoke(
         }
     };
     let msg = inv.message;
-    let span = tracing::info_span!("job", function = %function, message_id = %msg.id, dequeue_count = msg.dequeue_count, invocation_id = %invocation_id, key = tracing::field::Empty);
+    let span = crate::traces::job_span(&function, &rt.function.queue, &msg.id, msg.dequeue_count);
+    span.record("invocation_id", invocation_id.as_str());
+    let trace =
+        crate::traces::start_job(&span, crate::worker::producer_context(&rt, &msg).as_ref());
     if !inv.shadowed.is_empty() {
         span.in_scope(|| {
             warn!(event = "aqw.serve.metadata_shadowed", fields = ?inv.shadowed,
@@ -501,10 +504,10 @@ async fn invoke(
         });
     }
     let started = std::time::Instant::now();
-    let outcome = process(&rt, &msg, &HostSettle, &state.hard_stop)
+    let outcome = process(&rt, &msg, &HostSettle, &trace, &state.hard_stop)
         .instrument(span.clone())
         .await;
-    span.in_scope(|| record_outcome(&function, &outcome, started.elapsed()));
+    span.in_scope(|| record_outcome(&function, &outcome, started.elapsed(), &trace));
     let log = format!(
         "aqw: {} message {} (dequeue count {})",
         outcome.label(),

@@ -65,9 +65,14 @@ pub enum LogFormat {
 }
 
 /// Install the global tracing subscriber (idempotent). `AQW_LOG` / `RUST_LOG`
-/// set the filter; the SDK's own debug lines stay off by default.
-pub fn init_logging(format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
+/// set the filter; the SDK's own debug lines stay off by default. With an
+/// exporter in `traces`, aqw's own spans (target `aqw`, info and up) also go
+/// to OpenTelemetry; the HTTP stack's never do.
+pub fn init_logging(format: LogFormat, traces: &crate::traces::TracesGuard) {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{filter::Targets, EnvFilter, Layer, Registry};
     // An explicit AQW_LOG / RUST_LOG is taken as is (the SDK's own debug lines
     // included: the scrubbing writer still guards them); the default keeps the
     // SDK at warn.
@@ -75,25 +80,33 @@ pub fn init_logging(format: LogFormat) {
         Ok(f) => EnvFilter::try_new(f).unwrap_or_else(|_| EnvFilter::new("info")),
         Err(_) => EnvFilter::new("info,azure_core=warn,azure_identity=warn,azure_storage_queue=warn,typespec_client_core=warn,reqwest=warn,hyper=warn"),
     };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(|| ScrubbingStderr)
         .with_target(false);
-    let _ = match format {
-        LogFormat::Json => builder
+    let fmt: Box<dyn Layer<Registry> + Send + Sync> = match format {
+        LogFormat::Json => fmt
             .json()
             .flatten_event(true)
             .with_current_span(true)
             .with_span_list(false)
-            .try_init(),
-        LogFormat::Text => builder
-            // https://no-color.org: any non-empty NO_COLOR turns colour off.
+            .boxed(),
+        // https://no-color.org: any non-empty NO_COLOR turns colour off.
+        LogFormat::Text => fmt
             .with_ansi(
                 std::io::IsTerminal::is_terminal(&std::io::stderr())
                     && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
             )
-            .try_init(),
+            .boxed(),
     };
+    let otel = traces.provider().map(|p| {
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer("aqw"))
+            .with_filter(Targets::new().with_target("aqw", tracing::Level::INFO))
+    });
+    let _ = tracing_subscriber::registry()
+        .with(fmt.with_filter(filter))
+        .with(otel)
+        .try_init();
 }
 
 /// The process-wide Prometheus recorder (installed on first use).

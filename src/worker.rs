@@ -13,6 +13,7 @@ use crate::message::{decode, ErrorInfo, ErrorKind};
 use crate::retry::polling_delay;
 use crate::storage::{QueueStore, ReceivedMessage, StorageError, StorageResult};
 use crate::telemetry::Alerts;
+use crate::traces::JobTrace;
 use async_trait::async_trait;
 use rand::Rng;
 use std::sync::atomic::Ordering;
@@ -140,6 +141,7 @@ pub async fn process(
     rt: &FunctionRuntime,
     msg: &ReceivedMessage,
     settle: &dyn Settle,
+    trace: &JobTrace,
     hard_stop: &CancellationToken,
 ) -> Outcome {
     let policy = Policy {
@@ -167,6 +169,7 @@ pub async fn process(
         key: key.as_ref(),
         claim: None,
         first_attempt: None,
+        trace,
     };
     let jitter = rand::thread_rng().gen();
     // Over the cap, the key's record decides first (see `decide`).
@@ -187,9 +190,17 @@ pub async fn process(
     };
     let mut action = decide(&facts, &state, &AttemptResult::NotRun, &policy, jitter);
     if action == Action::Claim {
-        let state = match ctx.claim(policy.lease).await {
+        let claim_span = crate::step_span!(
+            "aqw.key.claim",
+            otel.status_code = tracing::field::Empty,
+            otel.status_message = tracing::field::Empty
+        );
+        let state = match ctx.claim(policy.lease).instrument(claim_span.clone()).await {
             Ok(state) => state,
-            Err(e) => return abandoned(e),
+            Err(e) => {
+                crate::traces::fail_step(&claim_span, &e.to_string());
+                return abandoned(e);
+            }
         };
         action = decide(&facts, &state, &AttemptResult::NotRun, &policy, jitter);
     }
@@ -292,6 +303,7 @@ struct Settling<'a> {
     key: Option<&'a IdempotencyKey>,
     claim: Option<ClaimedKey>,
     first_attempt: Option<String>,
+    trace: &'a JobTrace,
 }
 
 impl Settling<'_> {
@@ -330,6 +342,10 @@ impl Settling<'_> {
     ) -> (HandlerRun, Option<Success>) {
         let rt = self.rt;
         let claim = self.claim.as_ref();
+        // The handler call is its own span; its context is what the handler
+        // receives (traceparent header, TRACEPARENT), so its spans hang there.
+        let span = crate::step_span!("aqw.handler", otel.kind = "client", function = %rt.function.name,
+            otel.status_code = tracing::field::Empty, otel.status_message = tracing::field::Empty);
         let job = Job {
             function: rt.function.name.clone(),
             message_id: self.msg.id.clone(),
@@ -339,9 +355,18 @@ impl Settling<'_> {
             provider_key: claim.map(|c| c.provider_key.clone()),
             previously_pending: claim.is_some_and(|c| c.previously_pending),
             key_partition: claim.map(|c| c.partition_key.clone()),
+            trace: Some(self.trace.context_within(&span)),
         };
         let started = Instant::now();
-        let run = run_handler(rt, &job, self.settle, self.claim.as_mut(), hard_stop).await;
+        let run = run_handler(rt, &job, self.settle, self.claim.as_mut(), hard_stop)
+            .instrument(span.clone())
+            .await;
+        match &run {
+            HandlerRun::Finished(Err(e)) => crate::traces::fail_step(&span, &e.to_string()),
+            HandlerRun::TimedOut(_) => crate::traces::fail_step(&span, "functionTimeout exceeded"),
+            HandlerRun::Interrupted => crate::traces::fail_step(&span, "interrupted by shutdown"),
+            HandlerRun::Finished(Ok(_)) => {}
+        }
         metrics::histogram!("aqw_handler_duration_seconds", "function" => rt.function.name.clone())
             .record(started.elapsed().as_secs_f64());
         match run {
@@ -356,7 +381,13 @@ impl Settling<'_> {
     async fn complete(&self, success: Success) -> Outcome {
         failpoint::hit("effect.after");
         if let Some(c) = &self.claim {
-            if let Err(e) = self.rt.keys.complete(c, success.same_store_effects).await {
+            let done = self
+                .rt
+                .keys
+                .complete(c, success.same_store_effects)
+                .instrument(crate::step_span!("aqw.key.done"))
+                .await;
+            if let Err(e) = done {
                 return match e {
                     FinishError::Storage(e) => abandoned(e),
                     FinishError::LeaseLost => Outcome::Abandoned {
@@ -368,7 +399,7 @@ impl Settling<'_> {
             warn!("handler returned same-store effects for a function without keys; they were not written");
         }
         failpoint::hit("done.after");
-        match self.settle.delete().await {
+        match self.settle.delete().instrument(settle_span("delete")).await {
             Ok(()) => Outcome::Completed,
             Err(e) => abandoned(e),
         }
@@ -377,11 +408,17 @@ impl Settling<'_> {
     async fn carry_out(&self, action: Action) -> Outcome {
         let rt = self.rt;
         match action {
-            Action::Duplicate => match self.settle.delete().await {
+            Action::Duplicate => match self.settle.delete().instrument(settle_span("delete")).await
+            {
                 Ok(()) => Outcome::Duplicate,
                 Err(e) => abandoned(e),
             },
-            Action::Defer { until } => match self.settle.retry_after(defer_delay(until)).await {
+            Action::Defer { until } => match self
+                .settle
+                .retry_after(defer_delay(until))
+                .instrument(settle_span("defer"))
+                .await
+            {
                 Ok(()) => Outcome::Deferred { until },
                 Err(e) => abandoned(e),
             },
@@ -392,7 +429,12 @@ impl Settling<'_> {
                         .record_failure_as(c, "released", "interrupted by shutdown", true)
                         .await;
                 }
-                match self.settle.retry_after(Duration::ZERO).await {
+                match self
+                    .settle
+                    .retry_after(Duration::ZERO)
+                    .instrument(settle_span("release"))
+                    .await
+                {
                     Ok(()) => Outcome::Released,
                     Err(e) => abandoned(e),
                 }
@@ -417,7 +459,9 @@ impl Settling<'_> {
                     reason,
                     self.first_attempt.clone(),
                     uncertain,
+                    Some(self.trace.context.traceparent()),
                 )
+                .instrument(settle_span("poison"))
                 .await
             }
             Action::Complete => self.complete(Success::done()).await,
@@ -440,11 +484,21 @@ impl Settling<'_> {
         }
         warn!(event = "aqw.job.retry", error = %crate::telemetry::scrub(message), retry_in_s = after.as_secs_f64(), "attempt failed; will retry");
         metrics::counter!("aqw_retries_total", "function" => rt.function.name.clone()).increment(1);
-        match self.settle.retry_after(after).await {
+        match self
+            .settle
+            .retry_after(after)
+            .instrument(settle_span("retry"))
+            .await
+        {
             Ok(()) => Outcome::Retried { after },
             Err(e) => abandoned(e),
         }
     }
+}
+
+/// The span of carrying out a fate (`delete`, `retry`, `poison`, ...).
+fn settle_span(action: &'static str) -> tracing::Span {
+    crate::step_span!("aqw.settle", action)
 }
 
 /// Look again soon rather than at the lease's end: the holder usually
@@ -517,9 +571,14 @@ async fn poison(
     message: String,
     first_attempt_at: Option<String>,
     uncertain: bool,
+    trace_parent: Option<String>,
 ) -> Outcome {
     let info = ErrorInfo { kind, message };
-    if let Err(e) = rt.poison.write(msg, key, &info, first_attempt_at).await {
+    if let Err(e) = rt
+        .poison
+        .write(msg, key, &info, first_attempt_at, trace_parent)
+        .await
+    {
         return abandoned(e);
     }
     if let Some(c) = claim {
@@ -627,74 +686,89 @@ fn spawn_job(
     permit: tokio::sync::OwnedSemaphorePermit,
     hard_stop: CancellationToken,
 ) {
-    let span = tracing::info_span!("job", function = %rt.function.name, message_id = %msg.id, dequeue_count = msg.dequeue_count, key = tracing::field::Empty);
+    let span = crate::traces::job_span(
+        &rt.function.name,
+        &rt.function.queue,
+        &msg.id,
+        msg.dequeue_count,
+    );
+    let trace = crate::traces::start_job(&span, producer_context(&rt, &msg).as_ref());
     tracker.spawn(
         async move {
             let settle = QueueSettle::new(rt.source.clone(), &msg);
             let started = Instant::now();
-            let outcome = process(&rt, &msg, &settle, &hard_stop).await;
-            record_outcome(&rt.function.name, &outcome, started.elapsed());
+            let outcome = process(&rt, &msg, &settle, &trace, &hard_stop).await;
+            record_outcome(&rt.function.name, &outcome, started.elapsed(), &trace);
             drop(permit);
         }
         .instrument(span),
     );
 }
 
+/// The producer's trace context, where `aqw.tracing.parent` says a JSON
+/// payload carries it (nothing is read otherwise).
+pub fn producer_context(
+    rt: &FunctionRuntime,
+    msg: &ReceivedMessage,
+) -> Option<crate::traces::TraceContext> {
+    let pointer = rt.app.trace_parent.as_deref()?;
+    let payload = decode(&msg.text, rt.app.message_encoding).ok()?;
+    crate::traces::context_in_payload(pointer, &payload)
+}
+
 /// Count and log one outcome: the same counters and the same one line per
-/// attempt (`aqw.job.<outcome>`, with `outcome` and `duration_ms`) for
-/// `aqw run` and `aqw serve`.
-pub fn record_outcome(function: &str, outcome: &Outcome, elapsed: Duration) {
+/// attempt (`aqw.job.<outcome>`, with `outcome`, `duration_ms`, `trace_id`
+/// and `span_id`) for `aqw run` and `aqw serve`; the same facts go on the
+/// current `aqw.job` span.
+pub fn record_outcome(function: &str, outcome: &Outcome, elapsed: Duration, trace: &JobTrace) {
     metrics::counter!("aqw_messages_total", "function" => function.to_string(), "outcome" => outcome.label()).increment(1);
     let duration_ms = elapsed.as_millis() as u64;
     let label = outcome.label();
+    let (trace_id, span_id) = (trace.trace_id.as_str(), trace.span_id.as_str());
+    let error = match outcome {
+        Outcome::Poisoned { reason } => Some(crate::telemetry::scrub(reason)),
+        Outcome::Abandoned { error } => Some(crate::telemetry::scrub(error)),
+        Outcome::Retried { .. } => Some("attempt failed; will retry".to_string()),
+        _ => None,
+    };
+    crate::traces::finish_job(
+        &tracing::Span::current(),
+        label,
+        duration_ms,
+        error.as_deref(),
+    );
+    macro_rules! line {
+        ($level:ident, $event:literal, $msg:literal $(, $($extra:tt)*)?) => {
+            $level!(event = $event, outcome = label, duration_ms, trace_id, span_id, $($($extra)*,)? $msg)
+        };
+    }
     match outcome {
-        Outcome::Completed => {
-            info!(
-                event = "aqw.job.completed",
-                outcome = label,
-                duration_ms,
-                "job completed"
-            )
-        }
-        Outcome::Duplicate => info!(
-            event = "aqw.job.duplicate",
-            outcome = label,
-            duration_ms,
+        Outcome::Completed => line!(info, "aqw.job.completed", "job completed"),
+        Outcome::Duplicate => line!(
+            info,
+            "aqw.job.duplicate",
             "key already done; message deleted without running"
         ),
-        Outcome::Deferred { until } => info!(
-            event = "aqw.job.deferred",
-            outcome = label,
-            duration_ms,
-            lease_until = %until,
-            "key held by a live lease (another attempt is running); looking again shortly"
+        Outcome::Deferred { until } => line!(info, "aqw.job.deferred",
+            "key held by a live lease (another attempt is running); looking again shortly", lease_until = %until),
+        Outcome::Retried { after } => line!(
+            info,
+            "aqw.job.retried",
+            "attempt failed; will retry",
+            retry_in_ms = after.as_millis() as u64
         ),
-        Outcome::Retried { after } => info!(
-            event = "aqw.job.retried",
-            outcome = label,
-            duration_ms,
-            retry_in_ms = after.as_millis() as u64,
-            "attempt failed; will retry"
+        Outcome::Poisoned { .. } => line!(
+            warn,
+            "aqw.job.poisoned",
+            "job poisoned",
+            reason = error.as_deref().unwrap_or_default()
         ),
-        Outcome::Poisoned { reason } => warn!(
-            event = "aqw.job.poisoned",
-            outcome = label,
-            duration_ms,
-            reason = %crate::telemetry::scrub(reason),
-            "job poisoned"
-        ),
-        Outcome::Released => info!(
-            event = "aqw.job.released",
-            outcome = label,
-            duration_ms,
-            "job released at shutdown"
-        ),
-        Outcome::Abandoned { error } => warn!(
-            event = "aqw.job.abandoned",
-            outcome = label,
-            duration_ms,
-            error = %crate::telemetry::scrub(error),
-            "storage failed mid-way; the message returns when its lease ends"
+        Outcome::Released => line!(info, "aqw.job.released", "job released at shutdown"),
+        Outcome::Abandoned { .. } => line!(
+            warn,
+            "aqw.job.abandoned",
+            "storage failed mid-way; the message returns when its lease ends",
+            error = error.as_deref().unwrap_or_default()
         ),
     }
     if matches!(outcome, Outcome::Duplicate) {

@@ -357,7 +357,14 @@ async fn a_keyed_message_costs_three_storage_requests_besides_the_receive() {
     for m in &msgs {
         let settle = aqw::worker::QueueSettle::new(rt.source.clone(), m);
         assert_eq!(
-            aqw::process(&rt, m, &settle, &stop).await,
+            aqw::process(
+                &rt,
+                m,
+                &settle,
+                &aqw::traces::start_job(&tracing::Span::none(), None),
+                &stop
+            )
+            .await,
             aqw::Outcome::Completed
         );
     }

@@ -243,7 +243,7 @@ async fn crash_between_poison_put_and_source_delete_leaves_one_copy() {
         message: "boom".into(),
     };
     assert!(
-        rt.poison.write(&m, None, &err, None).await.unwrap(),
+        rt.poison.write(&m, None, &err, None, None).await.unwrap(),
         "first write creates the record"
     );
     // The message comes back (DequeueCount 2 > max 1): the worker poisons it again.

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 pub async fn dispatch(cli: Cli) -> Result<Exit, Failure> {
     let output = cli.output;
@@ -62,9 +63,13 @@ async fn serve(app_dir: &Path) -> Result<Exit, Failure> {
 async fn enqueue(app_dir: &Path, a: EnqueueArgs, output: Output) -> Result<Exit, Failure> {
     let app = load(app_dir)?;
     let payload = read_payload(a.payload, a.file, a.stdin.as_deref())?;
+    // The producer span; its context goes into the payload where
+    // aqw.tracing.parent says (joining TRACEPARENT from the environment).
+    let span = aqw::step_span!("aqw.enqueue", otel.kind = "producer", queue = %a.queue);
+    let payload = ops::with_trace_context(&app, &payload, &span);
     let job = ops::prepare_enqueue(&app, &a.queue, &payload, a.force)?;
     let storage = aqw::app::connect(&job.connection).map_err(|e| Failure::usage(e.to_string()))?;
-    let done = ops::enqueue(job, &storage).await?;
+    let done = ops::enqueue(job, &storage).instrument(span).await?;
     render::enqueued(&done, output);
     Ok(Exit::Ok)
 }

@@ -72,6 +72,15 @@ impl Handler for ExecHandler {
                 "AQW_PREVIOUSLY_PENDING",
                 if job.previously_pending { "1" } else { "0" },
             );
+        // W3C trace context for the program's own tracing (the OpenTelemetry
+        // SDKs read TRACEPARENT / TRACESTATE from the environment).
+        cmd.env_remove("TRACEPARENT").env_remove("TRACESTATE");
+        if let Some(t) = &job.trace {
+            cmd.env("TRACEPARENT", t.traceparent());
+            if let Some(state) = &t.tracestate {
+                cmd.env("TRACESTATE", state);
+            }
+        }
         if !self.working_dir.as_os_str().is_empty() {
             cmd.current_dir(&self.working_dir);
         }
@@ -133,6 +142,7 @@ mod tests {
             provider_key: Some("pk".into()),
             previously_pending: true,
             key_partition: None,
+            trace: None,
         }
     }
 

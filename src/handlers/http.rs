@@ -97,6 +97,12 @@ impl Handler for HttpHandler {
         if let Some(k) = &job.key {
             req = req.header("aqw-key", header_safe(k));
         }
+        if let Some(t) = &job.trace {
+            req = req.header("traceparent", t.traceparent());
+            if let Some(state) = &t.tracestate {
+                req = req.header("tracestate", state);
+            }
+        }
         let resp = req.send().await.map_err(|e| {
             let (what, sent) = if e.is_timeout() {
                 ("timed out", true)

@@ -31,6 +31,9 @@ pub struct Job {
     pub previously_pending: bool,
     /// The partition of the key record, for same-store effects.
     pub key_partition: Option<String>,
+    /// The trace context of the handler call: sent as `traceparent` /
+    /// `tracestate` (HTTP) or `TRACEPARENT` / `TRACESTATE` (exec).
+    pub trace: Option<crate::traces::TraceContext>,
 }
 
 /// What a successful handler asks aqw to write with the `done` mark.

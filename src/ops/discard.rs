@@ -4,6 +4,7 @@ use super::{OpsError, OpsResult, QueueOps};
 use crate::idempotency::IdempotencyKey;
 use crate::poison::{PoisonRecord, RecordStatus};
 use std::time::Duration;
+use tracing::Instrument;
 
 /// `aqw poison discard`.
 /// Close a record without replaying it. With `close_key`, the job's key is
@@ -17,7 +18,22 @@ pub async fn discard(
     by: &str,
     close_key: bool,
 ) -> OpsResult<PoisonRecord> {
+    let span =
+        crate::step_span!("aqw.discard", queue = %ops.queue, poison.id = %id, by = %by, close_key);
+    discard_record(ops, id, reason, by, close_key)
+        .instrument(span)
+        .await
+}
+
+async fn discard_record(
+    ops: &QueueOps,
+    id: &str,
+    reason: &str,
+    by: &str,
+    close_key: bool,
+) -> OpsResult<PoisonRecord> {
     let (mut rec, etag) = ops.open_record(id).await?;
+    crate::traces::link_to(&tracing::Span::current(), rec.trace_parent.as_deref());
     if close_key {
         let key = rec
             .key

@@ -62,6 +62,32 @@ pub fn prepare_enqueue(
     })
 }
 
+/// The payload with the producer's trace context written where
+/// `aqw.tracing.parent` points (unchanged when that is unset or a valid
+/// context is already there). `span` is the enqueue's producer span; it
+/// joins `TRACEPARENT` / `TRACESTATE` from the environment when they hold a
+/// valid context. A payload that cannot carry it (not a JSON object) is sent
+/// as it is, with a warning.
+pub fn with_trace_context(app: &AppConfig, payload: &str, span: &tracing::Span) -> String {
+    let Some(pointer) = app.trace_parent.as_deref() else {
+        return payload.to_string();
+    };
+    let env = std::env::var("TRACEPARENT").ok();
+    let state = std::env::var("TRACESTATE").ok();
+    let parent = env
+        .as_deref()
+        .and_then(|tp| crate::traces::TraceContext::parse(tp, state.as_deref()));
+    let trace = crate::traces::start_job(span, parent.as_ref());
+    match crate::traces::put_context_in_payload(pointer, payload, &trace.context) {
+        Ok(Some(with)) => with,
+        Ok(None) => payload.to_string(),
+        Err(e) => {
+            tracing::warn!(event = "aqw.enqueue.no_trace_context", error = %e, "the message is sent without a trace context");
+            payload.to_string()
+        }
+    }
+}
+
 /// Put a prepared job on its queue (creating the queue if missing).
 pub async fn enqueue(job: PreparedEnqueue, storage: &dyn Storage) -> OpsResult<Enqueued> {
     let queue = storage.queue(&job.queue);

@@ -6,6 +6,7 @@ use crate::idempotency::IdempotencyKey;
 use crate::message::decode;
 use crate::storage::{Entity, Ttl};
 use std::time::Duration;
+use tracing::Instrument;
 
 /// What `poison fix` did with a record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -69,7 +70,21 @@ pub async fn fix(
     by: &str,
     wait: Option<Duration>,
 ) -> OpsResult<FixReport> {
+    let span = crate::step_span!("aqw.fix", otel.kind = "producer", queue = %ops.queue, poison.id = %id, by = %by);
+    fix_record(ops, id, payload, by, wait)
+        .instrument(span)
+        .await
+}
+
+async fn fix_record(
+    ops: &QueueOps,
+    id: &str,
+    payload: &str,
+    by: &str,
+    wait: Option<Duration>,
+) -> OpsResult<FixReport> {
     let (rec, mut etag) = ops.open_record(id).await?;
+    crate::traces::link_to(&tracing::Span::current(), rec.trace_parent.as_deref());
     let f = ops.function.clone().ok_or_else(|| {
         OpsError::Usage(format!(
             "queue {} is not consumed by a function of this app",

@@ -21,7 +21,7 @@ mod show;
 mod status;
 
 pub use discard::discard;
-pub use enqueue::{enqueue, prepare_enqueue, Enqueued, PreparedEnqueue};
+pub use enqueue::{enqueue, prepare_enqueue, with_trace_context, Enqueued, PreparedEnqueue};
 pub use fix::{fix, FixAction, FixReport};
 pub use keys::key_record;
 pub use list::list;

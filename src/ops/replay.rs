@@ -9,6 +9,7 @@ use crate::poison::{PoisonRecord, RecordStatus};
 use crate::storage::{Entity, Etag, StorageError, Ttl};
 use futures::StreamExt as _;
 use std::time::Duration;
+use tracing::Instrument;
 
 /// Records replayed at once by default (each is a handful of storage calls).
 pub const DEFAULT_REPLAY_CONCURRENCY: usize = 8;
@@ -215,7 +216,13 @@ async fn replay_all(
             if let Some(iv) = interval {
                 tokio::time::sleep_until(start + iv * i as u32).await;
             }
-            match replay_one(ops, &rec, etag, opts, receipts).await {
+            let span = crate::step_span!("aqw.replay", otel.kind = "producer", queue = %ops.queue,
+                poison.id = %rec.message_id, dry_run = opts.dry_run);
+            crate::traces::link_to(&span, rec.trace_parent.as_deref());
+            match replay_one(ops, &rec, etag, opts, receipts)
+                .instrument(span)
+                .await
+            {
                 Ok(item) => item,
                 Err(e) => ReplayItem::new(&rec.message_id, rec.key.clone(), ReplayAction::Failed)
                     .with(ReplayAction::Failed, e.to_string()),

@@ -82,6 +82,9 @@ pub struct PoisonRecord {
     pub replacement_message_id: Option<String>,
     pub replacement_key: Option<crate::idempotency::IdempotencyKey>,
     pub replacement_size_diff: Option<i64>,
+    /// The W3C `traceparent` of the attempt that poisoned it, so replay,
+    /// discard and fix link their spans to that job's trace.
+    pub trace_parent: Option<String>,
 }
 
 fn split_parts(text: &str) -> Vec<String> {
@@ -135,6 +138,9 @@ impl PoisonRecord {
             json!(self.poison_pop_receipt.clone().unwrap_or_default()),
         );
         put(col::REPLAY_COUNT, json!(self.replay_count));
+        if let Some(tp) = &self.trace_parent {
+            put(col::TRACE_PARENT, json!(tp));
+        }
         e
     }
 
@@ -193,6 +199,7 @@ impl PoisonRecord {
             replacement_message_id: s(col::REPLACEMENT_MESSAGE_ID),
             replacement_key: s(col::REPLACEMENT_KEY).and_then(|k| IdempotencyKey::new(k).ok()),
             replacement_size_diff: e.get(col::REPLACEMENT_SIZE_DIFF).and_then(Value::as_i64),
+            trace_parent: s(col::TRACE_PARENT),
         }
     }
 
@@ -228,6 +235,7 @@ impl PoisonRecord {
             replacement_message_id: None,
             replacement_key: None,
             replacement_size_diff: None,
+            trace_parent: None,
         }
     }
 
@@ -282,6 +290,7 @@ pub mod col {
     pub const REPLAYED_AT: &str = "ReplayedAt";
     pub const REPLAYED_BY: &str = "ReplayedBy";
     pub const STATUS: &str = "Status";
+    pub const TRACE_PARENT: &str = "TraceParent";
 }
 
 /// The merge that closes a record as discarded.

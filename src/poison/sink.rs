@@ -97,12 +97,13 @@ impl PoisonSink {
         key: Option<&IdempotencyKey>,
         error: &ErrorInfo,
         first_attempt_at: Option<String>,
+        trace_parent: Option<String>,
     ) -> StorageResult<bool> {
         let error = ErrorInfo {
             kind: error.kind,
             message: cap_error(&error.message),
         };
-        let record = PoisonRecord::open(
+        let mut record = PoisonRecord::open(
             PoisonEnvelope {
                 aqw: ENVELOPE_VERSION.into(),
                 queue: self.source_queue.clone(),
@@ -121,6 +122,7 @@ impl PoisonSink {
             "aqw",
             None,
         );
+        record.trace_parent = trace_parent;
         let (mut record, etag, created) = self.insert_record(&msg.id, record).await?;
         let (pk, rk) = (self.source_queue.as_str(), msg.id.as_str());
         failpoint::hit("poison.after_record");

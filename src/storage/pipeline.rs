@@ -40,6 +40,7 @@ use hmac::{Hmac, Mac};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tracing::Instrument;
 
 /// Counts requests by operation and status, then hands them to reqwest.
 #[derive(Debug)]
@@ -121,6 +122,30 @@ pub(crate) fn operation_name(method: Method, url: &url::Url) -> &'static str {
     }
 }
 
+/// One storage request as a client span (OpenTelemetry HTTP conventions),
+/// only while traces are exported. The URL loses its query: a SAS lives there.
+fn storage_span(method: Method, op: &'static str, url: &url::Url) -> tracing::Span {
+    if !crate::traces::enabled() {
+        return tracing::Span::none();
+    }
+    let mut shown = url.clone();
+    shown.set_query(None);
+    let method = reqwest_method(method);
+    crate::step_span!(
+        "aqw.storage",
+        otel.kind = "client",
+        otel.name = %format!("{method} {op}"),
+        http.request.method = %method,
+        server.address = url.host_str().unwrap_or_default(),
+        server.port = url.port_or_known_default().unwrap_or_default(),
+        url.full = %shown,
+        aqw.storage.operation = op,
+        http.response.status_code = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    )
+}
+
 fn reqwest_method(m: Method) -> reqwest::Method {
     match m {
         Method::Delete => reqwest::Method::DELETE,
@@ -153,11 +178,26 @@ impl HttpClient for CountingTransport {
                 ))
             }
         };
-        let result = req.send().await;
+        let span = storage_span(request.method(), op, request.url());
+        let result = req.send().instrument(span.clone()).await;
         let status = match &result {
             Ok(r) => r.status().as_u16().to_string(),
             Err(_) => "error".to_string(),
         };
+        if !span.is_none() {
+            match &result {
+                Ok(r) => {
+                    span.record("http.response.status_code", r.status().as_u16());
+                    if r.status().as_u16() >= 400 {
+                        span.record("otel.status_code", "error");
+                    }
+                }
+                Err(_) => {
+                    span.record("error.type", "transport");
+                    span.record("otel.status_code", "error");
+                }
+            }
+        }
         metrics::counter!("aqw_storage_requests_total", "operation" => op, "status" => status)
             .increment(1);
         *self
