@@ -494,8 +494,7 @@ async fn invoke(
     let msg = inv.message;
     let span = crate::traces::job_span(&function, &rt.function.queue, &msg.id, msg.dequeue_count);
     span.record("invocation_id", invocation_id.as_str());
-    let trace =
-        crate::traces::start_job(&span, crate::worker::producer_context(&rt, &msg).as_ref());
+    let trace = start_trace(&span, &headers, crate::worker::producer_context(&rt, &msg));
     if !inv.shadowed.is_empty() {
         span.in_scope(|| {
             warn!(event = "aqw.serve.metadata_shadowed", fields = ?inv.shadowed,
@@ -597,6 +596,28 @@ pub async fn serve(
         o.abort();
     }
     Ok(())
+}
+
+/// The host's HttpClient sends its invocation's W3C context: the job joins
+/// it and links the producer's (when the payload carries one, see
+/// `aqw.tracing.parent`); without it, the producer's context is the parent.
+fn start_trace(
+    span: &tracing::Span,
+    headers: &HeaderMap,
+    producer: Option<crate::traces::TraceContext>,
+) -> crate::traces::JobTrace {
+    let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
+    match header("traceparent")
+        .and_then(|tp| crate::traces::TraceContext::parse(tp, header("tracestate")))
+    {
+        Some(host) => {
+            if let Some(p) = &producer {
+                crate::traces::link_to(span, Some(&p.traceparent()));
+            }
+            crate::traces::start_job(span, Some(&host))
+        }
+        None => crate::traces::start_job(span, producer.as_ref()),
+    }
 }
 
 #[cfg(test)]

@@ -587,6 +587,8 @@ async fn serve_binary_answers_the_host_with_ops_endpoints_and_invocation_ids_in_
             client
                 .post(format!("http://127.0.0.1:{port}/Job"))
                 .header("X-Azure-Functions-InvocationId", "inv-0b7e")
+                // The host's HttpClient propagates its invocation's context.
+                .header("traceparent", "00-5c1d2b3e4f5a69788796a5b4c3d2e1f0-1122334455667788-01")
                 .body(body)
                 .send()
                 .await
@@ -638,6 +640,15 @@ async fn serve_binary_answers_the_host_with_ops_endpoints_and_invocation_ids_in_
         );
     }
     assert!(text.contains("aqw.function.skipped"), "{text}");
+    let outcome: Value = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|l| l["event"] == "aqw.job.completed")
+        .expect("an outcome line");
+    assert_eq!(
+        outcome["trace_id"], "5c1d2b3e4f5a69788796a5b4c3d2e1f0",
+        "the job joined the host's trace"
+    );
     app_.cleanup().await;
 }
 

@@ -45,6 +45,10 @@ pub enum ExportTarget {
         /// Holds the instrumentation key: never printed.
         connection_string: String,
         shown: String,
+        /// `IngestionEndpoint` kept as written when it is plain HTTP on
+        /// loopback (a local agent or test receiver); the exporter would
+        /// otherwise upgrade it to HTTPS, as the Azure SDKs do.
+        loopback_http: Option<String>,
     },
 }
 
@@ -147,9 +151,20 @@ pub fn targets_from_env(get: impl Fn(&str) -> Option<String>) -> Result<Vec<Expo
         }
         let ingestion = field("IngestionEndpoint")
             .unwrap_or_else(|| "https://dc.services.visualstudio.com".into());
+        let loopback_http = url::Url::parse(&ingestion)
+            .ok()
+            .filter(|u| u.scheme() == "http")
+            .filter(|u| match u.host() {
+                Some(url::Host::Domain(d)) => d == "localhost",
+                Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+                Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+                None => false,
+            })
+            .map(|u| u.to_string());
         targets.push(ExportTarget::AppInsights {
             connection_string: cs,
             shown: shown(&ingestion),
+            loopback_http,
         });
     }
     Ok(targets)
@@ -202,18 +217,27 @@ pub fn install(targets: &[ExportTarget]) -> Result<TracesGuard, String> {
                 builder.with_batch_exporter(exporter)
             }
             ExportTarget::AppInsights {
-                connection_string, ..
+                connection_string,
+                loopback_http,
+                ..
             } => {
                 let client = ExportClient::new("appinsights", Duration::from_secs(10))?;
-                let exporter =
+                let invalid = |_| {
+                    "APPLICATIONINSIGHTS_CONNECTION_STRING is not a valid connection string"
+                        .to_string()
+                };
+                let mut exporter =
                     opentelemetry_application_insights::Exporter::new_from_connection_string(
                         connection_string,
                         client,
                     )
-                    .map_err(|_| {
-                        "APPLICATIONINSIGHTS_CONNECTION_STRING is not a valid connection string"
-                            .to_string()
-                    })?;
+                    .map_err(invalid)?;
+                // Deprecated upstream in favour of the connection string,
+                // whose parser upgrades every endpoint to HTTPS.
+                #[allow(deprecated)]
+                if let Some(endpoint) = loopback_http {
+                    exporter = exporter.with_endpoint(endpoint).map_err(invalid)?;
+                }
                 builder.with_batch_exporter(exporter)
             }
         };
