@@ -119,6 +119,7 @@ def run_all(b):
     for rep in range(b.reps):
         for procs in (1, 2, 4):
             scale.setdefault(procs, []).append(scenarios.scale_run(b, procs, rep))
+    g = scenarios.traces(b)
     # A probe failing must not lose the whole run's figures.
     try:
         e["idle"] = idle_latency.finish(b.sizes["latency_idle_samples"])
@@ -131,7 +132,7 @@ def run_all(b):
         b.fail(f"(c) idle probe: {ex!r}")
         c = None
     b.azurite("stop", b.probe_azurite)
-    return dict(a=a, b=rb, c=c, d=d, e=e, f=scale)
+    return dict(a=a, b=rb, c=c, d=d, e=e, f=scale, g=g)
 
 
 def bench(mode, reps):

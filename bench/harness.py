@@ -31,6 +31,7 @@ def sizes(smoke):
         latency_rate=20 if smoke else 100,
         latency_idle_samples=0 if smoke else 5,
         scale=40 if smoke else 2000,
+        traces=40 if smoke else 500,
     )
 
 

@@ -117,6 +117,11 @@ def render(data, run_name):
     if sc.get(1):
         lines.append("| scale-out throughput, 2 / 1 and 4 / 1 processes | "
                      f"{fmt(ratio(sc.get(2), sc.get(1)))} / {fmt(ratio(sc.get(4), sc.get(1)))} |")
+    g = data.get("g") or {}
+    if g:
+        tc = {k: median([x["cpu_ms"] for x in g.get(k, []) if x]) for k in ("off", "otlp", "otlp-down")}
+        lines.append("| `aqw run` CPU per message, trace export OTLP on / off, collector down / off | "
+                     f"{fmt(ratio(tc['otlp'], tc['off']))} / {fmt(ratio(tc['otlp-down'], tc['off']))} |")
     lines.append("")
 
     lines += [f"## (a) Throughput and CPU: {N['throughput']} keyed jobs", ""]
@@ -231,6 +236,8 @@ def render(data, run_name):
               "100 % and adding workers adds no throughput, the storage emulator, not aqw, is the limit. Each job "
               "was settled exactly once across the processes (the handled counts add up to the jobs).", ""]
 
+    lines += traces_section(data.get("g") or {}, N)
+
     lines += ["## Commands", "", "```sh", f"bash scripts/bench.sh{' --smoke' if SMOKE else ''}" +
               (f" --reps {REPS}" if not SMOKE and REPS != 3 else ""), "```", "",
               "What it runs per repetition, with `AzureWebJobsStorage=UseDevelopmentStorage=true`. `$QUEUE`, "
@@ -249,6 +256,32 @@ def render(data, run_name):
     if errors:
         lines += ["## Errors", ""] + [f"- {e}" for e in errors] + [""]
     return "\n".join(lines)
+
+
+def traces_section(g, N):
+    """(g): CPU per message of `aqw run` with trace export off, on, and to a dead collector."""
+    if not g:
+        return []
+    runs = {m: [x for x in g.get(m, []) if x] for m in ("off", "otlp", "otlp-down")}
+    med = {m: median([x["cpu_ms"] for x in xs]) for m, xs in runs.items()}
+    lines = [f"## (g) Traces: {N.get('traces')} keyed jobs through `aqw run` and an HTTP handler", ""]
+    lines += ["| export | metric | median | min | max | unit |", "|---|---|---|---|---|---|"]
+    names = {"off": "off (no OTEL_* set)", "otlp": "OTLP/HTTP protobuf to a local collector",
+             "otlp-down": "OTLP to a refused port (collector down)"}
+    for m, xs in runs.items():
+        lines.append(row(f"{names[m]} | CPU per message, aqw process", [x["cpu_ms"] for x in xs], "ms"))
+        lines.append(row(f"{names[m]} | throughput", [x["rps"] for x in xs], "msg/s", 0))
+        lines.append(row(f"{names[m]} | peak RSS", [x["rss_mb"] for x in xs], "MiB", 1))
+    exp = [x["exports"] for x in runs["otlp"]]
+    lines += ["", f"CPU per message, OTLP on / off: {fmt(ratio(med['otlp'], med['off']))}; collector down / off: "
+              f"{fmt(ratio(med['otlp-down'], med['off']))}. Exports received per run (OTLP on): "
+              f"{', '.join(str(e) for e in exp) or '–'}.", "",
+              "This is the binary as deployed: the release `aqw run` (JSON log lines at info, one per job), its HTTP "
+              "handler a loopback server in the bench process (answers 200; its CPU is not counted), the ops port "
+              "scraped every 50 ms to see the jobs complete. CPU is the aqw process's rusage (user + system, all "
+              "threads, start-up included); throughput is jobs / time from the ops port answering to the last "
+              "completion. OTEL_BSP_SCHEDULE_DELAY=200 in every mode.", ""]
+    return lines
 
 
 def write(data, run_name, root):

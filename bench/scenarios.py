@@ -515,3 +515,110 @@ def replay_run(b, rep):
     finally:
         b.cleanup_run(r, raw_target)
     return out
+
+
+# ---------------------------------------------------------------------------
+# (g) traces: `aqw run` with a real HTTP handler, export off / OTLP on / collector down
+# ---------------------------------------------------------------------------
+
+class LocalHttp:
+    """A loopback HTTP server in this process answering every POST with 200:
+    the job handler (path /effects) and an OTLP collector (path /v1/traces)
+    at once. Counts requests and bytes by path; its CPU is the bench's, not
+    the worker's."""
+
+    def __init__(self):
+        import http.server
+        counts = self.counts = {}
+        lock = threading.Lock()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):  # noqa: N802 (the stdlib's name)
+                n = int(self.headers.get("content-length") or 0)
+                self.rfile.read(n)
+                with lock:
+                    c = counts.setdefault(self.path, [0, 0])
+                    c[0] += 1
+                    c[1] += n
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+TRACE_MODES = ("off", "otlp", "otlp-down")
+
+
+def traces_run(b, mode, rep, http):
+    """n keyed jobs through `aqw run` (release binary, JSON logs at info, as
+    deployed) to the HTTP handler, with trace export `mode`; CPU of the aqw
+    process per message."""
+    n = b.sizes["traces"]
+    r = b.fresh()
+    label = f"traces-{mode}-{rep}"
+    app_dir = os.path.join(b.work, label)
+    port = free_port()
+    write_app(app_dir, r["queue"], r["keys"], r["poison"],
+              handler={"type": "http", "url": http.url + "/effects"}, http_port=port)
+    log(f"(g) traces {mode} rep {rep + 1}/{b.reps}: {n} keyed jobs through aqw run")
+    if not b.ceiling("enqueue", "--queue", r["queue"], "--count", str(n), "--tag", r["tag"],
+                     name=f"{label}-enqueue"):
+        return None
+    env = {"OTEL_BSP_SCHEDULE_DELAY": "200"}
+    if mode == "otlp":
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = http.url
+    elif mode == "otlp-down":
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"  # nothing listens
+    cmd = [b.aqw, "--log-format", "json", "run", "--app", app_dir]
+    b.commands.setdefault(f"aqw-run-traces-{mode}", " ".join(f"{k}={v}" for k, v in env.items()) + " " +
+                          b.show(cmd, subs(r, app_dir)))
+    exported_before = http.counts.get("/v1/traces", [0, 0])[:]
+    proc = b.proc(cmd, label, env=env)
+    done_at = None
+    started = time.monotonic()
+    if wait_http(port, proc):
+        started = time.monotonic()
+        deadline = started + (120 if b.smoke else 600)
+        while time.monotonic() < deadline and not proc.exited():
+            if metric_by(scrape(port), "aqw_messages_total", "outcome").get("completed", 0) >= n:
+                done_at = time.monotonic()
+                break
+            time.sleep(0.05)
+    res = stop_aqw_run(b, proc, label)
+    b.cleanup_run(r)
+    if done_at is None:
+        b.fail(f"(g) traces {mode}: {n} completed jobs not seen: {proc.tail()}")
+        return None
+    exported = http.counts.get("/v1/traces", [0, 0])
+    res.update(n=n, mode=mode, rps=n / max(done_at - started, 1e-9), cpu_ms=res["cpu"] * 1000 / n,
+               exports=exported[0] - exported_before[0], export_bytes=exported[1] - exported_before[1])
+    if mode == "otlp" and res["exports"] == 0:
+        b.fail("(g) traces otlp: the collector received no export")
+    return res
+
+
+def traces(b):
+    http = LocalHttp()
+    out = {m: [] for m in TRACE_MODES}
+    try:
+        for rep in range(b.reps):
+            order = list(TRACE_MODES)
+            random.shuffle(order)
+            for mode in order:
+                out[mode].append(traces_run(b, mode, rep, http))
+    finally:
+        http.close()
+    return out

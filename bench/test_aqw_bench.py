@@ -167,13 +167,16 @@ def synthetic(mode="full", errors=()):
                     azurite_util=0.9, per_process=[40])],
          "2": [dict(procs=2, n=40, seconds=2.0, rps=20.0, worker_cpu_ms=0.6, azurite_cpu_ms=None,
                     azurite_util=None, per_process=[20, 20])]}
+    g = {m: [dict(rc=0, wall=5.0, cpu=c * 100 / 1000, rss_mb=14.0, json=None, timed_out=False, n=100, mode=m,
+                  rps=50.0, cpu_ms=c, exports=e, export_bytes=e * 1000)]
+         for m, c, e in (("off", 1.0, 0), ("otlp", 1.2, 9), ("otlp-down", 1.1, 0))}
     sizes = harness.sizes(mode == "smoke")
     sizes.update(throughput=n, keyless=nk, duplicates=nd, poisoned=2, replay=20)
     machine = dict(nproc="2", model="Test CPU", mem_gib=4.0, kernel="Linux 6.0", rustc="rustc 1.90.0",
                    python="3.11.7", node="v20.0.0", azurite="3.35.0", commit="abc1234",
                    date="2026-01-02 03:04 UTC")
     commands = {"aqw-default": "target/release/examples/bench_worker --app $APP --expect 100"}
-    return dict(mode=mode, reps=1, sizes=sizes, a=a, b=b, c=c, d=d, e=e, f=f, errors=list(errors),
+    return dict(mode=mode, reps=1, sizes=sizes, a=a, b=b, c=c, d=d, e=e, f=f, g=g, errors=list(errors),
                 commands=commands, machine=machine, total_seconds=123.4)
 
 
@@ -244,6 +247,7 @@ class Report(unittest.TestCase):
             "## (d) Replay of 20 open poison records",
             "## (e) Pickup latency: enqueue → handler start (aqw default settings)",
             "## (f) Scale-out: 2000 keyed jobs, 1, 2 and 4 worker processes on one queue",
+            "## (g) Traces: 500 keyed jobs through `aqw run` and an HTTP handler",
             "## Commands",
             "# aqw-default",
         ])
@@ -264,6 +268,10 @@ class Report(unittest.TestCase):
         self.assertIn("| pickup latency after an idle minute, p50 (s) | 50.0 |", text)
         self.assertIn("| scale-out throughput, 2 / 1 and 4 / 1 processes | 1.00 / n/a |", text)
         self.assertIn("| 2 | Azurite CPU busy | n/a | | | % of one core |", text)
+        self.assertIn("| `aqw run` CPU per message, trace export OTLP on / off, collector down / off | 1.20 / 1.10 |",
+                      text)
+        self.assertIn("CPU per message, OTLP on / off: 1.20; collector down / off: 1.10. Exports received per run "
+                      "(OTLP on): 9.", text)
         self.assertIn("```sh\nbash scripts/bench.sh --reps 1\n```", text)
         self.assertIn("Raw per-run data: `.bench/full-20260102-030405/results.json`.", text)
         self.assertNotIn("## Errors", text)
