@@ -27,6 +27,8 @@
 //! | Functions custom handler (`aqw serve`): invocations read as the host encodes them | `src/serve.rs` |
 //! | `/healthz`, `/readyz`, `/metrics` | `src/http.rs` |
 //! | logs (text/JSON, secrets scrubbed), metrics, grouped alerts | `src/telemetry.rs` |
+//! | traces: the `aqw.job` span and its steps, W3C context in (`aqw.tracing.parent`, the host's `traceparent`) and out (handlers, `aqw enqueue`), ids on outcome lines | `src/traces/mod.rs` |
+//! | trace exporters chosen by the environment (OTLP/HTTP, Application Insights), bounded and never blocking a job | `src/traces/export.rs` |
 //! | every Azure import, behind `QueueStore` / `TableStore`; the connection types | `src/storage/mod.rs` |
 //! | queues on `azure_storage_queue` 1.x | `src/storage/azure.rs` |
 //! | our Tables client on the `azure_core` 1.x pipeline | `src/storage/tables.rs` |
