@@ -588,7 +588,10 @@ async fn serve_binary_answers_the_host_with_ops_endpoints_and_invocation_ids_in_
                 .post(format!("http://127.0.0.1:{port}/Job"))
                 .header("X-Azure-Functions-InvocationId", "inv-0b7e")
                 // The host's HttpClient propagates its invocation's context.
-                .header("traceparent", "00-5c1d2b3e4f5a69788796a5b4c3d2e1f0-1122334455667788-01")
+                .header(
+                    "traceparent",
+                    "00-5c1d2b3e4f5a69788796a5b4c3d2e1f0-1122334455667788-01",
+                )
                 .body(body)
                 .send()
                 .await

@@ -35,6 +35,8 @@ struct SeenSpan {
     kind: i32,
     status_code: i32,
     attrs: BTreeMap<String, String>,
+    /// (trace id, span id) of each link.
+    links: Vec<(String, String)>,
 }
 
 /// A local collector: `/v1/traces` (OTLP protobuf) and `/v2/track`
@@ -102,6 +104,11 @@ async fn otlp(State(r): State<Receiver>, body: Bytes) -> StatusCode {
                     kind: s.kind,
                     status_code: s.status.map(|st| st.code).unwrap_or(0),
                     attrs,
+                    links: s
+                        .links
+                        .iter()
+                        .map(|l| (hex(&l.trace_id), hex(&l.span_id)))
+                        .collect(),
                 });
             }
         }
@@ -538,4 +545,74 @@ fn a_bad_exporter_setting_is_a_config_error_naming_the_variable() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("InstrumentationKey"), "{err}");
     assert!(!err.contains("hunter2"), "{err}");
+}
+
+// Multi-threaded: the CLI runs as a blocking child process while this
+// runtime's receiver takes its export.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_and_discard_spans_link_to_the_poisoned_attempt() {
+    let (rx, rx_url) = Receiver::start().await;
+    let app = TestApp::new(
+        json!({"key": "order:{/orderId}", "handler": {"type": "exec", "command": ["sh", "-c", "cat >/dev/null; exit 65"]}}),
+        json!({}),
+        json!({}),
+    );
+    let replayed = app.enqueue(r#"{"orderId":"o-link-1"}"#).await;
+    let discarded = app.enqueue(r#"{"orderId":"o-link-2"}"#).await;
+    let worker = Worker::start(&app, &[("OTEL_EXPORTER_OTLP_ENDPOINT", &rx_url)]);
+    let jobs = eventually(
+        "two poisoned attempts exported",
+        Duration::from_secs(60),
+        || async {
+            let jobs: Vec<SeenSpan> = rx
+                .named("aqw.job")
+                .into_iter()
+                .filter(|j| j.attrs.get("outcome").map(String::as_str) == Some("poisoned"))
+                .collect();
+            (jobs.len() == 2).then_some(jobs)
+        },
+    )
+    .await;
+    let (status, _) = worker.stop();
+    assert!(status.success());
+    let job_of = |id: &str| {
+        jobs.iter()
+            .find(|j| j.attrs["message_id"] == id)
+            .unwrap()
+            .clone()
+    };
+    let run = |args: &[&str]| {
+        let out = Command::new(aqw_bin())
+            .args(args)
+            .arg("--app")
+            .arg(app.path())
+            .env("AzureWebJobsStorage", CONN)
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", &rx_url)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.code().is_some_and(|c| c <= 1),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "poison", "replay", &app.queue, "--id", &replayed, "--by", "tester",
+    ]);
+    run(&[
+        "poison", "discard", &app.queue, "--id", &discarded, "--reason", "test", "--by", "tester",
+    ]);
+    for (name, id) in [("aqw.replay", &replayed), ("aqw.discard", &discarded)] {
+        // The CLI flushes its spans before it exits.
+        let spans = rx.named(name);
+        assert_eq!(spans.len(), 1, "{name}: {spans:?}");
+        let job = job_of(id);
+        assert_eq!(
+            spans[0].links,
+            vec![(job.trace_id.clone(), job.span_id.clone())],
+            "{name} links the attempt"
+        );
+        assert_eq!(spans[0].attrs["poison.id"], *id);
+    }
+    app.cleanup().await;
 }
