@@ -26,7 +26,7 @@
 //! | `Handler` with typed results (retryable, uncertain, permanent); built-in `http` and `exec` | `src/handlers/` |
 //! | Functions custom handler (`aqw serve`): invocations read as the host encodes them | `src/serve.rs` |
 //! | `/healthz`, `/readyz`, `/metrics` | `src/http.rs` |
-//! | `aqw dashboard`: the operator's procedure in a browser (status, poison list grouped as in the alert, one record, replay/discard/fix through `ops`), token or platform-principal auth, CSRF, read-only mode; its own listener on 127.0.0.1, not a `/ui` on the ops port, because it has write actions | `src/dashboard/` (`mod.rs` router and headers, `auth.rs`, `handlers.rs`, `views.rs` (maud), `payload.rs`, `assets/`) |
+//! | `aqw dashboard`: status, poison list grouped as in the alert, one record, replay/discard/fix through `ops`; token or platform-principal auth, CSRF, read-only; its own listener, not the ops port | `src/dashboard/` (`mod.rs` router and headers, `auth.rs`, `handlers.rs`, `views.rs` (maud), `payload.rs`, `assets/`) |
 //! | logs (text/JSON, secrets scrubbed), metrics, grouped alerts | `src/telemetry.rs` |
 //! | every Azure import, behind `QueueStore` / `TableStore`; the connection types | `src/storage/mod.rs` |
 //! | queues on `azure_storage_queue` 1.x | `src/storage/azure.rs` |
