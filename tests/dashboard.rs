@@ -504,3 +504,198 @@ fn the_dashboard_refuses_to_start_with_actions_and_no_authentication() {
         .unwrap();
     assert_eq!(short.status.code(), Some(2));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selection_replays_after_its_dry_run_and_confirms_on_the_progress_page() {
+    let app = TestApp::new(
+        json!({"key": "order:{/orderId}"}),
+        json!({"maxDequeueCount": 1}),
+        json!({}),
+    );
+    let a = app.enqueue(r#"{"orderId":"sel-a"}"#).await;
+    let b = app.enqueue(r#"{"orderId":"sel-b"}"#).await;
+    let fail = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let f = fail.clone();
+    let h = Scripted::new(move |_, _| {
+        if f.load(std::sync::atomic::Ordering::SeqCst) {
+            Err(HandlerError::retryable("HTTP 503 ledger down"))
+        } else {
+            Ok(aqw::Success::default())
+        }
+    });
+    let w = app.start_worker(h);
+    eventually("two poison copies", DEADLINE, || async {
+        (app.poison_messages().await.len() == 2).then_some(())
+    })
+    .await;
+    let r = dashboard(&app, false);
+    let q = &app.queue;
+    let list = call(&r, "GET", &format!("/q/{q}"), &[BEARER], None).await;
+    let csrf = csrf_of(&list.body);
+    assert_eq!(
+        list.body.matches("type=\"checkbox\" name=\"id\"").count(),
+        2
+    );
+    let ids = format!("id={}&id={}&csrf={csrf}", enc(&a), enc(&b));
+    let dry = call(
+        &r,
+        "POST",
+        &format!("/q/{q}/replay"),
+        &[BEARER],
+        Some(&format!("mode=dry-run&{ids}")),
+    )
+    .await;
+    assert_eq!(dry.status, StatusCode::OK, "{}", dry.body);
+    assert_eq!(dry.body.matches("would-replay").count(), 2);
+    assert_eq!(record(&app, &a).await.status, RecordStatus::Open);
+    fail.store(false, std::sync::atomic::Ordering::SeqCst);
+    let real = call(
+        &r,
+        "POST",
+        &format!("/q/{q}/replay"),
+        &[BEARER],
+        Some(&format!("mode=real&{ids}")),
+    )
+    .await;
+    assert_eq!(real.status, StatusCode::SEE_OTHER, "{}", real.body);
+    let progress = real.headers["location"].to_str().unwrap().to_string();
+    let done = eventually("both keys confirmed", DEADLINE, || async {
+        let p = call(&r, "GET", &progress, &[BEARER], None).await;
+        p.body
+            .contains("Confirmed: every key is done.")
+            .then_some(p)
+    })
+    .await;
+    assert_eq!(
+        done.body.matches("confirmed done").count(),
+        2,
+        "{}",
+        done.body
+    );
+    for id in [&a, &b] {
+        let rec = record(&app, id).await;
+        assert_eq!(
+            (rec.status, rec.replayed_by.as_deref()),
+            (RecordStatus::Replayed, Some("oncall"))
+        );
+    }
+    w.stop().await;
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_without_auth_shows_views_and_no_forms() {
+    let app = TestApp::new(
+        json!({"key": "order:{/orderId}"}),
+        json!({"maxDequeueCount": 1}),
+        json!({}),
+    );
+    let id = poisoned(&app).await;
+    let d = Dashboard::new(
+        app.config.clone(),
+        Options {
+            read_only: true,
+            auth: AuthConfig::default(),
+        },
+    )
+    .unwrap();
+    let r = dashboard::app(Arc::new(d));
+    let q = &app.queue;
+    let page = call(
+        &r,
+        "GET",
+        &format!("/q/{q}/record?id={}", enc(&id)),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(
+        page.body.contains("read-only") && !page.body.contains("<form method=\"post\""),
+        "{}",
+        page.body
+    );
+    let post = call(
+        &r,
+        "POST",
+        &format!("/q/{q}/discard"),
+        &[],
+        Some(&format!("id={}&reason=x", enc(&id))),
+    )
+    .await;
+    assert_eq!(post.status, StatusCode::FORBIDDEN);
+    assert_eq!(record(&app, &id).await.status, RecordStatus::Open);
+    // Actions enabled without any authentication: refused before anything starts.
+    assert!(Dashboard::new(app.config.clone(), Options::default()).is_err());
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_in_needs_the_token_and_its_own_form() {
+    let app = TestApp::new(json!({"key": "order:{/orderId}"}), json!({}), json!({}));
+    let r = dashboard(&app, false);
+    let form = call(&r, "GET", "/login", &[], None).await;
+    let set = form.headers["set-cookie"].to_str().unwrap().to_string();
+    assert!(
+        set.contains("HttpOnly") && set.contains("SameSite=Strict"),
+        "{set}"
+    );
+    let nonce = set.split(';').next().unwrap().to_string();
+    let csrf = csrf_of(&form.body);
+    let wrong = call(
+        &r,
+        "POST",
+        "/login",
+        &[("cookie", &nonce)],
+        Some(&format!("csrf={csrf}&token=wrong-wrong-wrong")),
+    )
+    .await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    assert!(wrong.headers.get("set-cookie").is_none());
+    let forged = call(
+        &r,
+        "POST",
+        "/login",
+        &[("cookie", &nonce)],
+        Some(&format!("csrf={}&token={TOKEN}", "00".repeat(32))),
+    )
+    .await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    let no_cookie = call(
+        &r,
+        "POST",
+        "/login",
+        &[],
+        Some(&format!("csrf={csrf}&token={TOKEN}")),
+    )
+    .await;
+    assert_eq!(no_cookie.status, StatusCode::FORBIDDEN);
+    let ok = call(
+        &r,
+        "POST",
+        "/login",
+        &[("cookie", &nonce)],
+        Some(&format!("csrf={csrf}&token={TOKEN}")),
+    )
+    .await;
+    assert_eq!(ok.status, StatusCode::SEE_OTHER);
+    let session = ok
+        .headers
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .find(|c| c.starts_with("aqw_session="))
+        .unwrap();
+    let cookie = session.split(';').next().unwrap().to_string();
+    let status = call(&r, "GET", "/", &[("cookie", &cookie)], None).await;
+    assert_eq!(status.status, StatusCode::OK);
+    assert!(
+        status
+            .body
+            .contains("signed in as <b id=\"who\">oncall</b>"),
+        "{}",
+        status.body
+    );
+    assert!(!status.body.contains(TOKEN));
+    app.cleanup().await;
+}

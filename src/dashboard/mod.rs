@@ -11,20 +11,20 @@
 //! it from a laptop against the account without running a worker.
 //!
 //! Safe by default:
-//! - actions need authentication ([`auth`]): a token from the environment
+//! - actions need authentication (`auth.rs`): a token from the environment
 //!   (bearer header, or a session cookie from the sign-in page), or the
 //!   platform's `X-MS-CLIENT-PRINCIPAL-NAME` when explicitly trusted; with
 //!   actions enabled and neither configured, it refuses to start;
 //! - every POST carries a CSRF token bound to its principal;
 //! - "by" is the authenticated principal, never a form field;
 //! - payloads are attacker-controlled: maud escapes everything, invalid
-//!   UTF-8 is shown lossily with a hex dump ([`payload`]);
+//!   UTF-8 is shown lossily with a hex dump (`payload.rs`);
 //! - no secret renders: errors are scrubbed, the webhook URL and the
 //!   connection are never shown;
 //! - CSP without inline script or style, `frame-ancestors 'none'`,
 //!   `X-Frame-Options: DENY`, `nosniff`, `no-store`.
 //!
-//! Server-rendered HTML ([`views`], maud), one embedded stylesheet; the
+//! Server-rendered HTML (`views.rs`, maud), one embedded stylesheet; the
 //! progress page refreshes itself (meta refresh) until every replayed key is
 //! confirmed done, so no script is needed at all.
 
