@@ -168,8 +168,10 @@ async fn the_operators_procedure_in_headless_chromium() {
     // 4. Fix the cause, replay with a dry run first, then for real.
     sink.fail_with(200);
     b.find("#replay").await.click().await;
-    let dry = b.find("#dry-run").await.text().await;
-    assert!(dry.contains("would-replay"), "{dry}");
+    // A click that submits a form may return before the next page is
+    // there: wait for the next page's element, with a deadline.
+    b.wait_text("#dry-run", DEADLINE, |t| t.contains("would-replay"))
+        .await;
     assert_eq!(
         record_status(&app, &jobs.replay).await,
         RecordStatus::Open,
@@ -237,8 +239,8 @@ async fn the_operators_procedure_in_headless_chromium() {
         .send_keys("no session")
         .await;
     b.find("#discard").await.click().await;
-    let denied = b.find("h1").await.text().await;
-    assert!(denied.contains("401"), "{denied}");
+    b.wait_text("h1", DEADLINE, |t| t == "401 Unauthorized")
+        .await;
     assert!(b
         .find("#message")
         .await

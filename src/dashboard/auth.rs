@@ -258,9 +258,16 @@ pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
-/// A `Set-Cookie` value: HttpOnly, SameSite=Strict, whole site.
-pub fn set_cookie(name: &str, value: &str, max_age: u64) -> String {
-    format!("{name}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}")
+/// A `Set-Cookie` value: HttpOnly, SameSite=Strict, whole site; `Secure`
+/// when the request reached a TLS front end (`X-Forwarded-Proto: https`, as
+/// App Service and Container Apps send it).
+pub fn set_cookie(headers: &HeaderMap, name: &str, value: &str, max_age: u64) -> String {
+    let tls = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|p| p.eq_ignore_ascii_case("https"));
+    let secure = if tls { "; Secure" } else { "" };
+    format!("{name}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}")
 }
 
 #[cfg(test)]
@@ -336,6 +343,22 @@ mod tests {
         assert!(!a.csrf_ok(&alice, &t));
         assert!(!a.csrf_ok(&bearer, "00"));
         assert!(!a.csrf_ok(&bearer, "not hex"));
+    }
+
+    #[test]
+    fn cookies_are_http_only_strict_and_secure_behind_tls() {
+        let plain = set_cookie(&HeaderMap::new(), SESSION_COOKIE, "v", 60);
+        assert_eq!(
+            plain,
+            "aqw_session=v; Path=/; HttpOnly; SameSite=Strict; Max-Age=60"
+        );
+        let tls = set_cookie(
+            &headers(&[("x-forwarded-proto", "https")]),
+            SESSION_COOKIE,
+            "v",
+            60,
+        );
+        assert!(tls.ends_with("; Secure"), "{tls}");
     }
 
     #[test]

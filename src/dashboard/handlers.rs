@@ -548,7 +548,7 @@ pub async fn progress(
     )
 }
 
-pub async fn login_form(State(d): S) -> Response {
+pub async fn login_form(State(d): S, headers: HeaderMap) -> Response {
     if d.auth.config().token.is_none() {
         return d.refuse(
             StatusCode::NOT_FOUND,
@@ -563,7 +563,7 @@ pub async fn login_form(State(d): S) -> Response {
         None,
         views::login_page(&d.auth.login_csrf(&nonce), None),
     );
-    let c = auth::set_cookie(auth::LOGIN_COOKIE, &nonce, 3600);
+    let c = auth::set_cookie(&headers, auth::LOGIN_COOKIE, &nonce, 3600);
     r.headers_mut()
         .append(header::SET_COOKIE, c.parse().expect("hex cookie"));
     r
@@ -594,11 +594,16 @@ pub async fn login(State(d): S, headers: HeaderMap, body: Bytes) -> Response {
     };
     let mut r = see_other("/");
     let h = r.headers_mut();
-    let c = auth::set_cookie(auth::SESSION_COOKIE, &session, auth::SESSION_TTL_SECS);
+    let c = auth::set_cookie(
+        &headers,
+        auth::SESSION_COOKIE,
+        &session,
+        auth::SESSION_TTL_SECS,
+    );
     h.append(header::SET_COOKIE, c.parse().expect("ascii cookie"));
     h.append(
         header::SET_COOKIE,
-        auth::set_cookie(auth::LOGIN_COOKIE, "", 0)
+        auth::set_cookie(&headers, auth::LOGIN_COOKIE, "", 0)
             .parse()
             .expect("static"),
     );
@@ -614,7 +619,7 @@ pub async fn logout(State(d): S, headers: HeaderMap, body: Bytes) -> Response {
         return d.refuse(StatusCode::FORBIDDEN, "Stale form: reload the page.");
     }
     let mut r = see_other("/login");
-    let c = auth::set_cookie(auth::SESSION_COOKIE, "", 0);
+    let c = auth::set_cookie(&headers, auth::SESSION_COOKIE, "", 0);
     r.headers_mut()
         .append(header::SET_COOKIE, c.parse().expect("static"));
     r

@@ -96,7 +96,7 @@ pub fn status_page(rows: &[StatusRow], webhook: bool) -> Markup {
             p.ok #alert-state { "OK: no open poison records" }
         }
         p.muted { "Alert webhook: " (if webhook { "configured" } else { "not configured" })
-            ". The alert fires on the first open record of a queue; `aqw status` exits 1 while any is open." }
+            ". The alert fires on the first open record of a queue; " code { "aqw status" } " exits 1 while any is open." }
         table #status {
             thead { tr { th { "function" } th { "queue" } th { "depth" } th { "poison depth" }
                 th { "open records" } th { "oldest open" } th { "alert" } } }
