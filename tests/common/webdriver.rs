@@ -17,17 +17,52 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A chromedriver process.
+/// A chromedriver process (in a process group of its own, with the
+/// browsers it starts).
 pub struct Driver {
     child: Child,
     pub url: String,
     http: reqwest::Client,
+    port: u16,
+    sessions: std::sync::Mutex<Vec<String>>,
 }
 
 impl Drop for Driver {
+    /// Even when a test fails half-way: end each session (chromedriver then
+    /// quits its Chromium), then kill chromedriver's process group, so no
+    /// browser outlives the test.
     fn drop(&mut self) {
+        for id in self.sessions.lock().map(|s| s.clone()).unwrap_or_default() {
+            delete_session_blocking(self.port, &id);
+        }
+        // The group is chromedriver's own (process_group(0) at spawn). The
+        // `--` matters: procps-ng 4.0's kill misreads `kill -KILL -<pgid>`
+        // for a five-digit pgid and signals something else entirely.
+        let pgid = self.child.id();
+        if pgid > 1 {
+            let _ = Command::new("/usr/bin/kill")
+                .args(["-s", "KILL", "--", &format!("-{pgid}")])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// `DELETE /session/{id}` without an async runtime (for Drop).
+fn delete_session_blocking(port: u16, id: &str) {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let req = format!(
+        "DELETE /session/{id} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    if s.write_all(req.as_bytes()).is_ok() {
+        let _ = s.read_to_end(&mut Vec::new());
     }
 }
 
@@ -36,8 +71,10 @@ impl Driver {
     /// deadline) until it says it is ready.
     pub async fn start() -> Self {
         let port = free_port();
+        use std::os::unix::process::CommandExt as _;
         let child = Command::new("/usr/bin/chromedriver")
             .arg(format!("--port={port}"))
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -46,6 +83,8 @@ impl Driver {
             child,
             url: format!("http://127.0.0.1:{port}"),
             http: reqwest::Client::new(),
+            port,
+            sessions: Default::default(),
         };
         super::eventually("chromedriver ready", Duration::from_secs(30), || async {
             let r = d.http.get(format!("{}/status", d.url)).send().await.ok()?;
@@ -68,6 +107,8 @@ impl Driver {
             "--disable-component-update".into(),
             "--disable-sync".into(),
             "--disable-dev-shm-usage".into(),
+            "--disable-breakpad".into(),
+            "--disable-crash-reporter".into(),
             "--window-size=1280,1000".into(),
             format!("--user-data-dir={}", profile.display()),
         ];
@@ -77,6 +118,7 @@ impl Driver {
         }}});
         let v = post(&self.http, &format!("{}/session", self.url), &caps).await;
         let id = v["sessionId"].as_str().expect("a session id").to_string();
+        self.sessions.lock().unwrap().push(id.clone());
         Session {
             base: format!("{}/session/{id}", self.url),
             http: self.http.clone(),
