@@ -108,3 +108,10 @@ else
   exit 1
 fi
 kill -TERM "$worker"; wait "$worker" || true; worker=""
+
+say "The same procedure in a browser: the poison dashboard (issue 15)"
+token="$(python3 -c 'import secrets; print(secrets.token_hex(24))')"
+echo "Start it (it listens on 127.0.0.1 only; actions need the token, read-only needs none):"
+echo "  AQW_DASHBOARD_TOKEN=$token AQW_DASHBOARD_USER=\$USER $aqw dashboard --listen 127.0.0.1:8088"
+echo "  $aqw dashboard --read-only --listen 127.0.0.1:8088"
+echo "then open http://127.0.0.1:8088/ and sign in with the token."

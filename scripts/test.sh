@@ -6,6 +6,8 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/azurite.sh start
+# Debian's chromium + chromium-driver for the dashboard's browser test (no-op when present).
+bash scripts/browser.sh install
 # failpoints: test-only crash points (compiled out of release builds).
 cargo test --features failpoints "$@"
 # The benchmark program's own unit tests (stdlib Python, no Azurite).

@@ -72,6 +72,11 @@ pub enum Command {
     /// Idempotency records.
     #[command(subcommand)]
     Keys(KeysCmd),
+    /// Serve the poison dashboard (status, records, replay/discard/fix) in a browser.
+    #[command(
+        after_help = "Actions need AQW_DASHBOARD_TOKEN (sign in with it, or send it as a bearer token), or\nAQW_DASHBOARD_TRUST_PRINCIPAL=1 behind App Service / Container Apps authentication;\nAQW_DASHBOARD_USER names the token's holder on the records (default: dashboard).\nWithout either, only --read-only starts.\n\nExamples:\n  AQW_DASHBOARD_TOKEN=$(openssl rand -hex 24) aqw dashboard --app ./app\n  aqw dashboard --read-only --listen 127.0.0.1:9000"
+    )]
+    Dashboard(DashboardArgs),
     /// Print shell completions.
     #[command(after_help = "Example:\n  aqw completions bash > /etc/bash_completion.d/aqw")]
     Completions {
@@ -96,6 +101,16 @@ pub struct EnqueueArgs {
     /// Enqueue even if the worker would poison it at once (no key derivable).
     #[arg(long)]
     pub force: bool,
+}
+
+#[derive(Args)]
+pub struct DashboardArgs {
+    /// Address to listen on; anything but loopback exposes it (put TLS in front).
+    #[arg(long, default_value = "127.0.0.1:8088", env = "AQW_DASHBOARD_LISTEN")]
+    pub listen: std::net::SocketAddr,
+    /// Views only: no replay, discard or fix (and no authentication needed).
+    #[arg(long)]
+    pub read_only: bool,
 }
 
 /// Which records `poison list` shows.

@@ -2,7 +2,9 @@
 //! (`aqw::ops`, `aqw::worker`, `aqw::serve`), renders the data it returns,
 //! and says which exit code that means.
 
-use super::args::{Cli, Command, EnqueueArgs, KeysCmd, Output, PoisonCmd, StatusFilter};
+use super::args::{
+    Cli, Command, DashboardArgs, EnqueueArgs, KeysCmd, Output, PoisonCmd, StatusFilter,
+};
 use super::exit::{Exit, Failure};
 use super::render;
 use aqw::config::{self, AppConfig};
@@ -21,6 +23,7 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Failure> {
     match cli.command {
         Command::Run => run(&cli.app).await,
         Command::Serve => serve(&cli.app).await,
+        Command::Dashboard(a) => dashboard(&cli.app, a).await,
         Command::Enqueue(a) => enqueue(&cli.app, a, output).await,
         Command::Status => status(&cli.app, output).await,
         Command::Poison(cmd) => poison(&cli.app, cmd, output).await,
@@ -57,6 +60,39 @@ async fn serve(app_dir: &Path) -> Result<Exit, Failure> {
     aqw::serve::serve(app, registry, port, shutdown)
         .await
         .map_err(|e| Failure::runtime(format!("{e:#}")))?;
+    Ok(Exit::Ok)
+}
+
+async fn dashboard(app_dir: &Path, a: DashboardArgs) -> Result<Exit, Failure> {
+    let auth =
+        aqw::dashboard::AuthConfig::from_env(|k| std::env::var(k).ok()).map_err(Failure::usage)?;
+    let options = aqw::dashboard::Options {
+        read_only: a.read_only,
+        auth,
+    };
+    options.check().map_err(Failure::usage)?;
+    let app = load(app_dir)?;
+    let state = aqw::dashboard::Dashboard::new(app, options).map_err(Failure::usage)?;
+    let listener = tokio::net::TcpListener::bind(a.listen)
+        .await
+        .map_err(|e| Failure::runtime(format!("cannot listen on {} (--listen): {e}", a.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Failure::runtime(format!("{e}")))?;
+    if !aqw::dashboard::is_loopback(&addr) {
+        tracing::warn!(event = "aqw.dashboard.exposed", listen = %addr, "the dashboard listens beyond this machine: put TLS and authentication in front of it");
+    }
+    let mode = if a.read_only {
+        "read-only"
+    } else {
+        "actions need authentication"
+    };
+    println!("aqw dashboard: http://{addr}/ ({mode})");
+    let shutdown = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone());
+    aqw::dashboard::serve(listener, Arc::new(state), shutdown)
+        .await
+        .map_err(|e| Failure::runtime(format!("dashboard: {e}")))?;
     Ok(Exit::Ok)
 }
 
@@ -288,16 +324,7 @@ fn queue_ops(app: &Arc<AppConfig>, queue: &str) -> Result<QueueOps, Failure> {
 }
 
 fn parse_time(s: &str) -> Result<time::OffsetDateTime, Failure> {
-    if let Ok(t) = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339) {
-        return Ok(t);
-    }
-    config::parse_timespan(s)
-        .map(|d| time::OffsetDateTime::now_utc() - d)
-        .map_err(|_| {
-            Failure::usage(format!(
-                "\"{s}\" is neither an RFC 3339 time nor a duration ago (hh:mm:ss)"
-            ))
-        })
+    ops::parse_time(s).map_err(Failure::usage)
 }
 
 fn parse_error_regex(error: Option<&str>) -> Result<Option<regex::Regex>, Failure> {

@@ -375,6 +375,17 @@ fn record_from_envelope(env: &PoisonEnvelope, poison_id: &str) -> PoisonRecord {
     PoisonRecord::open(env.clone(), "aqw", Some(poison_id.to_string()))
 }
 
+/// A time bound of a filter: an RFC 3339 time, or a duration ago
+/// (`hh:mm:ss`), as `poison list --since` and the dashboard take it.
+pub fn parse_time(s: &str) -> Result<OffsetDateTime, String> {
+    if let Ok(t) = OffsetDateTime::parse(s, &Rfc3339) {
+        return Ok(t);
+    }
+    crate::config::parse_timespan(s)
+        .map(|d| OffsetDateTime::now_utc() - d)
+        .map_err(|_| format!("\"{s}\" is neither an RFC 3339 time nor a duration ago (hh:mm:ss)"))
+}
+
 /// Filters of `poison list` and `poison replay`.
 #[derive(Debug, Clone, Default)]
 pub struct Filter {

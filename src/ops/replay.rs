@@ -137,7 +137,7 @@ impl ReplayReport {
 pub async fn replay(
     ops: &QueueOps,
     opts: &ReplayOptions,
-    progress: &dyn Fn(usize, usize),
+    progress: &(dyn Fn(usize, usize) + Sync),
 ) -> OpsResult<ReplayReport> {
     let receipts = if opts.dry_run {
         Held::default()
@@ -202,7 +202,7 @@ async fn replay_all(
     selected: Vec<(PoisonRecord, Option<Etag>)>,
     receipts: &Held,
     report: &mut ReplayReport,
-    progress: &dyn Fn(usize, usize),
+    progress: &(dyn Fn(usize, usize) + Sync),
 ) {
     let total = selected.len();
     let interval = opts

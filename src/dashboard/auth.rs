@@ -1,0 +1,380 @@
+//! Who is asking, and whether a POST is theirs.
+//!
+//! Three ways to be someone, in this order:
+//! 1. `Authorization: Bearer <AQW_DASHBOARD_TOKEN>` (scripts);
+//! 2. the session cookie that `POST /login` with that token sets (browsers):
+//!    `v1.<session id>.<issued at>.<HMAC>`, signed with a key made at start-up,
+//!    HttpOnly and SameSite=Strict, valid for [`SESSION_TTL_SECS`];
+//! 3. with `AQW_DASHBOARD_TRUST_PRINCIPAL=1` only, the
+//!    `X-MS-CLIENT-PRINCIPAL-NAME` header that App Service / Container Apps
+//!    authentication sets (and strips from client requests).
+//!
+//! The token's name is the principal (`AQW_DASHBOARD_USER`, default
+//! `dashboard`), the platform's user name the other: actions record it as
+//! "by"; no form field ever does.
+//!
+//! CSRF: every form carries `csrf` = HMAC(key, "csrf" | binding), where the
+//! binding is the session id, `bearer`, or the platform principal. A POST is
+//! accepted only when that field verifies (constant-time, `Mac::verify_slice`)
+//! against the binding of whoever sends it. The login form is bound the same
+//! way to a random pre-login cookie.
+
+use axum::http::HeaderMap;
+use hmac::{Hmac, Mac};
+use rand::RngCore as _;
+use sha2::Sha256;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// A browser session lasts a working day.
+pub const SESSION_TTL_SECS: u64 = 12 * 3600;
+pub const SESSION_COOKIE: &str = "aqw_session";
+pub const LOGIN_COOKIE: &str = "aqw_login";
+/// Shorter tokens are refused at start-up.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// Authentication settings, from the environment.
+#[derive(Clone, Default)]
+pub struct AuthConfig {
+    /// `AQW_DASHBOARD_TOKEN`.
+    pub token: Option<String>,
+    /// `AQW_DASHBOARD_USER`: the principal the token stands for.
+    pub user: String,
+    /// `AQW_DASHBOARD_TRUST_PRINCIPAL=1`.
+    pub trust_principal: bool,
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .field("user", &self.user)
+            .field("trust_principal", &self.trust_principal)
+            .finish()
+    }
+}
+
+impl AuthConfig {
+    /// Read `AQW_DASHBOARD_TOKEN`, `AQW_DASHBOARD_USER` and
+    /// `AQW_DASHBOARD_TRUST_PRINCIPAL` through `env`.
+    pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let token = env("AQW_DASHBOARD_TOKEN").filter(|t| !t.is_empty());
+        if token.as_ref().is_some_and(|t| t.len() < MIN_TOKEN_LEN) {
+            return Err(format!(
+                "AQW_DASHBOARD_TOKEN is too short: use at least {MIN_TOKEN_LEN} characters (e.g. openssl rand -hex 24)"
+            ));
+        }
+        let trust_principal = match env("AQW_DASHBOARD_TRUST_PRINCIPAL").as_deref() {
+            None | Some("") | Some("0") | Some("false") => false,
+            Some("1") | Some("true") => true,
+            Some(other) => {
+                return Err(format!(
+                    "AQW_DASHBOARD_TRUST_PRINCIPAL must be 1 or 0, not {other:?}"
+                ))
+            }
+        };
+        let user = env("AQW_DASHBOARD_USER")
+            .map(|u| u.trim().to_string())
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| "dashboard".into());
+        Ok(AuthConfig {
+            token,
+            user,
+            trust_principal,
+        })
+    }
+
+    /// Some way to authenticate is configured.
+    pub fn configured(&self) -> bool {
+        self.token.is_some() || self.trust_principal
+    }
+}
+
+/// How a principal authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    Bearer,
+    Session,
+    Platform,
+}
+
+/// An authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// Recorded as "by" on every action.
+    pub name: String,
+    pub via: Via,
+    /// What its CSRF token is bound to.
+    binding: String,
+}
+
+/// The authentication state of a running dashboard.
+pub struct Auth {
+    config: AuthConfig,
+    key: [u8; 32],
+}
+
+impl Auth {
+    pub fn new(config: AuthConfig) -> Self {
+        let mut key = [0u8; 32];
+        rand::thread_rng().fill_bytes(&mut key);
+        Auth { config, key }
+    }
+
+    pub fn config(&self) -> &AuthConfig {
+        &self.config
+    }
+
+    fn mac(&self, parts: &[&str]) -> HmacSha256 {
+        let mut m = HmacSha256::new_from_slice(&self.key).expect("any key length");
+        for p in parts {
+            m.update(p.as_bytes());
+            m.update(b"\x1f");
+        }
+        m
+    }
+
+    fn sign(&self, parts: &[&str]) -> String {
+        hex::encode(self.mac(parts).finalize().into_bytes())
+    }
+
+    fn verify(&self, parts: &[&str], hex_mac: &str) -> bool {
+        match hex::decode(hex_mac) {
+            Ok(bytes) => self.mac(parts).verify_slice(&bytes).is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    /// Constant-time check of a presented token against the configured one.
+    fn token_ok(&self, presented: &str) -> bool {
+        let Some(token) = &self.config.token else {
+            return false;
+        };
+        let expected = self.mac(&["token", token]).finalize().into_bytes();
+        self.mac(&["token", presented])
+            .verify_slice(&expected)
+            .is_ok()
+    }
+
+    /// Who sent these headers, if anyone.
+    pub fn identify(&self, headers: &HeaderMap) -> Option<Principal> {
+        if let Some(t) = bearer(headers) {
+            return self.token_ok(t).then(|| Principal {
+                name: self.config.user.clone(),
+                via: Via::Bearer,
+                binding: "bearer".into(),
+            });
+        }
+        if let Some(sid) = cookie(headers, SESSION_COOKIE).and_then(|c| self.session_id(c)) {
+            return Some(Principal {
+                name: self.config.user.clone(),
+                via: Via::Session,
+                binding: format!("session:{sid}"),
+            });
+        }
+        if self.config.trust_principal {
+            let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).map(str::trim);
+            if let Some(name) = h("x-ms-client-principal-name").filter(|n| !n.is_empty()) {
+                let id = h("x-ms-client-principal-id").unwrap_or("");
+                return Some(Principal {
+                    name: name.chars().take(200).collect(),
+                    via: Via::Platform,
+                    binding: format!("platform:{id}:{name}"),
+                });
+            }
+        }
+        None
+    }
+
+    /// A new session cookie value, if `token` is the configured one.
+    pub fn login(&self, token: &str) -> Option<String> {
+        if !self.token_ok(token) {
+            return None;
+        }
+        let sid = random_hex(16);
+        let iat = now_secs().to_string();
+        let mac = self.sign(&["session", &sid, &iat]);
+        Some(format!("v1.{sid}.{iat}.{mac}"))
+    }
+
+    fn session_id<'a>(&self, cookie: &'a str) -> Option<&'a str> {
+        let mut it = cookie.split('.');
+        let (v, sid, iat, mac) = (it.next()?, it.next()?, it.next()?, it.next()?);
+        let age = now_secs().checked_sub(iat.parse::<u64>().ok()?)?;
+        (v == "v1" && it.next().is_none() && age <= SESSION_TTL_SECS)
+            .then_some(())
+            .filter(|_| self.verify(&["session", sid, iat], mac))
+            .map(|_| sid)
+    }
+
+    /// The CSRF token of `p`'s forms.
+    pub fn csrf_for(&self, p: &Principal) -> String {
+        self.sign(&["csrf", &p.binding])
+    }
+
+    pub fn csrf_ok(&self, p: &Principal, presented: &str) -> bool {
+        self.verify(&["csrf", &p.binding], presented)
+    }
+
+    /// The login form's CSRF token, bound to its pre-login cookie `nonce`.
+    pub fn login_csrf(&self, nonce: &str) -> String {
+        self.sign(&["login", nonce])
+    }
+
+    pub fn login_csrf_ok(&self, headers: &HeaderMap, presented: &str) -> bool {
+        cookie(headers, LOGIN_COOKIE).is_some_and(|n| self.verify(&["login", n], presented))
+    }
+}
+
+pub fn random_hex(bytes: usize) -> String {
+    let mut b = vec![0u8; bytes];
+    rand::thread_rng().fill_bytes(&mut b);
+    hex::encode(b)
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get("authorization")?.to_str().ok()?;
+    let (scheme, rest) = v.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+}
+
+/// The value of cookie `name`, if sent.
+pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all("cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+/// A `Set-Cookie` value: HttpOnly, SameSite=Strict, whole site; `Secure`
+/// when the request reached a TLS front end (`X-Forwarded-Proto: https`, as
+/// App Service and Container Apps send it).
+pub fn set_cookie(headers: &HeaderMap, name: &str, value: &str, max_age: u64) -> String {
+    let tls = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|p| p.eq_ignore_ascii_case("https"));
+    let secure = if tls { "; Secure" } else { "" };
+    format!("{name}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn auth(token: Option<&str>, trust: bool) -> Auth {
+        Auth::new(AuthConfig {
+            token: token.map(str::to_string),
+            user: "oncall".into(),
+            trust_principal: trust,
+        })
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn bearer_and_session_identify_the_token_user() {
+        let a = auth(Some("0123456789abcdef"), false);
+        let p = a
+            .identify(&headers(&[("authorization", "Bearer 0123456789abcdef")]))
+            .unwrap();
+        assert_eq!((p.name.as_str(), p.via), ("oncall", Via::Bearer));
+        assert!(a
+            .identify(&headers(&[("authorization", "Bearer 0123456789abcdeX")]))
+            .is_none());
+        let c = a.login("0123456789abcdef").unwrap();
+        assert!(a.login("wrong").is_none());
+        let cookie_header = format!("x=1; {SESSION_COOKIE}={c}");
+        let s = a.identify(&headers(&[("cookie", &cookie_header)])).unwrap();
+        assert_eq!(s.via, Via::Session);
+        // Tampered or foreign sessions are nobody.
+        let forged = c.replace("v1.", "v1.0");
+        let other = auth(Some("0123456789abcdef"), false);
+        for bad in [forged, other.login("0123456789abcdef").unwrap()] {
+            let h = format!("{SESSION_COOKIE}={bad}");
+            assert!(a.identify(&headers(&[("cookie", &h)])).is_none());
+        }
+    }
+
+    #[test]
+    fn platform_principal_only_when_trusted() {
+        let h = headers(&[
+            ("x-ms-client-principal-name", "alice@example.com"),
+            ("x-ms-client-principal-id", "42"),
+        ]);
+        assert!(auth(None, false).identify(&h).is_none());
+        let p = auth(None, true).identify(&h).unwrap();
+        assert_eq!(
+            (p.name.as_str(), p.via),
+            ("alice@example.com", Via::Platform)
+        );
+    }
+
+    #[test]
+    fn csrf_tokens_are_bound_to_their_principal() {
+        let a = auth(Some("0123456789abcdef"), true);
+        let bearer = a
+            .identify(&headers(&[("authorization", "bearer 0123456789abcdef")]))
+            .unwrap();
+        let alice = a
+            .identify(&headers(&[("x-ms-client-principal-name", "alice")]))
+            .unwrap();
+        let t = a.csrf_for(&bearer);
+        assert!(a.csrf_ok(&bearer, &t));
+        assert!(!a.csrf_ok(&alice, &t));
+        assert!(!a.csrf_ok(&bearer, "00"));
+        assert!(!a.csrf_ok(&bearer, "not hex"));
+    }
+
+    #[test]
+    fn cookies_are_http_only_strict_and_secure_behind_tls() {
+        let plain = set_cookie(&HeaderMap::new(), SESSION_COOKIE, "v", 60);
+        assert_eq!(
+            plain,
+            "aqw_session=v; Path=/; HttpOnly; SameSite=Strict; Max-Age=60"
+        );
+        let tls = set_cookie(
+            &headers(&[("x-forwarded-proto", "https")]),
+            SESSION_COOKIE,
+            "v",
+            60,
+        );
+        assert!(tls.ends_with("; Secure"), "{tls}");
+    }
+
+    #[test]
+    fn short_tokens_and_odd_flags_are_config_errors() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert!(AuthConfig::from_env(env(&[("AQW_DASHBOARD_TOKEN", "short")])).is_err());
+        assert!(AuthConfig::from_env(env(&[("AQW_DASHBOARD_TRUST_PRINCIPAL", "yes")])).is_err());
+        let c = AuthConfig::from_env(env(&[("AQW_DASHBOARD_TOKEN", "0123456789abcdef")])).unwrap();
+        assert_eq!(c.user, "dashboard");
+        assert!(!format!("{c:?}").contains("0123456789abcdef"));
+    }
+}

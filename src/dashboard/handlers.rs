@@ -1,0 +1,626 @@
+//! The routes: read views (GET) and actions (POST). Every action goes through
+//! the same `crate::ops` function as its CLI command, with "by" set to the
+//! authenticated principal.
+
+use super::auth::{self, Principal, Via};
+use super::payload::PayloadView;
+use super::views::{self, enc, Group, ListPage, Progress, RecordPage, StatusRow, Viewer};
+use super::{Dashboard, MAX_SELECTION, PAGE_SIZE};
+use crate::ops::{self, Filter, FixAction, OpsError, QueueOps, ReplayAction, ReplayOptions};
+use crate::poison::{PoisonRecord, RecordStatus};
+use crate::telemetry::{alert_body, error_group, scrub, PoisonAlert};
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use maud::Markup;
+use std::sync::Arc;
+
+type S = State<Arc<Dashboard>>;
+type Pairs = Vec<(String, String)>;
+/// A response instead of what was asked (boxed: responses are large).
+type Refused = Box<Response>;
+
+fn pairs(s: &[u8]) -> Pairs {
+    url::form_urlencoded::parse(s).into_owned().collect()
+}
+
+fn get<'a>(p: &'a Pairs, k: &str) -> Option<&'a str> {
+    p.iter()
+        .find(|(n, _)| n == k)
+        .map(|(_, v)| v.as_str())
+        .filter(|v| !v.trim().is_empty())
+}
+
+fn all(p: &Pairs, k: &str) -> Vec<String> {
+    p.iter()
+        .filter(|(n, v)| n == k && !v.is_empty())
+        .map(|(_, v)| v.clone())
+        .collect()
+}
+
+fn page(
+    status: StatusCode,
+    title: &str,
+    v: &Viewer,
+    refresh: Option<u32>,
+    body: Markup,
+) -> Response {
+    let html = views::layout(title, v, refresh, body).into_string();
+    (status, Html(html)).into_response()
+}
+
+fn see_other(to: &str) -> Response {
+    Redirect::to(to).into_response()
+}
+
+impl Dashboard {
+    fn viewer(&self, p: Option<&Principal>) -> Viewer {
+        Viewer {
+            name: p.map(|p| p.name.clone()),
+            csrf: p.map(|p| self.auth.csrf_for(p)),
+            can_act: !self.read_only && p.is_some(),
+            session: p.is_some_and(|p| p.via == Via::Session),
+            read_only: self.read_only,
+            queues: self.queues.iter().map(|q| q.queue.clone()).collect(),
+        }
+    }
+
+    fn refuse(&self, status: StatusCode, why: &str) -> Response {
+        let mut r = page(
+            status,
+            &status.to_string(),
+            &self.viewer(None),
+            None,
+            views::message(why),
+        );
+        if status == StatusCode::UNAUTHORIZED {
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, "Bearer".parse().expect("static"));
+        }
+        r
+    }
+
+    /// Who may read: anyone when no authentication is configured (a
+    /// read-only dashboard on loopback), else an authenticated principal.
+    fn gate(&self, headers: &HeaderMap) -> Result<Viewer, Refused> {
+        let p = self.auth.identify(headers);
+        let cfg = self.auth.config();
+        if p.is_none() && cfg.configured() {
+            if cfg.token.is_some() && !headers.contains_key(header::AUTHORIZATION) {
+                return Err(Box::new(see_other("/login")));
+            }
+            return Err(Box::new(
+                self.refuse(StatusCode::UNAUTHORIZED, "Sign in first."),
+            ));
+        }
+        Ok(self.viewer(p.as_ref()))
+    }
+
+    /// Who may act: an authenticated principal whose form carries its own
+    /// CSRF token, on a dashboard that is not read-only.
+    fn actor(&self, headers: &HeaderMap, form: &Pairs) -> Result<(Viewer, Principal), Refused> {
+        if self.read_only {
+            return Err(Box::new(
+                self.refuse(StatusCode::FORBIDDEN, "This dashboard is read-only."),
+            ));
+        }
+        let Some(p) = self.auth.identify(headers) else {
+            return Err(Box::new(self.refuse(
+                StatusCode::UNAUTHORIZED,
+                "Actions need authentication: sign in (or send the bearer token) and try again. Nothing was changed.",
+            )));
+        };
+        if !self.auth.csrf_ok(&p, get(form, "csrf").unwrap_or("")) {
+            return Err(Box::new(self.refuse(
+                StatusCode::FORBIDDEN,
+                "The form's CSRF token is not yours (forged or stale): reload the page. Nothing was changed.",
+            )));
+        }
+        Ok((self.viewer(Some(&p)), p))
+    }
+
+    fn queue_ops(&self, name: &str) -> Result<&QueueOps, Refused> {
+        self.queues
+            .iter()
+            .find(|q| q.queue == name)
+            .map(|q| q.as_ref())
+            .ok_or_else(|| {
+                Box::new(self.refuse(
+                    StatusCode::NOT_FOUND,
+                    "No function of this app consumes that queue.",
+                ))
+            })
+    }
+
+    fn ops_error(&self, v: &Viewer, e: OpsError) -> Response {
+        let status = match e {
+            OpsError::Usage(_) => StatusCode::CONFLICT,
+            OpsError::Storage(_) => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        let text = scrub(&format!("{:#}", anyhow::Error::from(e)));
+        page(status, "Not done", v, None, views::message(&text))
+    }
+}
+
+macro_rules! tri {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(r) => return *r,
+        }
+    };
+}
+
+pub async fn status(State(d): S, headers: HeaderMap) -> Response {
+    let v = tri!(d.gate(&headers));
+    let lines = futures::future::join_all(d.queues.iter().map(|q| ops::status(q))).await;
+    let rows: Vec<StatusRow> = d
+        .queues
+        .iter()
+        .zip(lines)
+        .map(|(q, s)| StatusRow {
+            queue: q.queue.clone(),
+            function: q
+                .function
+                .as_ref()
+                .map(|f| f.name.clone())
+                .unwrap_or_default(),
+            status: s.map_err(|e| format!("{e}")),
+        })
+        .collect();
+    let body = views::status_page(&rows, d.app.alert_webhook.is_some());
+    page(StatusCode::OK, "Status", &v, Some(30), body)
+}
+
+/// The list filter from the query string (status open by default).
+fn list_filter(p: &Pairs) -> Result<Filter, String> {
+    let status = match get(p, "status").unwrap_or("open") {
+        "all" => None,
+        s => Some(RecordStatus::parse(s).ok_or_else(|| format!("unknown status {s:?}"))?),
+    };
+    let time = |k: &str| {
+        get(p, k)
+            .map(|s| ops::parse_time(s).map_err(|e| format!("{k}: {e}")))
+            .transpose()
+    };
+    let error = get(p, "error")
+        .map(|e| {
+            regex::RegexBuilder::new(&regex::escape(e))
+                .case_insensitive(true)
+                .build()
+                .map_err(|e| format!("error: {e}"))
+        })
+        .transpose()?;
+    Ok(Filter {
+        status,
+        since: time("since")?,
+        until: time("until")?,
+        function: get(p, "function").map(str::to_string),
+        error,
+        ids: vec![],
+    })
+}
+
+/// The alert's grouping of a record: kind and masked first line.
+fn cause(r: &PoisonRecord) -> (String, String) {
+    (
+        r.error.kind.as_str().to_string(),
+        error_group(&r.error.message).1,
+    )
+}
+
+fn group_id(r: &PoisonRecord) -> String {
+    let (k, t) = cause(r);
+    format!("{k}|{t}")
+}
+
+/// The groups of `records`, exactly as the alert webhook would report them.
+fn groups(queue: &str, records: &[PoisonRecord]) -> Vec<Group> {
+    let alerts: Vec<PoisonAlert> = records
+        .iter()
+        .map(|r| PoisonAlert {
+            queue: r.queue.clone(),
+            poison_queue: crate::message::poison_queue_name(&r.queue),
+            function: r.function.clone(),
+            message_id: r.message_id.clone(),
+            key: r.key.as_deref().map(str::to_string),
+            error_kind: r.error.kind.as_str().to_string(),
+            error: r.error.message.clone(),
+            poisoned_at: time::OffsetDateTime::UNIX_EPOCH,
+        })
+        .collect();
+    let body = alert_body(queue, &alerts);
+    let s = |g: &serde_json::Value, k: &str| g[k].as_str().unwrap_or_default().to_string();
+    body["groups"]
+        .as_array()
+        .map(|gs| {
+            gs.iter()
+                .map(|g| Group {
+                    id: format!("{}|{}", s(g, "errorKind"), s(g, "error")),
+                    kind: s(g, "errorKind"),
+                    text: s(g, "error"),
+                    count: g["count"].as_u64().unwrap_or(0) as usize,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub async fn list(
+    State(d): S,
+    Path(queue): Path<String>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    let v = tri!(d.gate(&headers));
+    let ops = tri!(d.queue_ops(&queue));
+    let params = pairs(q.unwrap_or_default().as_bytes());
+    let filter = match list_filter(&params) {
+        Ok(f) => f,
+        Err(m) => {
+            return page(
+                StatusCode::BAD_REQUEST,
+                "Bad filter",
+                &v,
+                None,
+                views::message(&m),
+            )
+        }
+    };
+    let records = match ops::list(ops, &filter).await {
+        Ok(r) => r,
+        Err(e) => return d.ops_error(&v, e),
+    };
+    let groups = groups(&queue, &records);
+    let records: Vec<PoisonRecord> = match get(&params, "group") {
+        Some(g) => records.into_iter().filter(|r| group_id(r) == g).collect(),
+        None => records,
+    };
+    let pages = records.len().div_ceil(PAGE_SIZE).max(1);
+    let n = get(&params, "page")
+        .and_then(|p| p.parse::<usize>().ok())
+        .unwrap_or(1)
+        .clamp(1, pages);
+    let shown =
+        &records[((n - 1) * PAGE_SIZE).min(records.len())..(n * PAGE_SIZE).min(records.len())];
+    let keep = ["status", "since", "until", "function", "error", "group"];
+    let form: Vec<(&'static str, String)> = keep
+        .iter()
+        .map(|k| {
+            (
+                *k,
+                get(&params, k)
+                    .unwrap_or(if *k == "status" { "open" } else { "" })
+                    .to_string(),
+            )
+        })
+        .collect();
+    let query = url::form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(form.iter().filter(|(k, v)| !v.is_empty() && *k != "group"))
+        .finish();
+    let p = ListPage {
+        queue: &queue,
+        records: shown,
+        groups: &groups,
+        total: records.len(),
+        page: n,
+        pages,
+        query,
+        form: &form,
+    };
+    let body = views::list_page(&p, &v, |r| cause(r).1);
+    page(
+        StatusCode::OK,
+        &format!("Poison records of {queue}"),
+        &v,
+        None,
+        body,
+    )
+}
+
+pub async fn record(
+    State(d): S,
+    Path(queue): Path<String>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    let v = tri!(d.gate(&headers));
+    let ops = tri!(d.queue_ops(&queue));
+    let params = pairs(q.unwrap_or_default().as_bytes());
+    let Some(id) = get(&params, "id") else {
+        return d.refuse(StatusCode::BAD_REQUEST, "Which record? (?id=…)");
+    };
+    let report = match ops::show(ops, id).await {
+        Ok(r) => r,
+        Err(OpsError::Usage(m)) => {
+            return page(
+                StatusCode::NOT_FOUND,
+                "No such record",
+                &v,
+                None,
+                views::message(&m),
+            )
+        }
+        Err(e) => return d.ops_error(&v, e),
+    };
+    let payload = PayloadView::of(&report.record);
+    let editable = PayloadView::editable(&report.record);
+    let p = RecordPage {
+        queue: &queue,
+        record: &report.record,
+        key: report.key_record.as_ref(),
+        payload: &payload,
+        editable: &editable,
+    };
+    page(
+        StatusCode::OK,
+        &format!("Record {id}"),
+        &v,
+        None,
+        views::record_page(&p, &v),
+    )
+}
+
+fn progress_url(queue: &str, ids: &[String]) -> String {
+    let q: Vec<String> = ids.iter().map(|i| format!("id={}", enc(i))).collect();
+    format!("/q/{}/progress?{}", enc(queue), q.join("&"))
+}
+
+pub async fn replay(
+    State(d): S,
+    Path(queue): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let form = pairs(&body);
+    let (v, p) = tri!(d.actor(&headers, &form));
+    let ops = tri!(d.queue_ops(&queue));
+    let ids = all(&form, "id");
+    if ids.is_empty() || ids.len() > MAX_SELECTION {
+        let m = format!("Select between 1 and {MAX_SELECTION} open records.");
+        return page(
+            StatusCode::BAD_REQUEST,
+            "Nothing selected",
+            &v,
+            None,
+            views::message(&m),
+        );
+    }
+    let dry_run = get(&form, "mode") != Some("real");
+    let opts = ReplayOptions {
+        filter: Filter {
+            ids: ids.clone(),
+            ..Filter::default()
+        },
+        dry_run,
+        by: p.name.clone(),
+        concurrency: ops::DEFAULT_REPLAY_CONCURRENCY,
+        ..ReplayOptions::default()
+    };
+    let report = match ops::replay(ops, &opts, &|_, _| {}).await {
+        Ok(r) => r,
+        Err(e) => return d.ops_error(&v, e),
+    };
+    let trouble = report
+        .items
+        .iter()
+        .any(|i| matches!(i.action, ReplayAction::Failed | ReplayAction::Skipped));
+    if dry_run || trouble {
+        let title = if dry_run {
+            "Replay: dry run"
+        } else {
+            "Replay: not all replayed"
+        };
+        let status = if trouble {
+            StatusCode::CONFLICT
+        } else {
+            StatusCode::OK
+        };
+        return page(
+            status,
+            title,
+            &v,
+            None,
+            views::dry_run_page(&queue, &report, &v),
+        );
+    }
+    tracing::info!(event = "aqw.dashboard.replay", queue = %queue, by = %p.name, count = report.replayed + report.already_done, "replayed from the dashboard");
+    see_other(&progress_url(&queue, &ids))
+}
+
+pub async fn discard(
+    State(d): S,
+    Path(queue): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let form = pairs(&body);
+    let (v, p) = tri!(d.actor(&headers, &form));
+    let ops = tri!(d.queue_ops(&queue));
+    let (Some(id), Some(reason)) = (get(&form, "id"), get(&form, "reason")) else {
+        return page(
+            StatusCode::BAD_REQUEST,
+            "Not discarded",
+            &v,
+            None,
+            views::message("A discard needs a reason."),
+        );
+    };
+    let close_key = get(&form, "close_key").is_some();
+    if let Err(e) = ops::discard(ops, id, reason.trim(), &p.name, close_key).await {
+        return d.ops_error(&v, e);
+    }
+    tracing::info!(event = "aqw.dashboard.discard", queue = %queue, id = %id, by = %p.name, close_key, "discarded from the dashboard");
+    see_other(&views::record_url(&queue, id))
+}
+
+pub async fn fix(
+    State(d): S,
+    Path(queue): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let form = pairs(&body);
+    let (v, p) = tri!(d.actor(&headers, &form));
+    let ops = tri!(d.queue_ops(&queue));
+    let (Some(id), Some(payload)) = (get(&form, "id"), get(&form, "payload")) else {
+        return page(
+            StatusCode::BAD_REQUEST,
+            "Not fixed",
+            &v,
+            None,
+            views::message("A fix needs a payload."),
+        );
+    };
+    let report = match ops::fix(ops, id, payload, &p.name, None).await {
+        Ok(r) => r,
+        Err(e) => return d.ops_error(&v, e),
+    };
+    if report.action != FixAction::Replaced {
+        let m = format!(
+            "{}: {}",
+            report.action,
+            report.detail.as_deref().unwrap_or("")
+        );
+        return page(
+            StatusCode::CONFLICT,
+            "Not fixed",
+            &v,
+            None,
+            views::message(&m),
+        );
+    }
+    tracing::info!(event = "aqw.dashboard.fix", queue = %queue, id = %id, by = %p.name, "payload fixed from the dashboard");
+    see_other(&progress_url(&queue, &[id.to_string()]))
+}
+
+async fn progress_of(ops: &QueueOps, id: &str) -> Result<Progress, OpsError> {
+    let Some((rec, _)) = ops.record(id).await? else {
+        return Ok(Progress {
+            record: None,
+            id: id.into(),
+            key: None,
+            key_status: None,
+            settled: false,
+        });
+    };
+    let mut probe = rec.clone();
+    if rec.status == RecordStatus::Replaced {
+        probe.key = rec.replacement_key.clone();
+    }
+    let kr = ops.key_record(&probe).await?;
+    Ok(Progress {
+        id: id.into(),
+        key: probe.key.as_deref().map(str::to_string),
+        key_status: kr.as_ref().map(|k| k.status.as_str().to_string()),
+        settled: rec.status != RecordStatus::Open && kr.is_some_and(|k| k.status.is_settled()),
+        record: Some(rec),
+    })
+}
+
+pub async fn progress(
+    State(d): S,
+    Path(queue): Path<String>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    let v = tri!(d.gate(&headers));
+    let ops = tri!(d.queue_ops(&queue));
+    let ids: Vec<String> = all(&pairs(q.unwrap_or_default().as_bytes()), "id")
+        .into_iter()
+        .take(MAX_SELECTION)
+        .collect();
+    let mut rows = Vec::new();
+    for id in &ids {
+        match progress_of(ops, id).await {
+            Ok(p) => rows.push(p),
+            Err(e) => return d.ops_error(&v, e),
+        }
+    }
+    let waiting = rows.iter().any(|r| !r.settled);
+    page(
+        StatusCode::OK,
+        "Replay progress",
+        &v,
+        waiting.then_some(1),
+        views::progress_page(&queue, &rows),
+    )
+}
+
+pub async fn login_form(State(d): S, headers: HeaderMap) -> Response {
+    if d.auth.config().token.is_none() {
+        return d.refuse(
+            StatusCode::NOT_FOUND,
+            "No token is configured: sign in through the platform.",
+        );
+    }
+    let nonce = auth::random_hex(16);
+    let mut r = page(
+        StatusCode::OK,
+        "Sign in",
+        &d.viewer(None),
+        None,
+        views::login_page(&d.auth.login_csrf(&nonce), None),
+    );
+    let c = auth::set_cookie(&headers, auth::LOGIN_COOKIE, &nonce, 3600);
+    r.headers_mut()
+        .append(header::SET_COOKIE, c.parse().expect("hex cookie"));
+    r
+}
+
+pub async fn login(State(d): S, headers: HeaderMap, body: Bytes) -> Response {
+    let form = pairs(&body);
+    let csrf = get(&form, "csrf").unwrap_or("");
+    if !d.auth.login_csrf_ok(&headers, csrf) {
+        return d.refuse(
+            StatusCode::FORBIDDEN,
+            "The sign-in form is stale or forged: reload it.",
+        );
+    }
+    let Some(session) = d.auth.login(get(&form, "token").unwrap_or("")) else {
+        tracing::warn!(
+            event = "aqw.dashboard.login_failed",
+            "dashboard sign-in with a wrong token"
+        );
+        let body = views::login_page(csrf, Some("Wrong token."));
+        return page(
+            StatusCode::UNAUTHORIZED,
+            "Sign in",
+            &d.viewer(None),
+            None,
+            body,
+        );
+    };
+    let mut r = see_other("/");
+    let h = r.headers_mut();
+    let c = auth::set_cookie(
+        &headers,
+        auth::SESSION_COOKIE,
+        &session,
+        auth::SESSION_TTL_SECS,
+    );
+    h.append(header::SET_COOKIE, c.parse().expect("ascii cookie"));
+    h.append(
+        header::SET_COOKIE,
+        auth::set_cookie(&headers, auth::LOGIN_COOKIE, "", 0)
+            .parse()
+            .expect("static"),
+    );
+    r
+}
+
+pub async fn logout(State(d): S, headers: HeaderMap, body: Bytes) -> Response {
+    let form = pairs(&body);
+    let Some(p) = d.auth.identify(&headers) else {
+        return see_other("/login");
+    };
+    if !d.auth.csrf_ok(&p, get(&form, "csrf").unwrap_or("")) {
+        return d.refuse(StatusCode::FORBIDDEN, "Stale form: reload the page.");
+    }
+    let mut r = see_other("/login");
+    let c = auth::set_cookie(&headers, auth::SESSION_COOKIE, "", 0);
+    r.headers_mut()
+        .append(header::SET_COOKIE, c.parse().expect("static"));
+    r
+}

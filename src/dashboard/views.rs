@@ -1,0 +1,422 @@
+//! The pages, as maud templates: every value is HTML-escaped by maud, and no
+//! page has inline script or style (the CSP forbids both).
+
+use super::payload::PayloadView;
+use crate::idempotency::KeyRecord;
+use crate::ops::{QueueStatus, ReplayReport};
+use crate::poison::{PoisonRecord, RecordStatus};
+use crate::telemetry::scrub;
+use maud::{html, Markup, DOCTYPE};
+
+/// Who is looking, and what they may do.
+#[derive(Debug, Clone, Default)]
+pub struct Viewer {
+    /// The principal's name, when authenticated.
+    pub name: Option<String>,
+    /// The CSRF token of this viewer's forms.
+    pub csrf: Option<String>,
+    /// Actions are enabled and this viewer may use them.
+    pub can_act: bool,
+    /// Signed in with a session cookie (a logout button makes sense).
+    pub session: bool,
+    pub read_only: bool,
+    /// The configured queues, for the navigation.
+    pub queues: Vec<String>,
+}
+
+/// A query-string component, percent-encoded.
+pub fn enc(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+pub fn record_url(queue: &str, id: &str) -> String {
+    format!("/q/{}/record?id={}", enc(queue), enc(id))
+}
+
+pub fn layout(title: &str, v: &Viewer, refresh: Option<u32>, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                @if let Some(s) = refresh { meta http-equiv="refresh" content=(s); }
+                title { (title) " · aqw dashboard" }
+                link rel="stylesheet" href="/assets/dashboard.css";
+            }
+            body {
+                header { (nav(v)) }
+                main { h1 { (title) } (body) }
+            }
+        }
+    }
+}
+
+fn nav(v: &Viewer) -> Markup {
+    html! {
+        nav {
+            a.brand href="/" { "aqw" }
+            a href="/" { "Status" }
+            @for q in &v.queues { a href={ "/q/" (enc(q)) } { (q) } }
+            span.who {
+                @if v.read_only { span.badge { "read-only" } " " }
+                @if let Some(n) = &v.name { "signed in as " b #who { (n) } }
+                @if let (true, Some(csrf)) = (v.session, &v.csrf) {
+                    form.inline method="post" action="/logout" {
+                        input type="hidden" name="csrf" value=(csrf);
+                        button type="submit" { "Sign out" }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn csrf_field(v: &Viewer) -> Markup {
+    html! { @if let Some(c) = &v.csrf { input type="hidden" name="csrf" value=(c); } }
+}
+
+/// One queue's line on the status page (or the error reading it).
+pub struct StatusRow {
+    pub queue: String,
+    pub function: String,
+    pub status: Result<QueueStatus, String>,
+}
+
+pub fn status_page(rows: &[StatusRow], webhook: bool) -> Markup {
+    let open: usize = rows
+        .iter()
+        .filter_map(|r| r.status.as_ref().ok())
+        .map(|s| s.open_records)
+        .sum();
+    html! {
+        @if open > 0 {
+            p.alert #alert-state { "ALERT: " (open) " open poison record(s) need a person" }
+        } @else {
+            p.ok #alert-state { "OK: no open poison records" }
+        }
+        p.muted { "Alert webhook: " (if webhook { "configured" } else { "not configured" })
+            ". The alert fires on the first open record of a queue; " code { "aqw status" } " exits 1 while any is open." }
+        table #status {
+            thead { tr { th { "function" } th { "queue" } th { "depth" } th { "poison depth" }
+                th { "open records" } th { "oldest open" } th { "alert" } } }
+            tbody { @for r in rows { (status_row(r)) } }
+        }
+    }
+}
+
+fn status_row(r: &StatusRow) -> Markup {
+    let n = |v: Option<u64>| v.map(|n| n.to_string()).unwrap_or_else(|| "?".into());
+    html! {
+        tr {
+            td { (r.function) }
+            td { a href={ "/q/" (enc(&r.queue)) } { (r.queue) } }
+            @match &r.status {
+                Ok(s) => {
+                    td.num { (n(s.depth)) } td.num { (n(s.poison_depth)) }
+                    td.num { a href={ "/q/" (enc(&r.queue)) "?status=open" } { (s.open_records) } }
+                    td { (s.oldest_open.as_deref().unwrap_or("-")) }
+                    td { @if s.open_records > 0 { span.badge.bad { "firing" } } @else { span.badge.good { "ok" } } }
+                }
+                Err(e) => { td.error colspan="5" { "cannot read: " (scrub(e)) } }
+            }
+        }
+    }
+}
+
+/// One error cause, as the alert groups them.
+pub struct Group {
+    pub id: String,
+    pub kind: String,
+    pub text: String,
+    pub count: usize,
+}
+
+/// The list page's data.
+pub struct ListPage<'a> {
+    pub queue: &'a str,
+    pub records: &'a [PoisonRecord],
+    pub groups: &'a [Group],
+    pub total: usize,
+    pub page: usize,
+    pub pages: usize,
+    /// The filter's query string (without `page`), for links.
+    pub query: String,
+    pub form: &'a [(&'static str, String)],
+}
+
+pub fn list_page(p: &ListPage, v: &Viewer, group_of: impl Fn(&PoisonRecord) -> String) -> Markup {
+    html! {
+        (filter_form(p))
+        h2 { "By error cause (as in the alert)" }
+        table #groups {
+            thead { tr { th { "records" } th { "kind" } th { "error" } } }
+            tbody { @for g in p.groups { tr {
+                td.num { a href={ "/q/" (enc(p.queue)) "?" (p.query) "&group=" (enc(&g.id)) } { (g.count) } }
+                td { (g.kind) } td.wrap { (g.text) }
+            } } }
+        }
+        h2 { (p.total) " record(s) · page " (p.page) " of " (p.pages) }
+        form method="post" action={ "/q/" (enc(p.queue)) "/replay" } {
+            (csrf_field(v))
+            input type="hidden" name="mode" value="dry-run";
+            (records_table(p, v, &group_of))
+            @if v.can_act { button #replay-selected type="submit" { "Replay selected (dry run first)" } }
+        }
+        (pager(p))
+    }
+}
+
+fn filter_form(p: &ListPage) -> Markup {
+    let val = |k: &str| {
+        p.form
+            .iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or("")
+    };
+    html! {
+        form.filters method="get" action={ "/q/" (enc(p.queue)) } {
+            label { "status " select name="status" {
+                @for s in ["open", "replayed", "discarded", "replaced", "all"] {
+                    option value=(s) selected[val("status") == s] { (s) }
+                }
+            } }
+            label { "since " input name="since" value=(val("since")) placeholder="RFC 3339 or hh:mm:ss ago"; }
+            label { "until " input name="until" value=(val("until")) placeholder="RFC 3339 or hh:mm:ss ago"; }
+            label { "function " input name="function" value=(val("function")); }
+            label { "error text " input name="error" value=(val("error")); }
+            @if !val("group").is_empty() { input type="hidden" name="group" value=(val("group")); }
+            button type="submit" { "Filter" }
+        }
+    }
+}
+
+fn records_table(p: &ListPage, v: &Viewer, group_of: &dyn Fn(&PoisonRecord) -> String) -> Markup {
+    html! {
+        table #records {
+            thead { tr { th {} th { "poisoned at" } th { "id" } th { "key" } th { "function" }
+                th { "status" } th { "kind" } th { "cause" } th { "dequeued" } } }
+            tbody { @for r in p.records { tr {
+                td { @if v.can_act && r.status == RecordStatus::Open {
+                    input type="checkbox" name="id" value=(r.message_id) aria-label="select";
+                } }
+                td { (r.poisoned_at) }
+                td.id { a href=(record_url(p.queue, &r.message_id)) { (r.message_id) } }
+                td.id { (r.key.as_deref().unwrap_or("-")) }
+                td { (r.function) }
+                td { span class={ "badge st-" (r.status.as_str()) } { (r.status.as_str()) } }
+                td { (r.error.kind.as_str()) }
+                td.wrap { (group_of(r)) }
+                td.num { (r.dequeue_count) }
+            } } }
+        }
+    }
+}
+
+fn pager(p: &ListPage) -> Markup {
+    let link = |n: usize| format!("/q/{}?{}&page={n}", enc(p.queue), p.query);
+    html! {
+        nav.pager {
+            @if p.page > 1 { a #prev href=(link(p.page - 1)) { "← newer" } }
+            " page " (p.page) " / " (p.pages) " "
+            @if p.page < p.pages { a #next href=(link(p.page + 1)) { "older →" } }
+        }
+    }
+}
+
+/// The record page's data.
+pub struct RecordPage<'a> {
+    pub queue: &'a str,
+    pub record: &'a PoisonRecord,
+    pub key: Option<&'a KeyRecord>,
+    pub payload: &'a PayloadView,
+    pub editable: &'a str,
+}
+
+pub fn record_page(p: &RecordPage, v: &Viewer) -> Markup {
+    let r = p.record;
+    html! {
+        dl.facts {
+            dt { "status" } dd { span #record-status class={ "badge st-" (r.status.as_str()) } { (r.status.as_str()) } }
+            dt { "record id" } dd.id { (r.message_id) }
+            dt { "queue / function" } dd { (r.queue) " / " (r.function) }
+            dt { "key" } dd.id #record-key { (r.key.as_deref().unwrap_or("-")) }
+            dt { "poisoned at" } dd { (r.poisoned_at) }
+            dt { "first attempt / dequeued" } dd { (r.first_attempt_at) " / " (r.dequeue_count) " time(s)" }
+            dt { "error (" (r.error.kind.as_str()) ")" } dd { pre.wrap #record-error { (scrub(&r.error.message)) } }
+            dt { "origin / encoding" } dd { (r.origin) " / " (r.encoding.as_str()) }
+        }
+        h2 { "Payload" }
+        (payload(p.payload))
+        h2 { "Key state" }
+        (key_state(p.key))
+        h2 { "Audit trail" }
+        (audit(r))
+        @if r.status == RecordStatus::Open && v.can_act { (actions(p, v)) }
+    }
+}
+
+fn payload(p: &PayloadView) -> Markup {
+    html! {
+        @match p {
+            PayloadView::Json(t) | PayloadView::Text(t) => { pre.payload #payload { (t) } }
+            PayloadView::Binary { lossy, hex, len, valid_up_to } => {
+                p.warn { "Not UTF-8 (" (len) " bytes; the first invalid byte is at " (valid_up_to)
+                    "). Shown lossily (� for each invalid sequence) and as hex." }
+                pre.payload #payload { (lossy) }
+                pre.hex { (hex) }
+            }
+            PayloadView::Undecodable { why, raw } => {
+                p.warn { (why) ". The message text as received:" }
+                pre.payload #payload { (raw) }
+            }
+        }
+    }
+}
+
+fn key_state(k: Option<&KeyRecord>) -> Markup {
+    let Some(k) = k else {
+        return html! { p.muted #key-status { "no key record (keyless job, or never claimed)" } };
+    };
+    html! {
+        dl.facts {
+            dt { "status" } dd { span #key-status class={ "badge key-" (k.status.as_str()) } { (k.status.as_str()) } }
+            dt { "attempts / replays" } dd { (k.attempts) " / " (k.replay_count) }
+            dt { "provider key" } dd.id { (k.provider_key) }
+            dt { "first seen / completed" } dd { (k.first_seen.as_deref().unwrap_or("-")) " / " (k.completed_at.as_deref().unwrap_or("-")) }
+            @if let Some(e) = &k.last_error { dt { "last error" } dd { pre.wrap { (scrub(e)) } } }
+            @if let Some(by) = &k.cancelled_by {
+                dt { "closed" } dd { "by " (by) " at " (k.cancelled_at.as_deref().unwrap_or("-")) ": " (k.cancel_reason.as_deref().unwrap_or("")) }
+            }
+        }
+        h3 { "Attempt history (newest last)" }
+        table #history {
+            thead { tr { th { "at" } th { "message" } th { "dequeue" } th { "outcome" } th { "error" } } }
+            tbody { @for a in &k.history { tr {
+                td { (a.at) } td.id { (a.message_id) } td.num { (a.dequeue_count) }
+                td { (a.outcome) @if a.may_have_taken_effect { " (may have taken effect)" } }
+                td.wrap { (scrub(a.error.as_deref().unwrap_or(""))) }
+            } } }
+        }
+    }
+}
+
+fn audit(r: &PoisonRecord) -> Markup {
+    let at = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".into());
+    html! {
+        ul #audit {
+            li { "poisoned at " (r.poisoned_at) " after " (r.dequeue_count) " delivery(ies)" }
+            @if let Some(by) = &r.replayed_by {
+                li { "replayed by " b { (by) } " at " (at(&r.replayed_at)) "; new message " (at(&r.replay_message_id))
+                    @if let Some(n) = &r.replay_note { " (" (n) ")" } }
+            }
+            @if let Some(by) = &r.discarded_by {
+                li { "discarded by " b { (by) } " at " (at(&r.discarded_at)) ": " q { (r.discard_reason.as_deref().unwrap_or("")) } }
+            }
+            @if let Some(by) = &r.replaced_by {
+                li { "replaced (fixed payload) by " b { (by) } " at " (at(&r.replaced_at)) "; new message "
+                    (at(&r.replacement_message_id)) ", key " (r.replacement_key.as_deref().unwrap_or("-")) }
+            }
+        }
+    }
+}
+
+fn actions(p: &RecordPage, v: &Viewer) -> Markup {
+    let base = format!("/q/{}", enc(p.queue));
+    let id = &p.record.message_id;
+    html! {
+        h2 { "Actions" }
+        section.actions {
+            form method="post" action={ (base) "/replay" } {
+                (csrf_field(v))
+                input type="hidden" name="mode" value="dry-run";
+                input type="hidden" name="id" value=(id);
+                button #replay type="submit" { "Replay… (dry run first)" }
+            }
+            form method="post" action={ (base) "/discard" } {
+                (csrf_field(v))
+                input type="hidden" name="id" value=(id);
+                label { "Reason (kept on the record) " input #discard-reason name="reason" required; }
+                label { input #close-key type="checkbox" name="close_key" value="1"; " also close the key (a resend never runs)" }
+                button #discard type="submit" { "Discard" }
+            }
+            form method="post" action={ (base) "/fix" } {
+                (csrf_field(v))
+                input type="hidden" name="id" value=(id);
+                label { "Corrected payload (put in place of this one; it must derive a key)" }
+                textarea #fix-payload name="payload" rows="8" { (p.editable) }
+                button #fix type="submit" { "Fix payload" }
+            }
+        }
+    }
+}
+
+pub fn dry_run_page(queue: &str, r: &ReplayReport, v: &Viewer) -> Markup {
+    html! {
+        p { "Dry run: nothing has changed yet. " (r.selected) " open record(s) selected." }
+        table #dry-run {
+            thead { tr { th { "id" } th { "key" } th { "would" } th { "detail" } } }
+            tbody { @for i in &r.items { tr {
+                td.id { a href=(record_url(queue, &i.id)) { (i.id) } }
+                td.id { (i.key.as_deref().unwrap_or("-")) }
+                td { (i.action.as_str()) } td { (i.detail.as_deref().unwrap_or("")) }
+            } } }
+        }
+        @if v.can_act && !r.items.is_empty() {
+            form method="post" action={ "/q/" (enc(queue)) "/replay" } {
+                (csrf_field(v))
+                input type="hidden" name="mode" value="real";
+                @for i in &r.items { input type="hidden" name="id" value=(i.id); }
+                button #replay-real type="submit" { "Replay " (r.items.len()) " for real" }
+            }
+        }
+    }
+}
+
+/// One record on the progress page.
+pub struct Progress {
+    pub record: Option<PoisonRecord>,
+    pub id: String,
+    /// The key whose state confirms the job (the replacement's after a fix).
+    pub key: Option<String>,
+    pub key_status: Option<String>,
+    pub settled: bool,
+}
+
+pub fn progress_page(queue: &str, rows: &[Progress]) -> Markup {
+    let waiting = rows.iter().filter(|r| !r.settled).count();
+    html! {
+        @if waiting == 0 {
+            p.ok #progress-state { "Confirmed: every key is done." }
+        } @else {
+            p.warn #progress-state { "Waiting for " (waiting) " key(s) to be done (this page refreshes itself)…" }
+        }
+        table #progress {
+            thead { tr { th { "record" } th { "record status" } th { "key" } th { "key state" } } }
+            tbody { @for r in rows { tr {
+                td.id { a href=(record_url(queue, &r.id)) { (r.id) } }
+                td { (r.record.as_ref().map(|x| x.status.as_str()).unwrap_or("missing")) }
+                td.id { (r.key.as_deref().unwrap_or("-")) }
+                td { @if r.settled { span.badge.good.confirmed { "confirmed " (r.key_status.as_deref().unwrap_or("")) } }
+                     @else { span.badge { (r.key_status.as_deref().unwrap_or("not yet claimed")) } } }
+            } } }
+        }
+    }
+}
+
+pub fn login_page(csrf: &str, error: Option<&str>) -> Markup {
+    html! {
+        @if let Some(e) = error { p.alert #login-error { (e) } }
+        p { "Paste the dashboard token (AQW_DASHBOARD_TOKEN). The session lasts 12 hours." }
+        form method="post" action="/login" {
+            input type="hidden" name="csrf" value=(csrf);
+            label { "Token " input #token type="password" name="token" autocomplete="current-password" required; }
+            button #login type="submit" { "Sign in" }
+        }
+    }
+}
+
+pub fn message(text: &str) -> Markup {
+    html! { p #message { (text) } p { a href="/" { "Back to the status page" } } }
+}

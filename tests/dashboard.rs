@@ -1,0 +1,701 @@
+//! The dashboard's security, against a real Azurite through its router
+//! (`tower::ServiceExt::oneshot`): unauthenticated and forged actions change
+//! nothing, "by" is the principal, hostile payloads render inert, secrets
+//! never render, and the poison list pages through 1,000 records.
+
+mod common;
+
+use aqw::dashboard::{self, AuthConfig, Dashboard, Options};
+use aqw::handlers::HandlerError;
+use aqw::message::{ErrorInfo, ErrorKind, MessageEncoding, PoisonEnvelope};
+use aqw::ops::QueueOps;
+use aqw::poison::{PoisonRecord, RecordStatus};
+use axum::body::Body;
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::Router;
+use base64::Engine as _;
+use common::*;
+use futures::StreamExt as _;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+use tower::ServiceExt as _;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+const TOKEN: &str = "test-token-0123456789abcdef";
+
+fn dashboard(app: &TestApp, read_only: bool) -> Router {
+    let auth = AuthConfig {
+        token: Some(TOKEN.into()),
+        user: "oncall".into(),
+        trust_principal: false,
+    };
+    let d = Dashboard::new(app.config.clone(), Options { read_only, auth }).unwrap();
+    dashboard::app(Arc::new(d))
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+async fn call(
+    r: &Router,
+    method: &str,
+    uri: &str,
+    headers: &[(&str, &str)],
+    form: Option<&str>,
+) -> Reply {
+    let mut req = Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    if form.is_some() {
+        req = req.header("content-type", "application/x-www-form-urlencoded");
+    }
+    let req = req
+        .body(Body::from(form.unwrap_or("").to_string()))
+        .unwrap();
+    let resp = r.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let bytes = axum::body::to_bytes(resp.into_body(), 16 << 20)
+        .await
+        .unwrap();
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+    }
+}
+
+const BEARER: (&str, &str) = ("authorization", "Bearer test-token-0123456789abcdef");
+
+fn csrf_of(page: &str) -> String {
+    let re = regex::Regex::new(r#"name="csrf" value="([0-9a-f]+)""#).unwrap();
+    re.captures(page).expect("a form with a CSRF token")[1].to_string()
+}
+
+fn enc(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+/// One real poison record: the worker poisons a job its handler refuses.
+async fn poisoned(app: &TestApp) -> String {
+    let id = app.enqueue(r#"{"orderId":"o-1"}"#).await;
+    let h = Scripted::new(|_, _| Err(HandlerError::permanent("HTTP 404 Not Found: no such order")));
+    let w = app.start_worker(h);
+    eventually("the poison copy", DEADLINE, || async {
+        (app.poison_messages().await.len() == 1).then_some(())
+    })
+    .await;
+    w.stop().await;
+    id
+}
+
+async fn record(app: &TestApp, id: &str) -> PoisonRecord {
+    let ops = QueueOps::new(app.config.clone(), &app.queue, &app.storage());
+    ops.record(id).await.unwrap().unwrap().0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actions_without_credentials_or_with_a_forged_csrf_token_change_nothing() {
+    let app = TestApp::new(
+        json!({"key": "order:{/orderId}"}),
+        json!({"maxDequeueCount": 1}),
+        json!({}),
+    );
+    let id = poisoned(&app).await;
+    let r = dashboard(&app, false);
+    let q = &app.queue;
+    let record_uri = format!("/q/{q}/record?id={}", enc(&id));
+    // A real CSRF token, for the bearer principal.
+    let page = call(&r, "GET", &record_uri, &[BEARER], None).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let csrf = csrf_of(&page.body);
+    let actions = [
+        ("replay", format!("mode=real&id={}", enc(&id))),
+        ("discard", format!("id={}&reason=gone", enc(&id))),
+        (
+            "fix",
+            format!("id={}&payload=%7B%22orderId%22%3A%22o-2%22%7D", enc(&id)),
+        ),
+    ];
+    for (action, form) in &actions {
+        let uri = format!("/q/{q}/{action}");
+        // No credentials at all (even with a valid-looking token).
+        let with_csrf = format!("{form}&csrf={csrf}");
+        let anon = call(&r, "POST", &uri, &[], Some(&with_csrf)).await;
+        assert_eq!(
+            anon.status,
+            StatusCode::UNAUTHORIZED,
+            "{action}: {}",
+            anon.body
+        );
+        // A wrong token.
+        let wrong = call(
+            &r,
+            "POST",
+            &uri,
+            &[("authorization", "Bearer nope-nope-nope-nope")],
+            Some(&with_csrf),
+        )
+        .await;
+        assert_eq!(wrong.status, StatusCode::UNAUTHORIZED, "{action}");
+        // The right principal, a forged or missing CSRF token.
+        for forged in [format!("{form}&csrf={}", "ab".repeat(32)), form.clone()] {
+            let f = call(&r, "POST", &uri, &[BEARER], Some(&forged)).await;
+            assert_eq!(f.status, StatusCode::FORBIDDEN, "{action}: {}", f.body);
+        }
+        // A session cookie that is not one of ours.
+        let cookie = "aqw_session=v1.00.1.00";
+        let c = call(&r, "POST", &uri, &[("cookie", cookie)], Some(&with_csrf)).await;
+        assert_eq!(c.status, StatusCode::UNAUTHORIZED, "{action}");
+    }
+    // Read-only: even the right principal with its own token is refused.
+    let ro = dashboard(&app, true);
+    for (action, form) in &actions {
+        let with_csrf = format!("{form}&csrf={csrf}");
+        let f = call(
+            &ro,
+            "POST",
+            &format!("/q/{q}/{action}"),
+            &[BEARER],
+            Some(&with_csrf),
+        )
+        .await;
+        assert_eq!(f.status, StatusCode::FORBIDDEN, "read-only {action}");
+    }
+    // Nothing changed: the record is open, the poison copy is there, the
+    // source queue is empty and no key was closed.
+    let rec = record(&app, &id).await;
+    assert_eq!(rec.status, RecordStatus::Open);
+    assert_eq!(rec.replayed_by, None);
+    assert_eq!(app.poison_messages().await.len(), 1);
+    assert_eq!(TestApp::exact_count(app.source().as_ref()).await, 0);
+    // Views need authentication too: a browser is sent to sign in.
+    let anon_view = call(&r, "GET", "/", &[], None).await;
+    assert_eq!(anon_view.status, StatusCode::SEE_OTHER);
+    assert_eq!(anon_view.headers["location"], "/login");
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_is_the_principal_never_a_form_field() {
+    let app = TestApp::new(
+        json!({"key": "order:{/orderId}"}),
+        json!({"maxDequeueCount": 1}),
+        json!({}),
+    );
+    let id = poisoned(&app).await;
+    let r = dashboard(&app, false);
+    let q = &app.queue;
+    let page = call(
+        &r,
+        "GET",
+        &format!("/q/{q}/record?id={}", enc(&id)),
+        &[BEARER],
+        None,
+    )
+    .await;
+    let csrf = csrf_of(&page.body);
+    let form = format!(
+        "id={}&reason=account+closed&by=mallory&close_key=1&csrf={csrf}",
+        enc(&id)
+    );
+    let d = call(
+        &r,
+        "POST",
+        &format!("/q/{q}/discard"),
+        &[BEARER],
+        Some(&form),
+    )
+    .await;
+    assert_eq!(d.status, StatusCode::SEE_OTHER, "{}", d.body);
+    let rec = record(&app, &id).await;
+    assert_eq!(rec.status, RecordStatus::Discarded);
+    assert_eq!(rec.discarded_by.as_deref(), Some("oncall"));
+    assert_eq!(rec.discard_reason.as_deref(), Some("account closed"));
+    // The key was closed too, by the same principal.
+    let key = aqw::idempotency::IdempotencyKey::new("order:o-1").unwrap();
+    let kr = app.keys().get("Job", &key).await.unwrap().unwrap();
+    assert_eq!(
+        (kr.status.as_str(), kr.cancelled_by.as_deref()),
+        ("cancelled", Some("oncall"))
+    );
+    // The record page now shows the audit trail; a second discard is refused.
+    let after = call(
+        &r,
+        "GET",
+        &format!("/q/{q}/record?id={}", enc(&id)),
+        &[BEARER],
+        None,
+    )
+    .await;
+    assert!(
+        after.body.contains("discarded by <b>oncall</b>"),
+        "{}",
+        after.body
+    );
+    let again = call(
+        &r,
+        "POST",
+        &format!("/q/{q}/discard"),
+        &[BEARER],
+        Some(&form),
+    )
+    .await;
+    assert_eq!(again.status, StatusCode::CONFLICT);
+    app.cleanup().await;
+}
+
+/// Insert a record straight into the poison table (records are table rows).
+async fn insert_record(
+    app: &TestApp,
+    id: &str,
+    message: &str,
+    encoding: MessageEncoding,
+    error: &str,
+) {
+    let env = PoisonEnvelope {
+        aqw: "poison/1".into(),
+        queue: app.queue.clone(),
+        function: "Job".into(),
+        message_id: id.into(),
+        inserted_at: "2026-12-03T10:00:00Z".into(),
+        dequeue_count: 5,
+        first_attempt_at: "2026-12-03T10:00:00Z".into(),
+        poisoned_at: format!("2026-12-03T10:{:02}:00Z", id.len() % 60),
+        key: aqw::idempotency::IdempotencyKey::new(format!("order:{id}")).ok(),
+        error: ErrorInfo {
+            kind: ErrorKind::Retryable,
+            message: error.into(),
+        },
+        message: Some(message.into()),
+        record: None,
+        encoding,
+    };
+    let rec = PoisonRecord::open(env, "aqw", None);
+    app.records()
+        .insert(&app.queue, id, &rec.to_entity())
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_payloads_render_inert_and_no_secret_renders() {
+    let app = TestApp::new(json!({"key": "order:{/orderId}"}), json!({}), json!({}));
+    app.records().create_if_missing().await.unwrap();
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let script =
+        r#"{"orderId":"</pre><script>alert(1)</script>","note":"<img src=x onerror=alert(2)>"}"#;
+    let long = format!(r#"{{"orderId":"long","blob":"{}"}}"#, "A".repeat(40_000));
+    let invalid = b"{\"orderId\":\"\xff\xfe<script>alert(3)</script>\"}";
+    let secret = "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+    let error =
+        format!("HTTP 500 <script>alert(4)</script> DefaultEndpointsProtocol=http;{secret}");
+    insert_record(
+        &app,
+        "hostile-script",
+        &b64(script.as_bytes()),
+        MessageEncoding::Base64,
+        &error,
+    )
+    .await;
+    insert_record(
+        &app,
+        "hostile-long",
+        &long,
+        MessageEncoding::None,
+        "HTTP 503",
+    )
+    .await;
+    insert_record(
+        &app,
+        "hostile-invalid-utf8",
+        &b64(invalid),
+        MessageEncoding::Base64,
+        "decode",
+    )
+    .await;
+    insert_record(
+        &app,
+        "hostile-not-base64",
+        "%%%<script>alert(5)</script>",
+        MessageEncoding::Base64,
+        "decode",
+    )
+    .await;
+    let r = dashboard(&app, false);
+    let q = &app.queue;
+    let mut pages = vec![call(&r, "GET", &format!("/q/{q}?status=all"), &[BEARER], None).await];
+    for id in [
+        "hostile-script",
+        "hostile-long",
+        "hostile-invalid-utf8",
+        "hostile-not-base64",
+    ] {
+        pages.push(
+            call(
+                &r,
+                "GET",
+                &format!("/q/{q}/record?id={id}"),
+                &[BEARER],
+                None,
+            )
+            .await,
+        );
+    }
+    for p in &pages {
+        assert_eq!(p.status, StatusCode::OK, "{}", p.body);
+        assert!(
+            !p.body.contains("<script"),
+            "a live script tag: {}",
+            &p.body
+        );
+        assert!(!p.body.contains("<img"), "a live img tag");
+        assert!(
+            !p.body.contains("Eby8vdM02xNOcq"),
+            "the account key rendered"
+        );
+        assert!(!p.body.contains(TOKEN), "the dashboard token rendered");
+        let csp = p.headers["content-security-policy"].to_str().unwrap();
+        assert!(csp.contains("default-src 'none'") && csp.contains("frame-ancestors 'none'"));
+        assert!(!csp.contains("unsafe-inline"));
+        assert_eq!(p.headers["x-frame-options"], "DENY");
+        assert_eq!(p.headers["x-content-type-options"], "nosniff");
+    }
+    assert!(pages[1]
+        .body
+        .contains("&lt;/pre&gt;&lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert!(
+        pages[2].body.contains(&"A".repeat(40_000)),
+        "the long line is shown whole"
+    );
+    let invalid_page = &pages[3].body;
+    assert!(invalid_page.contains("Not UTF-8"));
+    assert!(
+        invalid_page.contains("\u{FFFD}\u{FFFD}&lt;script&gt;alert(3)"),
+        "lossy text"
+    );
+    assert!(invalid_page.contains("22 ff fe 3c 73"), "hex dump");
+    assert!(pages[4].body.contains("not valid base64"));
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_poison_list_pages_through_a_thousand_records() {
+    let app = TestApp::new(json!({"key": "order:{/orderId}"}), json!({}), json!({}));
+    app.records().create_if_missing().await.unwrap();
+    let ids: Vec<String> = (0..1000).map(|i| format!("rec-{i:04}")).collect();
+    futures::stream::iter(ids.iter().map(|id| {
+        let app = &app;
+        async move {
+            let n = id[4..].parse::<u32>().unwrap();
+            let error = if n % 3 == 0 {
+                format!("HTTP 404 order {n} not found")
+            } else {
+                format!("HTTP 503 attempt {n}")
+            };
+            let payload = format!(r#"{{"orderId":"{id}"}}"#);
+            insert_record(app, id, &payload, MessageEncoding::None, &error).await;
+        }
+    }))
+    .buffer_unordered(16)
+    .collect::<Vec<()>>()
+    .await;
+    let r = dashboard(&app, false);
+    let q = &app.queue;
+    let rows = |body: &str| body.matches("<td class=\"id\"><a href=\"/q/").count();
+    let first = call(&r, "GET", &format!("/q/{q}"), &[BEARER], None).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert!(
+        first.body.contains("1000 record(s) · page 1 of 20"),
+        "{}",
+        &first.body[..2000.min(first.body.len())]
+    );
+    assert_eq!(rows(&first.body), dashboard::PAGE_SIZE);
+    // Grouped by cause as in the alert: 334 × 404, 666 × 503, numbers masked.
+    assert!(
+        first.body.contains(
+            ">334</a></td><td>retryable</td><td class=\"wrap\">HTTP 404 order # not found"
+        ),
+        "groups"
+    );
+    assert!(
+        first
+            .body
+            .contains(">666</a></td><td>retryable</td><td class=\"wrap\">HTTP 503 attempt #"),
+        "groups"
+    );
+    let last = call(
+        &r,
+        "GET",
+        &format!("/q/{q}?status=open&page=20"),
+        &[BEARER],
+        None,
+    )
+    .await;
+    assert!(last.body.contains("page 20 of 20"));
+    assert_eq!(rows(&last.body), 50);
+    let beyond = call(&r, "GET", &format!("/q/{q}?page=999"), &[BEARER], None).await;
+    assert!(beyond.body.contains("page 20 of 20"));
+    // A cause filter, then its pages.
+    let group = enc("retryable|HTTP 404 order # not found");
+    let g = call(
+        &r,
+        "GET",
+        &format!("/q/{q}?status=open&group={group}&page=7"),
+        &[BEARER],
+        None,
+    )
+    .await;
+    assert!(
+        g.body.contains("334 record(s) · page 7 of 7"),
+        "{}",
+        &g.body[..2000.min(g.body.len())]
+    );
+    assert_eq!(rows(&g.body), 34);
+    // Error text filter (case-insensitive text, not a regex).
+    let e = call(
+        &r,
+        "GET",
+        &format!("/q/{q}?error=order+99+NOT"),
+        &[BEARER],
+        None,
+    )
+    .await;
+    assert!(
+        e.body.contains("1 record(s)"),
+        "{}",
+        &e.body[..2000.min(e.body.len())]
+    );
+    // The status page counts them all and shows the alert firing.
+    let s = call(&r, "GET", "/", &[BEARER], None).await;
+    assert!(s.body.contains("ALERT: 1000 open poison record(s)"));
+    app.cleanup().await;
+}
+
+#[test]
+fn the_dashboard_refuses_to_start_with_actions_and_no_authentication() {
+    azurite();
+    let app = TestApp::new(json!({"key": "order:{/orderId}"}), json!({}), json!({}));
+    let out = std::process::Command::new(aqw_bin())
+        .args(["dashboard", "--listen", "127.0.0.1:0", "--app"])
+        .arg(app.path())
+        .env("AzureWebJobsStorage", CONN)
+        .env_remove("AQW_DASHBOARD_TOKEN")
+        .env_remove("AQW_DASHBOARD_TRUST_PRINCIPAL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("AQW_DASHBOARD_TOKEN") && err.contains("--read-only"),
+        "{err}"
+    );
+    let short = std::process::Command::new(aqw_bin())
+        .args(["dashboard", "--app"])
+        .arg(app.path())
+        .env("AzureWebJobsStorage", CONN)
+        .env("AQW_DASHBOARD_TOKEN", "short")
+        .output()
+        .unwrap();
+    assert_eq!(short.status.code(), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selection_replays_after_its_dry_run_and_confirms_on_the_progress_page() {
+    let app = TestApp::new(
+        json!({"key": "order:{/orderId}"}),
+        json!({"maxDequeueCount": 1}),
+        json!({}),
+    );
+    let a = app.enqueue(r#"{"orderId":"sel-a"}"#).await;
+    let b = app.enqueue(r#"{"orderId":"sel-b"}"#).await;
+    let fail = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let f = fail.clone();
+    let h = Scripted::new(move |_, _| {
+        if f.load(std::sync::atomic::Ordering::SeqCst) {
+            Err(HandlerError::retryable("HTTP 503 ledger down"))
+        } else {
+            Ok(aqw::Success::default())
+        }
+    });
+    let w = app.start_worker(h);
+    eventually("two poison copies", DEADLINE, || async {
+        (app.poison_messages().await.len() == 2).then_some(())
+    })
+    .await;
+    let r = dashboard(&app, false);
+    let q = &app.queue;
+    let list = call(&r, "GET", &format!("/q/{q}"), &[BEARER], None).await;
+    let csrf = csrf_of(&list.body);
+    assert_eq!(
+        list.body.matches("type=\"checkbox\" name=\"id\"").count(),
+        2
+    );
+    let ids = format!("id={}&id={}&csrf={csrf}", enc(&a), enc(&b));
+    let dry = call(
+        &r,
+        "POST",
+        &format!("/q/{q}/replay"),
+        &[BEARER],
+        Some(&format!("mode=dry-run&{ids}")),
+    )
+    .await;
+    assert_eq!(dry.status, StatusCode::OK, "{}", dry.body);
+    assert_eq!(dry.body.matches("would-replay").count(), 2);
+    assert_eq!(record(&app, &a).await.status, RecordStatus::Open);
+    fail.store(false, std::sync::atomic::Ordering::SeqCst);
+    let real = call(
+        &r,
+        "POST",
+        &format!("/q/{q}/replay"),
+        &[BEARER],
+        Some(&format!("mode=real&{ids}")),
+    )
+    .await;
+    assert_eq!(real.status, StatusCode::SEE_OTHER, "{}", real.body);
+    let progress = real.headers["location"].to_str().unwrap().to_string();
+    let done = eventually("both keys confirmed", DEADLINE, || async {
+        let p = call(&r, "GET", &progress, &[BEARER], None).await;
+        p.body
+            .contains("Confirmed: every key is done.")
+            .then_some(p)
+    })
+    .await;
+    assert_eq!(
+        done.body.matches("confirmed done").count(),
+        2,
+        "{}",
+        done.body
+    );
+    for id in [&a, &b] {
+        let rec = record(&app, id).await;
+        assert_eq!(
+            (rec.status, rec.replayed_by.as_deref()),
+            (RecordStatus::Replayed, Some("oncall"))
+        );
+    }
+    w.stop().await;
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_without_auth_shows_views_and_no_forms() {
+    let app = TestApp::new(
+        json!({"key": "order:{/orderId}"}),
+        json!({"maxDequeueCount": 1}),
+        json!({}),
+    );
+    let id = poisoned(&app).await;
+    let d = Dashboard::new(
+        app.config.clone(),
+        Options {
+            read_only: true,
+            auth: AuthConfig::default(),
+        },
+    )
+    .unwrap();
+    let r = dashboard::app(Arc::new(d));
+    let q = &app.queue;
+    let page = call(
+        &r,
+        "GET",
+        &format!("/q/{q}/record?id={}", enc(&id)),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(
+        page.body.contains("read-only") && !page.body.contains("<form method=\"post\""),
+        "{}",
+        page.body
+    );
+    let post = call(
+        &r,
+        "POST",
+        &format!("/q/{q}/discard"),
+        &[],
+        Some(&format!("id={}&reason=x", enc(&id))),
+    )
+    .await;
+    assert_eq!(post.status, StatusCode::FORBIDDEN);
+    assert_eq!(record(&app, &id).await.status, RecordStatus::Open);
+    // Actions enabled without any authentication: refused before anything starts.
+    assert!(Dashboard::new(app.config.clone(), Options::default()).is_err());
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_in_needs_the_token_and_its_own_form() {
+    let app = TestApp::new(json!({"key": "order:{/orderId}"}), json!({}), json!({}));
+    let r = dashboard(&app, false);
+    let form = call(&r, "GET", "/login", &[], None).await;
+    let set = form.headers["set-cookie"].to_str().unwrap().to_string();
+    assert!(
+        set.contains("HttpOnly") && set.contains("SameSite=Strict"),
+        "{set}"
+    );
+    let nonce = set.split(';').next().unwrap().to_string();
+    let csrf = csrf_of(&form.body);
+    let wrong = call(
+        &r,
+        "POST",
+        "/login",
+        &[("cookie", &nonce)],
+        Some(&format!("csrf={csrf}&token=wrong-wrong-wrong")),
+    )
+    .await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    assert!(wrong.headers.get("set-cookie").is_none());
+    let forged = call(
+        &r,
+        "POST",
+        "/login",
+        &[("cookie", &nonce)],
+        Some(&format!("csrf={}&token={TOKEN}", "00".repeat(32))),
+    )
+    .await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    let no_cookie = call(
+        &r,
+        "POST",
+        "/login",
+        &[],
+        Some(&format!("csrf={csrf}&token={TOKEN}")),
+    )
+    .await;
+    assert_eq!(no_cookie.status, StatusCode::FORBIDDEN);
+    let ok = call(
+        &r,
+        "POST",
+        "/login",
+        &[("cookie", &nonce)],
+        Some(&format!("csrf={csrf}&token={TOKEN}")),
+    )
+    .await;
+    assert_eq!(ok.status, StatusCode::SEE_OTHER);
+    let session = ok
+        .headers
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .find(|c| c.starts_with("aqw_session="))
+        .unwrap();
+    let cookie = session.split(';').next().unwrap().to_string();
+    let status = call(&r, "GET", "/", &[("cookie", &cookie)], None).await;
+    assert_eq!(status.status, StatusCode::OK);
+    assert!(
+        status
+            .body
+            .contains("signed in as <b id=\"who\">oncall</b>"),
+        "{}",
+        status.body
+    );
+    assert!(!status.body.contains(TOKEN));
+    app.cleanup().await;
+}
