@@ -175,7 +175,12 @@ impl Auth {
         }
         if self.config.trust_principal {
             let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).map(str::trim);
-            if let Some(name) = h("x-ms-client-principal-name").filter(|n| !n.is_empty()) {
+            let decoded = h("x-ms-client-principal").and_then(principal_name);
+            let name = decoded
+                .as_deref()
+                .or_else(|| h("x-ms-client-principal-name"))
+                .filter(|n| !n.is_empty());
+            if let Some(name) = name {
                 let id = h("x-ms-client-principal-id").unwrap_or("");
                 return Some(Principal {
                     name: name.chars().take(200).collect(),
@@ -225,6 +230,32 @@ impl Auth {
     pub fn login_csrf_ok(&self, headers: &HeaderMap, presented: &str) -> bool {
         cookie(headers, LOGIN_COOKIE).is_some_and(|n| self.verify(&["login", n], presented))
     }
+}
+
+/// The user's name in `X-MS-CLIENT-PRINCIPAL`: base64 of the JSON that App
+/// Service / Container Apps authentication sends (`{"auth_typ", "claims":
+/// [{"typ", "val"}], "name_typ", "role_typ"}`: the name is the claim whose
+/// `typ` is `name_typ`; MicrosoftDocs azure-docs,
+/// articles/app-service/configure-authentication-user-identities.md), or
+/// Static Web Apps' `{"userDetails"}`. `None` when it is not that.
+fn principal_name(header: &str) -> Option<String> {
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(header)
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let from_claims = || {
+        let name_typ = v.get("name_typ")?.as_str()?;
+        v.get("claims")?
+            .as_array()?
+            .iter()
+            .find_map(|c| (c.get("typ")?.as_str()? == name_typ).then(|| c.get("val")?.as_str())?)
+    };
+    from_claims()
+        .or_else(|| v.get("userDetails")?.as_str())
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
 }
 
 pub fn random_hex(bytes: usize) -> String {
@@ -289,6 +320,40 @@ mod tests {
             h.append(*k, HeaderValue::from_str(v).unwrap());
         }
         h
+    }
+
+    #[test]
+    fn the_platform_principal_header_is_decoded_and_trusted_only_when_configured() {
+        use base64::Engine as _;
+        let b64 = |j: &str| base64::engine::general_purpose::STANDARD.encode(j);
+        let app_service = b64(
+            r#"{"auth_typ":"aad","claims":[{"typ":"name","val":"Ada Lovelace"},{"typ":"http://schemas.xmlsoap.org/ws/2005/05/identity/claims/upn","val":"ada@contoso.com"}],"name_typ":"http://schemas.xmlsoap.org/ws/2005/05/identity/claims/upn","role_typ":"roles"}"#,
+        );
+        let h = headers(&[
+            ("x-ms-client-principal", &app_service),
+            ("x-ms-client-principal-name", "ignored@x"),
+        ]);
+        let p = auth(None, true).identify(&h).unwrap();
+        assert_eq!((p.name.as_str(), p.via), ("ada@contoso.com", Via::Platform));
+        assert!(
+            auth(None, false).identify(&h).is_none(),
+            "not trusted unless configured"
+        );
+        let swa =
+            b64(r#"{"identityProvider":"aad","userId":"u1","userDetails":"grace@contoso.com"}"#);
+        let p = auth(None, true)
+            .identify(&headers(&[("x-ms-client-principal", &swa)]))
+            .unwrap();
+        assert_eq!(p.name, "grace@contoso.com");
+        // Not base64 JSON: the name header, if any, is what is left.
+        let h = headers(&[
+            ("x-ms-client-principal", "%%%"),
+            ("x-ms-client-principal-name", "bob@x"),
+        ]);
+        assert_eq!(auth(None, true).identify(&h).unwrap().name, "bob@x");
+        assert!(auth(None, true)
+            .identify(&headers(&[("x-ms-client-principal", "%%%")]))
+            .is_none());
     }
 
     #[test]

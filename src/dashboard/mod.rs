@@ -13,7 +13,7 @@
 //! Safe by default:
 //! - actions need authentication (`auth.rs`): a token from the environment
 //!   (bearer header, or a session cookie from the sign-in page), or the
-//!   platform's `X-MS-CLIENT-PRINCIPAL-NAME` when explicitly trusted; with
+//!   platform's `X-MS-CLIENT-PRINCIPAL` (or `-NAME`) when explicitly trusted; with
 //!   actions enabled and neither configured, it refuses to start;
 //! - every POST carries a CSRF token bound to its principal;
 //! - "by" is the authenticated principal, never a form field;
