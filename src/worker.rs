@@ -498,7 +498,12 @@ impl Settling<'_> {
 
 /// The span of carrying out a fate (`delete`, `retry`, `poison`, ...).
 fn settle_span(action: &'static str) -> tracing::Span {
-    crate::step_span!("aqw.settle", action)
+    crate::step_span!(
+        "aqw.settle",
+        action,
+        messaging.system = crate::traces::MESSAGING_SYSTEM,
+        messaging.operation.type = "settle"
+    )
 }
 
 /// Look again soon rather than at the lease's end: the holder usually

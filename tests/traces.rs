@@ -316,6 +316,9 @@ async fn otlp_sees_three_attempts_in_the_producers_trace_and_the_handler_its_spa
         assert_eq!(j.kind, 5, "aqw.job is a consumer span");
         assert_eq!(j.attrs["key"], "order:o-trace-1");
         assert_eq!(j.attrs["queue"], app.queue);
+        assert_eq!(j.attrs["messaging.destination.name"], app.queue);
+        assert_eq!(j.attrs["messaging.operation.type"], "process");
+        assert_eq!(j.attrs["messaging.message.id"], j.attrs["message_id"]);
         assert!(j.attrs.contains_key("duration_ms"));
         // Failed attempts carry an error status (2), the last one not.
         assert_eq!(j.status_code == 2, i < 2, "status of attempt {i}: {j:?}");
