@@ -232,7 +232,10 @@ async fn main() -> anyhow::Result<()> {
         .and_then(|t| aqw::traces::export::install(&t))
         .map_err(|e| anyhow::anyhow!(e))?;
     if args.log.is_some() || traces.provider().is_some() {
-        aqw::telemetry::init_logging(args.log.unwrap_or(aqw::telemetry::LogFormat::Text), &traces);
+        aqw::telemetry::init_logging(
+            args.log.unwrap_or(aqw::telemetry::LogFormat::Text),
+            traces.provider(),
+        );
     }
     let app =
         Arc::new(aqw::config::load(&args.app).map_err(|e| anyhow::anyhow!("configuration: {e}"))?);

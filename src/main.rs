@@ -21,7 +21,7 @@ fn main() -> ExitCode {
             return cli::Exit::Usage.into();
         }
     };
-    telemetry::init_logging(args.log_format, &traces);
+    telemetry::init_logging(args.log_format, traces.provider());
     let exit = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -66,9 +66,13 @@ pub enum LogFormat {
 
 /// Install the global tracing subscriber (idempotent). `AQW_LOG` / `RUST_LOG`
 /// set the filter; the SDK's own debug lines stay off by default. With an
-/// exporter in `traces`, aqw's own spans (target `aqw`, info and up) also go
-/// to OpenTelemetry; the HTTP stack's never do.
-pub fn init_logging(format: LogFormat, traces: &crate::traces::TracesGuard) {
+/// exporter's `traces` provider (see `traces::export`), aqw's own spans
+/// (target `aqw`, info and up) also go to OpenTelemetry; the HTTP stack's
+/// never do.
+pub fn init_logging(
+    format: LogFormat,
+    traces: Option<&opentelemetry_sdk::trace::SdkTracerProvider>,
+) {
     use opentelemetry::trace::TracerProvider as _;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
@@ -98,7 +102,7 @@ pub fn init_logging(format: LogFormat, traces: &crate::traces::TracesGuard) {
             )
             .boxed(),
     };
-    let otel = traces.provider().map(|p| {
+    let otel = traces.map(|p| {
         tracing_opentelemetry::layer()
             .with_tracer(p.tracer("aqw"))
             .with_filter(Targets::new().with_target("aqw", tracing::Level::INFO))

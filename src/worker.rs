@@ -190,7 +190,7 @@ pub async fn process(
     };
     let mut action = decide(&facts, &state, &AttemptResult::NotRun, &policy, jitter);
     if action == Action::Claim {
-        let claim_span = crate::step_span!(
+        let claim_span = crate::traces::step_span!(
             "aqw.key.claim",
             otel.status_code = tracing::field::Empty,
             otel.status_message = tracing::field::Empty
@@ -344,7 +344,7 @@ impl Settling<'_> {
         let claim = self.claim.as_ref();
         // The handler call is its own span; its context is what the handler
         // receives (traceparent header, TRACEPARENT), so its spans hang there.
-        let span = crate::step_span!("aqw.handler", otel.kind = "client", function = %rt.function.name,
+        let span = crate::traces::step_span!("aqw.handler", otel.kind = "client", function = %rt.function.name,
             otel.status_code = tracing::field::Empty, otel.status_message = tracing::field::Empty);
         let job = Job {
             function: rt.function.name.clone(),
@@ -385,7 +385,7 @@ impl Settling<'_> {
                 .rt
                 .keys
                 .complete(c, success.same_store_effects)
-                .instrument(crate::step_span!("aqw.key.done"))
+                .instrument(crate::traces::step_span!("aqw.key.done"))
                 .await;
             if let Err(e) = done {
                 return match e {
@@ -498,7 +498,7 @@ impl Settling<'_> {
 
 /// The span of carrying out a fate (`delete`, `retry`, `poison`, ...).
 fn settle_span(action: &'static str) -> tracing::Span {
-    crate::step_span!(
+    crate::traces::step_span!(
         "aqw.settle",
         action,
         messaging.system = crate::traces::MESSAGING_SYSTEM,

@@ -101,7 +101,7 @@ async fn enqueue(app_dir: &Path, a: EnqueueArgs, output: Output) -> Result<Exit,
     let payload = read_payload(a.payload, a.file, a.stdin.as_deref())?;
     // The producer span; its context goes into the payload where
     // aqw.tracing.parent says (joining TRACEPARENT from the environment).
-    let span = aqw::step_span!("aqw.enqueue", otel.kind = "producer", queue = %a.queue);
+    let span = aqw::traces::enqueue_span(&a.queue);
     let payload = ops::with_trace_context(&app, &payload, &span);
     let job = ops::prepare_enqueue(&app, &a.queue, &payload, a.force)?;
     let storage = aqw::app::connect(&job.connection).map_err(|e| Failure::usage(e.to_string()))?;

@@ -18,8 +18,7 @@ pub async fn discard(
     by: &str,
     close_key: bool,
 ) -> OpsResult<PoisonRecord> {
-    let span =
-        crate::step_span!("aqw.discard", queue = %ops.queue, poison.id = %id, by = %by, close_key);
+    let span = crate::traces::step_span!("aqw.discard", queue = %ops.queue, poison.id = %id, by = %by, close_key);
     discard_record(ops, id, reason, by, close_key)
         .instrument(span)
         .await

@@ -70,7 +70,7 @@ pub async fn fix(
     by: &str,
     wait: Option<Duration>,
 ) -> OpsResult<FixReport> {
-    let span = crate::step_span!("aqw.fix", otel.kind = "producer", queue = %ops.queue, poison.id = %id, by = %by);
+    let span = crate::traces::step_span!("aqw.fix", otel.kind = "producer", queue = %ops.queue, poison.id = %id, by = %by);
     fix_record(ops, id, payload, by, wait)
         .instrument(span)
         .await

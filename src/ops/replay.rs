@@ -216,7 +216,7 @@ async fn replay_all(
             if let Some(iv) = interval {
                 tokio::time::sleep_until(start + iv * i as u32).await;
             }
-            let span = crate::step_span!("aqw.replay", otel.kind = "producer", queue = %ops.queue,
+            let span = crate::traces::step_span!("aqw.replay", otel.kind = "producer", queue = %ops.queue,
                 poison.id = %rec.message_id, dry_run = opts.dry_run);
             crate::traces::link_to(&span, rec.trace_parent.as_deref());
             match replay_one(ops, &rec, etag, opts, receipts)

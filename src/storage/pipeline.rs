@@ -131,7 +131,7 @@ fn storage_span(method: Method, op: &'static str, url: &url::Url) -> tracing::Sp
     let mut shown = url.clone();
     shown.set_query(None);
     let method = reqwest_method(method);
-    crate::step_span!(
+    crate::traces::step_span!(
         "aqw.storage",
         otel.kind = "client",
         otel.name = %format!("{method} {op}"),

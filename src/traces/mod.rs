@@ -281,7 +281,6 @@ pub fn fail_step(span: &tracing::Span, message: &str) {
 
 /// A child span of the current one, only when exporting (off, it costs
 /// nothing: [`tracing::Span::none`]). `$name` is the span's name.
-#[macro_export]
 macro_rules! step_span {
     ($name:literal $(, $($field:tt)*)?) => {
         if $crate::traces::enabled() {
@@ -290,6 +289,12 @@ macro_rules! step_span {
             tracing::Span::none()
         }
     };
+}
+pub(crate) use step_span;
+
+/// The producer span of `aqw enqueue` (only when exporting).
+pub fn enqueue_span(queue: &str) -> tracing::Span {
+    step_span!("aqw.enqueue", otel.kind = "producer", queue = %queue)
 }
 
 /// Link `span` to the trace of the attempt that wrote a poison record (its
