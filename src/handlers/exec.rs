@@ -72,15 +72,7 @@ impl Handler for ExecHandler {
                 "AQW_PREVIOUSLY_PENDING",
                 if job.previously_pending { "1" } else { "0" },
             );
-        // W3C trace context for the program's own tracing (the OpenTelemetry
-        // SDKs read TRACEPARENT / TRACESTATE from the environment).
-        cmd.env_remove("TRACEPARENT").env_remove("TRACESTATE");
-        if let Some(t) = &job.trace {
-            cmd.env("TRACEPARENT", t.traceparent());
-            if let Some(state) = &t.tracestate {
-                cmd.env("TRACESTATE", state);
-            }
-        }
+        trace_env(&mut cmd, job);
         if !self.working_dir.as_os_str().is_empty() {
             cmd.current_dir(&self.working_dir);
         }
@@ -124,6 +116,19 @@ impl Handler for ExecHandler {
             // Any other exit or a signal: the program may have done its work.
             Some(c) => Err(HandlerError::uncertain(describe(&format!("exit {c}")))),
             None => Err(HandlerError::uncertain(describe("killed by a signal"))),
+        }
+    }
+}
+
+/// W3C trace context for the program's own tracing (the OpenTelemetry SDKs
+/// read `TRACEPARENT` / `TRACESTATE` from the environment); never inherited
+/// from aqw's own environment.
+fn trace_env(cmd: &mut tokio::process::Command, job: &Job) {
+    cmd.env_remove("TRACEPARENT").env_remove("TRACESTATE");
+    if let Some(t) = &job.trace {
+        cmd.env("TRACEPARENT", t.traceparent());
+        if let Some(state) = &t.tracestate {
+            cmd.env("TRACESTATE", state);
         }
     }
 }

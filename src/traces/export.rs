@@ -99,75 +99,86 @@ pub fn targets_from_env(get: impl Fn(&str) -> Option<String>) -> Result<Vec<Expo
         .map(|e| (e, false))
         .or_else(|| get("OTEL_EXPORTER_OTLP_ENDPOINT").map(|e| (e, true)));
     if endpoint.is_some() || exporter.as_deref() == Some("otlp") {
-        let protocol = get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-            .or_else(|| get("OTEL_EXPORTER_OTLP_PROTOCOL"))
-            .unwrap_or_else(|| "http/protobuf".into());
-        let json = match protocol.as_str() {
-            "http/protobuf" => false,
-            "http/json" => true,
-            "grpc" => return Err("OTEL_EXPORTER_OTLP_PROTOCOL=grpc: aqw exports OTLP over HTTP only; use http/protobuf (the collector's port 4318)".into()),
-            other => return Err(format!("OTEL_EXPORTER_OTLP_PROTOCOL={other:?}: expected http/protobuf or http/json")),
-        };
-        let (base, is_base) = endpoint.unwrap_or(("http://localhost:4318".into(), true));
-        if url::Url::parse(&base).is_err() {
-            return Err(
-                "the OTLP endpoint (OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT) is not a URL".into(),
-            );
-        }
-        let full = if is_base {
-            format!("{}/v1/traces", base.trim_end_matches('/'))
-        } else {
-            base
-        };
-        let timeout = get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
-            .or_else(|| get("OTEL_EXPORTER_OTLP_TIMEOUT"))
-            .map(|ms| {
-                ms.trim()
-                    .parse::<u64>()
-                    .map(Duration::from_millis)
-                    .map_err(|_| {
-                        format!("OTEL_EXPORTER_OTLP_TIMEOUT={ms:?}: expected milliseconds")
-                    })
-            })
-            .transpose()?
-            .unwrap_or(Duration::from_secs(10));
-        targets.push(ExportTarget::Otlp {
-            json,
-            shown: shown(&full),
-            timeout,
-        });
+        targets.push(otlp_target(&get, endpoint)?);
     }
     if let Some(cs) = get("APPLICATIONINSIGHTS_CONNECTION_STRING") {
-        let field = |name: &str| {
-            cs.split(';').find_map(|kv| {
-                let (k, v) = kv.split_once('=')?;
-                k.trim()
-                    .eq_ignore_ascii_case(name)
-                    .then(|| v.trim().to_string())
-            })
-        };
-        if field("InstrumentationKey").is_none_or(|k| k.is_empty()) {
-            return Err("APPLICATIONINSIGHTS_CONNECTION_STRING has no InstrumentationKey".into());
-        }
-        let ingestion = field("IngestionEndpoint")
-            .unwrap_or_else(|| "https://dc.services.visualstudio.com".into());
-        let loopback_http = url::Url::parse(&ingestion)
-            .ok()
-            .filter(|u| u.scheme() == "http")
-            .filter(|u| match u.host() {
-                Some(url::Host::Domain(d)) => d == "localhost",
-                Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-                Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-                None => false,
-            })
-            .map(|u| u.to_string());
-        targets.push(ExportTarget::AppInsights {
-            connection_string: cs,
-            shown: shown(&ingestion),
-            loopback_http,
-        });
+        targets.push(app_insights_target(cs)?);
     }
     Ok(targets)
+}
+
+/// OTLP/HTTP: `endpoint` is the signal's own URL (`false`) or the base that
+/// `/v1/traces` is appended to (`true`), as the OTLP exporter spec says.
+fn otlp_target(
+    get: &impl Fn(&str) -> Option<String>,
+    endpoint: Option<(String, bool)>,
+) -> Result<ExportTarget, String> {
+    let protocol = get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        .or_else(|| get("OTEL_EXPORTER_OTLP_PROTOCOL"))
+        .unwrap_or_else(|| "http/protobuf".into());
+    let json = match protocol.as_str() {
+        "http/protobuf" => false,
+        "http/json" => true,
+        "grpc" => return Err("OTEL_EXPORTER_OTLP_PROTOCOL=grpc: aqw exports OTLP over HTTP only; use http/protobuf (the collector's port 4318)".into()),
+        other => return Err(format!("OTEL_EXPORTER_OTLP_PROTOCOL={other:?}: expected http/protobuf or http/json")),
+    };
+    let (base, is_base) = endpoint.unwrap_or(("http://localhost:4318".into(), true));
+    if url::Url::parse(&base).is_err() {
+        return Err("the OTLP endpoint (OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT) is not a URL".into());
+    }
+    let full = if is_base {
+        format!("{}/v1/traces", base.trim_end_matches('/'))
+    } else {
+        base
+    };
+    let timeout = get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
+        .or_else(|| get("OTEL_EXPORTER_OTLP_TIMEOUT"))
+        .map(|ms| {
+            ms.trim()
+                .parse::<u64>()
+                .map(Duration::from_millis)
+                .map_err(|_| format!("OTEL_EXPORTER_OTLP_TIMEOUT={ms:?}: expected milliseconds"))
+        })
+        .transpose()?
+        .unwrap_or(Duration::from_secs(10));
+    Ok(ExportTarget::Otlp {
+        json,
+        shown: shown(&full),
+        timeout,
+    })
+}
+
+/// Application Insights from its connection string (never shown: it holds
+/// the instrumentation key).
+fn app_insights_target(cs: String) -> Result<ExportTarget, String> {
+    let field = |name: &str| {
+        cs.split(';').find_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
+        })
+    };
+    if field("InstrumentationKey").is_none_or(|k| k.is_empty()) {
+        return Err("APPLICATIONINSIGHTS_CONNECTION_STRING has no InstrumentationKey".into());
+    }
+    let ingestion =
+        field("IngestionEndpoint").unwrap_or_else(|| "https://dc.services.visualstudio.com".into());
+    let loopback_http = url::Url::parse(&ingestion)
+        .ok()
+        .filter(|u| u.scheme() == "http")
+        .filter(|u| match u.host() {
+            Some(url::Host::Domain(d)) => d == "localhost",
+            Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+            Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+            None => false,
+        })
+        .map(|u| u.to_string());
+    Ok(ExportTarget::AppInsights {
+        connection_string: cs,
+        shown: shown(&ingestion),
+        loopback_http,
+    })
 }
 
 /// Flushes and shuts the exporters down when dropped (at most a few
