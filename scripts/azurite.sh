@@ -49,11 +49,12 @@ answers() {
   local scheme=http
   if [ -n "${AQW_AZURITE_CERT:-}" ]; then scheme=https; fi
   local code
-  code="$(curl -sk -o /dev/null -m 2 -w '%{http_code}' "$scheme://127.0.0.1:$1/devstoreaccount1?comp=list" 2>/dev/null || true)"
+  code="$(curl -sk -o /dev/null -m 10 -w '%{http_code}' "$scheme://127.0.0.1:$1/devstoreaccount1?comp=list" 2>/dev/null || true)"
   [ -n "$code" ] && [ "$code" != "000" ]
 }
+listening() { port_open "$queue_port" && port_open "$table_port"; }
 ready() {
-  port_open "$queue_port" && port_open "$table_port" || return 1
+  listening || return 1
   if command -v curl >/dev/null; then answers "$queue_port" && answers "$table_port"; fi
 }
 
@@ -69,6 +70,16 @@ start() {
   exec 9>"$state/lock"
   flock 9
   if ready; then return 0; fi
+  # Already listening but slow to answer (a deep queue makes Azurite slow):
+  # wait for it rather than start a second one on the same ports.
+  if listening; then
+    for _ in $(seq 1 10); do
+      if ready; then return 0; fi
+      sleep 1
+    done
+    echo "azurite.sh: Azurite on ports $queue_port/$table_port accepts connections but does not answer" >&2
+    exit 3
+  fi
   echo "azurite.sh: starting Azurite on 127.0.0.1 (queue $queue_port, table $table_port)" >&2
   # setsid: Azurite outlives the test process that started it, and is not
   # killed with that process's group.
