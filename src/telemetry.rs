@@ -74,6 +74,7 @@ pub fn init_logging(
     traces: Option<&opentelemetry_sdk::trace::SdkTracerProvider>,
 ) {
     use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::filter::FilterExt as _;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::{filter::Targets, EnvFilter, Layer, Registry};
@@ -102,13 +103,26 @@ pub fn init_logging(
             )
             .boxed(),
     };
+    // The step spans (`aqw.key.claim`, `aqw.storage`, ...) exist only while
+    // exporting, for the exporter: the log lines stay as they are with export
+    // off, and the fmt layer does not format every step's fields.
+    let without_step_spans = tracing_subscriber::filter::filter_fn(|m| {
+        !m.is_span() || m.name() == "aqw.job" || !m.name().starts_with("aqw.")
+    });
     let otel = traces.map(|p| {
+        // No per-span busy/idle timing (it costs a clock read at every poll
+        // of an instrumented future), thread or source-location attributes:
+        // each is work on every span of every job that nobody reads in a
+        // job trace (bench (g) measures the rest).
         tracing_opentelemetry::layer()
             .with_tracer(p.tracer("aqw"))
+            .with_tracked_inactivity(false)
+            .with_threads(false)
+            .with_location(false)
             .with_filter(Targets::new().with_target("aqw", tracing::Level::INFO))
     });
     let _ = tracing_subscriber::registry()
-        .with(fmt.with_filter(filter))
+        .with(fmt.with_filter(filter.and(without_step_spans)))
         .with(otel)
         .try_init();
 }
