@@ -50,6 +50,11 @@ fn page(
     (status, Html(html)).into_response()
 }
 
+/// A page that only says why the request was not carried out.
+fn refusal(status: StatusCode, title: &str, v: &Viewer, message: &str) -> Response {
+    page(status, title, v, None, views::message(message))
+}
+
 fn see_other(to: &str) -> Response {
     Redirect::to(to).into_response()
 }
@@ -258,15 +263,7 @@ pub async fn list(
     let params = pairs(q.unwrap_or_default().as_bytes());
     let filter = match list_filter(&params) {
         Ok(f) => f,
-        Err(m) => {
-            return page(
-                StatusCode::BAD_REQUEST,
-                "Bad filter",
-                &v,
-                None,
-                views::message(&m),
-            )
-        }
+        Err(m) => return refusal(StatusCode::BAD_REQUEST, "Bad filter", &v, &m),
     };
     let records = match ops::list(ops, &filter).await {
         Ok(r) => r,
@@ -333,15 +330,7 @@ pub async fn record(
     };
     let report = match ops::show(ops, id).await {
         Ok(r) => r,
-        Err(OpsError::Usage(m)) => {
-            return page(
-                StatusCode::NOT_FOUND,
-                "No such record",
-                &v,
-                None,
-                views::message(&m),
-            )
-        }
+        Err(OpsError::Usage(m)) => return refusal(StatusCode::NOT_FOUND, "No such record", &v, &m),
         Err(e) => return d.ops_error(&v, e),
     };
     let payload = PayloadView::of(&report.record);
@@ -379,13 +368,7 @@ pub async fn replay(
     let ids = all(&form, "id");
     if ids.is_empty() || ids.len() > MAX_SELECTION {
         let m = format!("Select between 1 and {MAX_SELECTION} open records.");
-        return page(
-            StatusCode::BAD_REQUEST,
-            "Nothing selected",
-            &v,
-            None,
-            views::message(&m),
-        );
+        return refusal(StatusCode::BAD_REQUEST, "Nothing selected", &v, &m);
     }
     let dry_run = get(&form, "mode") != Some("real");
     let opts = ReplayOptions {
@@ -439,12 +422,11 @@ pub async fn discard(
     let (v, p) = tri!(d.actor(&headers, &form));
     let ops = tri!(d.queue_ops(&queue));
     let (Some(id), Some(reason)) = (get(&form, "id"), get(&form, "reason")) else {
-        return page(
+        return refusal(
             StatusCode::BAD_REQUEST,
             "Not discarded",
             &v,
-            None,
-            views::message("A discard needs a reason."),
+            "A discard needs a reason.",
         );
     };
     let close_key = get(&form, "close_key").is_some();
@@ -465,12 +447,11 @@ pub async fn fix(
     let (v, p) = tri!(d.actor(&headers, &form));
     let ops = tri!(d.queue_ops(&queue));
     let (Some(id), Some(payload)) = (get(&form, "id"), get(&form, "payload")) else {
-        return page(
+        return refusal(
             StatusCode::BAD_REQUEST,
             "Not fixed",
             &v,
-            None,
-            views::message("A fix needs a payload."),
+            "A fix needs a payload.",
         );
     };
     let report = match ops::fix(ops, id, payload, &p.name, None).await {
