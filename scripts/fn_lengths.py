@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Lists Rust functions in src/ longer than a limit (default 80 lines).
+"""Lists Rust functions in src/ longer than a limit (default 60 lines).
 
 A function runs from its `fn` line to the line of its matching closing
 brace; braces in strings, chars and comments are skipped. Test modules count
@@ -80,7 +80,7 @@ def functions(path):
 
 def main():
     args = sys.argv[1:]
-    limit = int(args[args.index("--limit") + 1]) if "--limit" in args else 80
+    limit = int(args[args.index("--limit") + 1]) if "--limit" in args else 60
     top = int(args[args.index("--top") + 1]) if "--top" in args else 0
     root = pathlib.Path(__file__).resolve().parent.parent / "src"
     found = []

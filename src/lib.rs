@@ -23,11 +23,12 @@
 //! | a poison record's table columns, and every update that closes one | `src/poison/record.rs` |
 //! | the one poison path (record → envelope → delete), crash-safe | `src/poison/sink.rs` |
 //! | the operator's commands, one file each, returning data: list, show, replay, fix, discard, status, enqueue, keys | `src/ops/` |
-//! | `Handler` with typed results (retryable, uncertain, permanent); built-in `http` and `exec` | `src/handlers/` |
+//! | `Handler` with typed results (retryable, uncertain, permanent); built-in `http` and `exec` | `src/handlers/` (`mod.rs`, `http.rs`, `exec.rs`) |
 //! | Functions custom handler (`aqw serve`): invocations read as the host encodes them | `src/serve.rs` |
 //! | `/healthz`, `/readyz`, `/metrics` | `src/http.rs` |
 //! | `aqw dashboard`: status, poison list grouped as in the alert, one record, replay/discard/fix through `ops`; token or platform-principal auth, CSRF, read-only; its own listener, not the ops port | `src/dashboard/` (`mod.rs` router and headers, `auth.rs`, `handlers.rs`, `views.rs` (maud), `payload.rs`, `assets/`) |
-//! | logs (text/JSON, secrets scrubbed), metrics, grouped alerts | `src/telemetry.rs` |
+//! | logs (text/JSON, secrets scrubbed), metrics | `src/telemetry/mod.rs` |
+//! | the poison alert: one line per record, one webhook POST per queue and window, grouped by cause | `src/telemetry/alerts.rs` |
 //! | traces: the `aqw.job` span and its steps, W3C context in (`aqw.tracing.parent`, the host's `traceparent`) and out (handlers, `aqw enqueue`), ids on outcome lines | `src/traces/mod.rs` |
 //! | trace exporters chosen by the environment (OTLP/HTTP, Application Insights), bounded and never blocking a job | `src/traces/export.rs` |
 //! | every Azure import, behind `QueueStore` / `TableStore`; the connection types | `src/storage/mod.rs` |
@@ -36,7 +37,9 @@
 //! | SharedKey / SAS / bearer signing, retries and timeouts in the pipeline | `src/storage/pipeline.rs` |
 //! | which identity signs (workload, managed, developer tools) | `src/storage/identity.rs` |
 //! | test-only crash points, compiled out of release builds | `src/failpoint.rs` |
-//! | the CLI: arguments and help, rendering, exit codes decided once | `src/cli/` |
+//! | the CLI: arguments and help, rendering, exit codes decided once | `src/cli/` (`mod.rs`, `args.rs`, `commands.rs`, `render.rs`, `exit.rs`) |
+//! | the binary: parse, run, exit; nothing else | `src/main.rs` |
+//! | this map, and the module list | `src/lib.rs` |
 //! | benchmarks: aqw vs the minimal ceiling loop vs a Python worker on Microsoft's SDKs | `scripts/bench.sh` (driver) → `bench/aqw_bench.py` (`scenarios.py`, `figures.py`, `report.py`, `harness.py`; tests `test_aqw_bench.py`), `examples/bench_worker.rs`, `examples/ceiling.rs`, `bench/python_worker.py` → `BENCHMARKS.md` |
 //!
 //! The binary (`src/main.rs` over `src/cli/`) is a thin CLI over this library; shutdown is a

@@ -7,6 +7,7 @@
 //! system-assigned and the user-assigned (`__clientId`) identity.
 
 mod common;
+use common::free_port;
 
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -24,14 +25,6 @@ const TOKEN_MARK: &str = "aqw-fake-signature";
 const TENANT: &str = "72f988bf-86f1-41af-91ab-2d7cd011db47";
 /// The federated service-account token (workload identity) the kubelet would mount.
 const ASSERTION: &str = "eyJhbGciOiJSUzI1NiJ9.federated-sa-token.c2ln";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")

@@ -20,6 +20,7 @@
 //! machine at the same time.
 
 mod common;
+use common::free_port;
 
 use aqw::storage::{QueueStore, Storage, StorageError};
 use common::*;
@@ -246,15 +247,6 @@ async fn unexplained_poison(
         }
     }
     bad
-}
-
-/// A port nothing listens on right now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn port_open(port: u16) -> bool {

@@ -5,6 +5,7 @@
 //! from), against Azurite.
 
 mod common;
+use common::free_port;
 
 use aqw::handlers::{Handler, HandlerError, Job, Registry, Success};
 use aqw::message::PoisonEnvelope;
@@ -538,14 +539,6 @@ async fn a_deferral_at_the_last_attempt_becomes_a_record_not_a_silent_host_poiso
     worker.stop().await;
     assert_eq!(gate.calls.load(std::sync::atomic::Ordering::SeqCst), 1);
     app_.cleanup().await;
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

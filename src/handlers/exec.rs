@@ -41,9 +41,10 @@ fn tail(bytes: &[u8]) -> String {
     format!("…{}", &text[start..])
 }
 
-#[async_trait]
-impl Handler for ExecHandler {
-    async fn handle(&self, job: &Job) -> Result<Success, HandlerError> {
+impl ExecHandler {
+    /// The program with the job's facts in its environment; the payload goes
+    /// to its stdin.
+    fn command_for(&self, job: &Job) -> tokio::process::Command {
         let program = &self.command[0];
         // "./script.sh" means the app folder's script, whatever our own cwd.
         let resolved = if program.contains('/')
@@ -76,6 +77,15 @@ impl Handler for ExecHandler {
         if !self.working_dir.as_os_str().is_empty() {
             cmd.current_dir(&self.working_dir);
         }
+        cmd
+    }
+}
+
+#[async_trait]
+impl Handler for ExecHandler {
+    async fn handle(&self, job: &Job) -> Result<Success, HandlerError> {
+        let program = &self.command[0];
+        let mut cmd = self.command_for(job);
         let mut child = cmd
             .spawn()
             .map_err(|e| HandlerError::retryable(format!("exec {program}: cannot start: {e}")))?;
@@ -101,22 +111,31 @@ impl Handler for ExecHandler {
             None => run.await,
         };
         let status = status.map_err(|e| HandlerError::retryable(format!("exec {program}: {e}")))?;
-        let stderr_tail = tail(&err);
-        let describe = |what: &str| {
-            if stderr_tail.is_empty() {
-                format!("exec {program}: {what}")
-            } else {
-                format!("exec {program}: {what}: {stderr_tail}")
-            }
-        };
-        match status.code() {
-            Some(0) => Ok(Success::done()),
-            Some(65) => Err(HandlerError::permanent(describe("exit 65 (permanent)"))),
-            Some(75) => Err(HandlerError::retryable(describe("exit 75 (retry later)"))),
-            // Any other exit or a signal: the program may have done its work.
-            Some(c) => Err(HandlerError::uncertain(describe(&format!("exit {c}")))),
-            None => Err(HandlerError::uncertain(describe("killed by a signal"))),
+        exit_result(program, status.code(), &tail(&err))
+    }
+}
+
+/// The exit code's meaning (sysexits): 0 done, 65 permanent, 75 retry later;
+/// anything else (or a signal) may have done its work, so it is uncertain.
+fn exit_result(
+    program: &str,
+    code: Option<i32>,
+    stderr_tail: &str,
+) -> Result<Success, HandlerError> {
+    let describe = |what: &str| {
+        if stderr_tail.is_empty() {
+            format!("exec {program}: {what}")
+        } else {
+            format!("exec {program}: {what}: {stderr_tail}")
         }
+    };
+    match code {
+        Some(0) => Ok(Success::done()),
+        Some(65) => Err(HandlerError::permanent(describe("exit 65 (permanent)"))),
+        Some(75) => Err(HandlerError::retryable(describe("exit 75 (retry later)"))),
+        // Any other exit or a signal: the program may have done its work.
+        Some(c) => Err(HandlerError::uncertain(describe(&format!("exit {c}")))),
+        None => Err(HandlerError::uncertain(describe("killed by a signal"))),
     }
 }
 

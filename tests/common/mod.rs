@@ -22,6 +22,15 @@ use tokio_util::sync::CancellationToken;
 
 pub const CONN: &str = "UseDevelopmentStorage=true";
 
+/// A free TCP port on loopback (the listener is dropped at once).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Start (or reuse) Azurite once per test binary.
 pub fn azurite() {
     static STARTED: OnceLock<()> = OnceLock::new();

@@ -6,16 +6,9 @@ use serde_json::{json, Value};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+use crate::common::free_port;
 
-/// A free TCP port on loopback (the listener is dropped at once).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
 /// A chromedriver process (in a process group of its own, with the
 /// browsers it starts).

@@ -1,0 +1,178 @@
+//! Logs, metrics and (in [`alerts`]) the poison alert webhook.
+//!
+//! Secrets never reach a log line: [`scrub`] removes account keys, SAS
+//! signatures, `Authorization` values and bearer tokens, and the log writer
+//! runs every line through it as a last line of defence.
+
+use regex::Regex;
+use std::io::Write;
+use std::sync::OnceLock;
+
+pub mod alerts;
+pub use alerts::{alert_body, error_group, Alerts, PoisonAlert};
+
+fn patterns() -> &'static [(Regex, &'static str)] {
+    static P: OnceLock<Vec<(Regex, &'static str)>> = OnceLock::new();
+    P.get_or_init(|| {
+        vec![
+            (Regex::new(r"(?i)(AccountKey\s*=\s*)[^;\s]+").unwrap(), "${1}***"),
+            (Regex::new(r"(?i)(SharedAccessSignature\s*=\s*)[^;\s]+").unwrap(), "${1}***"),
+            (Regex::new(r"(?i)([?&;]sig=)[^&\s;]+").unwrap(), "${1}***"),
+            (Regex::new(r"(?i)(authorization[\x22']?\s*[:=]\s*[\x22']?)(Bearer|SharedKey|Basic)?\s*[^\s\x22',]+").unwrap(), "${1}***"),
+            (Regex::new(r"(?i)(bearer\s+)[A-Za-z0-9\-._~+/]+=*").unwrap(), "${1}***"),
+            // A SharedKey signature wherever it appears (the SDK's debug lines
+            // print headers in Debug form, not as "Authorization: ...").
+            (Regex::new(r"(SharedKey(?:Lite)?\s+[A-Za-z0-9]+:)[A-Za-z0-9+/=]+").unwrap(), "${1}***"),
+            // A bare storage account key: 64 bytes in base64.
+            (Regex::new(r"[A-Za-z0-9+/]{86}==").unwrap(), "***"),
+        ]
+    })
+}
+
+/// Remove secrets from text bound for a log line, an error or a record.
+pub fn scrub(text: &str) -> String {
+    let mut out = std::borrow::Cow::Borrowed(text);
+    for (re, rep) in patterns() {
+        if re.is_match(&out) {
+            out = std::borrow::Cow::Owned(re.replace_all(&out, *rep).into_owned());
+        }
+    }
+    out.into_owned()
+}
+
+/// Log writer that scrubs every formatted event before it reaches stderr.
+struct ScrubbingStderr;
+
+impl Write for ScrubbingStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let text = String::from_utf8_lossy(buf);
+        std::io::stderr().write_all(scrub(&text).as_bytes())?;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One readable line per event.
+    Text,
+    /// One JSON object per line, fields flattened (for log pipelines).
+    Json,
+}
+
+/// Install the global tracing subscriber (idempotent). `AQW_LOG` / `RUST_LOG`
+/// set the filter; the SDK's own debug lines stay off by default. With an
+/// exporter's `traces` provider (see `traces::export`), aqw's own spans
+/// (target `aqw`, info and up) also go to OpenTelemetry; the HTTP stack's
+/// never do.
+pub fn init_logging(
+    format: LogFormat,
+    traces: Option<&opentelemetry_sdk::trace::SdkTracerProvider>,
+) {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::filter::FilterExt as _;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{filter::Targets, EnvFilter, Layer, Registry};
+    // An explicit AQW_LOG / RUST_LOG is taken as is (the SDK's own debug lines
+    // included: the scrubbing writer still guards them); the default keeps the
+    // SDK at warn.
+    let filter = match std::env::var("AQW_LOG").or_else(|_| std::env::var("RUST_LOG")) {
+        Ok(f) => EnvFilter::try_new(f).unwrap_or_else(|_| EnvFilter::new("info")),
+        Err(_) => EnvFilter::new("info,azure_core=warn,azure_identity=warn,azure_storage_queue=warn,typespec_client_core=warn,reqwest=warn,hyper=warn"),
+    };
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(|| ScrubbingStderr)
+        .with_target(false);
+    let fmt: Box<dyn Layer<Registry> + Send + Sync> = match format {
+        LogFormat::Json => fmt
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .boxed(),
+        // https://no-color.org: any non-empty NO_COLOR turns colour off.
+        LogFormat::Text => fmt
+            .with_ansi(
+                std::io::IsTerminal::is_terminal(&std::io::stderr())
+                    && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+            )
+            .boxed(),
+    };
+    // The step spans (`aqw.key.claim`, `aqw.storage`, ...) exist only while
+    // exporting, for the exporter: the log lines stay as they are with export
+    // off, and the fmt layer does not format every step's fields.
+    let without_step_spans = tracing_subscriber::filter::filter_fn(|m| {
+        !m.is_span() || m.name() == "aqw.job" || !m.name().starts_with("aqw.")
+    });
+    let otel = traces.map(|p| {
+        // No per-span busy/idle timing (it costs a clock read at every poll
+        // of an instrumented future), thread or source-location attributes:
+        // each is work on every span of every job that nobody reads in a
+        // job trace (bench (g) measures the rest).
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer("aqw"))
+            .with_tracked_inactivity(false)
+            .with_threads(false)
+            .with_location(false)
+            .with_filter(Targets::new().with_target("aqw", tracing::Level::INFO))
+    });
+    let _ = tracing_subscriber::registry()
+        .with(fmt.with_filter(filter.and(without_step_spans)))
+        .with(otel)
+        .try_init();
+}
+
+/// The process-wide Prometheus recorder (installed on first use).
+pub fn metrics_handle() -> &'static metrics_exporter_prometheus::PrometheusHandle {
+    static H: OnceLock<metrics_exporter_prometheus::PrometheusHandle> = OnceLock::new();
+    H.get_or_init(|| {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full("aqw_handler_duration_seconds".into()),
+                &[
+                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                ],
+            )
+            .expect("static buckets")
+            .build_recorder();
+        let handle = recorder.handle();
+        // Another recorder may already be installed (tests): then ours only renders.
+        let _ = metrics::set_global_recorder(recorder);
+        handle
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scrub_removes_secrets() {
+        let key = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+        let cases = [
+            format!(
+                "DefaultEndpointsProtocol=https;AccountName=a;AccountKey={key};EndpointSuffix=x"
+            ),
+            "GET https://a.queue.core.windows.net/q?sv=2022&sig=abc%2Bdef%3D&se=1".to_string(),
+            "Authorization: SharedKey devstoreaccount1:c2lnbmF0dXJl".to_string(),
+            r#"HeaderName("authorization"): HeaderValue("SharedKey devstoreaccount1:c2lnbmF0dXJl=")"#.to_string(),
+            "authorization=Bearer eyJhbGciOi.payload.sig".to_string(),
+            "token bearer eyJhbGciOiJIUzI1NiJ9.e30.abc".to_string(),
+            format!("the key is {key}"),
+            "SharedAccessSignature=sv=2022&sig=zzz".to_string(),
+        ];
+        for c in cases {
+            let s = scrub(&c);
+            assert!(!s.contains(key), "{s}");
+            assert!(!s.contains("abc%2Bdef"), "{s}");
+            assert!(!s.contains("c2lnbmF0dXJl"), "{s}");
+            assert!(!s.contains("eyJhbGciOi"), "{s}");
+            assert!(!s.contains("zzz"), "{s}");
+        }
+        assert_eq!(scrub("plain text, no secrets"), "plain text, no secrets");
+    }
+}
