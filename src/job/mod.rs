@@ -78,6 +78,8 @@ pub async fn process(
         _ => None,
     };
     let mut state = initial_key_state(&mut ctx, &policy, over_cap_record.as_ref());
+    // A claim finds the key claimed, settled or held, never unclaimed: the
+    // second answer is a run or a settlement.
     let payload = loop {
         match next_step(&facts, &state, &policy) {
             NextStep::Claim => match claim(&mut ctx, &policy).await {
