@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-/// Everything [`crate::worker::process`] needs for one function.
+/// Everything [`crate::job::process`] needs for one function.
 pub struct FunctionRuntime {
     pub app: Arc<AppConfig>,
     pub function: FunctionConfig,

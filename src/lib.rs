@@ -14,8 +14,9 @@
 //! |---|---|
 //! | host.json / function.json / environment and `local.settings.json` → a validated config, exit 2 before any I/O | `src/config.rs` |
 //! | wiring: one runtime per function, storage connected once per setting, queues and tables created | `src/app.rs` |
-//! | the fate of a message as a pure function of its facts (`decide` → `Action`, `Policy` from config); the message-life table as unit tests | `src/decide.rs` |
-//! | carrying actions out: permits before receive, lease renewal, `functionTimeout`, drain on shutdown, one outcome line and counters | `src/worker.rs` |
+//! | the fate of a message as a pure function of its facts, in two typed stages (`next_step` → `NextStep`: claim, run, or settle `WithoutRunning`; `fate` → `Fate` after the attempt; `Policy` from config); the message-life tables as unit tests | `src/decide.rs` |
+//! | the pipeline for one message, for `aqw run` and `aqw serve`: `process` gathers the facts and carries out each stage (`Settle`, the single poison exit), runs the handler (lease renewal, `functionTimeout`, hard stop), one outcome line and counters (`Outcome`) | `src/job/` (`mod.rs` `process`, `settle.rs`, `handler.rs`, `outcome.rs`) |
+//! | `aqw run`: a poll loop per function, permits before receive, back-off, drain on shutdown | `src/worker.rs` |
 //! | retry delay (exponential + jitter, or fixed) and the Functions polling back-off, as pure values | `src/retry.rs` |
 //! | the key from business facts (template / `idempotencyKey` / `none`), `IdempotencyKey` | `src/idempotency/key.rs` |
 //! | key first: claim by insert or `If-Match` take-over, pending → done, attempt history | `src/idempotency/store.rs` |
@@ -24,7 +25,7 @@
 //! | the one poison path (record → envelope → delete), crash-safe | `src/poison/sink.rs` |
 //! | the operator's commands, one file each, returning data: list, show, replay, fix, discard, status, enqueue, keys | `src/ops/` |
 //! | `Handler` with typed results (retryable, uncertain, permanent); built-in `http` and `exec` | `src/handlers/` (`mod.rs`, `http.rs`, `exec.rs`) |
-//! | Functions custom handler (`aqw serve`): invocations read as the host encodes them | `src/serve.rs` |
+//! | Functions custom handler (`aqw serve`): invocations read as the host encodes them, the same `job::process` with a host-side `Settle`, outcomes answered as status codes | `src/serve.rs` |
 //! | `/healthz`, `/readyz`, `/metrics` | `src/http.rs` |
 //! | `aqw dashboard`: status, poison list grouped as in the alert, one record, replay/discard/fix through `ops`; token or platform-principal auth, CSRF, read-only; its own listener, not the ops port | `src/dashboard/` (`mod.rs` router and headers, `auth.rs`, `handlers.rs`, `views.rs` (maud), `payload.rs`, `assets/`) |
 //! | logs (text/JSON, secrets scrubbed), metrics | `src/telemetry/mod.rs` |
@@ -53,6 +54,7 @@ pub mod failpoint;
 pub mod handlers;
 pub mod http;
 pub mod idempotency;
+pub mod job;
 pub mod message;
 pub mod ops;
 pub mod poison;
@@ -65,4 +67,5 @@ pub mod worker;
 
 pub use config::AppConfig;
 pub use handlers::{Handler, HandlerError, Job, Registry, Success};
-pub use worker::{process, run, Outcome};
+pub use job::{process, Outcome};
+pub use worker::run;

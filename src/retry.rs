@@ -14,8 +14,9 @@ pub enum RetryStrategy {
     Fixed { delay: Duration },
 }
 
-/// Longest visibility delay the service accepts.
-const MAX_VISIBILITY: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The longest visibility delay the service accepts (7 days): no retry or
+/// deferral hides a message for longer.
+pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Delay before attempt `failed_attempts + 1` after `failed_attempts` failures.
 ///
@@ -24,7 +25,7 @@ const MAX_VISIBILITY: Duration = Duration::from_secs(7 * 24 * 3600);
 /// the cap. `jitter` is a number in [0, 1) (random in production, fixed in tests).
 pub fn retry_delay(strategy: &RetryStrategy, failed_attempts: u32, jitter: f64) -> Duration {
     match *strategy {
-        RetryStrategy::Fixed { delay } => delay.min(MAX_VISIBILITY),
+        RetryStrategy::Fixed { delay } => delay.min(MAX_RETRY_DELAY),
         RetryStrategy::Exponential {
             initial_delay,
             max_delay,
@@ -33,7 +34,7 @@ pub fn retry_delay(strategy: &RetryStrategy, failed_attempts: u32, jitter: f64) 
             let base = initial_delay.as_secs_f64() * 2f64.powi(exp as i32);
             let factor = 0.8 + 0.4 * jitter.clamp(0.0, 1.0);
             let secs = (base * factor).min(max_delay.as_secs_f64());
-            Duration::from_secs_f64(secs).min(MAX_VISIBILITY)
+            Duration::from_secs_f64(secs).min(MAX_RETRY_DELAY)
         }
     }
 }

@@ -48,10 +48,10 @@ use crate::app::{ensure_resources, runtimes, FunctionRuntime};
 use crate::config::{AppConfig, FunctionConfig, MessageEncoding};
 use crate::handlers::Registry;
 use crate::http::Health;
+use crate::job::{process, producer_context, record_outcome, Outcome, Settle};
 use crate::message::encode;
 use crate::storage::{ReceivedMessage, StorageResult};
 use crate::telemetry::Alerts;
-use crate::worker::{process, record_outcome, Outcome, Settle};
 use async_trait::async_trait;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -467,21 +467,7 @@ async fn invoke(
         .unwrap_or("")
         .to_string();
     let Some(rt) = state.functions.get(&function).cloned() else {
-        let message = match state.skipped.get(&function) {
-            Some(reason) => format!("function \"{function}\" is not served by aqw: {reason}"),
-            None => {
-                let mut known: Vec<&String> = state.functions.keys().collect();
-                known.sort();
-                format!("unknown function \"{function}\" (known: {known:?})")
-            }
-        };
-        warn!(event = "aqw.serve.unknown_function", function = %function, invocation_id = %invocation_id, "{message}");
-        return InvocationError {
-            status: StatusCode::NOT_FOUND,
-            field: "(path)".into(),
-            message,
-        }
-        .into_response();
+        return unknown_function(&state, &function, &invocation_id);
     };
     let inv = match parse_invocation(&body, &rt.function, rt.app.message_encoding) {
         Ok(m) => m,
@@ -494,7 +480,7 @@ async fn invoke(
     let msg = inv.message;
     let span = crate::traces::job_span(&function, &rt.function.queue, &msg.id, msg.dequeue_count);
     span.record("invocation_id", invocation_id.as_str());
-    let trace = start_trace(&span, &headers, crate::worker::producer_context(&rt, &msg));
+    let trace = start_trace(&span, &headers, producer_context(&rt, &msg));
     if !inv.shadowed.is_empty() {
         span.in_scope(|| {
             warn!(event = "aqw.serve.metadata_shadowed", fields = ?inv.shadowed,
@@ -513,7 +499,32 @@ async fn invoke(
         msg.id,
         msg.dequeue_count
     );
-    match &outcome {
+    answer(&span, &outcome, log)
+}
+
+/// A 404 for a function aqw does not serve, saying why.
+fn unknown_function(state: &ServeState, function: &str, invocation_id: &str) -> Response {
+    let message = match state.skipped.get(function) {
+        Some(reason) => format!("function \"{function}\" is not served by aqw: {reason}"),
+        None => {
+            let mut known: Vec<&String> = state.functions.keys().collect();
+            known.sort();
+            format!("unknown function \"{function}\" (known: {known:?})")
+        }
+    };
+    warn!(event = "aqw.serve.unknown_function", function = %function, invocation_id = %invocation_id, "{message}");
+    InvocationError {
+        status: StatusCode::NOT_FOUND,
+        field: "(path)".into(),
+        message,
+    }
+    .into_response()
+}
+
+/// The host's answer for an outcome: 200 when the message is settled (the
+/// host deletes it), 500 or 503 when the host should retry it.
+fn answer(span: &tracing::Span, outcome: &Outcome, log: String) -> Response {
+    match outcome {
         Outcome::Completed | Outcome::Duplicate | Outcome::Poisoned { .. } => {
             invocation_response(StatusCode::OK, vec![log])
         }
