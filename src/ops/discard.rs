@@ -48,13 +48,10 @@ async fn discard_record(
             return Err(OpsError::Usage(refused));
         }
     }
-    let u = crate::poison::record::discarded_update(by, reason);
-    ops.records
-        .merge(&ops.queue, &QueueOps::row_key(&rec), &u, Some(&etag))
-        .await?;
-    let held = ops.scan(Some(Duration::from_secs(30))).await?;
-    let deleted = ops.delete_copy(&rec, &held).await;
-    ops.release(held).await;
+    ops.poison.close_discarded(&rec, by, reason, &etag).await?;
+    let held = ops.poison.scan(Some(Duration::from_secs(30))).await?;
+    let deleted = ops.poison.delete_copy(&rec, &held).await;
+    ops.poison.release(held).await;
     deleted?;
     rec.status = RecordStatus::Discarded;
     rec.discarded_by = Some(by.into());
