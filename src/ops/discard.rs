@@ -49,10 +49,9 @@ async fn discard_record(
         }
     }
     ops.poison.close_discarded(&rec, by, reason, &etag).await?;
-    let held = ops.poison.scan(Some(Duration::from_secs(30))).await?;
-    let deleted = ops.poison.delete_copy(&rec, &held).await;
-    ops.poison.release(held).await;
-    deleted?;
+    ops.poison
+        .scan_and_delete_copy(&rec, Duration::from_secs(30))
+        .await?;
     rec.status = RecordStatus::Discarded;
     rec.discarded_by = Some(by.into());
     rec.discard_reason = Some(reason.into());

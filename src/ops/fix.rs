@@ -126,10 +126,9 @@ async fn fix_record(
         report.new_message_id = Some(receipt.id);
         return Ok(report);
     }
-    let held = ops.poison.scan(Some(Duration::from_secs(30))).await?;
-    let deleted = ops.poison.delete_copy(&rec, &held).await;
-    ops.poison.release(held).await;
-    deleted?;
+    ops.poison
+        .scan_and_delete_copy(&rec, Duration::from_secs(30))
+        .await?;
     report.action = FixAction::Replaced;
     report.new_message_id = Some(receipt.id);
     if let (Some(wait), Some(k)) = (wait, &report.new_key) {

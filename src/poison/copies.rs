@@ -240,6 +240,19 @@ impl PoisonStore {
         Ok(())
     }
 
+    /// Delete `rec`'s copy once a scan has held the poison queue for `hold`
+    /// (so the copy's pop receipt is known), then release what else it held.
+    pub async fn scan_and_delete_copy(
+        &self,
+        rec: &PoisonRecord,
+        hold: Duration,
+    ) -> StorageResult<()> {
+        let held = self.scan(Some(hold)).await?;
+        let deleted = self.delete_copy(rec, &held).await;
+        self.release(held).await;
+        deleted
+    }
+
     /// The id of a poison-queue copy of source message `message_id`, if one
     /// is visible. Peeks first (no side effects); a deeper queue is received
     /// in batches with a short hold, and what was held is released at once.

@@ -401,4 +401,24 @@ mod tests {
         assert_eq!(parts.concat(), text);
         assert_eq!(split_parts(""), vec![String::new()]);
     }
+
+    /// A replay close carries either the new message id or the already-done
+    /// note, never both.
+    #[test]
+    fn a_replay_close_names_the_reput_or_notes_the_done_key() {
+        let reput = replayed_update(
+            "ops",
+            2,
+            Replayed::Reput {
+                new_message_id: "m2",
+            },
+        );
+        assert_eq!(reput[col::REPLAY_MESSAGE_ID], json!("m2"));
+        assert_eq!(reput[col::REPLAY_COUNT], json!(2));
+        assert!(!reput.contains_key(col::REPLAY_NOTE));
+        let done = replayed_update("ops", 1, Replayed::KeyAlreadyDone);
+        assert_eq!(done[col::REPLAY_NOTE], json!(NOTE_ALREADY_DONE));
+        assert_eq!(done[col::STATUS], json!("replayed"));
+        assert!(!done.contains_key(col::REPLAY_MESSAGE_ID));
+    }
 }
