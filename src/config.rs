@@ -62,7 +62,7 @@ pub struct FunctionConfig {
 
 impl FunctionConfig {
     pub fn poison_queue(&self) -> String {
-        crate::message::poison_queue_name(&self.queue)
+        crate::poison::poison_queue_name(&self.queue)
     }
 }
 
@@ -1060,10 +1060,10 @@ pub fn validate_queue_name(name: &str) -> Result<(), String> {
             "\"{name}\" is not a valid queue name (no leading, trailing or double dash)"
         ));
     }
-    if name.ends_with(crate::message::POISON_SUFFIX) {
+    if name.ends_with(crate::poison::POISON_SUFFIX) {
         return Err(format!("\"{name}\" is a poison queue; replay it with `aqw poison replay` instead of consuming it"));
     }
-    if name.len() + crate::message::POISON_SUFFIX.len() > 63 {
+    if name.len() + crate::poison::POISON_SUFFIX.len() > 63 {
         return Err(format!(
             "\"{name}\" is too long for its -poison twin (at most 56 characters)"
         ));

@@ -20,10 +20,13 @@
 //! | retry delay (exponential + jitter, or fixed) and the Functions polling back-off, as pure values | `src/retry.rs` |
 //! | the key from business facts (template / `idempotencyKey` / `none`), `IdempotencyKey` | `src/idempotency/key.rs` |
 //! | key first: claim by insert or `If-Match` take-over, pending → done, attempt history | `src/idempotency/store.rs` |
-//! | message encoding (base64/none), the 64 KiB limit, the poison envelope, `<queue>-poison` naming | `src/message.rs` |
+//! | message encoding (base64/none), the 64 KiB limit, the kind and text of the error that poisons a message | `src/message.rs` |
+//! | the poison envelope, `<queue>-poison` naming, the record id of a host copy | `src/poison/envelope.rs` |
 //! | a poison record's table columns, and every update that closes one | `src/poison/record.rs` |
-//! | the one poison path (record → envelope → delete), crash-safe | `src/poison/sink.rs` |
-//! | the operator's commands, one file each, returning data: list, show, replay, fix, discard, status, enqueue, keys | `src/ops/` |
+//! | `PoisonStore`: every read and write of poison records (list, find, close as replayed / replaced / discarded, the replay crash marker) and the crash-safe write order (record → copy → copy named) | `src/poison/store.rs` |
+//! | the `<queue>-poison` copies: the scan that imports host copies and deletes strays, release, delete | `src/poison/copies.rs` |
+//! | the worker's one poison call (record built, written through the store, alert raised) | `src/poison/sink.rs` |
+//! | the operator's commands, one file each, returning data, as procedures over `KeyStore` and `PoisonStore`: list, show, replay, fix, discard, status, enqueue, keys | `src/ops/` (`mod.rs`, `list.rs`, `show.rs`, `replay.rs`, `fix.rs`, `discard.rs`, `status.rs`, `enqueue.rs`, `keys.rs`) |
 //! | `Handler` with typed results (retryable, uncertain, permanent); built-in `http` and `exec` | `src/handlers/` (`mod.rs`, `http.rs`, `exec.rs`) |
 //! | Functions custom handler (`aqw serve`): invocations read as the host encodes them, the same `job::process` with a host-side `Settle`, outcomes answered as status codes | `src/serve.rs` |
 //! | `/healthz`, `/readyz`, `/metrics` | `src/http.rs` |

@@ -1,4 +1,5 @@
-//! Message encoding, the poison envelope and the 64 KiB limit.
+//! Message encoding, the 64 KiB limit, and the kind of error that poisons a
+//! message (the poison envelope itself is [`crate::poison::PoisonEnvelope`]).
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
@@ -38,20 +39,6 @@ pub enum DecodeError {
     Base64(String),
     #[error("message payload is not valid UTF-8 (byte {0})")]
     Utf8(usize),
-}
-
-/// The suffix of a queue's poison queue (Functions' naming).
-pub const POISON_SUFFIX: &str = "-poison";
-
-/// The poison queue of `queue`: `<queue>-poison`.
-pub fn poison_queue_name(queue: &str) -> String {
-    format!("{queue}{POISON_SUFFIX}")
-}
-
-/// The record id of a raw copy the Functions host itself put on the poison
-/// queue (no aqw envelope): `host-<poison message id>`.
-pub fn host_record_id(poison_message_id: &str) -> String {
-    format!("host-{poison_message_id}")
 }
 
 /// Decode message text into the payload string.
@@ -122,121 +109,17 @@ impl ErrorKind {
     }
 }
 
+/// The error that poisoned (or may poison) a message: its kind and text.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorInfo {
     pub kind: ErrorKind,
     pub message: String,
 }
 
-/// Where the full record lives when the envelope would exceed 64 KiB.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RecordRef {
-    pub table: String,
-    pub partition_key: String,
-    pub row_key: String,
-}
-
-/// The poison queue message, `"aqw": "poison/1"`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PoisonEnvelope {
-    pub aqw: String,
-    pub queue: String,
-    pub function: String,
-    pub message_id: String,
-    pub inserted_at: String,
-    pub dequeue_count: u32,
-    pub first_attempt_at: String,
-    pub poisoned_at: String,
-    pub key: Option<crate::idempotency::IdempotencyKey>,
-    pub error: ErrorInfo,
-    /// The source message text exactly as received; absent when `record` is set.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub record: Option<RecordRef>,
-    pub encoding: MessageEncoding,
-}
-
-pub const ENVELOPE_VERSION: &str = "poison/1";
-
-impl PoisonEnvelope {
-    /// The envelope as poison-queue text: JSON, encoded per `encoding`. When
-    /// the message itself would not fit, it is replaced by a reference to the
-    /// record table (which always holds the full text).
-    pub fn to_queue_text(&self, poison_table: &str) -> String {
-        let full = encode(
-            &serde_json::to_string(self).expect("envelope serialises"),
-            self.encoding,
-        );
-        if full.len() <= MAX_MESSAGE_TEXT {
-            return full;
-        }
-        let mut slim = self.clone();
-        slim.message = None;
-        slim.record = Some(RecordRef {
-            table: poison_table.to_string(),
-            partition_key: self.queue.clone(),
-            row_key: self.message_id.clone(),
-        });
-        let text = encode(
-            &serde_json::to_string(&slim).expect("envelope serialises"),
-            self.encoding,
-        );
-        if text.len() <= MAX_MESSAGE_TEXT {
-            return text;
-        }
-        // Only a pathological error text could get here (errors are capped).
-        slim.error.message = "(error text too long; see the poison record)".into();
-        encode(
-            &serde_json::to_string(&slim).expect("envelope serialises"),
-            self.encoding,
-        )
-    }
-
-    /// Parse poison-queue text. `None` for anything that is not an aqw envelope
-    /// (for example a raw copy written by the Functions host).
-    pub fn from_queue_text(text: &str) -> Option<Self> {
-        let try_parse = |s: &str| -> Option<Self> {
-            let env: Self = serde_json::from_str(s).ok()?;
-            (env.aqw == ENVELOPE_VERSION).then_some(env)
-        };
-        if let Some(e) = try_parse(text) {
-            return Some(e);
-        }
-        let decoded = base64::engine::general_purpose::STANDARD
-            .decode(text.trim())
-            .ok()?;
-        try_parse(std::str::from_utf8(&decoded).ok()?)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
-
-    fn env(message: &str, encoding: MessageEncoding) -> PoisonEnvelope {
-        PoisonEnvelope {
-            aqw: ENVELOPE_VERSION.into(),
-            queue: "orders".into(),
-            function: "F".into(),
-            message_id: "id-1".into(),
-            inserted_at: "t".into(),
-            dequeue_count: 5,
-            first_attempt_at: "t".into(),
-            poisoned_at: "t".into(),
-            key: Some(crate::idempotency::IdempotencyKey::new("k").unwrap()),
-            error: ErrorInfo {
-                kind: ErrorKind::Retryable,
-                message: "boom".into(),
-            },
-            message: Some(message.into()),
-            record: None,
-            encoding,
-        }
-    }
 
     #[test]
     fn base64_roundtrip_and_errors() {
@@ -274,33 +157,10 @@ mod tests {
             .contains("65536"));
     }
 
-    #[test]
-    fn envelope_roundtrips_both_encodings() {
-        for enc in [MessageEncoding::Base64, MessageEncoding::None] {
-            let e = env("the original text", enc);
-            let text = e.to_queue_text("aqwpoison");
-            assert_eq!(PoisonEnvelope::from_queue_text(&text).unwrap(), e);
-        }
-        assert!(PoisonEnvelope::from_queue_text("raw host body").is_none());
-        assert!(PoisonEnvelope::from_queue_text("{\"aqw\":\"other\"}").is_none());
-    }
-
-    #[test]
-    fn oversize_envelope_carries_a_reference() {
-        let big = "x".repeat(MAX_MESSAGE_TEXT);
-        let e = env(&big, MessageEncoding::None);
-        let text = e.to_queue_text("aqwpoison");
-        assert!(text.len() <= MAX_MESSAGE_TEXT);
-        let parsed = PoisonEnvelope::from_queue_text(&text).unwrap();
-        assert!(parsed.message.is_none());
-        assert_eq!(parsed.record.unwrap().row_key, "id-1");
-    }
-
     proptest! {
         #[test]
         fn decoder_never_panics(s in "\\PC{0,200}") {
             let _ = decode(&s, MessageEncoding::Base64);
-            let _ = PoisonEnvelope::from_queue_text(&s);
         }
 
         #[test]

@@ -7,9 +7,9 @@ mod common;
 
 use aqw::dashboard::{self, AuthConfig, Dashboard, Options};
 use aqw::handlers::HandlerError;
-use aqw::message::{ErrorInfo, ErrorKind, MessageEncoding, PoisonEnvelope};
+use aqw::message::{ErrorInfo, ErrorKind, MessageEncoding};
 use aqw::ops::QueueOps;
-use aqw::poison::{PoisonRecord, RecordStatus};
+use aqw::poison::{PoisonEnvelope, PoisonRecord, RecordStatus};
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::Router;

@@ -8,7 +8,7 @@ mod common;
 use common::free_port;
 
 use aqw::handlers::{Handler, HandlerError, Job, Registry, Success};
-use aqw::message::PoisonEnvelope;
+use aqw::poison::PoisonEnvelope;
 use aqw::serve::{app, parse_invocation, ServeState, Shape};
 use async_trait::async_trait;
 use axum::body::Body;

@@ -4,7 +4,8 @@
 mod common;
 
 use aqw::handlers::{HandlerError, Success};
-use aqw::message::{ErrorKind, PoisonEnvelope};
+use aqw::message::ErrorKind;
+use aqw::poison::PoisonEnvelope;
 use common::*;
 use serde_json::json;
 use std::time::Duration;

@@ -149,13 +149,7 @@ async fn poison(app_dir: &Path, cmd: PoisonCmd, output: Output) -> Result<Exit, 
             error,
         } => {
             let filter = Filter {
-                status: match status {
-                    StatusFilter::Open => Some(RecordStatus::Open),
-                    StatusFilter::Replayed => Some(RecordStatus::Replayed),
-                    StatusFilter::Discarded => Some(RecordStatus::Discarded),
-                    StatusFilter::Replaced => Some(RecordStatus::Replaced),
-                    StatusFilter::All => None,
-                },
+                status: record_status(status),
                 since: since.as_deref().map(parse_time).transpose()?,
                 until: until.as_deref().map(parse_time).transpose()?,
                 function,
@@ -169,43 +163,70 @@ async fn poison(app_dir: &Path, cmd: PoisonCmd, output: Output) -> Result<Exit, 
             render::poison_show(&report, output);
             Ok(Exit::Ok)
         }
-        PoisonCmd::Fix {
-            queue,
-            id,
-            payload,
-            file,
-            stdin,
-            by,
-            wait,
-        } => {
-            if by.trim().is_empty() {
-                return Err(Failure::usage("--by must not be empty"));
-            }
-            let payload = read_payload(payload, file, stdin.as_deref())?;
-            let wait = parse_wait(wait.as_deref())?;
-            let ops = queue_ops(&app, &queue)?;
-            let report = ops::fix(&ops, &id, &payload, &by, wait).await?;
-            render::poison_fix(&id, &by, &report, output);
-            let ok = report.action == FixAction::Replaced && report.confirmed != Some(false);
-            Ok(Exit::needs_a_person_if(!ok))
-        }
-        PoisonCmd::Discard {
-            queue,
-            id,
-            reason,
-            by,
-            close_key,
-        } => {
-            if reason.trim().is_empty() || by.trim().is_empty() {
-                return Err(Failure::usage("--reason and --by must not be empty"));
-            }
-            let ops = queue_ops(&app, &queue)?;
-            let rec = ops::discard(&ops, &id, &reason, &by, close_key).await?;
-            render::poison_discard(&id, &reason, &by, close_key, &rec, output);
-            Ok(Exit::Ok)
-        }
+        cmd @ PoisonCmd::Fix { .. } => poison_fix(&app, cmd, output).await,
+        cmd @ PoisonCmd::Discard { .. } => poison_discard(&app, cmd, output).await,
         cmd @ PoisonCmd::Replay { .. } => poison_replay(&app, cmd, output).await,
     }
+}
+
+/// The record status `poison list --status` selects (`None`: all).
+fn record_status(status: StatusFilter) -> Option<RecordStatus> {
+    match status {
+        StatusFilter::Open => Some(RecordStatus::Open),
+        StatusFilter::Replayed => Some(RecordStatus::Replayed),
+        StatusFilter::Discarded => Some(RecordStatus::Discarded),
+        StatusFilter::Replaced => Some(RecordStatus::Replaced),
+        StatusFilter::All => None,
+    }
+}
+
+async fn poison_fix(app: &Arc<AppConfig>, cmd: PoisonCmd, output: Output) -> Result<Exit, Failure> {
+    let PoisonCmd::Fix {
+        queue,
+        id,
+        payload,
+        file,
+        stdin,
+        by,
+        wait,
+    } = cmd
+    else {
+        unreachable!("poison_fix is called with PoisonCmd::Fix only");
+    };
+    if by.trim().is_empty() {
+        return Err(Failure::usage("--by must not be empty"));
+    }
+    let payload = read_payload(payload, file, stdin.as_deref())?;
+    let wait = parse_wait(wait.as_deref())?;
+    let ops = queue_ops(app, &queue)?;
+    let report = ops::fix(&ops, &id, &payload, &by, wait).await?;
+    render::poison_fix(&id, &by, &report, output);
+    let ok = report.action == FixAction::Replaced && report.confirmed != Some(false);
+    Ok(Exit::needs_a_person_if(!ok))
+}
+
+async fn poison_discard(
+    app: &Arc<AppConfig>,
+    cmd: PoisonCmd,
+    output: Output,
+) -> Result<Exit, Failure> {
+    let PoisonCmd::Discard {
+        queue,
+        id,
+        reason,
+        by,
+        close_key,
+    } = cmd
+    else {
+        unreachable!("poison_discard is called with PoisonCmd::Discard only");
+    };
+    if reason.trim().is_empty() || by.trim().is_empty() {
+        return Err(Failure::usage("--reason and --by must not be empty"));
+    }
+    let ops = queue_ops(app, &queue)?;
+    let rec = ops::discard(&ops, &id, &reason, &by, close_key).await?;
+    render::poison_discard(&id, &reason, &by, close_key, &rec, output);
+    Ok(Exit::Ok)
 }
 
 async fn poison_list(
@@ -229,46 +250,11 @@ async fn poison_replay(
     cmd: PoisonCmd,
     output: Output,
 ) -> Result<Exit, Failure> {
-    let PoisonCmd::Replay {
-        queue,
-        ids,
-        all,
-        error,
-        since,
-        limit,
-        rate,
-        dry_run,
-        by,
-        wait,
-        concurrency,
-    } = cmd
-    else {
+    let PoisonCmd::Replay { queue, .. } = &cmd else {
         unreachable!("poison_replay is called with PoisonCmd::Replay only");
     };
-    if !all && ids.is_empty() {
-        return Err(Failure::usage("give --id ID (repeatable) or --all"));
-    }
-    if rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
-        return Err(Failure::usage(
-            "--rate must be a positive number of messages per second",
-        ));
-    }
-    let opts = ReplayOptions {
-        filter: Filter {
-            status: None,
-            since: since.as_deref().map(parse_time).transpose()?,
-            until: None,
-            function: None,
-            error: parse_error_regex(error.as_deref())?,
-            ids,
-        },
-        limit,
-        rate,
-        dry_run,
-        by: by.unwrap_or_default(),
-        wait: parse_wait(wait.as_deref())?,
-        concurrency: concurrency as usize,
-    };
+    let queue = queue.clone();
+    let opts = replay_options(cmd)?;
     let ops = queue_ops(app, &queue)?;
     let bar = progress_bar(output);
     let progress = |done: usize, total: usize| {
@@ -285,6 +271,50 @@ async fn poison_replay(
     }
     render::poison_replay(&report, opts.wait.is_some(), output);
     Ok(Exit::needs_a_person_if(report.needs_a_person()))
+}
+
+/// The options of `poison replay`, checked.
+fn replay_options(cmd: PoisonCmd) -> Result<ReplayOptions, Failure> {
+    let PoisonCmd::Replay {
+        ids,
+        all,
+        error,
+        since,
+        limit,
+        rate,
+        dry_run,
+        by,
+        wait,
+        concurrency,
+        ..
+    } = cmd
+    else {
+        unreachable!("replay_options is called with PoisonCmd::Replay only");
+    };
+    if !all && ids.is_empty() {
+        return Err(Failure::usage("give --id ID (repeatable) or --all"));
+    }
+    if rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
+        return Err(Failure::usage(
+            "--rate must be a positive number of messages per second",
+        ));
+    }
+    Ok(ReplayOptions {
+        filter: Filter {
+            status: None,
+            since: since.as_deref().map(parse_time).transpose()?,
+            until: None,
+            function: None,
+            error: parse_error_regex(error.as_deref())?,
+            ids,
+        },
+        limit,
+        rate,
+        dry_run,
+        by: by.unwrap_or_default(),
+        wait: parse_wait(wait.as_deref())?,
+        concurrency: concurrency as usize,
+    })
 }
 
 /// A progress bar on a terminal, for text output only.

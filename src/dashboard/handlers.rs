@@ -226,7 +226,7 @@ fn groups(queue: &str, records: &[PoisonRecord]) -> Vec<Group> {
         .iter()
         .map(|r| PoisonAlert {
             queue: r.queue.clone(),
-            poison_queue: crate::message::poison_queue_name(&r.queue),
+            poison_queue: crate::poison::poison_queue_name(&r.queue),
             function: r.function.clone(),
             message_id: r.message_id.clone(),
             key: r.key.as_deref().map(str::to_string),

@@ -48,14 +48,10 @@ async fn discard_record(
             return Err(OpsError::Usage(refused));
         }
     }
-    let u = crate::poison::record::discarded_update(by, reason);
-    ops.records
-        .merge(&ops.queue, &QueueOps::row_key(&rec), &u, Some(&etag))
+    ops.poison.close_discarded(&rec, by, reason, &etag).await?;
+    ops.poison
+        .scan_and_delete_copy(&rec, Duration::from_secs(30))
         .await?;
-    let held = ops.scan(Some(Duration::from_secs(30))).await?;
-    let deleted = ops.delete_copy(&rec, &held).await;
-    ops.release(held).await;
-    deleted?;
     rec.status = RecordStatus::Discarded;
     rec.discarded_by = Some(by.into());
     rec.discard_reason = Some(reason.into());

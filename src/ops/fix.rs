@@ -1,10 +1,11 @@
 //! `aqw poison fix`.
 
-use super::{merge_open_record, OpsError, OpsResult, QueueOps};
+use super::{OpsError, OpsResult, QueueOps};
 use crate::idempotency::derive_key;
 use crate::idempotency::IdempotencyKey;
 use crate::message::decode;
-use crate::storage::{Entity, Ttl};
+use crate::poison::{Closing, PoisonRecord, Replacement};
+use crate::storage::Ttl;
 use std::time::Duration;
 use tracing::Instrument;
 
@@ -98,29 +99,25 @@ async fn fix_record(
     })?;
     let text = crate::message::encode_checked(payload, ops.app.message_encoding)
         .map_err(OpsError::Usage)?;
-    let old_len = decode(&rec.message, rec.encoding)
-        .map(|p| p.len())
-        .unwrap_or(rec.message.len());
-    let mut report = FixReport {
-        id: id.into(),
-        // Set below: already-done unless the corrected message is put.
-        action: FixAction::AlreadyDone,
-        old_key: rec.key.clone(),
-        new_key: key.clone(),
-        new_message_id: None,
-        size_diff: payload.len() as i64 - old_len as i64,
-        confirmed: None,
-        detail: None,
-    };
-    if let Some(k) = &key {
+    let mut report = new_report(&rec, id, payload, key);
+    if let Some(k) = &report.new_key {
         if let Some(detail) = already_settled(ops, &f.name, k).await? {
             report.detail = Some(detail);
             return Ok(report);
         }
     }
     let receipt = crate::poison::put_creating(ops.source.as_ref(), &text, Ttl::Default).await?;
-    let close = close_entity(by, &receipt.id, &report);
-    if let Err(why) = merge_open_record(ops, &QueueOps::row_key(&rec), &close, &mut etag).await? {
+    let replacement = Replacement {
+        by,
+        new_message_id: &receipt.id,
+        new_key: report.new_key.as_deref(),
+        size_diff: report.size_diff,
+    };
+    if let Closing::AlreadyClosed(why) = ops
+        .poison
+        .close_replaced(&rec, &replacement, &mut etag)
+        .await?
+    {
         report.action = FixAction::Skipped;
         report.detail = Some(format!(
             "{why} (someone else closed it meanwhile); the corrected message {} was put and              its key settles any duplicate",
@@ -129,16 +126,38 @@ async fn fix_record(
         report.new_message_id = Some(receipt.id);
         return Ok(report);
     }
-    let held = ops.scan(Some(Duration::from_secs(30))).await?;
-    let deleted = ops.delete_copy(&rec, &held).await;
-    ops.release(held).await;
-    deleted?;
+    ops.poison
+        .scan_and_delete_copy(&rec, Duration::from_secs(30))
+        .await?;
     report.action = FixAction::Replaced;
     report.new_message_id = Some(receipt.id);
-    if let (Some(wait), Some(k)) = (wait, &key) {
+    if let (Some(wait), Some(k)) = (wait, &report.new_key) {
         report.confirmed = Some(wait_settled(ops, &f.name, k, wait).await?);
     }
     Ok(report)
+}
+
+/// The report of fixing `rec` with `payload` (whose key is `new_key`), before
+/// anything is done: already-done unless the corrected message is put.
+fn new_report(
+    rec: &PoisonRecord,
+    id: &str,
+    payload: &str,
+    new_key: Option<IdempotencyKey>,
+) -> FixReport {
+    let old_len = decode(&rec.message, rec.encoding)
+        .map(|p| p.len())
+        .unwrap_or(rec.message.len());
+    FixReport {
+        id: id.into(),
+        action: FixAction::AlreadyDone,
+        old_key: rec.key.clone(),
+        new_key,
+        new_message_id: None,
+        size_diff: payload.len() as i64 - old_len as i64,
+        confirmed: None,
+        detail: None,
+    }
 }
 
 /// If the corrected job's key is already done or cancelled: why nothing is put.
@@ -159,16 +178,6 @@ async fn already_settled(
                     kr.status.as_str(),
                     kr.completed_at.as_deref().unwrap_or("-")
                 )))
-}
-
-/// The merge that closes the old record as replaced.
-fn close_entity(by: &str, new_message_id: &str, report: &FixReport) -> Entity {
-    crate::poison::record::replaced_update(
-        by,
-        new_message_id,
-        report.new_key.as_deref(),
-        report.size_diff,
-    )
 }
 
 /// `--wait`: poll the key until it is settled or the deadline passes.

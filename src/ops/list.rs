@@ -5,7 +5,7 @@ use crate::poison::PoisonRecord;
 
 /// `aqw poison list`: records matching `filter`, newest first.
 pub async fn list(ops: &QueueOps, filter: &Filter) -> OpsResult<Vec<PoisonRecord>> {
-    ops.scan(None).await?;
+    ops.poison.scan(None).await?;
     let mut out: Vec<PoisonRecord> = ops
         .records()
         .await?

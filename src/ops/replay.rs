@@ -1,12 +1,12 @@
 //! `aqw poison replay`.
 
-use super::{merge_open_record, Filter, Held, OpsError, OpsResult, QueueOps};
+use super::{Filter, OpsError, OpsResult, QueueOps};
 use crate::failpoint;
 use crate::idempotency::derive_key;
 use crate::idempotency::{IdempotencyKey, KeyRecord};
 use crate::message::decode;
-use crate::poison::{PoisonRecord, RecordStatus};
-use crate::storage::{Entity, Etag, StorageError, Ttl};
+use crate::poison::{Closing, Held, PoisonRecord, RecordStatus, Replayed};
+use crate::storage::{Etag, StorageError, Ttl};
 use futures::StreamExt as _;
 use std::time::Duration;
 use tracing::Instrument;
@@ -142,12 +142,12 @@ pub async fn replay(
     let receipts = if opts.dry_run {
         Held::default()
     } else {
-        ops.scan(Some(Duration::from_secs(120))).await?
+        ops.poison.scan(Some(Duration::from_secs(120))).await?
     };
     let mut selected = select(ops, &opts.filter).await?;
     for id in &opts.filter.ids {
         if !selected.iter().any(|(r, _)| &r.message_id == id) {
-            ops.release(receipts).await;
+            ops.poison.release(receipts).await;
             return Err(OpsError::Usage(format!(
                 "no open poison record {id} for queue {}",
                 ops.queue
@@ -168,7 +168,7 @@ pub async fn replay(
         items: vec![],
     };
     replay_all(ops, opts, selected, &receipts, &mut report, progress).await;
-    ops.release(receipts).await;
+    ops.poison.release(receipts).await;
     if let (Some(wait), false) = (opts.wait, opts.dry_run) {
         confirm(ops, &mut report, wait).await?;
     }
@@ -180,7 +180,8 @@ async fn select(ops: &QueueOps, filter: &Filter) -> OpsResult<Vec<(PoisonRecord,
     let mut filter = filter.clone();
     filter.status = Some(RecordStatus::Open);
     let mut selected: Vec<(PoisonRecord, Option<Etag>)> = ops
-        .versioned_records()
+        .poison
+        .list()
         .await?
         .into_iter()
         .filter(|(r, _)| filter.matches(r))
@@ -262,17 +263,7 @@ async fn replay_one(
     let key = record_key(ops, rec);
     let item_key = key.clone().or(rec.key.clone());
     let mut item = ReplayItem::new(&rec.message_id, item_key, ReplayAction::Failed);
-    let key_state = match (ops.function.as_ref(), &key) {
-        (Some(f), Some(k)) => ops
-            .keys
-            .get_versioned(&f.name, k)
-            .await
-            .or_else(|e| match e {
-                StorageError::NotFound => Ok(None),
-                e => Err(e),
-            })?,
-        _ => None,
-    };
+    let key_state = key_state(ops, key.as_ref()).await?;
     let done = key_state
         .as_ref()
         .is_some_and(|(r, _)| r.status.is_settled());
@@ -284,11 +275,10 @@ async fn replay_one(
         };
         return Ok(item);
     }
-    let row_key = QueueOps::row_key(rec);
     let (current, mut etag) = match listed_etag {
         Some(etag) => (rec.clone(), etag),
-        None => match ops.records.get(&ops.queue, &row_key).await? {
-            Some((e, etag)) => (PoisonRecord::from_entity(&e), etag),
+        None => match ops.poison.reread(rec).await? {
+            Some(found) => found,
             None => return Ok(item.with(ReplayAction::Failed, "record vanished")),
         },
     };
@@ -296,36 +286,46 @@ async fn replay_one(
         let why = format!("already {}", current.status.as_str());
         return Ok(item.with(ReplayAction::Skipped, why));
     }
-    let mut close = close_entity(&opts.by, &current);
     if done {
-        crate::poison::record::with_replay_note(&mut close, "already done");
-        if let Err(why) = merge_open_record(ops, &row_key, &close, &mut etag).await? {
+        let how = Replayed::KeyAlreadyDone;
+        let closing = ops
+            .poison
+            .close_replayed(&current, &opts.by, how, &mut etag);
+        if let Closing::AlreadyClosed(why) = closing.await? {
             return Ok(item.with(ReplayAction::Skipped, why));
         }
-        ops.delete_copy(rec, receipts).await?;
+        ops.poison.delete_copy(rec, receipts).await?;
         item = item.with(ReplayAction::AlreadyDone, "key already done; not re-put");
         item.confirmed = Some(true);
         return Ok(item);
     }
     let put = Put {
         rec,
-        row_key: &row_key,
         key: key.as_ref(),
         key_state: key_state.as_ref(),
         receipts,
     };
-    put.run(ops, &current, close, etag, item).await
+    put.run(ops, &current, &opts.by, etag, item).await
 }
 
-/// The merge that closes a record as replayed.
-fn close_entity(by: &str, current: &PoisonRecord) -> Entity {
-    crate::poison::record::replayed_update(by, current.replay_count + 1)
+/// The key record of `key` (of the queue's function) with its ETag, if any.
+async fn key_state(
+    ops: &QueueOps,
+    key: Option<&IdempotencyKey>,
+) -> OpsResult<Option<(KeyRecord, Etag)>> {
+    let (Some(f), Some(k)) = (ops.function.as_ref(), key) else {
+        return Ok(None);
+    };
+    match ops.keys.get_versioned(&f.name, k).await {
+        Ok(state) => Ok(state),
+        Err(StorageError::NotFound) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The re-put of one open record whose key is not done.
 struct Put<'a> {
     rec: &'a PoisonRecord,
-    row_key: &'a str,
     key: Option<&'a IdempotencyKey>,
     key_state: Option<&'a (KeyRecord, Etag)>,
     receipts: &'a Held,
@@ -336,7 +336,7 @@ impl Put<'_> {
         &self,
         ops: &QueueOps,
         current: &PoisonRecord,
-        mut close: Entity,
+        by: &str,
         mut etag: Etag,
         item: ReplayItem,
     ) -> OpsResult<ReplayItem> {
@@ -349,29 +349,22 @@ impl Put<'_> {
         // conditional on the version this replay saw, so of two replays racing
         // for one keyless record only one gets to put it.
         if self.key.is_none() {
-            let mark = crate::poison::record::replay_started_update();
-            match ops
-                .records
-                .merge(&ops.queue, self.row_key, &mark, Some(&etag))
-                .await
-            {
-                Ok(e) => etag = e,
-                Err(StorageError::PreconditionFailed) => {
-                    return Ok(item.with(
-                        ReplayAction::Skipped,
-                        "the record changed while this replay ran (another replay or discard?); \
-                         run `poison show` and try again",
-                    ));
-                }
-                Err(e) => return Err(e.into()),
+            match ops.poison.mark_replay_started(self.rec, &etag).await? {
+                Some(e) => etag = e,
+                None => return Ok(item.with(ReplayAction::Skipped, CHANGED_MEANWHILE)),
             }
         }
         let receipt =
             crate::poison::put_creating(ops.source.as_ref(), &self.rec.message, Ttl::Default)
                 .await?;
         failpoint::hit("replay.after_put");
-        crate::poison::record::with_replay_message_id(&mut close, &receipt.id);
-        if let Some(why) = self.close_and_count(ops, &close, &mut etag).await? {
+        let how = Replayed::Reput {
+            new_message_id: &receipt.id,
+        };
+        if let Some(why) = self
+            .close_and_count(ops, current, by, how, &mut etag)
+            .await?
+        {
             // Someone else closed the record first; the copy just put is keyed
             // (keyless records stop at the marker above), so it is a duplicate.
             let why = format!(
@@ -394,15 +387,18 @@ impl Put<'_> {
     async fn close_and_count(
         &self,
         ops: &QueueOps,
-        close: &Entity,
+        current: &PoisonRecord,
+        by: &str,
+        how: Replayed<'_>,
         etag: &mut Etag,
     ) -> OpsResult<Option<String>> {
         let close_then_delete = async {
-            if let Err(why) = merge_open_record(ops, self.row_key, close, etag).await? {
+            let closing = ops.poison.close_replayed(current, by, how, etag).await?;
+            if let Closing::AlreadyClosed(why) = closing {
                 return Ok::<_, OpsError>(Some(why));
             }
             failpoint::hit("replay.after_record");
-            ops.delete_copy(self.rec, self.receipts).await?;
+            ops.poison.delete_copy(self.rec, self.receipts).await?;
             Ok(None)
         };
         let count_on_key = async {
@@ -415,6 +411,10 @@ impl Put<'_> {
         closed
     }
 }
+
+const CHANGED_MEANWHILE: &str =
+    "the record changed while this replay ran (another replay or discard?); \
+     run `poison show` and try again";
 
 const INTERRUPTED_KEYLESS: &str =
     "an earlier replay was interrupted after it may have re-put this keyless job; \

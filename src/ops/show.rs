@@ -20,7 +20,7 @@ pub async fn show(ops: &QueueOps, id: &str) -> OpsResult<ShowReport> {
     let (record, _) = match ops.record(id).await? {
         Some(r) => r,
         None => {
-            ops.scan(None).await?;
+            ops.poison.scan(None).await?;
             ops.record(id).await?.ok_or_else(|| {
                 OpsError::Usage(format!("no poison record {id} for queue {}", ops.queue))
             })?

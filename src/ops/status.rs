@@ -22,13 +22,9 @@ pub async fn status(ops: &QueueOps) -> OpsResult<QueueStatus> {
         Err(StorageError::NotFound) => Some(0),
         Err(e) => return Err(e.into()),
     };
-    let poison_depth = match ops.poison_queue.approximate_count().await {
-        Ok(n) => Some(n),
-        Err(StorageError::NotFound) => Some(0),
-        Err(e) => return Err(e.into()),
-    };
+    let poison_depth = Some(ops.poison.poison_depth().await?);
     // Import raw Functions-host copies first (peek: nothing changes visibility).
-    ops.scan(None).await?;
+    ops.poison.scan(None).await?;
     let open: Vec<PoisonRecord> = ops
         .records()
         .await?

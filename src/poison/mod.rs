@@ -10,12 +10,28 @@
 //! 3. write the copy's id into the record;
 //! 4. (caller) delete the source message.
 //!
+//! [`PoisonStore::write`] is steps 1–3, the only code that writes them;
+//! [`PoisonSink`] is the worker's entry to it.
+//!
 //! A crash between 2 and 3 can leave a stray copy whose id the record does
-//! not name; `aqw poison list/replay` recognise and remove such strays, so
-//! operators only ever see one copy per message.
+//! not name; `aqw poison list/replay` recognise and remove such strays (a
+//! [`PoisonStore::scan`]), so operators only ever see one copy per message.
+//!
+//! Files: [`envelope`] (the poison-queue message and the naming of poison
+//! queues and host-copy records), [`record`] (the row format: columns,
+//! status, the merges that change a record), [`store`] and [`copies`]
+//! (`PoisonStore`: every read and write of records and copies), [`sink`].
 
+pub mod copies;
+pub mod envelope;
 pub mod record;
 pub mod sink;
+pub mod store;
 
-pub use record::{PoisonRecord, RecordStatus};
-pub use sink::{put_creating, PoisonSink};
+pub use copies::{put_creating, Held};
+pub use envelope::{
+    host_record_id, poison_queue_name, PoisonEnvelope, RecordRef, ENVELOPE_VERSION, POISON_SUFFIX,
+};
+pub use record::{PoisonRecord, RecordStatus, Replacement, Replayed};
+pub use sink::PoisonSink;
+pub use store::{Closing, PoisonStore};

@@ -1,9 +1,12 @@
-//! A poison record as stored in the record table: its columns and status.
+//! A poison record as stored in the record table: its row format (columns
+//! and status) and the merges that change it. Only [`super::store`] writes
+//! these rows; it is the one user of the merges below.
 
+use super::envelope::{PoisonEnvelope, ENVELOPE_VERSION};
 use crate::idempotency::now_rfc3339;
 use crate::idempotency::IdempotencyKey;
 use crate::message::MessageEncoding;
-use crate::message::{ErrorInfo, ErrorKind, PoisonEnvelope, ENVELOPE_VERSION};
+use crate::message::{ErrorInfo, ErrorKind};
 use crate::storage::Entity;
 use serde_json::{json, Value};
 
@@ -239,6 +242,16 @@ impl PoisonRecord {
         }
     }
 
+    /// The record's RowKey: the source message id, or `host-<id>` for a raw
+    /// copy the Functions host put on the poison queue.
+    pub(super) fn row_key(&self) -> String {
+        if self.origin == "host" {
+            super::envelope::host_record_id(&self.message_id)
+        } else {
+            self.message_id.clone()
+        }
+    }
+
     pub fn envelope(&self) -> PoisonEnvelope {
         PoisonEnvelope {
             aqw: ENVELOPE_VERSION.into(),
@@ -259,7 +272,7 @@ impl PoisonRecord {
 }
 
 /// The record table's column names: the one place that spells them.
-pub mod col {
+mod col {
     pub const DEQUEUE_COUNT: &str = "DequeueCount";
     pub const DISCARD_REASON: &str = "DiscardReason";
     pub const DISCARDED_AT: &str = "DiscardedAt";
@@ -293,8 +306,31 @@ pub mod col {
     pub const TRACE_PARENT: &str = "TraceParent";
 }
 
+/// How a replay closes a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replayed<'a> {
+    /// The message was re-put to the source queue as `new_message_id`.
+    Reput { new_message_id: &'a str },
+    /// Its key was already done: closed without a re-put (the record's
+    /// replay note says so).
+    KeyAlreadyDone,
+}
+
+/// What `poison fix` put in place of a record, as the record keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replacement<'a> {
+    pub by: &'a str,
+    pub new_message_id: &'a str,
+    pub new_key: Option<&'a str>,
+    /// How many bytes longer (negative: shorter) the corrected payload is.
+    pub size_diff: i64,
+}
+
+/// The replay note of a record closed without a re-put.
+const NOTE_ALREADY_DONE: &str = "already done";
+
 /// The merge that closes a record as discarded.
-pub fn discarded_update(by: &str, reason: &str) -> Entity {
+pub(super) fn discarded_update(by: &str, reason: &str) -> Entity {
     let mut u = Entity::new();
     u.insert(col::STATUS.into(), json!(RecordStatus::Discarded.as_str()));
     u.insert(col::DISCARDED_AT.into(), json!(now_rfc3339()));
@@ -304,53 +340,47 @@ pub fn discarded_update(by: &str, reason: &str) -> Entity {
 }
 
 /// The merge that closes a record as replaced by a corrected message.
-pub fn replaced_update(
-    by: &str,
-    new_message_id: &str,
-    new_key: Option<&str>,
-    size_diff: i64,
-) -> Entity {
+pub(super) fn replaced_update(r: &Replacement<'_>) -> Entity {
     let mut u = Entity::new();
     u.insert(col::STATUS.into(), json!(RecordStatus::Replaced.as_str()));
     u.insert(col::REPLACED_AT.into(), json!(now_rfc3339()));
-    u.insert(col::REPLACED_BY.into(), json!(by));
-    u.insert(col::REPLACEMENT_MESSAGE_ID.into(), json!(new_message_id));
+    u.insert(col::REPLACED_BY.into(), json!(r.by));
+    u.insert(col::REPLACEMENT_MESSAGE_ID.into(), json!(r.new_message_id));
     u.insert(
         col::REPLACEMENT_KEY.into(),
-        json!(new_key.unwrap_or_default()),
+        json!(r.new_key.unwrap_or_default()),
     );
-    u.insert(col::REPLACEMENT_SIZE_DIFF.into(), json!(size_diff));
+    u.insert(col::REPLACEMENT_SIZE_DIFF.into(), json!(r.size_diff));
     u
 }
 
-/// The merge that closes a record as replayed (the new message id and a
-/// note are added by [`with_replay_message_id`] / [`with_replay_note`]).
-pub fn replayed_update(by: &str, replay_count: u32) -> Entity {
+/// The merge that closes a record as replayed, its `replay_count`-th replay.
+pub(super) fn replayed_update(by: &str, replay_count: u32, how: Replayed<'_>) -> Entity {
     let mut u = Entity::new();
     u.insert(col::STATUS.into(), json!(RecordStatus::Replayed.as_str()));
     u.insert(col::REPLAYED_AT.into(), json!(now_rfc3339()));
     u.insert(col::REPLAYED_BY.into(), json!(by));
     u.insert(col::REPLAY_COUNT.into(), json!(replay_count));
+    match how {
+        Replayed::Reput { new_message_id } => {
+            u.insert(col::REPLAY_MESSAGE_ID.into(), json!(new_message_id));
+        }
+        Replayed::KeyAlreadyDone => {
+            u.insert(col::REPLAY_NOTE.into(), json!(NOTE_ALREADY_DONE));
+        }
+    }
     u
 }
 
-pub fn with_replay_message_id(update: &mut Entity, id: &str) {
-    update.insert(col::REPLAY_MESSAGE_ID.into(), json!(id));
-}
-
-pub fn with_replay_note(update: &mut Entity, note: &str) {
-    update.insert(col::REPLAY_NOTE.into(), json!(note));
-}
-
 /// The crash marker a keyless replay sets before it re-puts.
-pub fn replay_started_update() -> Entity {
+pub(super) fn replay_started_update() -> Entity {
     let mut u = Entity::new();
     u.insert(col::REPLAY_STARTED_AT.into(), json!(now_rfc3339()));
     u
 }
 
 /// The merge that names a record's poison-queue copy.
-pub fn copy_update(poison_message_id: &str, pop_receipt: Option<&str>) -> Entity {
+pub(super) fn copy_update(poison_message_id: &str, pop_receipt: Option<&str>) -> Entity {
     let mut u = Entity::new();
     u.insert(col::POISON_MESSAGE_ID.into(), json!(poison_message_id));
     if let Some(r) = pop_receipt {
@@ -370,5 +400,25 @@ mod tests {
         assert!(parts.len() > 1 && parts.iter().all(|p| p.chars().count() <= PART_CHARS));
         assert_eq!(parts.concat(), text);
         assert_eq!(split_parts(""), vec![String::new()]);
+    }
+
+    /// A replay close carries either the new message id or the already-done
+    /// note, never both.
+    #[test]
+    fn a_replay_close_names_the_reput_or_notes_the_done_key() {
+        let reput = replayed_update(
+            "ops",
+            2,
+            Replayed::Reput {
+                new_message_id: "m2",
+            },
+        );
+        assert_eq!(reput[col::REPLAY_MESSAGE_ID], json!("m2"));
+        assert_eq!(reput[col::REPLAY_COUNT], json!(2));
+        assert!(!reput.contains_key(col::REPLAY_NOTE));
+        let done = replayed_update("ops", 1, Replayed::KeyAlreadyDone);
+        assert_eq!(done[col::REPLAY_NOTE], json!(NOTE_ALREADY_DONE));
+        assert_eq!(done[col::STATUS], json!("replayed"));
+        assert!(!done.contains_key(col::REPLAY_MESSAGE_ID));
     }
 }

@@ -1,0 +1,302 @@
+//! The poison-queue side of [`PoisonStore`]: the copies on `<queue>-poison`.
+//! A scan reconciles them with the records (importing raw Functions-host
+//! copies, deleting strays); commands delete a closed record's copy and
+//! release what they held.
+
+use super::envelope::{host_record_id, PoisonEnvelope, ENVELOPE_VERSION};
+use super::record::{PoisonRecord, RecordStatus};
+use super::store::PoisonStore;
+use crate::idempotency::fmt_time;
+use crate::message::{ErrorInfo, ErrorKind};
+use crate::storage::{PutReceipt, QueueStore, StorageError, StorageResult, Ttl};
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::Duration;
+use time::OffsetDateTime;
+
+/// Poison-queue copies a scan received: id → (pop receipt, text). Whatever
+/// the command does not delete is released (visible again) at its end.
+#[derive(Default)]
+pub struct Held(Mutex<HashMap<String, (String, String)>>);
+
+/// One message of the poison queue, as a scan saw it.
+struct ScannedCopy {
+    id: String,
+    /// Set when received (held), not when peeked.
+    receipt: Option<String>,
+    dequeue_count: u32,
+    inserted: OffsetDateTime,
+    text: String,
+}
+
+/// Put on a queue, creating it on first use.
+pub async fn put_creating(
+    queue: &dyn QueueStore,
+    text: &str,
+    ttl: Ttl,
+) -> StorageResult<PutReceipt> {
+    match queue.put(text, Duration::ZERO, ttl).await {
+        Err(StorageError::NotFound) => {
+            queue.create_if_missing().await?;
+            queue.put(text, Duration::ZERO, ttl).await
+        }
+        other => other,
+    }
+}
+
+impl PoisonStore {
+    /// The approximate number of messages on `<queue>-poison` (0 while it
+    /// does not exist).
+    pub async fn poison_depth(&self) -> StorageResult<u64> {
+        match self.poison_queue.approximate_count().await {
+            Err(StorageError::NotFound) => Ok(0),
+            other => other,
+        }
+    }
+
+    /// Read the poison queue and reconcile it with the record table: import
+    /// raw Functions-host copies (and envelopes whose record is missing) as
+    /// records. With `hold`, messages are received (invisible for `hold`) so
+    /// the command gets pop receipts to delete copies with; stray copies (a
+    /// crash between put and record update) and leftover copies of closed
+    /// records are deleted on the way. Without `hold`, only the first 32
+    /// visible messages are peeked and nothing changes visibility.
+    pub async fn scan(&self, hold: Option<Duration>) -> StorageResult<Held> {
+        let mut receipts: HashMap<String, (String, String)> = HashMap::new();
+        let mut known: HashMap<String, PoisonRecord> = self
+            .list()
+            .await?
+            .into_iter()
+            .map(|(r, _)| (r.row_key(), r))
+            .collect();
+        let mut seen = HashSet::new();
+        loop {
+            let Some(batch) = self.scan_batch(hold).await? else {
+                return Ok(Held(Mutex::new(receipts)));
+            };
+            let mut new = 0;
+            for copy in batch {
+                if !seen.insert(copy.id.clone()) {
+                    continue;
+                }
+                new += 1;
+                if let Some(r) = &copy.receipt {
+                    receipts.insert(copy.id.clone(), (r.clone(), copy.text.clone()));
+                }
+                self.reconcile(copy, &mut known, &mut receipts).await?;
+            }
+            if new == 0 || hold.is_none() {
+                break;
+            }
+        }
+        Ok(Held(Mutex::new(receipts)))
+    }
+
+    /// One batch of poison-queue copies: received for `hold`, or peeked.
+    /// `None` when the poison queue does not exist.
+    async fn scan_batch(&self, hold: Option<Duration>) -> StorageResult<Option<Vec<ScannedCopy>>> {
+        let batch: Vec<ScannedCopy> = match hold {
+            Some(h) => match self.poison_queue.receive(32, h).await {
+                Ok(b) => b
+                    .into_iter()
+                    .map(|m| ScannedCopy {
+                        id: m.id,
+                        receipt: Some(m.pop_receipt),
+                        dequeue_count: m.dequeue_count,
+                        inserted: m.insertion_time,
+                        text: m.text,
+                    })
+                    .collect(),
+                Err(StorageError::NotFound) => return Ok(None),
+                Err(e) => return Err(e),
+            },
+            None => match self.poison_queue.peek(32).await {
+                Ok(b) => b
+                    .into_iter()
+                    .map(|m| ScannedCopy {
+                        id: m.id,
+                        receipt: None,
+                        dequeue_count: m.dequeue_count,
+                        inserted: m.insertion_time,
+                        text: m.text,
+                    })
+                    .collect(),
+                Err(StorageError::NotFound) => return Ok(None),
+                Err(e) => return Err(e),
+            },
+        };
+        Ok(Some(batch))
+    }
+
+    /// Reconcile one poison-queue copy with the known records: import it if
+    /// it has no record; delete it (when held) if it is a stray copy or its
+    /// record is closed.
+    async fn reconcile(
+        &self,
+        copy: ScannedCopy,
+        known: &mut HashMap<String, PoisonRecord>,
+        receipts: &mut HashMap<String, (String, String)>,
+    ) -> StorageResult<()> {
+        let ScannedCopy {
+            id,
+            receipt,
+            dequeue_count,
+            inserted,
+            text,
+        } = copy;
+        let (row_key, imported) = match PoisonEnvelope::from_queue_text(&text) {
+            Some(env) => (
+                env.message_id.clone(),
+                PoisonRecord::open(env, "aqw", Some(id.clone())),
+            ),
+            None => (
+                host_record_id(&id),
+                self.host_record(&id, dequeue_count, inserted, &text),
+            ),
+        };
+        match known.get(&row_key) {
+            Some(rec) => {
+                let stray = rec.poison_message_id.as_deref().is_some_and(|p| p != id);
+                if stray || rec.status != RecordStatus::Open {
+                    if let Some(r) = &receipt {
+                        let _ = self.poison_queue.delete(&id, r).await;
+                        receipts.remove(&id);
+                    }
+                }
+            }
+            None => {
+                self.import(&row_key, &imported).await?;
+                known.insert(row_key, imported);
+            }
+        }
+        Ok(())
+    }
+
+    /// The record of a raw copy the Functions host put on the poison queue.
+    fn host_record(
+        &self,
+        id: &str,
+        dequeue_count: u32,
+        inserted: OffsetDateTime,
+        text: &str,
+    ) -> PoisonRecord {
+        let envelope = PoisonEnvelope {
+            aqw: ENVELOPE_VERSION.into(),
+            queue: self.queue.clone(),
+            function: self.function.clone(),
+            message_id: id.to_string(),
+            inserted_at: fmt_time(inserted),
+            dequeue_count,
+            first_attempt_at: String::new(),
+            poisoned_at: fmt_time(inserted),
+            key: None,
+            error: ErrorInfo {
+                kind: ErrorKind::Retryable,
+                message: "copied to the poison queue by the Functions host (no error kept)".into(),
+            },
+            message: Some(text.to_string()),
+            record: None,
+            encoding: self.encoding,
+        };
+        PoisonRecord::open(envelope, "host", Some(id.to_string()))
+    }
+
+    /// Make the copies a scan held but did not delete visible again at once.
+    pub async fn release(&self, held: Held) {
+        let left: Vec<(String, (String, String))> = held
+            .0
+            .into_inner()
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        for (id, (receipt, text)) in left {
+            let _ = self
+                .poison_queue
+                .update_visibility(&id, &receipt, &text, Duration::ZERO)
+                .await;
+        }
+    }
+
+    /// Delete the poison-queue copy of a record (already gone is fine): with
+    /// the pop receipt a scan got, else the one the record kept.
+    pub async fn delete_copy(&self, rec: &PoisonRecord, held: &Held) -> StorageResult<()> {
+        let Some(id) = &rec.poison_message_id else {
+            return Ok(());
+        };
+        let mut tried = Vec::new();
+        if let Some((r, _)) = held.0.lock().unwrap().remove(id) {
+            tried.push(r);
+        }
+        if let Some(r) = &rec.poison_pop_receipt {
+            tried.push(r.clone());
+        }
+        for r in tried {
+            match self.poison_queue.delete(id, &r).await {
+                Ok(()) | Err(StorageError::NotFound) => return Ok(()),
+                Err(StorageError::Http { status: 400, .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Delete `rec`'s copy once a scan has held the poison queue for `hold`
+    /// (so the copy's pop receipt is known), then release what else it held.
+    pub async fn scan_and_delete_copy(
+        &self,
+        rec: &PoisonRecord,
+        hold: Duration,
+    ) -> StorageResult<()> {
+        let held = self.scan(Some(hold)).await?;
+        let deleted = self.delete_copy(rec, &held).await;
+        self.release(held).await;
+        deleted
+    }
+
+    /// The id of a poison-queue copy of source message `message_id`, if one
+    /// is visible. Peeks first (no side effects); a deeper queue is received
+    /// in batches with a short hold, and what was held is released at once.
+    pub(super) async fn find_copy(&self, message_id: &str) -> StorageResult<Option<String>> {
+        let matches = |text: &str| {
+            PoisonEnvelope::from_queue_text(text).is_some_and(|e| e.message_id == message_id)
+        };
+        let peeked = match self.poison_queue.peek(32).await {
+            Ok(p) => p,
+            Err(StorageError::NotFound) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if let Some(m) = peeked.iter().find(|m| matches(&m.text)) {
+            return Ok(Some(m.id.clone()));
+        }
+        if peeked.len() < 32 {
+            return Ok(None);
+        }
+        let mut held = Vec::new();
+        let mut found = None;
+        for _ in 0..64 {
+            let batch = self
+                .poison_queue
+                .receive(32, Duration::from_secs(5))
+                .await?;
+            if batch.is_empty() {
+                break;
+            }
+            for m in batch {
+                if found.is_none() && matches(&m.text) {
+                    found = Some(m.id.clone());
+                }
+                held.push(m);
+            }
+            if found.is_some() {
+                break;
+            }
+        }
+        for m in held {
+            let _ = self
+                .poison_queue
+                .update_visibility(&m.id, &m.pop_receipt, &m.text, Duration::ZERO)
+                .await;
+        }
+        Ok(found)
+    }
+}
