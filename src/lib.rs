@@ -12,13 +12,14 @@
 //!
 //! | rule | file |
 //! |---|---|
-//! | host.json / function.json / environment and `local.settings.json` → a validated config, exit 2 before any I/O | `src/config.rs` |
+//! | host.json / function.json / environment and `local.settings.json` → a validated config, exit 2 before any I/O | `src/config/` (`mod.rs` the ready `AppConfig` and `load`, `raw.rs` serde shapes, `settings.rs` environment, `local.settings.json` and `%name%`, `timespan.rs`, `validate.rs` raw → validated values, `functions.rs` discovery and per-function config) |
 //! | wiring: one runtime per function, storage connected once per setting, queues and tables created | `src/app.rs` |
 //! | the fate of a message as a pure function of its facts (`decide` → `Action`, `Policy` from config); the message-life table as unit tests | `src/decide.rs` |
 //! | carrying actions out: permits before receive, lease renewal, `functionTimeout`, drain on shutdown, one outcome line and counters | `src/worker.rs` |
 //! | retry delay (exponential + jitter, or fixed) and the Functions polling back-off, as pure values | `src/retry.rs` |
 //! | the key from business facts (template / `idempotencyKey` / `none`), `IdempotencyKey` | `src/idempotency/key.rs` |
-//! | key first: claim by insert or `If-Match` take-over, pending → done, attempt history | `src/idempotency/store.rs` |
+//! | key first: claim by insert or `If-Match` take-over, pending → done | `src/idempotency/store.rs` |
+//! | the key record's columns and status, its attempt history | `src/idempotency/record.rs` |
 //! | message encoding (base64/none), the 64 KiB limit, the poison envelope, `<queue>-poison` naming | `src/message.rs` |
 //! | a poison record's table columns, and every update that closes one | `src/poison/record.rs` |
 //! | the one poison path (record → envelope → delete), crash-safe | `src/poison/sink.rs` |
@@ -30,7 +31,8 @@
 //! | logs (text/JSON, secrets scrubbed), metrics, grouped alerts | `src/telemetry.rs` |
 //! | traces: the `aqw.job` span and its steps, W3C context in (`aqw.tracing.parent`, the host's `traceparent`) and out (handlers, `aqw enqueue`), ids on outcome lines | `src/traces/mod.rs` |
 //! | trace exporters chosen by the environment (OTLP/HTTP, Application Insights), bounded and never blocking a job | `src/traces/export.rs` |
-//! | every Azure import, behind `QueueStore` / `TableStore`; the connection types | `src/storage/mod.rs` |
+//! | every Azure import, behind `QueueStore` / `TableStore`; the 7-day visibility limit | `src/storage/mod.rs` |
+//! | the connection types; connection strings and identity-based settings → a `Connection` | `src/storage/connection.rs` |
 //! | queues on `azure_storage_queue` 1.x | `src/storage/azure.rs` |
 //! | our Tables client on the `azure_core` 1.x pipeline | `src/storage/tables.rs` |
 //! | SharedKey / SAS / bearer signing, retries and timeouts in the pipeline | `src/storage/pipeline.rs` |
