@@ -12,15 +12,18 @@
 //!
 //! | rule | file |
 //! |---|---|
-//! | host.json / function.json / environment and `local.settings.json` → a validated config, exit 2 before any I/O | `src/config.rs` |
+//! | host.json / function.json / environment and `local.settings.json` → a validated config, exit 2 before any I/O | `src/config/` (`mod.rs` the ready `AppConfig` and `load`, `raw.rs` serde shapes, `settings.rs` environment, `local.settings.json` and `%name%`, `timespan.rs`, `validate.rs` raw → validated values, `functions.rs` discovery and per-function config) |
 //! | wiring: one runtime per function, storage connected once per setting, queues and tables created | `src/app.rs` |
 //! | the fate of a message as a pure function of its facts, in two typed stages (`next_step` → `NextStep`: claim, run, or settle `WithoutRunning`; `fate` → `Fate` after the attempt; `Policy` from config); the message-life tables as unit tests | `src/decide.rs` |
 //! | the pipeline for one message, for `aqw run` and `aqw serve`: `process` gathers the facts and carries out each stage (`Settle`, the single poison exit), runs the handler (lease renewal, `functionTimeout`, hard stop), one outcome line and counters (`Outcome`) | `src/job/` (`mod.rs` `process`, `settle.rs`, `handler.rs`, `outcome.rs`) |
 //! | `aqw run`: a poll loop per function, permits before receive, back-off, drain on shutdown | `src/worker.rs` |
 //! | retry delay (exponential + jitter, or fixed) and the Functions polling back-off, as pure values | `src/retry.rs` |
+//! | idempotency: the key table's layout (RowKey = SHA-256 of the key) and the module's exports | `src/idempotency/mod.rs` |
 //! | the key from business facts (template / `idempotencyKey` / `none`), `IdempotencyKey` | `src/idempotency/key.rs` |
-//! | key first: claim by insert or `If-Match` take-over, pending → done, attempt history | `src/idempotency/store.rs` |
+//! | key first: claim by insert or `If-Match` take-over, pending → done | `src/idempotency/store.rs` |
+//! | the key record's columns and status, its attempt history | `src/idempotency/record.rs` |
 //! | message encoding (base64/none), the 64 KiB limit, the kind and text of the error that poisons a message | `src/message.rs` |
+//! | the poison path's write order, stated once, and the module's exports | `src/poison/mod.rs` |
 //! | the poison envelope, `<queue>-poison` naming, the record id of a host copy | `src/poison/envelope.rs` |
 //! | a poison record's table columns, and every update that closes one | `src/poison/record.rs` |
 //! | `PoisonStore`: every read and write of poison records (list, find, close as replayed / replaced / discarded, the replay crash marker) and the crash-safe write order (record → copy → copy named) | `src/poison/store.rs` |
@@ -35,7 +38,8 @@
 //! | the poison alert: one line per record, one webhook POST per queue and window, grouped by cause | `src/telemetry/alerts.rs` |
 //! | traces: the `aqw.job` span and its steps, W3C context in (`aqw.tracing.parent`, the host's `traceparent`) and out (handlers, `aqw enqueue`), ids on outcome lines | `src/traces/mod.rs` |
 //! | trace exporters chosen by the environment (OTLP/HTTP, Application Insights), bounded and never blocking a job | `src/traces/export.rs` |
-//! | every Azure import, behind `QueueStore` / `TableStore`; the connection types | `src/storage/mod.rs` |
+//! | every Azure import, behind `QueueStore` / `TableStore`; the 7-day visibility limit | `src/storage/mod.rs` |
+//! | the connection types; connection strings and identity-based settings → a `Connection` | `src/storage/connection.rs` |
 //! | queues on `azure_storage_queue` 1.x | `src/storage/azure.rs` |
 //! | our Tables client on the `azure_core` 1.x pipeline | `src/storage/tables.rs` |
 //! | SharedKey / SAS / bearer signing, retries and timeouts in the pipeline | `src/storage/pipeline.rs` |

@@ -14,9 +14,9 @@ pub enum RetryStrategy {
     Fixed { delay: Duration },
 }
 
-/// The longest visibility delay the service accepts (7 days): no retry or
-/// deferral hides a message for longer.
-pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(7 * 24 * 3600);
+/// No retry or deferral hides a message for longer than the service's
+/// longest visibility timeout (7 days, named once in `storage`).
+pub use crate::storage::MAX_VISIBILITY_TIMEOUT as MAX_RETRY_DELAY;
 
 /// Delay before attempt `failed_attempts + 1` after `failed_attempts` failures.
 ///

@@ -228,3 +228,89 @@ pub fn derive_key(spec: &KeySpec, payload: &str) -> Result<Option<IdempotencyKey
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    #[test]
+    fn template_renders_pointers() {
+        let t = KeyTemplate::parse("credits:{/accountId}:{/period}").unwrap();
+        let k = t
+            .render(&json!({"accountId": "a1", "period": 202611}))
+            .unwrap();
+        assert_eq!(k.as_str(), "credits:a1:202611");
+        let t = KeyTemplate::parse("x{{y}}:{/a/b}").unwrap();
+        assert_eq!(
+            t.render(&json!({"a": {"b": "z"}})).unwrap().as_str(),
+            "x{y}:z"
+        );
+    }
+
+    #[test]
+    fn template_names_the_missing_field() {
+        let t = KeyTemplate::parse("receipt:{/orderId}").unwrap();
+        let e = t.render(&json!({"other": 1})).unwrap_err();
+        assert!(e.contains("/orderId"), "{e}");
+        assert!(t.render(&json!({"orderId": ""})).is_err());
+        assert!(t.render(&json!({"orderId": null})).is_err());
+        assert!(t.render(&json!({"orderId": {"x": 1}})).is_err());
+    }
+
+    #[test]
+    fn per_attempt_templates_are_rejected() {
+        for bad in [
+            "r:{messageId}",
+            "r:{/a}:{dequeueCount}",
+            "r:{now}",
+            "r:{random}",
+            "r:{uuid}",
+            "r:{sys.RandGuid}",
+        ] {
+            assert!(KeyTemplate::parse(bad).is_err(), "{bad}");
+        }
+        assert!(KeyTemplate::parse("constant")
+            .unwrap_err()
+            .contains("share one key"));
+        assert!(KeyTemplate::parse("r:{/a").is_err());
+        assert!(KeyTemplate::parse("r:/a}").is_err());
+    }
+
+    #[test]
+    fn row_keys_distinguish_long_keys() {
+        let a = IdempotencyKey::new(format!("{}a", "x".repeat(600))).unwrap();
+        let b = IdempotencyKey::new(format!("{}b", "x".repeat(600))).unwrap();
+        assert_ne!(a.row_key(), b.row_key());
+        assert_eq!(a.row_key().len(), 64);
+        assert!(a.partition_key("F").starts_with("F-"));
+    }
+
+    proptest! {
+        #[test]
+        fn same_payload_same_key(order in "[a-zA-Z0-9 /#?'\"😀]{1,40}", period in 0u32..1_000_000) {
+            let t = KeyTemplate::parse("receipt:{/orderId}:{/period}").unwrap();
+            let p = json!({"orderId": order, "period": period});
+            let k1 = t.render(&p).unwrap();
+            let k2 = t.render(&p.clone()).unwrap();
+            prop_assert_eq!(&k1, &k2);
+            prop_assert_eq!(k1.row_key(), k2.row_key());
+        }
+
+        #[test]
+        fn key_ignores_everything_but_the_pointed_fields(order in "[a-z0-9]{1,20}", noise in any::<u64>()) {
+            // The template sees only the payload; extra fields (or anything a
+            // message carries around it) cannot change the key.
+            let t = KeyTemplate::parse("r:{/orderId}").unwrap();
+            let a = t.render(&json!({"orderId": order})).unwrap();
+            let b = t.render(&json!({"orderId": order, "attempt": noise, "ts": noise.to_string()})).unwrap();
+            prop_assert_eq!(a, b);
+        }
+
+        #[test]
+        fn template_parser_never_panics(s in "\\PC{0,60}") {
+            let _ = KeyTemplate::parse(&s);
+        }
+    }
+}

@@ -1,5 +1,6 @@
-//! Idempotency: keys derived from business facts ([`key`]), and the claim
-//! protocol over Table Storage ([`store`]).
+//! Idempotency: keys derived from business facts ([`key`]), the key record
+//! and its attempt history ([`record`]), and the claim protocol over Table
+//! Storage ([`store`]).
 //!
 //! One record per key, RowKey = hex SHA-256 of the key (any key text is safe),
 //! created *pending* before the handler runs (key first), marked *done* before
@@ -8,7 +9,9 @@
 //! so exactly one worker holds a key at a time.
 
 pub mod key;
+pub mod record;
 pub mod store;
 
 pub use key::{derive_key, IdempotencyKey, KeySpec, KeyTemplate};
+pub use record::*;
 pub use store::*;

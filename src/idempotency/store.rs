@@ -1,171 +1,17 @@
-//! The claim protocol over Table Storage: one record per key, pending →
-//! done, with its attempt history.
+//! The claim protocol over Table Storage: one record per key ([`super::record`]),
+//! claimed by insert or `If-Match` take-over, pending → done.
 
 use super::key::IdempotencyKey;
+use super::record::{
+    abandoned_attempt, cap_error, fmt_time, history_with, now_rfc3339, parse_history, short_error,
+    Attempt, KeyRecord, KeyStatus,
+};
 use crate::storage::{Entity, Etag, StorageError, StorageResult, TableOp, TableStore};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
-use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use uuid::Uuid;
-
-/// Key status in the table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KeyStatus {
-    Pending,
-    Done,
-    Poisoned,
-    /// Closed by an operator (`poison discard --close-key`): the job must
-    /// never run, so any later delivery is settled as a duplicate.
-    Cancelled,
-}
-
-impl KeyStatus {
-    fn parse(s: &str) -> Self {
-        match s {
-            "done" => KeyStatus::Done,
-            "poisoned" => KeyStatus::Poisoned,
-            "cancelled" => KeyStatus::Cancelled,
-            _ => KeyStatus::Pending,
-        }
-    }
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KeyStatus::Pending => "pending",
-            KeyStatus::Done => "done",
-            KeyStatus::Poisoned => "poisoned",
-            KeyStatus::Cancelled => "cancelled",
-        }
-    }
-
-    /// Nothing will run for this key again: done, or closed by an operator.
-    pub fn is_settled(self) -> bool {
-        matches!(self, KeyStatus::Done | KeyStatus::Cancelled)
-    }
-}
-
-/// How many attempts a key record remembers (the newest are kept).
-pub const HISTORY_LEN: usize = 10;
-/// Each remembered error is cut to this many bytes (the full last error is
-/// on the poison record).
-const HISTORY_ERROR_MAX: usize = 300;
-
-/// One attempt at a key's job, kept on the key record (`History` column,
-/// JSON, newest last, at most [`HISTORY_LEN`]).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Attempt {
-    pub at: String,
-    pub message_id: String,
-    pub dequeue_count: u32,
-    /// `completed`, `retried`, `poisoned` or `released`.
-    pub outcome: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// The attempt ended without knowing whether the effect happened (a
-    /// timeout, a connection lost after the request was sent, a 5xx after
-    /// the provider took the body): the provider key is what keeps a retry
-    /// from doubling it.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub may_have_taken_effect: bool,
-}
-
-fn parse_history(text: Option<&str>) -> Vec<Attempt> {
-    text.and_then(|t| serde_json::from_str(t).ok())
-        .unwrap_or_default()
-}
-
-/// The history with `attempt` appended, as the column's JSON text.
-fn history_with(history: &[Attempt], attempt: Attempt) -> String {
-    let mut all: Vec<Attempt> = history.to_vec();
-    all.push(attempt);
-    let skip = all.len().saturating_sub(HISTORY_LEN);
-    serde_json::to_string(&all[skip..]).unwrap_or_else(|_| "[]".into())
-}
-
-fn short_error(error: &str) -> String {
-    scrubbed_and_cut(error, HISTORY_ERROR_MAX, "…")
-}
-
-/// `text` scrubbed of secrets and cut to `max` bytes (on a character
-/// boundary), with `marker` saying it was cut.
-fn scrubbed_and_cut(text: &str, max: usize, marker: &str) -> String {
-    let s = crate::telemetry::scrub(text);
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{marker}", &s[..end])
-}
-
-/// The idempotency record of one key, as stored.
-#[derive(Debug, Clone, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct KeyRecord {
-    pub key: String,
-    pub function: String,
-    pub status: KeyStatus,
-    pub provider_key: String,
-    pub attempts: u32,
-    pub last_error: Option<String>,
-    pub lease_owner: Option<String>,
-    pub lease_until: Option<String>,
-    pub message_id: Option<String>,
-    pub first_seen: Option<String>,
-    pub completed_at: Option<String>,
-    pub replay_count: u32,
-    /// Who closed the key (`poison discard --close-key`), when and why.
-    pub cancelled_by: Option<String>,
-    pub cancelled_at: Option<String>,
-    pub cancel_reason: Option<String>,
-    /// The last [`HISTORY_LEN`] attempts, oldest first.
-    pub history: Vec<Attempt>,
-    pub partition_key: String,
-    pub row_key: String,
-}
-
-impl KeyRecord {
-    fn from_entity(pk: &str, rk: &str, e: &Entity) -> Self {
-        let s = |k: &str| {
-            e.get(k)
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-        };
-        let n = |k: &str| e.get(k).and_then(Value::as_u64).unwrap_or(0) as u32;
-        KeyRecord {
-            key: s("Key").unwrap_or_default(),
-            function: s("Function").unwrap_or_default(),
-            status: KeyStatus::parse(&s("Status").unwrap_or_default()),
-            provider_key: s("ProviderKey").unwrap_or_default(),
-            attempts: n("Attempts"),
-            last_error: s("LastError"),
-            lease_owner: s("LeaseOwner"),
-            lease_until: s("LeaseUntil"),
-            message_id: s("MessageId"),
-            first_seen: s("FirstSeen"),
-            completed_at: s("CompletedAt"),
-            replay_count: n("ReplayCount"),
-            cancelled_by: s("CancelledBy"),
-            cancelled_at: s("CancelledAt"),
-            cancel_reason: s("CancelReason"),
-            history: parse_history(e.get("History").and_then(Value::as_str)),
-            partition_key: pk.to_string(),
-            row_key: rk.to_string(),
-        }
-    }
-
-    /// The end of a live lease held on the key, if any.
-    pub fn lease_live(&self, now: OffsetDateTime) -> Option<OffsetDateTime> {
-        let until = OffsetDateTime::parse(self.lease_until.as_deref()?, &Rfc3339).ok()?;
-        (until > now && self.lease_owner.is_some()).then_some(until)
-    }
-}
 
 /// A key this worker holds: what the handler needs and what finishing needs.
 #[derive(Debug, Clone)]
@@ -250,25 +96,6 @@ impl ClaimRequest<'_> {
     }
 }
 
-/// The history entry for a holder that vanished with its lease.
-fn abandoned_attempt(rec: &KeyRecord) -> Attempt {
-    // Lease owners are `<worker>/<message id>/<dequeue count>`.
-    let dc = rec
-        .lease_owner
-        .as_deref()
-        .and_then(|o| o.rsplit('/').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
-    Attempt {
-        at: rec.lease_until.clone().unwrap_or_default(),
-        message_id: rec.message_id.clone().unwrap_or_default(),
-        dequeue_count: dc,
-        outcome: "abandoned".into(),
-        error: Some("the attempt ended without a result (crash, kill or lost storage)".into()),
-        may_have_taken_effect: true,
-    }
-}
-
 impl ClaimedKey {
     /// This attempt, as a history entry.
     fn attempt(&self, outcome: &str, error: Option<&str>, uncertain: bool) -> Attempt {
@@ -304,14 +131,6 @@ pub enum FinishError {
     Storage(#[from] StorageError),
     #[error("lost the key's lease to another worker before finishing")]
     LeaseLost,
-}
-
-pub(crate) fn now_rfc3339() -> String {
-    fmt_time(OffsetDateTime::now_utc())
-}
-
-pub(crate) fn fmt_time(t: OffsetDateTime) -> String {
-    t.format(&Rfc3339).unwrap_or_default()
 }
 
 /// The idempotency table.
@@ -387,58 +206,71 @@ impl KeyStore {
             message_id,
             dequeue_count,
         };
-        let (pk, rk) = (&req.partition_key, &req.row_key);
         for _ in 0..5 {
-            let provider_key = Uuid::new_v4().to_string();
-            match self
-                .table
-                .insert(pk, rk, &req.fresh_entity(&provider_key))
-                .await
-            {
-                Ok(etag) => {
-                    let first_seen = Some(fmt_time(now));
-                    return Ok(NextAction::Run(req.claimed(
-                        etag,
-                        provider_key,
-                        1,
-                        first_seen,
-                        vec![],
-                    )));
-                }
-                Err(StorageError::Conflict) => {}
-                // The table is gone (deleted, or an in-memory emulator restarted):
-                // recreate it and claim again rather than give the message up.
-                Err(StorageError::NotFound) => {
-                    self.table.create_if_missing().await?;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            }
-            let Some((entity, etag)) = self.table.get(pk, rk).await? else {
-                continue; // deleted in between: insert again
-            };
-            let rec = KeyRecord::from_entity(pk, rk, &entity);
-            if rec.status.is_settled() {
-                return Ok(NextAction::AlreadyDone);
-            }
-            if rec.lease_owner.as_deref() == Some(lease_owner) {
-                // Our own write landed (an SDK-level retry then saw 409/412).
-                let (attempts, first, history) = (rec.attempts, rec.first_seen, rec.history);
-                let mut c = req.claimed(etag, rec.provider_key, attempts, first, history);
-                c.previously_pending = attempts > 1;
-                return Ok(NextAction::Run(c));
-            }
-            if let Some(until) = rec.lease_live(now) {
-                return Ok(NextAction::HeldElsewhere { until });
-            }
-            if let Some(c) = self.take_over(&req, rec, etag).await? {
-                return Ok(NextAction::Run(c));
+            if let Some(next) = self.claim_round(&req).await? {
+                return Ok(next);
             }
         }
         // Five rounds of losing races: someone else is active on this key.
         Ok(NextAction::HeldElsewhere {
             until: now + Duration::from_secs(1),
         })
+    }
+
+    /// One round of a claim: insert a fresh record, or decide on the one
+    /// already there. `None` when a race was lost and the round must be tried
+    /// again.
+    async fn claim_round(&self, req: &ClaimRequest<'_>) -> StorageResult<Option<NextAction>> {
+        let (pk, rk) = (&req.partition_key, &req.row_key);
+        let provider_key = Uuid::new_v4().to_string();
+        match self
+            .table
+            .insert(pk, rk, &req.fresh_entity(&provider_key))
+            .await
+        {
+            Ok(etag) => {
+                let first_seen = Some(fmt_time(req.now));
+                let claim = req.claimed(etag, provider_key, 1, first_seen, vec![]);
+                return Ok(Some(NextAction::Run(claim)));
+            }
+            Err(StorageError::Conflict) => {}
+            // The table is gone (deleted, or an in-memory emulator restarted):
+            // recreate it and claim again rather than give the message up.
+            Err(StorageError::NotFound) => {
+                self.table.create_if_missing().await?;
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        }
+        let Some((entity, etag)) = self.table.get(pk, rk).await? else {
+            return Ok(None); // deleted in between: insert again
+        };
+        let rec = KeyRecord::from_entity(pk, rk, &entity);
+        self.claim_existing(req, rec, etag).await
+    }
+
+    /// The claim of a key that already has a record: settled, ours, held
+    /// elsewhere, or free to take over (`None` when the take-over lost a race).
+    async fn claim_existing(
+        &self,
+        req: &ClaimRequest<'_>,
+        rec: KeyRecord,
+        etag: Etag,
+    ) -> StorageResult<Option<NextAction>> {
+        if rec.status.is_settled() {
+            return Ok(Some(NextAction::AlreadyDone));
+        }
+        if rec.lease_owner.as_deref() == Some(req.owner) {
+            // Our own write landed (an SDK-level retry then saw 409/412).
+            let (attempts, first, history) = (rec.attempts, rec.first_seen, rec.history);
+            let mut c = req.claimed(etag, rec.provider_key, attempts, first, history);
+            c.previously_pending = attempts > 1;
+            return Ok(Some(NextAction::Run(c)));
+        }
+        if let Some(until) = rec.lease_live(req.now) {
+            return Ok(Some(NextAction::HeldElsewhere { until }));
+        }
+        Ok(self.take_over(req, rec, etag).await?.map(NextAction::Run))
     }
 
     /// Take over a free key (released, or its lease expired), keeping its
@@ -731,125 +563,6 @@ impl KeyStore {
                 }
             }
             Err(e) => Err(e.into()),
-        }
-    }
-}
-
-/// Errors are capped before they are stored (Table string properties hold 64 KiB).
-pub fn cap_error(s: &str) -> String {
-    scrubbed_and_cut(s, 4096, "… [truncated]")
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::idempotency::key::KeyTemplate;
-    #[test]
-    fn history_keeps_the_newest_attempts_with_short_scrubbed_errors() {
-        let attempt = |n: u32| Attempt {
-            at: format!("t{n}"),
-            message_id: "m".into(),
-            dequeue_count: n,
-            outcome: "retried".into(),
-            error: Some(short_error(&format!(
-                "GET https://a.queue.core.windows.net/q?sv=1&sig=secret{n} {}",
-                "x".repeat(1000)
-            ))),
-            may_have_taken_effect: n.is_multiple_of(2),
-        };
-        let mut h: Vec<Attempt> = vec![];
-        for n in 1..=HISTORY_LEN as u32 + 3 {
-            h = parse_history(Some(&history_with(&h, attempt(n))));
-        }
-        assert_eq!(h.len(), HISTORY_LEN);
-        assert_eq!(h[0].dequeue_count, 4, "the oldest three dropped");
-        assert_eq!(h.last().unwrap().dequeue_count, HISTORY_LEN as u32 + 3);
-        let e = h[0].error.as_deref().unwrap();
-        assert!(
-            e.len() <= HISTORY_ERROR_MAX + 3 && !e.contains("secret"),
-            "{e}"
-        );
-        assert!(parse_history(Some("not json")).is_empty());
-    }
-
-    use super::*;
-    use proptest::prelude::*;
-
-    #[test]
-    fn template_renders_pointers() {
-        let t = KeyTemplate::parse("credits:{/accountId}:{/period}").unwrap();
-        let k = t
-            .render(&json!({"accountId": "a1", "period": 202611}))
-            .unwrap();
-        assert_eq!(k.as_str(), "credits:a1:202611");
-        let t = KeyTemplate::parse("x{{y}}:{/a/b}").unwrap();
-        assert_eq!(
-            t.render(&json!({"a": {"b": "z"}})).unwrap().as_str(),
-            "x{y}:z"
-        );
-    }
-
-    #[test]
-    fn template_names_the_missing_field() {
-        let t = KeyTemplate::parse("receipt:{/orderId}").unwrap();
-        let e = t.render(&json!({"other": 1})).unwrap_err();
-        assert!(e.contains("/orderId"), "{e}");
-        assert!(t.render(&json!({"orderId": ""})).is_err());
-        assert!(t.render(&json!({"orderId": null})).is_err());
-        assert!(t.render(&json!({"orderId": {"x": 1}})).is_err());
-    }
-
-    #[test]
-    fn per_attempt_templates_are_rejected() {
-        for bad in [
-            "r:{messageId}",
-            "r:{/a}:{dequeueCount}",
-            "r:{now}",
-            "r:{random}",
-            "r:{uuid}",
-            "r:{sys.RandGuid}",
-        ] {
-            assert!(KeyTemplate::parse(bad).is_err(), "{bad}");
-        }
-        assert!(KeyTemplate::parse("constant")
-            .unwrap_err()
-            .contains("share one key"));
-        assert!(KeyTemplate::parse("r:{/a").is_err());
-        assert!(KeyTemplate::parse("r:/a}").is_err());
-    }
-
-    #[test]
-    fn row_keys_distinguish_long_keys() {
-        let a = IdempotencyKey::new(format!("{}a", "x".repeat(600))).unwrap();
-        let b = IdempotencyKey::new(format!("{}b", "x".repeat(600))).unwrap();
-        assert_ne!(a.row_key(), b.row_key());
-        assert_eq!(a.row_key().len(), 64);
-        assert!(a.partition_key("F").starts_with("F-"));
-    }
-
-    proptest! {
-        #[test]
-        fn same_payload_same_key(order in "[a-zA-Z0-9 /#?'\"😀]{1,40}", period in 0u32..1_000_000) {
-            let t = KeyTemplate::parse("receipt:{/orderId}:{/period}").unwrap();
-            let p = json!({"orderId": order, "period": period});
-            let k1 = t.render(&p).unwrap();
-            let k2 = t.render(&p.clone()).unwrap();
-            prop_assert_eq!(&k1, &k2);
-            prop_assert_eq!(k1.row_key(), k2.row_key());
-        }
-
-        #[test]
-        fn key_ignores_everything_but_the_pointed_fields(order in "[a-z0-9]{1,20}", noise in any::<u64>()) {
-            // The template sees only the payload; extra fields (or anything a
-            // message carries around it) cannot change the key.
-            let t = KeyTemplate::parse("r:{/orderId}").unwrap();
-            let a = t.render(&json!({"orderId": order})).unwrap();
-            let b = t.render(&json!({"orderId": order, "attempt": noise, "ts": noise.to_string()})).unwrap();
-            prop_assert_eq!(a, b);
-        }
-
-        #[test]
-        fn template_parser_never_panics(s in "\\PC{0,60}") {
-            let _ = KeyTemplate::parse(&s);
         }
     }
 }

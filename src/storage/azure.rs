@@ -159,7 +159,7 @@ fn clamp_secs(d: Duration) -> i32 {
     // The service takes whole seconds; round sub-second delays up so a retry
     // delay of 0.5 s does not become "visible now".
     let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
-    secs.min(7 * 24 * 3600) as i32
+    secs.min(super::MAX_VISIBILITY_TIMEOUT.as_secs()) as i32
 }
 
 fn missing(what: &str) -> StorageError {

@@ -8,7 +8,9 @@
 //! * [`pipeline`]: the shared `azure_core` 1.x transport, retry options, and
 //!   the SharedKey / SAS authorization policies;
 //! * [`identity`]: Entra ID credentials (`azure_identity` 1.x) and the order
-//!   they are tried in.
+//!   they are tried in;
+//! * [`connection`]: connection strings and identity-based settings → a
+//!   [`Connection`].
 //!
 //! Queue and table behaviour is proven against Azurite in `tests/`, never on a fake.
 
@@ -17,13 +19,20 @@ pub mod identity;
 pub mod pipeline;
 pub mod tables;
 
-mod connection;
+pub mod connection;
 use async_trait::async_trait;
-pub use connection::{Connection, Credentials, Secret, DEV_ACCOUNT, DEV_KEY};
+pub use connection::{
+    parse_connection_string, resolve_connection, table_endpoint_for, Connection, Credentials,
+    Secret, DEV_ACCOUNT, DEV_KEY,
+};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 use std::time::Duration;
 use time::OffsetDateTime;
+
+/// The longest a queue message can stay invisible (a visibility timeout or
+/// a retry delay): Queue Storage takes at most 7 days.
+pub const MAX_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// A table entity's properties (without PartitionKey/RowKey/odata metadata).
 pub type Entity = Map<String, Value>;

@@ -162,30 +162,57 @@ fn reqwest_method(m: Method) -> reqwest::Method {
 impl HttpClient for CountingTransport {
     async fn execute_request(&self, request: &Request) -> azure_core::Result<AsyncRawResponse> {
         let op = operation_name(request.method(), request.url());
+        let req = self.reqwest_request(request)?;
+        let span = storage_span(request.method(), op, request.url());
+        let result = req.send().instrument(span.clone()).await;
+        self.record_outcome(op, &span, &result);
+        let rsp = result.map_err(|e| {
+            // reqwest's error text names the URL, which can carry a SAS:
+            // keep the cause chain without it.
+            let kind = if e.is_connect() {
+                ErrorKind::Connection
+            } else {
+                ErrorKind::Io
+            };
+            let e = e.without_url();
+            Error::with_message(kind, crate::telemetry::scrub(&error_chain(&e)))
+        })?;
+        read_response(rsp).await
+    }
+}
+
+impl CountingTransport {
+    /// The pipeline's request as a reqwest request: method, URL, headers, body.
+    fn reqwest_request(&self, request: &Request) -> azure_core::Result<reqwest::RequestBuilder> {
         let mut req = self
             .client
             .request(reqwest_method(request.method()), request.url().clone());
         for (name, value) in request.headers().iter() {
             req = req.header(name.as_str(), value.as_str());
         }
-        let req = match request.body() {
-            Body::Bytes(b) => req.body(b.clone()),
+        match request.body() {
+            Body::Bytes(b) => Ok(req.body(b.clone())),
             #[allow(unreachable_patterns)]
-            _ => {
-                return Err(Error::with_message(
-                    ErrorKind::Other,
-                    "streamed request bodies are not used by aqw",
-                ))
-            }
-        };
-        let span = storage_span(request.method(), op, request.url());
-        let result = req.send().instrument(span.clone()).await;
-        let status = match &result {
+            _ => Err(Error::with_message(
+                ErrorKind::Other,
+                "streamed request bodies are not used by aqw",
+            )),
+        }
+    }
+
+    /// One sent request on its span, in the metrics and in the per-operation counts.
+    fn record_outcome(
+        &self,
+        op: &'static str,
+        span: &tracing::Span,
+        result: &Result<reqwest::Response, reqwest::Error>,
+    ) {
+        let status = match result {
             Ok(r) => r.status().as_u16().to_string(),
             Err(_) => "error".to_string(),
         };
         if !span.is_none() {
-            match &result {
+            match result {
                 Ok(r) => {
                     span.record("http.response.status_code", r.status().as_u16());
                     if r.status().as_u16() >= 400 {
@@ -206,39 +233,32 @@ impl HttpClient for CountingTransport {
             .unwrap()
             .entry(op.to_string())
             .or_default() += 1;
-        let rsp = result.map_err(|e| {
-            // reqwest's error text names the URL, which can carry a SAS:
-            // keep the cause chain without it.
-            let kind = if e.is_connect() {
-                ErrorKind::Connection
-            } else {
-                ErrorKind::Io
-            };
-            let e = e.without_url();
-            Error::with_message(kind, crate::telemetry::scrub(&error_chain(&e)))
-        })?;
-        let status = rsp.status().as_u16();
-        let mut headers = HashMap::new();
-        for (k, v) in rsp.headers() {
-            if let Ok(v) = v.to_str() {
-                headers.insert(
-                    HeaderName::from(k.as_str().to_owned()),
-                    HeaderValue::from(v.to_owned()),
-                );
-            }
-        }
-        // Storage answers are small (at most 32 messages of 64 KiB): read
-        // the whole body here, where a read error still counts as I/O.
-        let body = rsp.bytes().await.map_err(|e| {
-            let e = e.without_url();
-            Error::with_message(ErrorKind::Io, crate::telemetry::scrub(&error_chain(&e)))
-        })?;
-        Ok(AsyncRawResponse::from_bytes(
-            status.into(),
-            Headers::from(headers),
-            body,
-        ))
     }
+}
+
+/// A reqwest response as the pipeline's: status, the headers that are text, the body.
+async fn read_response(rsp: reqwest::Response) -> azure_core::Result<AsyncRawResponse> {
+    let status = rsp.status().as_u16();
+    let mut headers = HashMap::new();
+    for (k, v) in rsp.headers() {
+        if let Ok(v) = v.to_str() {
+            headers.insert(
+                HeaderName::from(k.as_str().to_owned()),
+                HeaderValue::from(v.to_owned()),
+            );
+        }
+    }
+    // Storage answers are small (at most 32 messages of 64 KiB): read
+    // the whole body here, where a read error still counts as I/O.
+    let body = rsp.bytes().await.map_err(|e| {
+        let e = e.without_url();
+        Error::with_message(ErrorKind::Io, crate::telemetry::scrub(&error_chain(&e)))
+    })?;
+    Ok(AsyncRawResponse::from_bytes(
+        status.into(),
+        Headers::from(headers),
+        body,
+    ))
 }
 
 pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {

@@ -1,0 +1,372 @@
+//! Function discovery: `<Function>/function.json` folders and
+//! `aqw.functions` entries, each made one [`FunctionConfig`] (or skipped,
+//! with the reason).
+
+use super::raw::{RawAqw, RawFunction, RawFunctionJson, RawHandler};
+use super::settings::{disabled_by_setting, resolve_app_settings, resolve_connection, truthy, Env};
+use super::timespan::opt_timespan;
+use super::validate::{parse_http_url, validate_function_name, validate_queue_name};
+use super::{ConfigError, FunctionConfig, HandlerSpec, KeySpec, SkippedFunction};
+use crate::idempotency::KeyTemplate;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+/// Every function: folders with function.json, plus `aqw.functions` entries;
+/// disabled and non-queue functions come back as skipped.
+pub(super) fn functions(
+    app_dir: &Path,
+    host_file: &str,
+    raw_aqw: &RawAqw,
+    env: &dyn Env,
+) -> Result<(Vec<FunctionConfig>, Vec<SkippedFunction>), ConfigError> {
+    let f = |field: &str, msg: String| ConfigError::new(host_file, field, msg);
+    // Functions: folders with function.json, plus aqw.functions entries.
+    let (folder_functions, mut skipped) = scan_function_folders(app_dir, env)?;
+    let mut names: Vec<String> = folder_functions.keys().cloned().collect();
+    for name in raw_aqw.functions.keys() {
+        if let Some(s) = skipped
+            .iter()
+            .find(|s| &s.name == name && !s.reason.starts_with("disabled"))
+        {
+            return Err(f(
+                &format!("aqw.functions.{name}"),
+                format!("configures a function aqw cannot run: {}", s.reason),
+            ));
+        }
+        if !names.contains(name) && !skipped.iter().any(|s| &s.name == name) {
+            names.push(name.clone());
+        }
+    }
+    names.sort();
+    let mut functions = Vec::new();
+    let empty = RawFunction::default();
+    for name in names {
+        if disabled_by_setting(&name, env) {
+            skipped.push(SkippedFunction {
+                name,
+                reason: "disabled by app setting AzureWebJobs.<Function>.Disabled".into(),
+            });
+            continue;
+        }
+        let raw = raw_aqw.functions.get(&name).unwrap_or(&empty);
+        let folder = folder_functions.get(&name);
+        functions.push(function_config(name, raw, folder, host_file, env)?);
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for func in &functions {
+        if !seen.insert(func.queue.clone()) {
+            return Err(f(
+                &format!("aqw.functions.{}.queue", func.name),
+                format!("queue \"{}\" is consumed by two functions", func.queue),
+            ));
+        }
+    }
+
+    Ok((functions, skipped))
+}
+
+/// `aqw.functions.<name>.handler`.
+fn handler_spec(
+    raw: Option<&RawHandler>,
+    host_file: &str,
+    path: &str,
+) -> Result<HandlerSpec, ConfigError> {
+    let f = |field: &str, msg: String| ConfigError::new(host_file, field, msg);
+    Ok(match raw {
+        None => HandlerSpec::Registered,
+        Some(RawHandler::Http { url, timeout }) => HandlerSpec::Http {
+            url: parse_http_url(url).map_err(|m| f(&format!("{path}.handler.url"), m))?,
+            timeout: opt_timespan(host_file, &format!("{path}.handler.timeout"), timeout)?
+                .unwrap_or(Duration::from_secs(30)),
+        },
+        Some(RawHandler::Exec { command, timeout }) => {
+            if command.is_empty() || command[0].is_empty() {
+                return Err(f(
+                    &format!("{path}.handler.command"),
+                    "must name a program".into(),
+                ));
+            }
+            HandlerSpec::Exec {
+                command: command.clone(),
+                timeout: opt_timespan(host_file, &format!("{path}.handler.timeout"), timeout)?,
+            }
+        }
+    })
+}
+
+/// One function's config from its `aqw.functions` entry and its folder.
+fn function_config(
+    name: String,
+    raw: &RawFunction,
+    folder: Option<&FolderBinding>,
+    host_file: &str,
+    env: &dyn Env,
+) -> Result<FunctionConfig, ConfigError> {
+    let f = |field: &str, msg: String| ConfigError::new(host_file, field, msg);
+    let path = format!("aqw.functions.{name}");
+    validate_function_name(&name).map_err(|m| f(&path, m))?;
+    let binding = queue_binding(&name, raw, folder, host_file, env)?;
+    validate_queue_name(&binding.queue).map_err(|m| f(&format!("{path}.queue"), m))?;
+    let connection_name = raw
+        .connection
+        .clone()
+        .or(binding.connection)
+        .unwrap_or_else(|| "AzureWebJobsStorage".into());
+    let connection = resolve_connection(&connection_name, env)
+        .map_err(|m| ConfigError::new("environment", &connection_name, m))?;
+    let key = match raw.key.as_deref() {
+        None => KeySpec::PayloadField,
+        Some("none") => KeySpec::None,
+        Some(t) => {
+            KeySpec::Template(KeyTemplate::parse(t).map_err(|m| f(&format!("{path}.key"), m))?)
+        }
+    };
+    let handler = handler_spec(raw.handler.as_ref(), host_file, &path)?;
+    Ok(FunctionConfig {
+        name,
+        queue: binding.queue,
+        connection,
+        key,
+        handler,
+        binding_name: binding.binding_name,
+        binary_data: binding.binary_data,
+    })
+}
+
+/// The function's queue binding: its folder's queueTrigger (which
+/// `aqw.functions.<name>.queue` may repeat, not contradict), or the queue
+/// `aqw.functions` names for a function without a folder.
+fn queue_binding(
+    name: &str,
+    raw: &RawFunction,
+    folder: Option<&FolderBinding>,
+    host_file: &str,
+    env: &dyn Env,
+) -> Result<FolderBinding, ConfigError> {
+    let field = format!("aqw.functions.{name}.queue");
+    let f = |msg: String| ConfigError::new(host_file, &field, msg);
+    let raw_queue = match &raw.queue {
+        Some(q) => Some(resolve_app_settings(q, env).map_err(f)?),
+        None => None,
+    };
+    match (folder, raw_queue) {
+        (Some(b), Some(q)) if b.queue != q => Err(f(format!(
+            "\"{q}\" differs from queueName \"{}\" in {name}/function.json",
+            b.queue
+        ))),
+        (Some(b), _) => Ok(b.clone()),
+        (None, Some(q)) => Ok(FolderBinding {
+            queue: q,
+            connection: None,
+            binding_name: "message".to_string(),
+            binary_data: false,
+        }),
+        (None, None) => Err(f(format!(
+            "missing: give the queue here or in {name}/function.json"
+        ))),
+    }
+}
+
+#[derive(Clone)]
+struct FolderBinding {
+    queue: String,
+    connection: Option<String>,
+    binding_name: String,
+    binary_data: bool,
+}
+
+/// The function's queueTrigger binding and its index.
+fn queue_trigger(bindings: &[Value]) -> Option<(usize, &Value)> {
+    bindings.iter().enumerate().find(|(_, b)| {
+        b.get("type")
+            .and_then(Value::as_str)
+            .is_some_and(|t| t.eq_ignore_ascii_case("queueTrigger"))
+    })
+}
+
+/// The type of a function's other trigger, for the warning that skips it.
+fn other_trigger(bindings: &[Value]) -> &str {
+    bindings
+        .iter()
+        .filter_map(|b| b.get("type").and_then(Value::as_str))
+        .find(|t| t.to_ascii_lowercase().ends_with("trigger"))
+        .unwrap_or("no trigger")
+}
+
+/// Read every `<Function>/function.json`. Queue triggers come back resolved
+/// (`%AppSetting%` queue names looked up in `env`); a disabled function or one
+/// with another trigger is listed as skipped instead of failing the app, as
+/// the Functions host loads the rest of an app around such a function.
+fn scan_function_folders(
+    app_dir: &Path,
+    env: &dyn Env,
+) -> Result<(BTreeMap<String, FolderBinding>, Vec<SkippedFunction>), ConfigError> {
+    let mut out = BTreeMap::new();
+    let mut skipped = Vec::new();
+    let Ok(entries) = std::fs::read_dir(app_dir) else {
+        return Ok((out, skipped));
+    };
+    for entry in entries.flatten() {
+        let fj = entry.path().join("function.json");
+        if !fj.is_file() {
+            continue;
+        }
+        let name = entry.file_name().to_string_lossy().to_string();
+        let file = fj.display().to_string();
+        let raw = read_function_json(&fj, &file)?;
+        if disabled_in_file(&raw, env) {
+            skipped.push(SkippedFunction {
+                name,
+                reason: "disabled in function.json".into(),
+            });
+            continue;
+        }
+        let Some((i, b)) = queue_trigger(&raw.bindings) else {
+            skipped.push(SkippedFunction {
+                name,
+                reason: format!(
+                    "its trigger is {}; aqw runs only queueTrigger functions",
+                    other_trigger(&raw.bindings)
+                ),
+            });
+            continue;
+        };
+        out.insert(name, folder_binding(&file, i, b, env)?);
+    }
+    skipped.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok((out, skipped))
+}
+
+fn read_function_json(path: &Path, file: &str) -> Result<RawFunctionJson, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new(file, "(file)", format!("cannot read: {e}")))?;
+    serde_json::from_str(&text)
+        .map_err(|e| ConfigError::new(file, "(file)", format!("invalid JSON: {e}")))
+}
+
+/// function.json `disabled`: `true`, or the name of a setting that is true.
+fn disabled_in_file(raw: &RawFunctionJson, env: &dyn Env) -> bool {
+    raw.disabled.as_ref().is_some_and(|d| match d {
+        Value::Bool(b) => *b,
+        Value::String(s) => truthy(s) || env.get(s).is_some_and(|v| truthy(&v)),
+        _ => false,
+    })
+}
+
+/// The queueTrigger binding `b` (at `bindings[i]`), its queue name resolved.
+fn folder_binding(
+    file: &str,
+    i: usize,
+    b: &Value,
+    env: &dyn Env,
+) -> Result<FolderBinding, ConfigError> {
+    let queue = b
+        .get("queueName")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ConfigError::new(file, format!("bindings[{i}].queueName"), "missing"))?;
+    let queue = resolve_app_settings(queue, env)
+        .map_err(|m| ConfigError::new(file, format!("bindings[{i}].queueName"), m))?;
+    let connection = b
+        .get("connection")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let binding_name = b
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or("message")
+        .to_string();
+    let binary_data = b
+        .get("dataType")
+        .and_then(Value::as_str)
+        .is_some_and(|t| t.eq_ignore_ascii_case("binary"));
+    Ok(FolderBinding {
+        queue,
+        connection,
+        binding_name,
+        binary_data,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::load_with_env;
+    use super::super::test_support::{env_of, queue_function, write};
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn functions_app_conventions() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        write(d, "host.json", r#"{"version":"2.0"}"#);
+        write(d, "Orders/function.json", &queue_function("%ORDERS_QUEUE%"));
+        write(d, "Refunds/function.json", &queue_function("refunds"));
+        write(
+            d,
+            "Old/function.json",
+            r#"{"disabled": true, "bindings":[{"type":"queueTrigger","queueName":"old"}]}"#,
+        );
+        write(
+            d,
+            "Web/function.json",
+            r#"{"bindings":[{"type":"httpTrigger","name":"req"},{"type":"http","direction":"out"}]}"#,
+        );
+        write(
+            d,
+            "local.settings.json",
+            r#"{"IsEncrypted": false, "Values": {"AzureWebJobsStorage": "UseDevelopmentStorage=true", "ORDERS_QUEUE": "from-file", "AzureWebJobs.Refunds.Disabled": "true"}}"#,
+        );
+        // The file alone.
+        let cfg = load_with_env(d, &BTreeMap::new()).unwrap();
+        let names: Vec<&str> = cfg.functions.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["Orders"]);
+        assert_eq!(cfg.functions[0].queue, "from-file");
+        let skipped: Vec<(&str, &str)> = cfg
+            .skipped
+            .iter()
+            .map(|s| (s.name.as_str(), s.reason.as_str()))
+            .collect();
+        assert_eq!(skipped.len(), 3, "{skipped:?}");
+        assert!(skipped
+            .iter()
+            .any(|(n, r)| *n == "Old" && r.contains("function.json")));
+        assert!(skipped
+            .iter()
+            .any(|(n, r)| *n == "Refunds" && r.contains("app setting")));
+        assert!(skipped
+            .iter()
+            .any(|(n, r)| *n == "Web" && r.contains("httpTrigger")));
+        // The environment wins over the file.
+        let env = env_of(&[
+            ("ORDERS_QUEUE", "from-env"),
+            ("AzureWebJobs.Refunds.Disabled", "false"),
+        ]);
+        let cfg = load_with_env(d, &env).unwrap();
+        assert_eq!(cfg.function("Orders").unwrap().queue, "from-env");
+        assert_eq!(cfg.function("Refunds").unwrap().queue, "refunds");
+    }
+
+    #[test]
+    fn aqw_functions_cannot_configure_a_non_queue_function() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        write(
+            d,
+            "host.json",
+            r#"{"version":"2.0","aqw":{"functions":{"Web":{"key":"none"}}}}"#,
+        );
+        write(
+            d,
+            "Web/function.json",
+            r#"{"bindings":[{"type":"timerTrigger","name":"t"}]}"#,
+        );
+        let e = load_with_env(
+            d,
+            &env_of(&[("AzureWebJobsStorage", "UseDevelopmentStorage=true")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("timerTrigger"), "{e}");
+    }
+}

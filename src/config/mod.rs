@@ -1,0 +1,207 @@
+//! The app folder (`host.json` + `<Function>/function.json`) and the environment,
+//! parsed into raw shapes and then validated into a ready [`AppConfig`].
+//!
+//! Every error here happens before any network access and names the file and
+//! the field (`host.json: aqw.functions.SendReceipt.key: ...`). Connection
+//! strings are read from the environment but never echoed back: errors name
+//! the setting, not its value.
+//!
+//! One file per step, raw shape → validated value:
+//!
+//! * `raw.rs`: what users write in `host.json` and `function.json` (serde shapes);
+//! * `settings.rs`: the environment over `local.settings.json`, `%name%` resolution;
+//! * `timespan.rs`: Functions timespans;
+//! * `validate.rs`: the raw sections checked and defaulted (exit 2 on error);
+//! * `functions.rs`: function discovery and each function's config;
+//! * `mod.rs`: the ready types and [`load`], which runs the steps in order.
+//!
+//! Connection strings are parsed in [`crate::storage::connection`].
+
+mod functions;
+mod raw;
+mod settings;
+mod timespan;
+mod validate;
+
+pub use settings::{
+    read_local_settings, resolve_app_settings, resolve_connection, Env, ProcessEnv,
+};
+pub use timespan::parse_timespan;
+pub use validate::{validate_queue_name, validate_table_name};
+
+use raw::RawHost;
+use settings::LayeredEnv;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use validate::{AqwSettings, QueueSettings};
+
+/// A configuration error: which file, which field, what is wrong.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {field}: {message}")]
+pub struct ConfigError {
+    pub file: String,
+    pub field: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    pub fn new(
+        file: impl Into<String>,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            file: file.into(),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+pub use crate::message::MessageEncoding;
+pub use crate::retry::RetryStrategy;
+
+pub use crate::idempotency::KeySpec;
+
+pub use crate::handlers::HandlerSpec;
+pub use crate::storage::{
+    parse_connection_string, table_endpoint_for, Connection, Credentials, Secret, DEV_ACCOUNT,
+    DEV_KEY,
+};
+
+/// One function: a queue, a key rule and a handler.
+#[derive(Debug, Clone)]
+pub struct FunctionConfig {
+    pub name: String,
+    pub queue: String,
+    pub connection: Connection,
+    pub key: KeySpec,
+    pub handler: HandlerSpec,
+    /// The binding name in function.json (the custom-handler `Data` key).
+    pub binding_name: String,
+    /// function.json `dataType` is `binary`: the host passes the message
+    /// bytes base64-encoded in `Data` and merges no payload fields into
+    /// `Metadata` (see src/serve.rs).
+    pub binary_data: bool,
+}
+
+impl FunctionConfig {
+    pub fn poison_queue(&self) -> String {
+        crate::poison::poison_queue_name(&self.queue)
+    }
+}
+
+/// The validated, ready configuration of one app folder.
+#[derive(Debug, Clone)]
+pub struct AppConfig {
+    pub app_dir: PathBuf,
+    pub max_dequeue_count: u32,
+    pub batch_size: u32,
+    pub new_batch_threshold: u32,
+    pub max_polling_interval: Duration,
+    pub message_encoding: MessageEncoding,
+    pub function_timeout: Option<Duration>,
+    /// Lease on a received message (visibility while it runs).
+    pub lease: Duration,
+    pub retry: RetryStrategy,
+    pub keys_table: String,
+    pub poison_table: String,
+    /// TTL of poison queue messages; `None` = never expires.
+    pub poison_ttl: Option<Duration>,
+    pub alert_webhook: Option<url::Url>,
+    pub alert_window: Duration,
+    pub http_port: Option<u16>,
+    /// `aqw.tracing.parent`: where a JSON payload carries its producer's
+    /// trace context (RFC 6901 pointer). Queue messages have no headers, so
+    /// nothing is read or written there unless this is set.
+    pub trace_parent: Option<String>,
+    pub shutdown_timeout: Duration,
+    pub functions: Vec<FunctionConfig>,
+    /// Function folders aqw does not run: disabled, or not a queue trigger.
+    /// `aqw run` warns about each; `aqw serve` answers their invocations 404.
+    pub skipped: Vec<SkippedFunction>,
+}
+
+/// A function of the app folder that aqw leaves alone, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedFunction {
+    pub name: String,
+    pub reason: String,
+}
+
+impl AppConfig {
+    pub fn function(&self, name: &str) -> Option<&FunctionConfig> {
+        self.functions.iter().find(|f| f.name == name)
+    }
+
+    /// Functions consuming `queue` (the source queue of a poison record).
+    pub fn function_for_queue(&self, queue: &str) -> Option<&FunctionConfig> {
+        self.functions.iter().find(|f| f.queue == queue)
+    }
+}
+
+/// Load and validate the app folder with the process environment.
+pub fn load(app_dir: &Path) -> Result<AppConfig, ConfigError> {
+    load_with_env(app_dir, &ProcessEnv)
+}
+
+/// Load and validate the app folder; `env` wins over `local.settings.json`.
+pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigError> {
+    let layered = LayeredEnv {
+        env,
+        local: read_local_settings(app_dir)?,
+    };
+    let env: &dyn Env = &layered;
+    let raw = RawHost::read(app_dir)?;
+    let host_file = raw.file.as_str();
+    let function_timeout = validate::function_timeout(host_file, &raw.function_timeout)?;
+    let q = QueueSettings::validate(host_file, &raw.queues)?;
+    let a = AqwSettings::validate(host_file, &raw.aqw, q.visibility_timeout)?;
+    let (functions, skipped) = functions::functions(app_dir, host_file, &raw.aqw, env)?;
+    Ok(AppConfig {
+        app_dir: app_dir.to_path_buf(),
+        max_dequeue_count: q.max_dequeue_count,
+        batch_size: q.batch_size,
+        new_batch_threshold: q.new_batch_threshold,
+        max_polling_interval: q.max_polling_interval,
+        message_encoding: q.message_encoding,
+        function_timeout,
+        lease: a.lease,
+        retry: a.retry,
+        keys_table: a.keys_table,
+        poison_table: a.poison_table,
+        poison_ttl: a.poison_ttl,
+        alert_webhook: a.alert_webhook,
+        alert_window: a.alert_window,
+        http_port: a.http_port,
+        trace_parent: a.trace_parent,
+        shutdown_timeout: a.shutdown_timeout,
+        functions,
+        skipped,
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    pub(crate) fn env_of(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    pub(crate) fn write(dir: &Path, rel: &str, text: &str) {
+        let p = dir.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    pub(crate) fn queue_function(queue: &str) -> String {
+        format!(
+            r#"{{"bindings":[{{"name":"job","type":"queueTrigger","direction":"in","queueName":"{queue}"}}]}}"#
+        )
+    }
+}

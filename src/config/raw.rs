@@ -1,0 +1,221 @@
+//! The raw shapes of `host.json` and `function.json`: what users write,
+//! deserialized strictly (unknown keys are errors) and not yet checked.
+//! [`super::validate`] turns them into the ready [`super::AppConfig`]: a new
+//! setting is a field here and a check there.
+
+use super::{ConfigError, MessageEncoding};
+use serde::Deserialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// `host.json`, read: its path (for errors) and the sections aqw reads.
+pub(super) struct RawHost {
+    pub(super) file: String,
+    pub(super) queues: RawQueues,
+    pub(super) aqw: RawAqw,
+    pub(super) function_timeout: Option<String>,
+}
+
+impl RawHost {
+    /// Read `host.json` of `app_dir` into its raw sections.
+    pub(super) fn read(app_dir: &Path) -> Result<Self, ConfigError> {
+        let (host_file, root) = read_host_json(app_dir)?;
+        let queues: RawQueues = match root.get("extensions").and_then(|e| e.get("queues")) {
+            Some(v) => typed(&host_file, "extensions.queues", v)?,
+            None => RawQueues::default(),
+        };
+        let aqw: RawAqw = match root.get("aqw") {
+            Some(v) => typed(&host_file, "aqw", v)?,
+            None => RawAqw::default(),
+        };
+        let function_timeout = match root.get("functionTimeout") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => {
+                return Err(ConfigError::new(
+                    &host_file,
+                    "functionTimeout",
+                    "must be a timespan string hh:mm:ss",
+                ))
+            }
+        };
+        Ok(Self {
+            file: host_file,
+            queues,
+            aqw,
+            function_timeout,
+        })
+    }
+}
+
+/// Top-level host.json keys owned by the Functions host: accepted, not read.
+const FUNCTIONS_HOST_KEYS: &[&str] = &[
+    "version",
+    "logging",
+    "extensionBundle",
+    "customHandler",
+    "healthMonitor",
+    "watchDirectories",
+    "watchFiles",
+    "aggregator",
+    "concurrency",
+    "singleton",
+    "managedDependency",
+    "functions",
+    "retry",
+    "languageWorkers",
+    "telemetryMode",
+];
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawQueues {
+    pub(super) max_dequeue_count: Option<i64>,
+    pub(super) visibility_timeout: Option<String>,
+    pub(super) batch_size: Option<i64>,
+    pub(super) new_batch_threshold: Option<i64>,
+    pub(super) max_polling_interval: Option<String>,
+    pub(super) message_encoding: Option<MessageEncoding>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawAqw {
+    #[serde(default)]
+    pub(super) functions: BTreeMap<String, RawFunction>,
+    pub(super) lease: Option<String>,
+    pub(super) retry: Option<RawRetry>,
+    #[serde(default)]
+    pub(super) tables: RawTables,
+    pub(super) poison: Option<RawPoison>,
+    pub(super) alert: Option<RawAlert>,
+    pub(super) http: Option<RawHttp>,
+    pub(super) tracing: Option<RawTracing>,
+    pub(super) shutdown_timeout: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawTracing {
+    /// JSON pointer to the producer's W3C trace context in a JSON payload.
+    pub(super) parent: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawTables {
+    pub(super) keys: Option<String>,
+    pub(super) poison: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawPoison {
+    /// `"never"` or a timespan.
+    pub(super) ttl: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawAlert {
+    pub(super) webhook: Option<String>,
+    pub(super) window: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawHttp {
+    pub(super) port: Option<u16>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawRetry {
+    Name(String),
+    Full(RawRetryObject),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawRetryObject {
+    pub(super) strategy: String,
+    pub(super) initial_delay: Option<String>,
+    pub(super) max_delay: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawFunction {
+    pub(super) queue: Option<String>,
+    pub(super) connection: Option<String>,
+    pub(super) key: Option<String>,
+    pub(super) handler: Option<RawHandler>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+pub(super) enum RawHandler {
+    Http {
+        url: String,
+        timeout: Option<String>,
+    },
+    Exec {
+        command: Vec<String>,
+        timeout: Option<String>,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct RawFunctionJson {
+    #[serde(default)]
+    pub(super) bindings: Vec<Value>,
+    /// `true`, or (older apps) the name of a setting that holds `true`.
+    #[serde(default)]
+    pub(super) disabled: Option<Value>,
+}
+
+/// `host.json` as a JSON object whose top-level keys are all known.
+fn read_host_json(app_dir: &Path) -> Result<(String, serde_json::Map<String, Value>), ConfigError> {
+    let host_path = app_dir.join("host.json");
+    let host_file = host_path.display().to_string();
+    let text = std::fs::read_to_string(&host_path)
+        .map_err(|e| ConfigError::new(&host_file, "(file)", format!("cannot read: {e}")))?;
+    let root: Value = serde_json::from_str(&text)
+        .map_err(|e| ConfigError::new(&host_file, "(file)", format!("invalid JSON: {e}")))?;
+    let Value::Object(root) = root else {
+        return Err(ConfigError::new(
+            &host_file,
+            "(root)",
+            "must be a JSON object",
+        ));
+    };
+
+    for key in root.keys() {
+        if key != "extensions"
+            && key != "aqw"
+            && key != "functionTimeout"
+            && !FUNCTIONS_HOST_KEYS.contains(&key.as_str())
+        {
+            return Err(ConfigError::new(&host_file, key, "unknown key"));
+        }
+    }
+
+    Ok((host_file, root))
+}
+
+fn typed<T: serde::de::DeserializeOwned>(
+    file: &str,
+    prefix: &str,
+    v: &Value,
+) -> Result<T, ConfigError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." {
+            prefix.to_string()
+        } else {
+            format!("{prefix}.{path}")
+        };
+        ConfigError::new(file, field, e.into_inner().to_string())
+    })
+}

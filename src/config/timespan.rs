@@ -1,0 +1,98 @@
+//! Functions timespans (`[d.]hh:mm:ss[.fffffff]`), as host.json writes them.
+
+use super::ConfigError;
+use std::time::Duration;
+
+/// Parse a Functions timespan: `[d.]hh:mm:ss[.fffffff]`.
+pub fn parse_timespan(s: &str) -> Result<Duration, String> {
+    let bad = || format!("\"{s}\" is not a timespan (hh:mm:ss[.fff])");
+    let (days, rest) = match s.split_once('.') {
+        Some((d, r)) if r.contains(':') && !d.contains(':') => {
+            (d.parse::<u64>().map_err(|_| bad())?, r)
+        }
+        _ => (0, s),
+    };
+    let parts: Vec<&str> = rest.split(':').collect();
+    if parts.len() != 3 {
+        return Err(bad());
+    }
+    let num = |p: &str, max: u64| -> Result<u64, String> {
+        if p.is_empty() || p.len() > 2 || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        let n: u64 = p.parse().map_err(|_| bad())?;
+        if n > max {
+            return Err(bad());
+        }
+        Ok(n)
+    };
+    let hours = num(parts[0], 23)?;
+    let minutes = num(parts[1], 59)?;
+    let (secs, frac) = match parts[2].split_once('.') {
+        Some((s2, f)) => (s2, Some(f)),
+        None => (parts[2], None),
+    };
+    let seconds = num(secs, 59)?;
+    let nanos = match frac {
+        None => 0,
+        Some(f) if !f.is_empty() && f.len() <= 7 && f.bytes().all(|b| b.is_ascii_digit()) => {
+            let padded = format!("{f:0<9}");
+            padded.parse::<u32>().map_err(|_| bad())?
+        }
+        Some(_) => return Err(bad()),
+    };
+    Ok(Duration::new(
+        days * 86400 + hours * 3600 + minutes * 60 + seconds,
+        nanos,
+    ))
+}
+
+pub(super) fn timespan(file: &str, field: &str, s: &str) -> Result<Duration, ConfigError> {
+    parse_timespan(s).map_err(|m| ConfigError::new(file, field, m))
+}
+
+pub(super) fn opt_timespan(
+    file: &str,
+    field: &str,
+    s: &Option<String>,
+) -> Result<Option<Duration>, ConfigError> {
+    s.as_deref().map(|s| timespan(file, field, s)).transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timespans() {
+        assert_eq!(parse_timespan("00:00:02").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_timespan("00:01:00").unwrap(), Duration::from_secs(60));
+        assert_eq!(
+            parse_timespan("00:00:00.100").unwrap(),
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            parse_timespan("1.02:00:00").unwrap(),
+            Duration::from_secs(26 * 3600)
+        );
+        for bad in [
+            "",
+            "5",
+            "00:00",
+            "00:60:00",
+            "aa:00:00",
+            "00:00:00.",
+            "-1:00:00",
+            "00:00:00.12345678",
+        ] {
+            assert!(parse_timespan(bad).is_err(), "{bad}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn timespan_parser_never_panics(s in "\\PC{0,60}") {
+            let _ = parse_timespan(&s);
+        }
+    }
+}

@@ -1,0 +1,417 @@
+//! Validation: the raw shapes of [`super::raw`] checked and defaulted into
+//! the values [`super::AppConfig`] holds. Every error names the file and the
+//! field, and `aqw` exits 2 on it before any I/O.
+//!
+//! Each section has one validated struct and one `validate` that reads its
+//! raw struct: a new setting adds a raw field, a line here and a field there.
+
+use super::raw::{RawAqw, RawQueues, RawRetry};
+use super::timespan::{opt_timespan, timespan};
+use super::{ConfigError, MessageEncoding, RetryStrategy};
+use crate::storage::MAX_VISIBILITY_TIMEOUT;
+use std::ops::RangeInclusive;
+use std::time::Duration;
+
+/// `functionTimeout`: none, or a timespan.
+pub(super) fn function_timeout(
+    host_file: &str,
+    raw: &Option<String>,
+) -> Result<Option<Duration>, ConfigError> {
+    opt_timespan(host_file, "functionTimeout", raw)
+}
+
+/// An optional count in `range`, `default` when absent.
+fn count_in(
+    host_file: &str,
+    field: &str,
+    raw: Option<i64>,
+    range: RangeInclusive<i64>,
+    default: u32,
+) -> Result<u32, ConfigError> {
+    match raw {
+        None => Ok(default),
+        Some(n) if range.contains(&n) => Ok(n as u32),
+        Some(n) => Err(ConfigError::new(
+            host_file,
+            field,
+            format!("{n} is out of range ({}..={})", range.start(), range.end()),
+        )),
+    }
+}
+
+/// `extensions.queues`, validated.
+pub(super) struct QueueSettings {
+    pub(super) max_dequeue_count: u32,
+    pub(super) batch_size: u32,
+    pub(super) new_batch_threshold: u32,
+    pub(super) visibility_timeout: Duration,
+    pub(super) max_polling_interval: Duration,
+    pub(super) message_encoding: MessageEncoding,
+}
+
+impl QueueSettings {
+    pub(super) fn validate(host_file: &str, raw_queues: &RawQueues) -> Result<Self, ConfigError> {
+        let f = |field: &str, msg: String| ConfigError::new(host_file, field, msg);
+        let max_dequeue_count = count_in(
+            host_file,
+            "extensions.queues.maxDequeueCount",
+            raw_queues.max_dequeue_count,
+            1..=1000,
+            5,
+        )?;
+        let batch_size = count_in(
+            host_file,
+            "extensions.queues.batchSize",
+            raw_queues.batch_size,
+            1..=32,
+            16,
+        )?;
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1);
+        let new_batch_threshold = count_in(
+            host_file,
+            "extensions.queues.newBatchThreshold",
+            raw_queues.new_batch_threshold,
+            0..=10_000,
+            (batch_size / 2) * cores,
+        )?;
+        let visibility_timeout = opt_timespan(
+            host_file,
+            "extensions.queues.visibilityTimeout",
+            &raw_queues.visibility_timeout,
+        )?
+        .unwrap_or(Duration::ZERO);
+        if visibility_timeout > MAX_VISIBILITY_TIMEOUT {
+            return Err(f(
+                "extensions.queues.visibilityTimeout",
+                "must be at most 7 days".into(),
+            ));
+        }
+        let max_polling_interval = max_polling_interval(host_file, raw_queues)?;
+        let message_encoding = raw_queues
+            .message_encoding
+            .unwrap_or(MessageEncoding::Base64);
+        Ok(Self {
+            max_dequeue_count,
+            batch_size,
+            new_batch_threshold,
+            visibility_timeout,
+            max_polling_interval,
+            message_encoding,
+        })
+    }
+}
+
+/// `extensions.queues.maxPollingInterval`: at least 100 ms, 1 minute by default.
+fn max_polling_interval(host_file: &str, raw_queues: &RawQueues) -> Result<Duration, ConfigError> {
+    let max_polling_interval = opt_timespan(
+        host_file,
+        "extensions.queues.maxPollingInterval",
+        &raw_queues.max_polling_interval,
+    )?
+    .unwrap_or(Duration::from_secs(60));
+    if max_polling_interval < Duration::from_millis(100) {
+        return Err(ConfigError::new(
+            host_file,
+            "extensions.queues.maxPollingInterval",
+            "must be at least 00:00:00.100",
+        ));
+    }
+    Ok(max_polling_interval)
+}
+
+/// The `aqw` section's settings other than functions, validated.
+pub(super) struct AqwSettings {
+    pub(super) lease: Duration,
+    pub(super) retry: RetryStrategy,
+    pub(super) keys_table: String,
+    pub(super) poison_table: String,
+    pub(super) poison_ttl: Option<Duration>,
+    pub(super) alert_webhook: Option<url::Url>,
+    pub(super) alert_window: Duration,
+    pub(super) http_port: Option<u16>,
+    pub(super) trace_parent: Option<String>,
+    pub(super) shutdown_timeout: Duration,
+}
+
+impl AqwSettings {
+    pub(super) fn validate(
+        host_file: &str,
+        raw_aqw: &RawAqw,
+        visibility_timeout: Duration,
+    ) -> Result<Self, ConfigError> {
+        let f = |field: &str, msg: String| ConfigError::new(host_file, field, msg);
+        let lease = opt_timespan(host_file, "aqw.lease", &raw_aqw.lease)?
+            .unwrap_or(Duration::from_secs(30));
+        if lease < Duration::from_secs(1) || lease > MAX_VISIBILITY_TIMEOUT {
+            return Err(f("aqw.lease", "must be between 00:00:01 and 7 days".into()));
+        }
+        let retry = retry_setting(host_file, raw_aqw, visibility_timeout)?;
+        let (keys_table, poison_table) = tables(host_file, raw_aqw)?;
+        let poison_ttl = poison_ttl(host_file, raw_aqw)?;
+        let (alert_webhook, alert_window) = alert(host_file, raw_aqw)?;
+        let http_port = raw_aqw.http.as_ref().and_then(|h| h.port);
+        let trace_parent = trace_parent(host_file, raw_aqw)?;
+        let shutdown_timeout =
+            opt_timespan(host_file, "aqw.shutdownTimeout", &raw_aqw.shutdown_timeout)?
+                .unwrap_or(Duration::from_secs(25));
+        Ok(Self {
+            lease,
+            retry,
+            keys_table,
+            poison_table,
+            poison_ttl,
+            alert_webhook,
+            alert_window,
+            http_port,
+            trace_parent,
+            shutdown_timeout,
+        })
+    }
+}
+
+/// `aqw.tables`: the keys and poison table names, valid and distinct.
+fn tables(host_file: &str, raw_aqw: &RawAqw) -> Result<(String, String), ConfigError> {
+    let f = |field: &str, msg: String| ConfigError::new(host_file, field, msg);
+    let keys_table = raw_aqw
+        .tables
+        .keys
+        .clone()
+        .unwrap_or_else(|| "aqwkeys".into());
+    validate_table_name(&keys_table).map_err(|m| f("aqw.tables.keys", m))?;
+    let poison_table = raw_aqw
+        .tables
+        .poison
+        .clone()
+        .unwrap_or_else(|| "aqwpoison".into());
+    validate_table_name(&poison_table).map_err(|m| f("aqw.tables.poison", m))?;
+    if keys_table.eq_ignore_ascii_case(&poison_table) {
+        return Err(f("aqw.tables", "keys and poison tables must differ".into()));
+    }
+    Ok((keys_table, poison_table))
+}
+
+/// `aqw.poison.ttl`: `"never"` (the default) or at least a second.
+fn poison_ttl(host_file: &str, raw_aqw: &RawAqw) -> Result<Option<Duration>, ConfigError> {
+    match raw_aqw.poison.as_ref().and_then(|p| p.ttl.as_deref()) {
+        None | Some("never") => Ok(None),
+        Some(s) => {
+            let d = timespan(host_file, "aqw.poison.ttl", s)?;
+            if d < Duration::from_secs(1) {
+                return Err(ConfigError::new(
+                    host_file,
+                    "aqw.poison.ttl",
+                    "must be at least 1 second, or \"never\"",
+                ));
+            }
+            Ok(Some(d))
+        }
+    }
+}
+
+/// `aqw.alert`: the webhook, if any, and the grouping window (5 minutes).
+fn alert(host_file: &str, raw_aqw: &RawAqw) -> Result<(Option<url::Url>, Duration), ConfigError> {
+    let default_window = Duration::from_secs(300);
+    let Some(a) = &raw_aqw.alert else {
+        return Ok((None, default_window));
+    };
+    let url = match &a.webhook {
+        None => None,
+        Some(u) => Some(
+            parse_http_url(u).map_err(|m| ConfigError::new(host_file, "aqw.alert.webhook", m))?,
+        ),
+    };
+    let window = opt_timespan(host_file, "aqw.alert.window", &a.window)?.unwrap_or(default_window);
+    Ok((url, window))
+}
+
+/// `aqw.tracing.parent`: a JSON pointer, if set.
+fn trace_parent(host_file: &str, raw_aqw: &RawAqw) -> Result<Option<String>, ConfigError> {
+    let trace_parent = raw_aqw.tracing.as_ref().and_then(|t| t.parent.clone());
+    if let Some(p) = &trace_parent {
+        if !p.starts_with('/') {
+            return Err(ConfigError::new(
+                host_file,
+                "aqw.tracing.parent",
+                format!("must be a JSON pointer starting with '/' (for example \"/traceparent\"), got {p:?}"),
+            ));
+        }
+    }
+    Ok(trace_parent)
+}
+
+/// `aqw.retry`: a strategy name, or an object with its delays.
+fn retry_setting(
+    host_file: &str,
+    raw_aqw: &RawAqw,
+    visibility_timeout: Duration,
+) -> Result<RetryStrategy, ConfigError> {
+    let host_file = host_file.to_string();
+    let retry = match &raw_aqw.retry {
+        None => RetryStrategy::Exponential {
+            initial_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(300),
+        },
+        Some(RawRetry::Name(name)) => {
+            retry_strategy(&host_file, name, None, None, visibility_timeout)?
+        }
+        Some(RawRetry::Full(o)) => {
+            let initial = opt_timespan(&host_file, "aqw.retry.initialDelay", &o.initial_delay)?;
+            let max = opt_timespan(&host_file, "aqw.retry.maxDelay", &o.max_delay)?;
+            retry_strategy(&host_file, &o.strategy, initial, max, visibility_timeout)?
+        }
+    };
+    Ok(retry)
+}
+
+fn retry_strategy(
+    file: &str,
+    name: &str,
+    initial: Option<Duration>,
+    max: Option<Duration>,
+    visibility_timeout: Duration,
+) -> Result<RetryStrategy, ConfigError> {
+    match name {
+        "exponential" => {
+            let initial_delay = initial.unwrap_or(Duration::from_secs(1));
+            let max_delay = max.unwrap_or(Duration::from_secs(300));
+            if initial_delay > max_delay {
+                return Err(ConfigError::new(
+                    file,
+                    "aqw.retry.initialDelay",
+                    "must not exceed maxDelay",
+                ));
+            }
+            if max_delay > MAX_VISIBILITY_TIMEOUT {
+                return Err(ConfigError::new(
+                    file,
+                    "aqw.retry.maxDelay",
+                    "must be at most 7 days",
+                ));
+            }
+            Ok(RetryStrategy::Exponential {
+                initial_delay,
+                max_delay,
+            })
+        }
+        "fixed" => Ok(RetryStrategy::Fixed {
+            delay: initial.unwrap_or(visibility_timeout),
+        }),
+        other => Err(ConfigError::new(
+            file,
+            "aqw.retry.strategy",
+            format!("\"{other}\" is not one of exponential, fixed"),
+        )),
+    }
+}
+
+pub(super) fn parse_http_url(s: &str) -> Result<url::Url, String> {
+    let u = url::Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
+    if u.scheme() != "http" && u.scheme() != "https" {
+        return Err("must be an http or https URL".into());
+    }
+    Ok(u)
+}
+
+/// Azure queue name rules, plus room for the `-poison` twin.
+pub fn validate_queue_name(name: &str) -> Result<(), String> {
+    let ok_chars = name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if name.len() < 3 || name.len() > 63 || !ok_chars {
+        return Err(format!(
+            "\"{name}\" is not a valid queue name (3-63 lowercase letters, digits and dashes)"
+        ));
+    }
+    if name.starts_with('-') || name.ends_with('-') || name.contains("--") {
+        return Err(format!(
+            "\"{name}\" is not a valid queue name (no leading, trailing or double dash)"
+        ));
+    }
+    if name.ends_with(crate::poison::POISON_SUFFIX) {
+        return Err(format!("\"{name}\" is a poison queue; replay it with `aqw poison replay` instead of consuming it"));
+    }
+    if name.len() + crate::poison::POISON_SUFFIX.len() > 63 {
+        return Err(format!(
+            "\"{name}\" is too long for its -poison twin (at most 56 characters)"
+        ));
+    }
+    Ok(())
+}
+
+pub fn validate_table_name(name: &str) -> Result<(), String> {
+    let ok = name.len() >= 3
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_alphanumeric())
+        && name.as_bytes()[0].is_ascii_alphabetic();
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("\"{name}\" is not a valid table name (3-63 letters and digits, starting with a letter)"))
+    }
+}
+
+pub(super) fn validate_function_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        && name.as_bytes()[0].is_ascii_alphabetic();
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("\"{name}\" is not a valid function name (letters, digits, _ and -, starting with a letter)"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::load_with_env;
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn queue_names() {
+        assert!(validate_queue_name("orders").is_ok());
+        assert!(validate_queue_name("Orders").is_err());
+        assert!(validate_queue_name("ab").is_err());
+        assert!(validate_queue_name("a--b").is_err());
+        assert!(validate_queue_name("orders-poison").is_err());
+        assert!(validate_queue_name(&"a".repeat(56)).is_ok());
+        assert!(validate_queue_name(&"a".repeat(57))
+            .unwrap_err()
+            .contains("-poison"));
+    }
+
+    proptest::proptest! {
+        // Fuzzing the config parser: any host.json text gives Ok or a
+        // ConfigError naming a file, never a panic.
+        #[test]
+        fn host_json_parser_never_panics(text in "\\PC{0,200}") {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("host.json"), &text).unwrap();
+            let _ = load_with_env(dir.path(), &BTreeMap::new());
+        }
+
+        #[test]
+        fn structured_host_json_never_panics(
+            max in proptest::option::of(-5i64..2000),
+            batch in proptest::option::of(-5i64..100),
+            poll in proptest::option::of("[0-9:.a-z]{0,14}"),
+            key in proptest::option::of("[{}/a-zA-Z:]{0,20}"),
+            queue in "[a-zA-Z0-9-]{0,70}",
+        ) {
+            let host = serde_json::json!({
+                "extensions": {"queues": {"maxDequeueCount": max, "batchSize": batch, "maxPollingInterval": poll}},
+                "aqw": {"functions": {"F": {"queue": queue, "key": key, "handler": {"type": "exec", "command": ["x"]}}}}
+            });
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("host.json"), host.to_string()).unwrap();
+            let mut env = BTreeMap::new();
+            env.insert("AzureWebJobsStorage".to_string(), "UseDevelopmentStorage=true".to_string());
+            let _ = load_with_env(dir.path(), &env);
+        }
+    }
+}

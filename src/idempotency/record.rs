@@ -1,0 +1,229 @@
+//! A key record as stored in the table: its columns, its status, and the
+//! attempt history it keeps (newest last, errors short and scrubbed).
+
+use crate::storage::Entity;
+use serde_json::Value;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+/// Key status in the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyStatus {
+    Pending,
+    Done,
+    Poisoned,
+    /// Closed by an operator (`poison discard --close-key`): the job must
+    /// never run, so any later delivery is settled as a duplicate.
+    Cancelled,
+}
+
+impl KeyStatus {
+    fn parse(s: &str) -> Self {
+        match s {
+            "done" => KeyStatus::Done,
+            "poisoned" => KeyStatus::Poisoned,
+            "cancelled" => KeyStatus::Cancelled,
+            _ => KeyStatus::Pending,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyStatus::Pending => "pending",
+            KeyStatus::Done => "done",
+            KeyStatus::Poisoned => "poisoned",
+            KeyStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// Nothing will run for this key again: done, or closed by an operator.
+    pub fn is_settled(self) -> bool {
+        matches!(self, KeyStatus::Done | KeyStatus::Cancelled)
+    }
+}
+
+/// How many attempts a key record remembers (the newest are kept).
+pub const HISTORY_LEN: usize = 10;
+/// Each remembered error is cut to this many bytes (the full last error is
+/// on the poison record).
+const HISTORY_ERROR_MAX: usize = 300;
+
+/// One attempt at a key's job, kept on the key record (`History` column,
+/// JSON, newest last, at most [`HISTORY_LEN`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Attempt {
+    pub at: String,
+    pub message_id: String,
+    pub dequeue_count: u32,
+    /// `completed`, `retried`, `poisoned` or `released`.
+    pub outcome: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The attempt ended without knowing whether the effect happened (a
+    /// timeout, a connection lost after the request was sent, a 5xx after
+    /// the provider took the body): the provider key is what keeps a retry
+    /// from doubling it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub may_have_taken_effect: bool,
+}
+
+pub(super) fn parse_history(text: Option<&str>) -> Vec<Attempt> {
+    text.and_then(|t| serde_json::from_str(t).ok())
+        .unwrap_or_default()
+}
+
+/// The history with `attempt` appended, as the column's JSON text.
+pub(super) fn history_with(history: &[Attempt], attempt: Attempt) -> String {
+    let mut all: Vec<Attempt> = history.to_vec();
+    all.push(attempt);
+    let skip = all.len().saturating_sub(HISTORY_LEN);
+    serde_json::to_string(&all[skip..]).unwrap_or_else(|_| "[]".into())
+}
+
+pub(super) fn short_error(error: &str) -> String {
+    scrubbed_and_cut(error, HISTORY_ERROR_MAX, "…")
+}
+
+/// `text` scrubbed of secrets and cut to `max` bytes (on a character
+/// boundary), with `marker` saying it was cut.
+fn scrubbed_and_cut(text: &str, max: usize, marker: &str) -> String {
+    let s = crate::telemetry::scrub(text);
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{marker}", &s[..end])
+}
+
+/// The idempotency record of one key, as stored.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyRecord {
+    pub key: String,
+    pub function: String,
+    pub status: KeyStatus,
+    pub provider_key: String,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    pub lease_owner: Option<String>,
+    pub lease_until: Option<String>,
+    pub message_id: Option<String>,
+    pub first_seen: Option<String>,
+    pub completed_at: Option<String>,
+    pub replay_count: u32,
+    /// Who closed the key (`poison discard --close-key`), when and why.
+    pub cancelled_by: Option<String>,
+    pub cancelled_at: Option<String>,
+    pub cancel_reason: Option<String>,
+    /// The last [`HISTORY_LEN`] attempts, oldest first.
+    pub history: Vec<Attempt>,
+    pub partition_key: String,
+    pub row_key: String,
+}
+
+impl KeyRecord {
+    pub(super) fn from_entity(pk: &str, rk: &str, e: &Entity) -> Self {
+        let s = |k: &str| {
+            e.get(k)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+        };
+        let n = |k: &str| e.get(k).and_then(Value::as_u64).unwrap_or(0) as u32;
+        KeyRecord {
+            key: s("Key").unwrap_or_default(),
+            function: s("Function").unwrap_or_default(),
+            status: KeyStatus::parse(&s("Status").unwrap_or_default()),
+            provider_key: s("ProviderKey").unwrap_or_default(),
+            attempts: n("Attempts"),
+            last_error: s("LastError"),
+            lease_owner: s("LeaseOwner"),
+            lease_until: s("LeaseUntil"),
+            message_id: s("MessageId"),
+            first_seen: s("FirstSeen"),
+            completed_at: s("CompletedAt"),
+            replay_count: n("ReplayCount"),
+            cancelled_by: s("CancelledBy"),
+            cancelled_at: s("CancelledAt"),
+            cancel_reason: s("CancelReason"),
+            history: parse_history(e.get("History").and_then(Value::as_str)),
+            partition_key: pk.to_string(),
+            row_key: rk.to_string(),
+        }
+    }
+
+    /// The end of a live lease held on the key, if any.
+    pub fn lease_live(&self, now: OffsetDateTime) -> Option<OffsetDateTime> {
+        let until = OffsetDateTime::parse(self.lease_until.as_deref()?, &Rfc3339).ok()?;
+        (until > now && self.lease_owner.is_some()).then_some(until)
+    }
+}
+
+/// The history entry for a holder that vanished with its lease.
+pub(super) fn abandoned_attempt(rec: &KeyRecord) -> Attempt {
+    // Lease owners are `<worker>/<message id>/<dequeue count>`.
+    let dc = rec
+        .lease_owner
+        .as_deref()
+        .and_then(|o| o.rsplit('/').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    Attempt {
+        at: rec.lease_until.clone().unwrap_or_default(),
+        message_id: rec.message_id.clone().unwrap_or_default(),
+        dequeue_count: dc,
+        outcome: "abandoned".into(),
+        error: Some("the attempt ended without a result (crash, kill or lost storage)".into()),
+        may_have_taken_effect: true,
+    }
+}
+
+pub(crate) fn now_rfc3339() -> String {
+    fmt_time(OffsetDateTime::now_utc())
+}
+
+pub(crate) fn fmt_time(t: OffsetDateTime) -> String {
+    t.format(&Rfc3339).unwrap_or_default()
+}
+
+/// Errors are capped before they are stored (Table string properties hold 64 KiB).
+pub fn cap_error(s: &str) -> String {
+    scrubbed_and_cut(s, 4096, "… [truncated]")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn history_keeps_the_newest_attempts_with_short_scrubbed_errors() {
+        let attempt = |n: u32| Attempt {
+            at: format!("t{n}"),
+            message_id: "m".into(),
+            dequeue_count: n,
+            outcome: "retried".into(),
+            error: Some(short_error(&format!(
+                "GET https://a.queue.core.windows.net/q?sv=1&sig=secret{n} {}",
+                "x".repeat(1000)
+            ))),
+            may_have_taken_effect: n.is_multiple_of(2),
+        };
+        let mut h: Vec<Attempt> = vec![];
+        for n in 1..=HISTORY_LEN as u32 + 3 {
+            h = parse_history(Some(&history_with(&h, attempt(n))));
+        }
+        assert_eq!(h.len(), HISTORY_LEN);
+        assert_eq!(h[0].dequeue_count, 4, "the oldest three dropped");
+        assert_eq!(h.last().unwrap().dequeue_count, HISTORY_LEN as u32 + 3);
+        let e = h[0].error.as_deref().unwrap();
+        assert!(
+            e.len() <= HISTORY_ERROR_MAX + 3 && !e.contains("secret"),
+            "{e}"
+        );
+        assert!(parse_history(Some("not json")).is_empty());
+    }
+}
