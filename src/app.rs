@@ -46,6 +46,7 @@ impl FunctionRuntime {
             records: storage.table(&app.poison_table),
             encoding: app.message_encoding,
             ttl: app.poison_ttl,
+            format: app.poison_format,
             alerts,
         };
         Self {

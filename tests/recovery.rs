@@ -38,6 +38,7 @@ fn replay_all(concurrency: usize) -> aqw::ops::ReplayOptions {
         by: "test".into(),
         wait: None,
         concurrency,
+        past_provider_window: false,
     }
 }
 

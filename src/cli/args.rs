@@ -201,6 +201,10 @@ pub enum PoisonCmd {
         /// Records replayed at once.
         #[arg(long, default_value_t = aqw::ops::DEFAULT_REPLAY_CONCURRENCY as u64, value_parser = clap::value_parser!(u64).range(1..=64))]
         concurrency: u64,
+        /// Go ahead although the provider key is older than the function's
+        /// providerKeyWindow (the provider may have forgotten it); kept on the record.
+        #[arg(long)]
+        past_provider_window: bool,
     },
     /// Put a corrected payload in place of a poisoned one (a bad producer's
     /// message), closing the old record as replaced.
@@ -228,6 +232,10 @@ pub enum PoisonCmd {
         /// Wait (hh:mm:ss) until the corrected job's key is done.
         #[arg(long)]
         wait: Option<String>,
+        /// Go ahead although the provider key is older than the function's
+        /// providerKeyWindow (the provider may have forgotten it); kept on the record.
+        #[arg(long)]
+        past_provider_window: bool,
     },
     /// Close a record without replaying it.
     #[command(

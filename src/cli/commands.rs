@@ -189,6 +189,7 @@ async fn poison_fix(app: &Arc<AppConfig>, cmd: PoisonCmd, output: Output) -> Res
         stdin,
         by,
         wait,
+        past_provider_window,
     } = cmd
     else {
         unreachable!("poison_fix is called with PoisonCmd::Fix only");
@@ -199,7 +200,7 @@ async fn poison_fix(app: &Arc<AppConfig>, cmd: PoisonCmd, output: Output) -> Res
     let payload = read_payload(payload, file, stdin.as_deref())?;
     let wait = parse_wait(wait.as_deref())?;
     let ops = queue_ops(app, &queue)?;
-    let report = ops::fix(&ops, &id, &payload, &by, wait).await?;
+    let report = ops::fix(&ops, &id, &payload, &by, wait, past_provider_window).await?;
     render::poison_fix(&id, &by, &report, output);
     let ok = report.action == FixAction::Replaced && report.confirmed != Some(false);
     Ok(Exit::needs_a_person_if(!ok))
@@ -286,6 +287,7 @@ fn replay_options(cmd: PoisonCmd) -> Result<ReplayOptions, Failure> {
         by,
         wait,
         concurrency,
+        past_provider_window,
         ..
     } = cmd
     else {
@@ -314,6 +316,7 @@ fn replay_options(cmd: PoisonCmd) -> Result<ReplayOptions, Failure> {
         by: by.unwrap_or_default(),
         wait: parse_wait(wait.as_deref())?,
         concurrency: concurrency as usize,
+        past_provider_window,
     })
 }
 

@@ -134,11 +134,19 @@ pub fn poison_show(report: &ShowReport, output: Output) {
         }
         None => println!("key state:     no record"),
     }
+    if let Some(w) = &report.provider_window {
+        println!("provider key:  {}", w.summary());
+    }
     print_closing(r);
     println!(
         "encoding:      {} ({} bytes of message text)",
         r.encoding.as_str(),
         r.message.len()
+    );
+    println!(
+        "poison copy:   {} ({})",
+        r.poison_message_id.as_deref().unwrap_or("-"),
+        r.copy_format.as_str()
     );
     match (&report.payload, &report.payload_text, &report.decode_error) {
         (Some(v), _, _) => println!(
@@ -156,6 +164,13 @@ pub fn poison_show(report: &ShowReport, output: Output) {
 
 /// How a record was closed: replayed, replaced or discarded, by whom.
 fn print_closing(r: &PoisonRecord) {
+    if let Some(by) = &r.past_provider_window_by {
+        println!(
+            "past window:   overridden by {by} at {}: {}",
+            r.past_provider_window_at.as_deref().unwrap_or("-"),
+            r.past_provider_window_note.as_deref().unwrap_or("")
+        );
+    }
     if let Some(by) = &r.replayed_by {
         println!(
             "replayed:      {} by {by} as {}",

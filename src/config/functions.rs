@@ -124,6 +124,7 @@ fn function_config(
         }
     };
     let handler = handler_spec(raw.handler.as_ref(), host_file, &path)?;
+    let provider_key_window = provider_key_window(raw, host_file, &path)?;
     Ok(FunctionConfig {
         name,
         queue: binding.queue,
@@ -132,7 +133,26 @@ fn function_config(
         handler,
         binding_name: binding.binding_name,
         binary_data: binding.binary_data,
+        provider_key_window,
     })
+}
+
+/// `aqw.functions.<name>.providerKeyWindow`: a timespan of at least a second.
+fn provider_key_window(
+    raw: &RawFunction,
+    host_file: &str,
+    path: &str,
+) -> Result<Option<Duration>, ConfigError> {
+    let field = format!("{path}.providerKeyWindow");
+    let window = opt_timespan(host_file, &field, &raw.provider_key_window)?;
+    if window.is_some_and(|w| w < Duration::from_secs(1)) {
+        return Err(ConfigError::new(
+            host_file,
+            &field,
+            "must be at least 00:00:01 (how long the provider remembers a key)",
+        ));
+    }
+    Ok(window)
 }
 
 /// The function's queue binding: its folder's queueTrigger (which
@@ -368,5 +388,44 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("timerTrigger"), "{e}");
+    }
+
+    #[test]
+    fn provider_key_window_and_poison_format_are_validated_by_name() {
+        let load = |function: &str, poison: &str| {
+            let dir = tempfile::tempdir().unwrap();
+            let host = format!(
+                r#"{{"version":"2.0","aqw":{{"functions":{{"Pay":{{"queue":"pay","key":"none"{function}}}}}{poison}}}}}"#
+            );
+            write(dir.path(), "host.json", &host);
+            let env = env_of(&[("AzureWebJobsStorage", "UseDevelopmentStorage=true")]);
+            load_with_env(dir.path(), &env).map_err(|e| e.to_string())
+        };
+        let ok = load(
+            r#","providerKeyWindow":"1.00:00:00""#,
+            r#","poison":{"format":"raw"}"#,
+        )
+        .unwrap();
+        let f = ok.function("Pay").unwrap();
+        assert_eq!(
+            f.provider_key_window,
+            Some(std::time::Duration::from_secs(86_400))
+        );
+        assert_eq!(ok.poison_format, crate::poison::PoisonFormat::Raw);
+        let default = load("", "").unwrap();
+        assert_eq!(default.function("Pay").unwrap().provider_key_window, None);
+        assert_eq!(default.poison_format, crate::poison::PoisonFormat::Envelope);
+        let e = load(r#","providerKeyWindow":"24:00:00""#, "").unwrap_err();
+        assert!(
+            e.contains("aqw.functions.Pay.providerKeyWindow") && e.contains("1.00:00:00"),
+            "{e}"
+        );
+        let e = load(r#","providerKeyWindow":"00:00:00""#, "").unwrap_err();
+        assert!(
+            e.contains("providerKeyWindow") && e.contains("at least"),
+            "{e}"
+        );
+        let e = load("", r#","poison":{"format":"plain"}"#).unwrap_err();
+        assert!(e.contains("aqw.poison.format"), "{e}");
     }
 }

@@ -83,6 +83,10 @@ pub struct FunctionConfig {
     /// bytes base64-encoded in `Data` and merges no payload fields into
     /// `Metadata` (see src/serve.rs).
     pub binary_data: bool,
+    /// `providerKeyWindow`: how long the provider remembers an
+    /// `Idempotency-Key` (Stripe: 24 h). A poisoned or pending key older
+    /// than this is refused by replay and fix without an explicit override.
+    pub provider_key_window: Option<Duration>,
 }
 
 impl FunctionConfig {
@@ -108,6 +112,9 @@ pub struct AppConfig {
     pub poison_table: String,
     /// TTL of poison queue messages; `None` = never expires.
     pub poison_ttl: Option<Duration>,
+    /// `aqw.poison.format`: aqw's envelope (default) or the raw body on
+    /// `<queue>-poison`.
+    pub poison_format: crate::poison::PoisonFormat,
     pub alert_webhook: Option<url::Url>,
     pub alert_window: Duration,
     pub http_port: Option<u16>,
@@ -171,6 +178,7 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
         keys_table: a.keys_table,
         poison_table: a.poison_table,
         poison_ttl: a.poison_ttl,
+        poison_format: a.poison_format,
         alert_webhook: a.alert_webhook,
         alert_window: a.alert_window,
         http_port: a.http_port,

@@ -114,6 +114,8 @@ pub(super) struct RawTables {
 pub(super) struct RawPoison {
     /// `"never"` or a timespan.
     pub(super) ttl: Option<String>,
+    /// What the `<queue>-poison` copy is: aqw's envelope, or the raw body.
+    pub(super) format: Option<crate::poison::PoisonFormat>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -151,6 +153,8 @@ pub(super) struct RawFunction {
     pub(super) connection: Option<String>,
     pub(super) key: Option<String>,
     pub(super) handler: Option<RawHandler>,
+    /// How long the provider remembers an idempotency key (a timespan).
+    pub(super) provider_key_window: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -26,7 +26,17 @@ pub fn parse_timespan(s: &str) -> Result<Duration, String> {
         }
         Ok(n)
     };
-    let hours = num(parts[0], 23)?;
+    // .NET reads "24:00:00" as 24 days; say so rather than guess either way.
+    let hours = num(parts[0], 23).map_err(|e| match parts[0].parse::<u64>() {
+        Ok(h) if h >= 24 && days == 0 => format!(
+            "{e}: hours go up to 23; write {}.{:02}:{}:{} for {h} hours",
+            h / 24,
+            h % 24,
+            parts[1],
+            parts[2]
+        ),
+        _ => e,
+    })?;
     let minutes = num(parts[1], 59)?;
     let (secs, frac) = match parts[2].split_once('.') {
         Some((s2, f)) => (s2, Some(f)),

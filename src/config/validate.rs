@@ -128,6 +128,7 @@ pub(super) struct AqwSettings {
     pub(super) keys_table: String,
     pub(super) poison_table: String,
     pub(super) poison_ttl: Option<Duration>,
+    pub(super) poison_format: crate::poison::PoisonFormat,
     pub(super) alert_webhook: Option<url::Url>,
     pub(super) alert_window: Duration,
     pub(super) http_port: Option<u16>,
@@ -150,6 +151,11 @@ impl AqwSettings {
         let retry = retry_setting(host_file, raw_aqw, visibility_timeout)?;
         let (keys_table, poison_table) = tables(host_file, raw_aqw)?;
         let poison_ttl = poison_ttl(host_file, raw_aqw)?;
+        let poison_format = raw_aqw
+            .poison
+            .as_ref()
+            .and_then(|p| p.format)
+            .unwrap_or_default();
         let (alert_webhook, alert_window) = alert(host_file, raw_aqw)?;
         let http_port = raw_aqw.http.as_ref().and_then(|h| h.port);
         let trace_parent = trace_parent(host_file, raw_aqw)?;
@@ -162,6 +168,7 @@ impl AqwSettings {
             keys_table,
             poison_table,
             poison_ttl,
+            poison_format,
             alert_webhook,
             alert_window,
             http_port,

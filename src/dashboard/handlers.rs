@@ -341,6 +341,7 @@ pub async fn record(
         key: report.key_record.as_ref(),
         payload: &payload,
         editable: &editable,
+        window: report.provider_window.as_ref(),
     };
     page(
         StatusCode::OK,
@@ -379,6 +380,7 @@ pub async fn replay(
         dry_run,
         by: p.name.clone(),
         concurrency: ops::DEFAULT_REPLAY_CONCURRENCY,
+        past_provider_window: get(&form, "past_provider_window").is_some(),
         ..ReplayOptions::default()
     };
     let report = match ops::replay(ops, &opts, &|_, _| {}).await {
@@ -454,7 +456,8 @@ pub async fn fix(
             "A fix needs a payload.",
         );
     };
-    let report = match ops::fix(ops, id, payload, &p.name, None).await {
+    let past_window = get(&form, "past_provider_window").is_some();
+    let report = match ops::fix(ops, id, payload, &p.name, None, past_window).await {
         Ok(r) => r,
         Err(e) => return d.ops_error(&v, e),
     };

@@ -3,7 +3,7 @@
 
 use super::payload::PayloadView;
 use crate::idempotency::KeyRecord;
-use crate::ops::{QueueStatus, ReplayReport};
+use crate::ops::{ProviderWindow, QueueStatus, ReplayReport};
 use crate::poison::{PoisonRecord, RecordStatus};
 use crate::telemetry::scrub;
 use maud::{html, Markup, DOCTYPE};
@@ -232,6 +232,8 @@ pub struct RecordPage<'a> {
     pub key: Option<&'a KeyRecord>,
     pub payload: &'a PayloadView,
     pub editable: &'a str,
+    /// The provider key's age against the function's `providerKeyWindow`.
+    pub window: Option<&'a ProviderWindow>,
 }
 
 pub fn record_page(p: &RecordPage, v: &Viewer) -> Markup {
@@ -251,6 +253,9 @@ pub fn record_page(p: &RecordPage, v: &Viewer) -> Markup {
         (payload(p.payload))
         h2 { "Key state" }
         (key_state(p.key))
+        @if let Some(w) = p.window {
+            p #provider-window class={ @if w.past { "warn" } } { (w.summary()) }
+        }
         h2 { "Audit trail" }
         (audit(r))
         @if r.status == RecordStatus::Open && v.can_act { (actions(p, v)) }
@@ -318,6 +323,20 @@ fn audit(r: &PoisonRecord) -> Markup {
                 li { "replaced (fixed payload) by " b { (by) } " at " (at(&r.replaced_at)) "; new message "
                     (at(&r.replacement_message_id)) ", key " (r.replacement_key.as_deref().unwrap_or("-")) }
             }
+            @if let Some(by) = &r.past_provider_window_by {
+                li #past-window { "past the provider's key window, overridden by " b { (by) } " at "
+                    (at(&r.past_provider_window_at)) ": " (r.past_provider_window_note.as_deref().unwrap_or("")) }
+            }
+        }
+    }
+}
+
+/// The override of the provider's key window, offered only past it.
+fn past_window_box(past: bool) -> Markup {
+    html! {
+        @if past {
+            label { input .past-window type="checkbox" name="past_provider_window" value="1";
+                " past the provider's window: go ahead anyway (kept on the record)" }
         }
     }
 }
@@ -325,6 +344,7 @@ fn audit(r: &PoisonRecord) -> Markup {
 fn actions(p: &RecordPage, v: &Viewer) -> Markup {
     let base = format!("/q/{}", enc(p.queue));
     let id = &p.record.message_id;
+    let past = p.window.is_some_and(|w| w.past);
     html! {
         h2 { "Actions" }
         section.actions {
@@ -332,6 +352,7 @@ fn actions(p: &RecordPage, v: &Viewer) -> Markup {
                 (csrf_field(v))
                 input type="hidden" name="mode" value="dry-run";
                 input type="hidden" name="id" value=(id);
+                (past_window_box(past))
                 button #replay type="submit" { "Replay… (dry run first)" }
             }
             form method="post" action={ (base) "/discard" } {
@@ -346,6 +367,7 @@ fn actions(p: &RecordPage, v: &Viewer) -> Markup {
                 input type="hidden" name="id" value=(id);
                 label { "Corrected payload (put in place of this one; it must derive a key)" }
                 textarea #fix-payload name="payload" rows="8" { (p.editable) }
+                (past_window_box(past))
                 button #fix type="submit" { "Fix payload" }
             }
         }
@@ -367,6 +389,7 @@ pub fn dry_run_page(queue: &str, r: &ReplayReport, v: &Viewer) -> Markup {
             form method="post" action={ "/q/" (enc(queue)) "/replay" } {
                 (csrf_field(v))
                 input type="hidden" name="mode" value="real";
+                @if r.past_provider_window { input type="hidden" name="past_provider_window" value="1"; }
                 @for i in &r.items { input type="hidden" name="id" value=(i.id); }
                 button #replay-real type="submit" { "Replay " (r.items.len()) " for real" }
             }

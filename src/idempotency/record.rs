@@ -156,6 +156,13 @@ impl KeyRecord {
         }
     }
 
+    /// How old its provider key is: the key is minted once, with the record,
+    /// at `FirstSeen`. `None` when that time is missing or unreadable.
+    pub fn provider_key_age(&self, now: OffsetDateTime) -> Option<std::time::Duration> {
+        let minted = OffsetDateTime::parse(self.first_seen.as_deref()?, &Rfc3339).ok()?;
+        Some((now - minted).try_into().unwrap_or_default())
+    }
+
     /// The end of a live lease held on the key, if any.
     pub fn lease_live(&self, now: OffsetDateTime) -> Option<OffsetDateTime> {
         let until = OffsetDateTime::parse(self.lease_until.as_deref()?, &Rfc3339).ok()?;

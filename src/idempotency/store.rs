@@ -528,6 +528,22 @@ impl KeyStore {
         Ok(())
     }
 
+    /// Test seam: set when `key`'s provider key was minted (`FirstSeen`), so
+    /// a test can make a key older than a provider's window without waiting.
+    #[cfg(feature = "failpoints")]
+    #[doc(hidden)]
+    pub async fn set_provider_key_minted_at(
+        &self,
+        function: &str,
+        key: &IdempotencyKey,
+        minted_at: OffsetDateTime,
+    ) -> StorageResult<()> {
+        let (pk, rk) = (key.partition_key(function), key.row_key());
+        let mut update = Entity::new();
+        update.insert("FirstSeen".into(), json!(fmt_time(minted_at)));
+        self.table.merge(&pk, &rk, &update, None).await.map(|_| ())
+    }
+
     /// Merge into a record this worker owns. A 412 is re-checked: our own
     /// retried write is success; anything else means the lease was lost.
     async fn merge_owned(&self, claim: &ClaimedKey, update: Entity) -> Result<Etag, FinishError> {

@@ -1,10 +1,11 @@
 //! `aqw poison fix`.
 
-use super::{OpsError, OpsResult, QueueOps};
+use super::{window, OpsError, OpsResult, QueueOps};
+use crate::config::FunctionConfig;
 use crate::idempotency::derive_key;
 use crate::idempotency::IdempotencyKey;
 use crate::message::decode;
-use crate::poison::{Closing, PoisonRecord, Replacement};
+use crate::poison::{Closing, PoisonRecord, Replacement, WindowOverride};
 use crate::storage::Ttl;
 use std::time::Duration;
 use tracing::Instrument;
@@ -64,15 +65,21 @@ pub struct FixReport {
 /// Order: put first, then close the record, then delete the poison copy. A
 /// crash after the put leaves the record open; running the fix again puts a
 /// second copy that its key settles as a duplicate.
+///
+/// A record whose key (the old one, or the corrected job's) is pending or
+/// poisoned with a provider key older than the function's
+/// `providerKeyWindow` is refused (exit 2, nothing put) unless
+/// `past_provider_window`, which is then kept on the record.
 pub async fn fix(
     ops: &QueueOps,
     id: &str,
     payload: &str,
     by: &str,
     wait: Option<Duration>,
+    past_provider_window: bool,
 ) -> OpsResult<FixReport> {
     let span = crate::traces::step_span!("aqw.fix", otel.kind = "producer", queue = %ops.queue, poison.id = %id, by = %by);
-    fix_record(ops, id, payload, by, wait)
+    fix_record(ops, id, payload, by, wait, past_provider_window)
         .instrument(span)
         .await
 }
@@ -83,23 +90,14 @@ async fn fix_record(
     payload: &str,
     by: &str,
     wait: Option<Duration>,
+    past_provider_window: bool,
 ) -> OpsResult<FixReport> {
     let (rec, mut etag) = ops.open_record(id).await?;
     crate::traces::link_to(&tracing::Span::current(), rec.trace_parent.as_deref());
-    let f = ops.function.clone().ok_or_else(|| {
-        OpsError::Usage(format!(
-            "queue {} is not consumed by a function of this app",
-            ops.queue
-        ))
-    })?;
-    let key = derive_key(&f.key, payload).map_err(|e| {
-        OpsError::Usage(format!(
-            "the corrected payload would be poisoned at once: {e}"
-        ))
-    })?;
-    let text = crate::message::encode_checked(payload, ops.app.message_encoding)
-        .map_err(OpsError::Usage)?;
+    let (f, key, text) = corrected(ops, payload)?;
     let mut report = new_report(&rec, id, payload, key);
+    let note = past_window_note(ops, &rec, report.new_key.as_ref(), past_provider_window).await?;
+    let past_window = note.as_deref().map(|note| WindowOverride { by, note });
     if let Some(k) = &report.new_key {
         if let Some(detail) = already_settled(ops, &f.name, k).await? {
             report.detail = Some(detail);
@@ -115,7 +113,7 @@ async fn fix_record(
     };
     if let Closing::AlreadyClosed(why) = ops
         .poison
-        .close_replaced(&rec, &replacement, &mut etag)
+        .close_replaced(&rec, &replacement, past_window.as_ref(), &mut etag)
         .await?
     {
         report.action = FixAction::Skipped;
@@ -135,6 +133,59 @@ async fn fix_record(
         report.confirmed = Some(wait_settled(ops, &f.name, k, wait).await?);
     }
     Ok(report)
+}
+
+/// The corrected job, checked as the worker would take it: the queue's
+/// function, the key it derives, and its queue text.
+fn corrected(
+    ops: &QueueOps,
+    payload: &str,
+) -> OpsResult<(FunctionConfig, Option<IdempotencyKey>, String)> {
+    let f = ops.function.clone().ok_or_else(|| {
+        OpsError::Usage(format!(
+            "queue {} is not consumed by a function of this app",
+            ops.queue
+        ))
+    })?;
+    let key = derive_key(&f.key, payload).map_err(|e| {
+        OpsError::Usage(format!(
+            "the corrected payload would be poisoned at once: {e}"
+        ))
+    })?;
+    let text = crate::message::encode_checked(payload, ops.app.message_encoding)
+        .map_err(OpsError::Usage)?;
+    Ok((f, key, text))
+}
+
+/// The old record's key and the corrected job's, against the provider's key
+/// window: a refusal if either is past it without the override, else the
+/// note the record keeps when the override was needed.
+async fn past_window_note(
+    ops: &QueueOps,
+    rec: &PoisonRecord,
+    new_key: Option<&IdempotencyKey>,
+    past_provider_window: bool,
+) -> OpsResult<Option<String>> {
+    let old_key = rec.key.clone().and_then(|k| IdempotencyKey::new(k).ok());
+    let mut past = Vec::new();
+    for key in [
+        old_key.as_ref(),
+        new_key.filter(|k| Some(*k) != old_key.as_ref()),
+    ] {
+        if let Some(w) = window::state(ops, key).await? {
+            if w.past {
+                past.push((rec.message_id.clone(), w));
+            }
+        }
+    }
+    if past.is_empty() {
+        return Ok(None);
+    }
+    if !past_provider_window {
+        return Err(window::refusal(&past));
+    }
+    let notes: Vec<String> = past.iter().map(|(_, w)| w.override_note()).collect();
+    Ok(Some(notes.join("; ")))
 }
 
 /// The report of fixing `rec` with `payload` (whose key is `new_key`), before

@@ -20,6 +20,7 @@ mod list;
 mod replay;
 mod show;
 mod status;
+mod window;
 
 pub use discard::discard;
 pub use enqueue::{enqueue, prepare_enqueue, with_trace_context, Enqueued, PreparedEnqueue};
@@ -31,6 +32,7 @@ pub use replay::{
 };
 pub use show::{show, ShowReport};
 pub use status::{status, QueueStatus};
+pub use window::{fmt_span, ProviderWindow};
 
 use crate::config::{AppConfig, FunctionConfig};
 use crate::idempotency::{IdempotencyKey, KeyRecord, KeyStore};

@@ -1,13 +1,14 @@
 //! `aqw poison replay`.
 
-use super::{Filter, OpsError, OpsResult, QueueOps};
+use super::{window, Filter, OpsError, OpsResult, QueueOps};
 use crate::failpoint;
 use crate::idempotency::derive_key;
 use crate::idempotency::{IdempotencyKey, KeyRecord};
 use crate::message::decode;
-use crate::poison::{Closing, Held, PoisonRecord, RecordStatus, Replayed};
+use crate::poison::{Closing, Held, PoisonRecord, RecordStatus, Replayed, WindowOverride};
 use crate::storage::{Etag, StorageError, Ttl};
 use futures::StreamExt as _;
+use std::collections::HashMap;
 use std::time::Duration;
 use tracing::Instrument;
 
@@ -26,6 +27,9 @@ pub struct ReplayOptions {
     pub wait: Option<Duration>,
     /// Records replayed at once.
     pub concurrency: usize,
+    /// Replay records whose provider key is older than the function's
+    /// `providerKeyWindow` too (`--past-provider-window`); kept on each.
+    pub past_provider_window: bool,
 }
 
 /// What replay did (or would do) with one record. Serialized in kebab-case
@@ -109,6 +113,8 @@ pub struct ReplayReport {
     pub failed: usize,
     pub unconfirmed: usize,
     pub dry_run: bool,
+    /// `--past-provider-window` was given.
+    pub past_provider_window: bool,
     pub items: Vec<ReplayItem>,
 }
 
@@ -157,6 +163,13 @@ pub async fn replay(
     if let Some(l) = opts.limit {
         selected.truncate(l);
     }
+    let overrides = match past_window_overrides(ops, opts, &selected).await {
+        Ok(o) => o,
+        Err(e) => {
+            ops.poison.release(receipts).await;
+            return Err(e);
+        }
+    };
     let mut report = ReplayReport {
         queue: ops.queue.clone(),
         selected: selected.len(),
@@ -165,14 +178,59 @@ pub async fn replay(
         failed: 0,
         unconfirmed: 0,
         dry_run: opts.dry_run,
+        past_provider_window: opts.past_provider_window,
         items: vec![],
     };
-    replay_all(ops, opts, selected, &receipts, &mut report, progress).await;
+    let batch = Batch {
+        receipts: &receipts,
+        overrides: &overrides,
+    };
+    replay_all(ops, opts, selected, &batch, &mut report, progress).await;
     ops.poison.release(receipts).await;
     if let (Some(wait), false) = (opts.wait, opts.dry_run) {
         confirm(ops, &mut report, wait).await?;
     }
     Ok(report)
+}
+
+/// What every record of one replay shares: the poison copies its scan holds,
+/// and the notes of the records replayed past the provider's key window.
+struct Batch<'a> {
+    receipts: &'a Held,
+    overrides: &'a HashMap<String, String>,
+}
+
+/// Records past their function's `providerKeyWindow`: refused (nothing
+/// touched) unless `--past-provider-window`, then id → the note each keeps.
+/// Reads each keyed record's key once more, only when a window is declared.
+async fn past_window_overrides(
+    ops: &QueueOps,
+    opts: &ReplayOptions,
+    selected: &[(PoisonRecord, Option<Etag>)],
+) -> OpsResult<HashMap<String, String>> {
+    let declared = ops
+        .function
+        .as_ref()
+        .is_some_and(|f| f.provider_key_window.is_some());
+    if !declared {
+        return Ok(HashMap::new());
+    }
+    let mut past = Vec::new();
+    for (rec, _) in selected {
+        let key = record_key(ops, rec);
+        if let Some(w) = window::state(ops, key.as_ref()).await? {
+            if w.past {
+                past.push((rec.message_id.clone(), w));
+            }
+        }
+    }
+    if !past.is_empty() && !opts.past_provider_window {
+        return Err(window::refusal(&past));
+    }
+    Ok(past
+        .into_iter()
+        .map(|(id, w)| (id, w.override_note()))
+        .collect())
 }
 
 /// The open records matching `filter`, oldest first, with their ETags.
@@ -201,7 +259,7 @@ async fn replay_all(
     ops: &QueueOps,
     opts: &ReplayOptions,
     selected: Vec<(PoisonRecord, Option<Etag>)>,
-    receipts: &Held,
+    batch: &Batch<'_>,
     report: &mut ReplayReport,
     progress: &(dyn Fn(usize, usize) + Sync),
 ) {
@@ -220,7 +278,7 @@ async fn replay_all(
             let span = crate::traces::step_span!("aqw.replay", otel.kind = "producer", queue = %ops.queue,
                 poison.id = %rec.message_id, dry_run = opts.dry_run);
             crate::traces::link_to(&span, rec.trace_parent.as_deref());
-            match replay_one(ops, &rec, etag, opts, receipts)
+            match replay_one(ops, &rec, etag, opts, batch)
                 .instrument(span)
                 .await
             {
@@ -258,8 +316,13 @@ async fn replay_one(
     rec: &PoisonRecord,
     listed_etag: Option<Etag>,
     opts: &ReplayOptions,
-    receipts: &Held,
+    batch: &Batch<'_>,
 ) -> OpsResult<ReplayItem> {
+    let receipts = batch.receipts;
+    let past_window = batch
+        .overrides
+        .get(&rec.message_id)
+        .map(|note| WindowOverride { by: &opts.by, note });
     let key = record_key(ops, rec);
     let item_key = key.clone().or(rec.key.clone());
     let mut item = ReplayItem::new(&rec.message_id, item_key, ReplayAction::Failed);
@@ -288,9 +351,9 @@ async fn replay_one(
     }
     if done {
         let how = Replayed::KeyAlreadyDone;
-        let closing = ops
-            .poison
-            .close_replayed(&current, &opts.by, how, &mut etag);
+        let closing =
+            ops.poison
+                .close_replayed(&current, &opts.by, how, past_window.as_ref(), &mut etag);
         if let Closing::AlreadyClosed(why) = closing.await? {
             return Ok(item.with(ReplayAction::Skipped, why));
         }
@@ -304,6 +367,7 @@ async fn replay_one(
         key: key.as_ref(),
         key_state: key_state.as_ref(),
         receipts,
+        past_window,
     };
     put.run(ops, &current, &opts.by, etag, item).await
 }
@@ -329,6 +393,8 @@ struct Put<'a> {
     key: Option<&'a IdempotencyKey>,
     key_state: Option<&'a (KeyRecord, Etag)>,
     receipts: &'a Held,
+    /// Set when this record is replayed past the provider's key window.
+    past_window: Option<WindowOverride<'a>>,
 }
 
 impl Put<'_> {
@@ -393,7 +459,10 @@ impl Put<'_> {
         etag: &mut Etag,
     ) -> OpsResult<Option<String>> {
         let close_then_delete = async {
-            let closing = ops.poison.close_replayed(current, by, how, etag).await?;
+            let closing = ops
+                .poison
+                .close_replayed(current, by, how, self.past_window.as_ref(), etag)
+                .await?;
             if let Closing::AlreadyClosed(why) = closing {
                 return Ok::<_, OpsError>(Some(why));
             }

@@ -3,7 +3,7 @@
 //! copies, deleting strays); commands delete a closed record's copy and
 //! release what they held.
 
-use super::envelope::{host_record_id, PoisonEnvelope, ENVELOPE_VERSION};
+use super::envelope::{host_record_id, PoisonEnvelope, PoisonFormat, ENVELOPE_VERSION};
 use super::record::{PoisonRecord, RecordStatus};
 use super::store::PoisonStore;
 use crate::idempotency::fmt_time;
@@ -27,6 +27,33 @@ struct ScannedCopy {
     dequeue_count: u32,
     inserted: OffsetDateTime,
     text: String,
+}
+
+/// The record a non-envelope poison-queue copy belongs to, if it is not a
+/// foreign Functions-host copy: the record that names its id, else a raw
+/// (`aqw.poison.format: raw`) record of aqw's own whose message text it is
+/// exactly (an open one that names no copy first: a crash came between put
+/// and record update). The record is written before its copy is put, so
+/// every raw copy aqw made has one.
+fn raw_copy_owner(known: &HashMap<String, PoisonRecord>, id: &str, text: &str) -> Option<String> {
+    if let Some((rk, _)) = known
+        .iter()
+        .find(|(_, r)| r.poison_message_id.as_deref() == Some(id))
+    {
+        return Some(rk.clone());
+    }
+    let mut own: Vec<(&String, &PoisonRecord)> = known
+        .iter()
+        .filter(|(_, r)| r.origin == "aqw" && r.copy_format == PoisonFormat::Raw)
+        .filter(|(_, r)| r.message == text)
+        .collect();
+    own.sort_by_key(|(_, r)| {
+        (
+            r.status != RecordStatus::Open,
+            r.poison_message_id.is_some(),
+        )
+    });
+    own.first().map(|(rk, _)| (*rk).clone())
 }
 
 /// Put on a queue, creating it on first use.
@@ -129,57 +156,59 @@ impl PoisonStore {
     }
 
     /// Reconcile one poison-queue copy with the known records: import it if
-    /// it has no record; delete it (when held) if it is a stray copy or its
-    /// record is closed.
+    /// it has no record; name it on its record if that names none (a crash
+    /// between put and record update); delete it (when held) if it is a
+    /// stray copy or its record is closed.
     async fn reconcile(
         &self,
         copy: ScannedCopy,
         known: &mut HashMap<String, PoisonRecord>,
         receipts: &mut HashMap<String, (String, String)>,
     ) -> StorageResult<()> {
-        let ScannedCopy {
-            id,
-            receipt,
-            dequeue_count,
-            inserted,
-            text,
-        } = copy;
-        let (row_key, imported) = match PoisonEnvelope::from_queue_text(&text) {
+        let (row_key, imported) = match PoisonEnvelope::from_queue_text(&copy.text) {
             Some(env) => (
                 env.message_id.clone(),
-                PoisonRecord::open(env, "aqw", Some(id.clone())),
+                PoisonRecord::open(env, "aqw", Some(copy.id.clone())),
             ),
-            None => (
-                host_record_id(&id),
-                self.host_record(&id, dequeue_count, inserted, &text),
-            ),
+            None => match raw_copy_owner(known, &copy.id, &copy.text) {
+                Some(row_key) => (row_key, self.host_record(&copy)),
+                None => (host_record_id(&copy.id), self.host_record(&copy)),
+            },
         };
-        match known.get(&row_key) {
-            Some(rec) => {
-                let stray = rec.poison_message_id.as_deref().is_some_and(|p| p != id);
-                if stray || rec.status != RecordStatus::Open {
-                    if let Some(r) = &receipt {
-                        let _ = self.poison_queue.delete(&id, r).await;
-                        receipts.remove(&id);
-                    }
-                }
+        let Some(rec) = known.get_mut(&row_key) else {
+            self.import(&row_key, &imported).await?;
+            known.insert(row_key, imported);
+            return Ok(());
+        };
+        let open = rec.status == RecordStatus::Open;
+        match rec.poison_message_id.as_deref() {
+            None if open => {
+                self.name_copy(&row_key, &copy.id, copy.receipt.as_deref())
+                    .await?;
+                rec.poison_message_id = Some(copy.id.clone());
             }
-            None => {
-                self.import(&row_key, &imported).await?;
-                known.insert(row_key, imported);
+            Some(named) if named == copy.id && open => {}
+            // A stray (its record names another copy), or a closed record's leftover.
+            _ => {
+                if let Some(r) = &copy.receipt {
+                    let _ = self.poison_queue.delete(&copy.id, r).await;
+                    receipts.remove(&copy.id);
+                }
             }
         }
         Ok(())
     }
 
     /// The record of a raw copy the Functions host put on the poison queue.
-    fn host_record(
-        &self,
-        id: &str,
-        dequeue_count: u32,
-        inserted: OffsetDateTime,
-        text: &str,
-    ) -> PoisonRecord {
+    fn host_record(&self, copy: &ScannedCopy) -> PoisonRecord {
+        let ScannedCopy {
+            id,
+            dequeue_count,
+            inserted,
+            text,
+            ..
+        } = copy;
+        let (dequeue_count, inserted) = (*dequeue_count, *inserted);
         let envelope = PoisonEnvelope {
             aqw: ENVELOPE_VERSION.into(),
             queue: self.queue.clone(),
@@ -199,6 +228,20 @@ impl PoisonStore {
             encoding: self.encoding,
         };
         PoisonRecord::open(envelope, "host", Some(id.to_string()))
+    }
+
+    /// Name `copy_id` as the poison-queue copy of record `row_key`.
+    async fn name_copy(
+        &self,
+        row_key: &str,
+        copy_id: &str,
+        pop_receipt: Option<&str>,
+    ) -> StorageResult<()> {
+        let update = super::record::copy_update(copy_id, pop_receipt);
+        self.records
+            .merge(&self.queue, row_key, &update, None)
+            .await?;
+        Ok(())
     }
 
     /// Make the copies a scan held but did not delete visible again at once.
@@ -253,13 +296,12 @@ impl PoisonStore {
         deleted
     }
 
-    /// The id of a poison-queue copy of source message `message_id`, if one
+    /// The id of a poison-queue copy of `record` (an envelope naming its
+    /// message id, or for a raw record its exact text), if one
     /// is visible. Peeks first (no side effects); a deeper queue is received
     /// in batches with a short hold, and what was held is released at once.
-    pub(super) async fn find_copy(&self, message_id: &str) -> StorageResult<Option<String>> {
-        let matches = |text: &str| {
-            PoisonEnvelope::from_queue_text(text).is_some_and(|e| e.message_id == message_id)
-        };
+    pub(super) async fn find_copy(&self, record: &PoisonRecord) -> StorageResult<Option<String>> {
+        let matches = |text: &str| record.is_copy_text(text);
         let peeked = match self.poison_queue.peek(32).await {
             Ok(p) => p,
             Err(StorageError::NotFound) => return Ok(None),

@@ -19,6 +19,28 @@ pub fn host_record_id(poison_message_id: &str) -> String {
     format!("host-{poison_message_id}")
 }
 
+/// What aqw puts on `<queue>-poison` (`aqw.poison.format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoisonFormat {
+    /// The `poison/1` envelope: error, key and ids travel with the message.
+    #[default]
+    Envelope,
+    /// The source message text exactly as received, as the Functions host
+    /// writes it, so WebJobs readers of the poison queue see the original
+    /// body; the error, history and key stay in the record table.
+    Raw,
+}
+
+impl PoisonFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoisonFormat::Envelope => "envelope",
+            PoisonFormat::Raw => "raw",
+        }
+    }
+}
+
 /// Where the full record lives when the envelope would exceed 64 KiB.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -30,8 +30,9 @@ pub mod store;
 
 pub use copies::{put_creating, Held};
 pub use envelope::{
-    host_record_id, poison_queue_name, PoisonEnvelope, RecordRef, ENVELOPE_VERSION, POISON_SUFFIX,
+    host_record_id, poison_queue_name, PoisonEnvelope, PoisonFormat, RecordRef, ENVELOPE_VERSION,
+    POISON_SUFFIX,
 };
-pub use record::{PoisonRecord, RecordStatus, Replacement, Replayed};
+pub use record::{PoisonRecord, RecordStatus, Replacement, Replayed, WindowOverride};
 pub use sink::PoisonSink;
 pub use store::{Closing, PoisonStore};

@@ -2,7 +2,7 @@
 //! and status) and the merges that change it. Only [`super::store`] writes
 //! these rows; it is the one user of the merges below.
 
-use super::envelope::{PoisonEnvelope, ENVELOPE_VERSION};
+use super::envelope::{PoisonEnvelope, PoisonFormat, ENVELOPE_VERSION};
 use crate::idempotency::now_rfc3339;
 use crate::idempotency::IdempotencyKey;
 use crate::message::MessageEncoding;
@@ -88,6 +88,15 @@ pub struct PoisonRecord {
     /// The W3C `traceparent` of the attempt that poisoned it, so replay,
     /// discard and fix link their spans to that job's trace.
     pub trace_parent: Option<String>,
+    /// What its `<queue>-poison` copy is (`CopyFormat`, written with the
+    /// record before the copy is put, so a raw copy is recognisable as aqw's
+    /// own even after a crash before the copy's id is named here).
+    pub copy_format: PoisonFormat,
+    /// Who replayed or fixed it although its provider key was older than the
+    /// function's `providerKeyWindow`, when, and the key's age then.
+    pub past_provider_window_by: Option<String>,
+    pub past_provider_window_at: Option<String>,
+    pub past_provider_window_note: Option<String>,
 }
 
 fn split_parts(text: &str) -> Vec<String> {
@@ -106,6 +115,25 @@ fn split_parts(text: &str) -> Vec<String> {
         parts.push(cur);
     }
     parts
+}
+
+/// The message text stored in `parts` columns `Message0`, `Message1`, ….
+fn joined_message(e: &Entity, parts: u32) -> String {
+    (0..parts.max(1))
+        .map(|i| {
+            e.get(&format!("Message{i}"))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+        })
+        .collect()
+}
+
+/// The `CopyFormat` column: absent (records older than the setting) is the envelope.
+fn copy_format(column: Option<&str>) -> PoisonFormat {
+    match column {
+        Some("raw") => PoisonFormat::Raw,
+        _ => PoisonFormat::Envelope,
+    }
 }
 
 impl PoisonRecord {
@@ -144,6 +172,7 @@ impl PoisonRecord {
         if let Some(tp) = &self.trace_parent {
             put(col::TRACE_PARENT, json!(tp));
         }
+        put(col::COPY_FORMAT, json!(self.copy_format.as_str()));
         e
     }
 
@@ -155,14 +184,7 @@ impl PoisonRecord {
                 .map(str::to_string)
         };
         let n = |k: &str| e.get(k).and_then(Value::as_u64).unwrap_or(0) as u32;
-        let parts = n(col::MESSAGE_PARTS).max(1);
-        let message: String = (0..parts)
-            .map(|i| {
-                e.get(&format!("Message{i}"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-            })
-            .collect();
+        let message = joined_message(e, n(col::MESSAGE_PARTS));
         PoisonRecord {
             queue: s(col::QUEUE).unwrap_or_default(),
             function: s(col::FUNCTION).unwrap_or_default(),
@@ -203,6 +225,10 @@ impl PoisonRecord {
             replacement_key: s(col::REPLACEMENT_KEY).and_then(|k| IdempotencyKey::new(k).ok()),
             replacement_size_diff: e.get(col::REPLACEMENT_SIZE_DIFF).and_then(Value::as_i64),
             trace_parent: s(col::TRACE_PARENT),
+            copy_format: copy_format(s(col::COPY_FORMAT).as_deref()),
+            past_provider_window_by: s(col::PAST_PROVIDER_WINDOW_BY),
+            past_provider_window_at: s(col::PAST_PROVIDER_WINDOW_AT),
+            past_provider_window_note: s(col::PAST_PROVIDER_WINDOW_NOTE),
         }
     }
 
@@ -239,6 +265,28 @@ impl PoisonRecord {
             replacement_key: None,
             replacement_size_diff: None,
             trace_parent: None,
+            copy_format: PoisonFormat::Envelope,
+            past_provider_window_by: None,
+            past_provider_window_at: None,
+            past_provider_window_note: None,
+        }
+    }
+
+    /// The text of its `<queue>-poison` copy: the envelope, or (raw) the
+    /// source message text exactly as received.
+    pub(super) fn copy_text(&self, poison_table: &str) -> String {
+        match self.copy_format {
+            PoisonFormat::Envelope => self.envelope().to_queue_text(poison_table),
+            PoisonFormat::Raw => self.message.clone(),
+        }
+    }
+
+    /// Whether `text`, a poison-queue message, is a copy of this record.
+    pub(super) fn is_copy_text(&self, text: &str) -> bool {
+        match self.copy_format {
+            PoisonFormat::Raw => text == self.message,
+            PoisonFormat::Envelope => PoisonEnvelope::from_queue_text(text)
+                .is_some_and(|e| e.message_id == self.message_id),
         }
     }
 
@@ -287,6 +335,10 @@ mod col {
     pub const MESSAGE_ID: &str = "MessageId";
     pub const MESSAGE_PARTS: &str = "MessageParts";
     pub const ORIGIN: &str = "Origin";
+    pub const COPY_FORMAT: &str = "CopyFormat";
+    pub const PAST_PROVIDER_WINDOW_AT: &str = "PastProviderWindowAt";
+    pub const PAST_PROVIDER_WINDOW_BY: &str = "PastProviderWindowBy";
+    pub const PAST_PROVIDER_WINDOW_NOTE: &str = "PastProviderWindowNote";
     pub const POISON_MESSAGE_ID: &str = "PoisonMessageId";
     pub const POISON_POP_RECEIPT: &str = "PoisonPopReceipt";
     pub const POISONED_AT: &str = "PoisonedAt";
@@ -324,6 +376,24 @@ pub struct Replacement<'a> {
     pub new_key: Option<&'a str>,
     /// How many bytes longer (negative: shorter) the corrected payload is.
     pub size_diff: i64,
+}
+
+/// An operator's override of the function's `providerKeyWindow`: who, and
+/// the key's age against the window (kept on the record with the time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowOverride<'a> {
+    pub by: &'a str,
+    pub note: &'a str,
+}
+
+/// Add an override of the provider-key window to a closing merge.
+pub(super) fn with_window_override(mut u: Entity, o: Option<&WindowOverride<'_>>) -> Entity {
+    if let Some(o) = o {
+        u.insert(col::PAST_PROVIDER_WINDOW_BY.into(), json!(o.by));
+        u.insert(col::PAST_PROVIDER_WINDOW_AT.into(), json!(now_rfc3339()));
+        u.insert(col::PAST_PROVIDER_WINDOW_NOTE.into(), json!(o.note));
+    }
+    u
 }
 
 /// The replay note of a record closed without a re-put.

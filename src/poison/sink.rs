@@ -2,7 +2,7 @@
 //! that cannot succeed, has [`PoisonStore::write`] carry out the crash-safe
 //! order (see the module doc of [`crate::poison`]), and raises the alert.
 
-use super::envelope::{PoisonEnvelope, ENVELOPE_VERSION};
+use super::envelope::{PoisonEnvelope, PoisonFormat, ENVELOPE_VERSION};
 use super::record::PoisonRecord;
 use super::store::PoisonStore;
 use crate::idempotency::IdempotencyKey;
@@ -23,6 +23,8 @@ pub struct PoisonSink {
     pub records: Arc<dyn TableStore>,
     pub encoding: MessageEncoding,
     pub ttl: Option<Duration>,
+    /// What the `<queue>-poison` copy is: the envelope or the raw body.
+    pub format: PoisonFormat,
     pub alerts: Alerts,
 }
 
@@ -88,7 +90,9 @@ impl PoisonSink {
             record: None,
             encoding: self.encoding,
         };
-        PoisonRecord::open(envelope, "aqw", None)
+        let mut record = PoisonRecord::open(envelope, "aqw", None);
+        record.copy_format = self.format;
+        record
     }
 
     /// The alert of a newly poisoned message (once per message: only the

@@ -7,7 +7,7 @@
 //! The record-table side is here; the poison-queue side (scan, release,
 //! finding and deleting copies) is in [`super::copies`].
 
-use super::record::{self, PoisonRecord, RecordStatus, Replacement, Replayed};
+use super::record::{self, PoisonRecord, RecordStatus, Replacement, Replayed, WindowOverride};
 use crate::failpoint;
 use crate::message::MessageEncoding;
 use crate::storage::{Entity, Etag, QueueStore, StorageError, StorageResult, TableStore, Ttl};
@@ -94,15 +94,18 @@ impl PoisonStore {
             .map(|(e, etag)| (PoisonRecord::from_entity(&e), etag)))
     }
 
-    /// Close `current` (open, at version `etag`) as replayed by `by`.
+    /// Close `current` (open, at version `etag`) as replayed by `by`, with
+    /// the override of the provider-key window if one was needed.
     pub async fn close_replayed(
         &self,
         current: &PoisonRecord,
         by: &str,
         how: Replayed<'_>,
+        past_window: Option<&WindowOverride<'_>>,
         etag: &mut Etag,
     ) -> StorageResult<Closing> {
         let update = record::replayed_update(by, current.replay_count + 1, how);
+        let update = record::with_window_override(update, past_window);
         self.close_open(current, &update, etag).await
     }
 
@@ -111,9 +114,11 @@ impl PoisonStore {
         &self,
         rec: &PoisonRecord,
         replacement: &Replacement<'_>,
+        past_window: Option<&WindowOverride<'_>>,
         etag: &mut Etag,
     ) -> StorageResult<Closing> {
         let update = record::replaced_update(replacement);
+        let update = record::with_window_override(update, past_window);
         self.close_open(rec, &update, etag).await
     }
 
@@ -205,7 +210,7 @@ impl PoisonStore {
         // A record without its copy's id, found by a re-run: the copy may have
         // been put just before a crash. Adopt it rather than put a second one.
         if !created && record.poison_message_id.is_none() {
-            if let Some(existing) = self.find_copy(&row_key).await? {
+            if let Some(existing) = self.find_copy(&record).await? {
                 let update = record::copy_update(&existing, None);
                 self.records
                     .merge(&self.queue, &row_key, &update, None)
@@ -256,7 +261,7 @@ impl PoisonStore {
         ttl: Ttl,
     ) -> StorageResult<()> {
         let pk = self.queue.as_str();
-        let text = record.envelope().to_queue_text(self.records.name());
+        let text = record.copy_text(self.records.name());
         let receipt = super::put_creating(self.poison_queue.as_ref(), &text, ttl).await?;
         failpoint::hit("poison.after_put");
         let update = record::copy_update(&receipt.id, Some(&receipt.pop_receipt));
