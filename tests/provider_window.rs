@@ -232,3 +232,114 @@ fn a_bad_window_is_a_config_error_naming_the_setting() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("aqw.functions.Pay.providerKeyWindow"), "{err}");
 }
+
+/// The dashboard's router, bearer-authenticated as `oncall`.
+fn dashboard(app: &TestApp) -> axum::Router {
+    let auth = aqw::dashboard::AuthConfig {
+        token: Some(TOKEN.into()),
+        user: "oncall".into(),
+        ..Default::default()
+    };
+    let options = aqw::dashboard::Options {
+        auth,
+        ..Default::default()
+    };
+    let d = aqw::dashboard::Dashboard::new(app.config.clone(), options).unwrap();
+    aqw::dashboard::app(std::sync::Arc::new(d))
+}
+
+const TOKEN: &str = "test-token-0123456789abcdef";
+
+/// GET (no form) or POST (a form) as the bearer: (status, body).
+async fn call(r: &axum::Router, uri: &str, form: Option<&str>) -> (u16, String) {
+    use tower::ServiceExt as _;
+    let req = axum::http::Request::builder()
+        .method(if form.is_some() { "POST" } else { "GET" })
+        .uri(uri)
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(axum::body::Body::from(form.unwrap_or("").to_string()))
+        .unwrap();
+    let resp = r.clone().oneshot(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let bytes = axum::body::to_bytes(resp.into_body(), 16 << 20)
+        .await
+        .unwrap();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_the_window_and_refuses_until_overridden() {
+    let sink = Sink::start().await;
+    let (app, ids) = poisoned_app(&sink, &["dash"]).await;
+    age_key(&app, "dash").await;
+    let r = dashboard(&app);
+    let q = &app.queue;
+    let enc = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+    let (status, page) = call(&r, &format!("/q/{q}/record?id={}", enc(&ids[0])), None).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page.contains("id=\"provider-window\"") && page.contains("PAST the window"),
+        "{page}"
+    );
+    assert!(
+        page.contains("name=\"past_provider_window\""),
+        "the override is offered"
+    );
+    let csrf = regex::Regex::new(r#"name="csrf" value="([0-9a-f]+)""#)
+        .unwrap()
+        .captures(&page)
+        .unwrap()[1]
+        .to_string();
+    let form = format!("id={}&csrf={csrf}", enc(&ids[0]));
+    assert_refused_in_dashboard(&r, q, &form).await;
+    let over = format!("{form}&past_provider_window=1");
+    let (status, dry) = call(
+        &r,
+        &format!("/q/{q}/replay"),
+        Some(&format!("{over}&mode=dry-run")),
+    )
+    .await;
+    assert_eq!(status, 200, "{dry}");
+    assert!(
+        dry.contains("name=\"past_provider_window\""),
+        "the real replay keeps the override"
+    );
+    let (status, body) = call(
+        &r,
+        &format!("/q/{q}/replay"),
+        Some(&format!("{over}&mode=real")),
+    )
+    .await;
+    assert_eq!(status, 303, "{body}");
+    let (_, page) = call(&r, &format!("/q/{q}/record?id={}", enc(&ids[0])), None).await;
+    assert!(
+        page.contains("id=\"past-window\"") && page.contains("overridden by"),
+        "{page}"
+    );
+    assert_eq!(
+        record_status(&app, &ids[0])["record"]["pastProviderWindowBy"],
+        "oncall"
+    );
+    app.cleanup().await;
+}
+
+/// Replay (dry run and real) and fix from the dashboard: 409, naming the window.
+async fn assert_refused_in_dashboard(r: &axum::Router, q: &str, form: &str) {
+    let enc = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+    let payload = enc(r#"{"orderId":"dash"}"#);
+    for (path, extra) in [
+        ("replay", "mode=dry-run".to_string()),
+        ("replay", "mode=real".into()),
+        ("fix", format!("payload={payload}")),
+    ] {
+        let (status, body) = call(
+            r,
+            &format!("/q/{q}/{path}"),
+            Some(&format!("{form}&{extra}")),
+        )
+        .await;
+        assert_eq!(status, 409, "{path} {extra}: {body}");
+        assert!(body.contains("providerKeyWindow 1.00:00:00"), "{body}");
+    }
+}
