@@ -247,7 +247,7 @@ pub fn record_page(p: &RecordPage, v: &Viewer) -> Markup {
             dt { "poisoned at" } dd { (r.poisoned_at) }
             dt { "first attempt / dequeued" } dd { (r.first_attempt_at) " / " (r.dequeue_count) " time(s)" }
             dt { "error (" (r.error.kind.as_str()) ")" } dd { pre.wrap #record-error { (scrub(&r.error.message)) } }
-            dt { "origin / encoding" } dd { (r.origin) " / " (r.encoding.as_str()) }
+            dt { "origin / encoding / poison copy" } dd { (r.origin) " / " (r.encoding.as_str()) " / " (r.copy_format.as_str()) }
         }
         h2 { "Payload" }
         (payload(p.payload))

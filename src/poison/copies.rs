@@ -227,7 +227,10 @@ impl PoisonStore {
             record: None,
             encoding: self.encoding,
         };
-        PoisonRecord::open(envelope, "host", Some(id.to_string()))
+        let mut record = PoisonRecord::open(envelope, "host", Some(id.to_string()));
+        // The host writes the raw body: say so on `poison show`.
+        record.copy_format = PoisonFormat::Raw;
+        record
     }
 
     /// Name `copy_id` as the poison-queue copy of record `row_key`.
