@@ -29,8 +29,14 @@ fn dashboard(app: &TestApp, read_only: bool) -> Router {
         token: Some(TOKEN.into()),
         user: "oncall".into(),
         trust_principal: false,
+        ..AuthConfig::default()
     };
-    let d = Dashboard::new(app.config.clone(), Options { read_only, auth }).unwrap();
+    let options = Options {
+        read_only,
+        auth,
+        ..Options::default()
+    };
+    let d = Dashboard::new(app.config.clone(), options).unwrap();
     dashboard::app(Arc::new(d))
 }
 
@@ -595,7 +601,7 @@ async fn read_only_without_auth_shows_views_and_no_forms() {
         app.config.clone(),
         Options {
             read_only: true,
-            auth: AuthConfig::default(),
+            ..Options::default()
         },
     )
     .unwrap();
