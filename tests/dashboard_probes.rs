@@ -57,6 +57,34 @@ fn command(app: &TestApp, args: &[&str], env: &[(&str, &str)]) -> Command {
     c
 }
 
+/// Run `c` to its exit, which a refused configuration reaches at once;
+/// `None` (and killed) when it is still running after a few seconds, i.e.
+/// it started serving.
+fn exit_of(mut c: Command) -> Option<std::process::Output> {
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut child = c
+        .stdout(Stdio::null())
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(10) {
+        if let Some(status) = child.try_wait().unwrap() {
+            let stderr = std::fs::read(log.path()).unwrap();
+            let stdout = vec![];
+            return Some(std::process::Output {
+                status,
+                stdout,
+                stderr,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
 fn start(app: &TestApp, args: &[&str], env: &[(&str, &str)]) -> Running {
     let log = tempfile::NamedTempFile::new().unwrap();
     let mut child = command(app, &[&["--listen", "127.0.0.1:0"], args].concat(), env)
@@ -255,13 +283,9 @@ async fn with_a_token_and_trust_a_forged_header_plus_any_cookie_gets_nothing_and
 async fn trust_without_a_guard_beyond_loopback_refuses_to_start_and_trust_is_announced() {
     azurite();
     let app = keyed_app();
-    let out = command(
-        &app,
-        &["--listen", "0.0.0.0:0"],
-        &[("AQW_DASHBOARD_TRUST_PRINCIPAL", "1")],
-    )
-    .output()
-    .unwrap();
+    let trust = [("AQW_DASHBOARD_TRUST_PRINCIPAL", "1")];
+    let c = command(&app, &["--listen", "0.0.0.0:0"], &trust);
+    let out = exit_of(c).expect("refused, not serving");
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("AQW_DASHBOARD_PROXY_SECRET"), "{err}");
@@ -433,9 +457,12 @@ fn a_low_entropy_token_is_refused_at_start_up_saying_why() {
         "abababababababababababab",
         "1234567123456712345671",
     ] {
-        let out = command(&app, &[], &[("AQW_DASHBOARD_TOKEN", weak)])
-            .output()
-            .unwrap();
+        let c = command(
+            &app,
+            &["--listen", "127.0.0.1:0"],
+            &[("AQW_DASHBOARD_TOKEN", weak)],
+        );
+        let out = exit_of(c).expect("refused, not serving");
         assert_eq!(out.status.code(), Some(2), "{weak}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("different characters"), "{err}");
