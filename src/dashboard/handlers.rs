@@ -278,6 +278,15 @@ fn groups(queue: &str, records: &[PoisonRecord]) -> Vec<Group> {
         .unwrap_or_default()
 }
 
+/// The filter form's fields as asked (status open by default).
+fn filter_form(params: &Pairs) -> Vec<(&'static str, String)> {
+    let keep = ["status", "since", "until", "function", "error", "group"];
+    let default = |k: &str| if k == "status" { "open" } else { "" };
+    keep.iter()
+        .map(|k| (*k, get(params, k).unwrap_or(default(k)).to_string()))
+        .collect()
+}
+
 pub async fn list(
     State(d): S,
     Path(queue): Path<String>,
@@ -307,18 +316,7 @@ pub async fn list(
         .clamp(1, pages);
     let shown =
         &records[((n - 1) * PAGE_SIZE).min(records.len())..(n * PAGE_SIZE).min(records.len())];
-    let keep = ["status", "since", "until", "function", "error", "group"];
-    let form: Vec<(&'static str, String)> = keep
-        .iter()
-        .map(|k| {
-            (
-                *k,
-                get(&params, k)
-                    .unwrap_or(if *k == "status" { "open" } else { "" })
-                    .to_string(),
-            )
-        })
-        .collect();
+    let form = filter_form(&params);
     let query = url::form_urlencoded::Serializer::new(String::new())
         .extend_pairs(form.iter().filter(|(k, v)| !v.is_empty() && *k != "group"))
         .finish();

@@ -228,10 +228,10 @@ pub async fn limit(
     let r = next.run(req).await;
     if r.status() == StatusCode::UNAUTHORIZED {
         d.throttle.failed(peer, attempt);
-    } else if r.status().is_success() || r.status().is_redirection() {
-        if matches!(attempt, Attempt::SignIn) {
-            d.throttle.succeeded(peer);
-        }
+    } else if matches!(attempt, Attempt::SignIn)
+        && (r.status().is_success() || r.status().is_redirection())
+    {
+        d.throttle.succeeded(peer);
     }
     r
 }
