@@ -26,7 +26,7 @@
 //! | `Handler` with typed results (retryable, uncertain, permanent); built-in `http` and `exec` | `src/handlers/` |
 //! | Functions custom handler (`aqw serve`): invocations read as the host encodes them | `src/serve.rs` |
 //! | `/healthz`, `/readyz`, `/metrics` | `src/http.rs` |
-//! | `aqw dashboard`: status, poison list grouped as in the alert, one record, replay/discard/fix through `ops`; token or platform-principal auth, CSRF, read-only; its own listener, not the ops port | `src/dashboard/` (`mod.rs` router and headers, `auth.rs`, `handlers.rs`, `views.rs` (maud), `payload.rs`, `assets/`) |
+//! | `aqw dashboard`: status, poison list grouped as in the alert, one record, replay/discard/fix through `ops`; token (server-side sessions) or guarded platform-principal auth, CSRF, read-only, `Host` check, back-off on wrong tokens; its own listener, not the ops port | `src/dashboard/` (`mod.rs` router, headers and `/healthz`, `auth.rs`, `guard.rs` (`Host`, principal guard), `throttle.rs`, `handlers.rs`, `progress.rs`, `views.rs` (maud), `payload.rs`, `assets/`) |
 //! | logs (text/JSON, secrets scrubbed), metrics, grouped alerts | `src/telemetry.rs` |
 //! | traces: the `aqw.job` span and its steps, W3C context in (`aqw.tracing.parent`, the host's `traceparent`) and out (handlers, `aqw enqueue`), ids on outcome lines | `src/traces/mod.rs` |
 //! | trace exporters chosen by the environment (OTLP/HTTP, Application Insights), bounded and never blocking a job | `src/traces/export.rs` |

@@ -14,8 +14,9 @@
 //!    (`guard.rs`) removes those headers first from every request that did
 //!    not prove it came through that front end, so here they are believed.
 //!
-//! A bearer or a session cookie, when presented, always decides: principal
-//! headers are only read from requests that present neither.
+//! Which wins: a bearer, when presented, always decides (a wrong one is
+//! nobody, whatever else the request carries); then a live session cookie;
+//! principal headers are read only when neither identifies the request.
 //!
 //! The token's name is the principal (`AQW_DASHBOARD_USER`, default
 //! `dashboard`), the platform's user name the other: actions record it as
@@ -553,6 +554,44 @@ mod tests {
             60,
         );
         assert!(tls.ends_with("; Secure"), "{tls}");
+    }
+
+    #[test]
+    fn sign_out_ends_the_session_and_a_bearer_beats_principal_headers() {
+        let a = auth(Some("0123456789abcdef"), true);
+        let c = format!("{SESSION_COOKIE}={}", a.login("0123456789abcdef").unwrap());
+        let h = headers(&[("cookie", &c), ("x-ms-client-principal-name", "mallory")]);
+        let p = a.identify(&h).unwrap();
+        assert_eq!(p.via, Via::Session);
+        a.logout(&p);
+        // The session is gone; principal headers still name someone, but a
+        // request that presents a cookie is refused by the gate (handlers).
+        assert_eq!(a.identify(&h).unwrap().via, Via::Platform);
+        assert!(a.identify(&headers(&[("cookie", &c)])).is_none());
+        let both = headers(&[
+            ("authorization", "Bearer 0123456789abcdef"),
+            ("x-ms-client-principal-name", "mallory"),
+        ]);
+        assert_eq!(a.identify(&both).unwrap().name, "oncall");
+    }
+
+    #[test]
+    fn principal_names_have_their_control_characters_escaped() {
+        assert_eq!(log_safe("a\nb\u{1b}[31m"), "a\\u{a}b\\u{1b}[31m");
+        assert_eq!(log_safe("ev\u{202e}il"), "ev\\u{202e}il");
+        assert_eq!(log_safe(&"x".repeat(500)).len(), MAX_NAME_CHARS);
+    }
+
+    #[test]
+    fn low_entropy_secrets_are_refused_saying_why() {
+        let err = check_secret("AQW_DASHBOARD_TOKEN", &"ab".repeat(12)).unwrap_err();
+        assert!(err.contains("only 2 different characters"), "{err}");
+        assert!(!err.contains("abab"));
+        assert!(check_secret("AQW_DASHBOARD_TOKEN", "0123456789abcdef").is_ok());
+        let env = |k: &str| {
+            (k == "AQW_DASHBOARD_TRUSTED_PROXIES").then(|| "10.0.0.0/8, nope".to_string())
+        };
+        assert!(AuthConfig::from_env(env).unwrap_err().contains("\"nope\""));
     }
 
     #[test]

@@ -134,7 +134,7 @@ impl Options {
             };
             w.push(format!("AQW_DASHBOARD_TRUST_PRINCIPAL=1: X-MS-CLIENT-PRINCIPAL headers are believed {guard}"));
             if a.token.is_some() {
-                w.push("a bearer token or session cookie, when presented, decides; principal headers are read only from requests without either".into());
+                w.push("a bearer token, when presented, decides, then a live session cookie; principal headers are read only when neither identifies the request".into());
             }
         }
         if !self.listen_ip().is_loopback() && self.public_hosts.is_empty() {
@@ -256,4 +256,44 @@ pub async fn serve(
 /// Whether `addr` only accepts connections from this machine.
 pub fn is_loopback(addr: &std::net::SocketAddr) -> bool {
     addr.ip().is_loopback()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unguarded_trust_starts_only_on_loopback_and_is_announced() {
+        let trust = AuthConfig {
+            trust_principal: true,
+            ..AuthConfig::default()
+        };
+        let on = |addr: &str, auth: AuthConfig| Options {
+            auth,
+            listen: Some(addr.parse().unwrap()),
+            ..Options::default()
+        };
+        assert!(on("127.0.0.1:8088", trust.clone()).check().is_ok());
+        let err = on("0.0.0.0:8088", trust.clone()).check().unwrap_err();
+        assert!(err.contains("AQW_DASHBOARD_PROXY_SECRET"), "{err}");
+        let guarded = AuthConfig {
+            proxy_secret: Some("0123456789abcdef".into()),
+            ..trust.clone()
+        };
+        let o = on("0.0.0.0:8088", guarded);
+        assert!(o.check().is_ok());
+        assert_eq!(o.mode(), "principal");
+        assert!(
+            o.warnings()[0].contains("X-AQW-Proxy-Secret"),
+            "{:?}",
+            o.warnings()
+        );
+        let both = AuthConfig {
+            token: Some("0123456789abcdef".into()),
+            ..trust
+        };
+        let o = on("127.0.0.1:8088", both);
+        assert_eq!(o.mode(), "token+principal");
+        assert!(o.warnings().iter().any(|w| w.contains("decides")));
+    }
 }
