@@ -162,7 +162,13 @@ async fn poison(app_dir: &Path, cmd: PoisonCmd, output: Output) -> Result<Exit, 
             error,
         } => {
             let filter = Filter {
-                status: record_status(status),
+                status: match status {
+                    StatusFilter::Open => Some(RecordStatus::Open),
+                    StatusFilter::Replayed => Some(RecordStatus::Replayed),
+                    StatusFilter::Discarded => Some(RecordStatus::Discarded),
+                    StatusFilter::Replaced => Some(RecordStatus::Replaced),
+                    StatusFilter::All => None,
+                },
                 since: since.as_deref().map(parse_time).transpose()?,
                 until: until.as_deref().map(parse_time).transpose()?,
                 function,
@@ -176,7 +182,26 @@ async fn poison(app_dir: &Path, cmd: PoisonCmd, output: Output) -> Result<Exit, 
             render::poison_show(&report, output);
             Ok(Exit::Ok)
         }
-        cmd @ PoisonCmd::Fix { .. } => poison_fix(&app, cmd, output).await,
+        PoisonCmd::Fix {
+            queue,
+            id,
+            payload,
+            file,
+            stdin,
+            by,
+            wait,
+        } => {
+            if by.trim().is_empty() {
+                return Err(Failure::usage("--by must not be empty"));
+            }
+            let payload = read_payload(payload, file, stdin.as_deref())?;
+            let wait = parse_wait(wait.as_deref())?;
+            let ops = queue_ops(&app, &queue)?;
+            let report = ops::fix(&ops, &id, &payload, &by, wait).await?;
+            render::poison_fix(&id, &by, &report, output);
+            let ok = report.action == FixAction::Replaced && report.confirmed != Some(false);
+            Ok(Exit::needs_a_person_if(!ok))
+        }
         PoisonCmd::Discard {
             queue,
             id,
@@ -194,42 +219,6 @@ async fn poison(app_dir: &Path, cmd: PoisonCmd, output: Output) -> Result<Exit, 
         }
         cmd @ PoisonCmd::Replay { .. } => poison_replay(&app, cmd, output).await,
     }
-}
-
-/// The record status `poison list --status` selects (`None`: all).
-fn record_status(status: StatusFilter) -> Option<RecordStatus> {
-    match status {
-        StatusFilter::Open => Some(RecordStatus::Open),
-        StatusFilter::Replayed => Some(RecordStatus::Replayed),
-        StatusFilter::Discarded => Some(RecordStatus::Discarded),
-        StatusFilter::Replaced => Some(RecordStatus::Replaced),
-        StatusFilter::All => None,
-    }
-}
-
-async fn poison_fix(app: &Arc<AppConfig>, cmd: PoisonCmd, output: Output) -> Result<Exit, Failure> {
-    let PoisonCmd::Fix {
-        queue,
-        id,
-        payload,
-        file,
-        stdin,
-        by,
-        wait,
-    } = cmd
-    else {
-        unreachable!("poison_fix is called with PoisonCmd::Fix only");
-    };
-    if by.trim().is_empty() {
-        return Err(Failure::usage("--by must not be empty"));
-    }
-    let payload = read_payload(payload, file, stdin.as_deref())?;
-    let wait = parse_wait(wait.as_deref())?;
-    let ops = queue_ops(app, &queue)?;
-    let report = ops::fix(&ops, &id, &payload, &by, wait).await?;
-    render::poison_fix(&id, &by, &report, output);
-    let ok = report.action == FixAction::Replaced && report.confirmed != Some(false);
-    Ok(Exit::needs_a_person_if(!ok))
 }
 
 async fn poison_list(
@@ -295,21 +284,20 @@ async fn poison_replay(
     };
     let ops = queue_ops(app, &queue)?;
     let bar = progress_bar(output);
-    let progress = |done: usize, total: usize| show_progress(bar.as_ref(), done, total);
+    let progress = |done: usize, total: usize| {
+        if let Some(b) = &bar {
+            if total > 5 {
+                b.set_length(total as u64);
+                b.set_position(done as u64);
+            }
+        }
+    };
     let report = ops::replay(&ops, &opts, &progress).await?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
     render::poison_replay(&report, opts.wait.is_some(), output);
     Ok(Exit::needs_a_person_if(report.needs_a_person()))
-}
-
-/// Move the bar of a replay of more than five records.
-fn show_progress(bar: Option<&indicatif::ProgressBar>, done: usize, total: usize) {
-    if let Some(b) = bar.filter(|_| total > 5) {
-        b.set_length(total as u64);
-        b.set_position(done as u64);
-    }
 }
 
 /// A progress bar on a terminal, for text output only.
