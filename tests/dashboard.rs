@@ -386,18 +386,15 @@ async fn hostile_payloads_render_inert_and_no_secret_renders() {
 /// 1,000 open records: every third a 404, the others 503s.
 async fn insert_thousand(app: &TestApp) {
     let ids: Vec<String> = (0..1000).map(|i| format!("rec-{i:04}")).collect();
-    futures::stream::iter(ids.iter().map(|id| {
-        let app = app;
-        async move {
-            let n = id[4..].parse::<u32>().unwrap();
-            let error = if n % 3 == 0 {
-                format!("HTTP 404 order {n} not found")
-            } else {
-                format!("HTTP 503 attempt {n}")
-            };
-            let payload = format!(r#"{{"orderId":"{id}"}}"#);
-            insert_record(app, id, &payload, MessageEncoding::None, &error).await;
-        }
+    futures::stream::iter(ids.iter().map(|id| async move {
+        let n = id[4..].parse::<u32>().unwrap();
+        let error = if n % 3 == 0 {
+            format!("HTTP 404 order {n} not found")
+        } else {
+            format!("HTTP 503 attempt {n}")
+        };
+        let payload = format!(r#"{{"orderId":"{id}"}}"#);
+        insert_record(app, id, &payload, MessageEncoding::None, &error).await;
     }))
     .buffer_unordered(16)
     .collect::<Vec<()>>()
