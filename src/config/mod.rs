@@ -20,6 +20,7 @@
 mod functions;
 mod raw;
 mod settings;
+pub mod show;
 mod timespan;
 mod validate;
 

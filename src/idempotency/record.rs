@@ -199,6 +199,28 @@ impl KeyRecord {
         }
     }
 
+    /// The key's state in a few words, for a dry run's row: `poisoned after
+    /// 2 attempt(s)`, `done at …`, `cancelled`.
+    pub fn state_summary(&self) -> String {
+        match self.status {
+            KeyStatus::Done => format!(
+                "done at {}",
+                self.completed_at.as_deref().unwrap_or("-")
+            ),
+            KeyStatus::Cancelled => "cancelled".into(),
+            s => format!("{} after {} attempt(s)", s.as_str(), self.attempts),
+        }
+    }
+
+    /// What the provider answered the attempt that completed the key.
+    pub fn completed_answer(&self) -> Option<&ProviderAnswer> {
+        self.history
+            .iter()
+            .rev()
+            .find(|a| a.outcome == "completed")
+            .and_then(|a| a.provider.as_ref())
+    }
+
     /// The end of a live lease held on the key, if any.
     pub fn lease_live(&self, now: OffsetDateTime) -> Option<OffsetDateTime> {
         let until = OffsetDateTime::parse(self.lease_until.as_deref()?, &Rfc3339).ok()?;
