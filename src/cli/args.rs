@@ -341,6 +341,80 @@ mod tests {
         }
     }
 
+    /// Every example line of every command's help, as clap parses it: a
+    /// help example that no longer parses is a broken procedure.
+    #[test]
+    fn every_help_example_parses() {
+        fn examples(cmd: &clap::Command, out: &mut Vec<String>) {
+            if let Some(h) = cmd.get_after_help() {
+                let h = h.to_string();
+                let from = h.find("Example").map_or(h.len(), |i| i);
+                out.extend(h[from..].lines().filter(|l| l.starts_with("  ")).map(str::to_string));
+            }
+            cmd.get_subcommands().for_each(|sc| examples(sc, out));
+        }
+        // The examples rely on --by defaulting to $USER, as in a login shell.
+        if std::env::var_os("USER").is_none() {
+            std::env::set_var("USER", "operator");
+        }
+        let mut lines = Vec::new();
+        examples(&Cli::command(), &mut lines);
+        let mut parsed = 0;
+        for line in &lines {
+            for argv in aqw_invocations(line) {
+                if let Err(e) = Cli::try_parse_from(&argv) {
+                    panic!("help example does not parse: {line}\n{argv:?}\n{e}");
+                }
+                parsed += 1;
+            }
+        }
+        let leaves = 16;
+        assert!(parsed >= leaves, "only {parsed} aqw invocations in {lines:#?}");
+    }
+
+    /// The `aqw` commands of one shell line: words split as a POSIX shell
+    /// would for these examples (quotes, `$(…)` as one word, pipes,
+    /// redirections, leading `NAME=value` assignments dropped).
+    fn aqw_invocations(line: &str) -> Vec<Vec<String>> {
+        let (mut words, mut word, mut quote, mut depth) = (vec![], String::new(), None, 0);
+        let mut chars = line.trim().chars().peekable();
+        while let Some(c) = chars.next() {
+            match (quote, c) {
+                (Some(q), c) if c == q => quote = None,
+                (Some('"'), '\\') => word.extend(chars.next()),
+                (Some(_), c) => word.push(c),
+                (None, '\'' | '"') => quote = Some(c),
+                (None, '$') if chars.peek() == Some(&'(') => {
+                    depth += 1;
+                    word.push(c);
+                }
+                (None, ')') if depth > 0 => {
+                    depth -= 1;
+                    word.push(c);
+                }
+                (None, ' ') if depth == 0 => words.extend((!word.is_empty()).then(|| std::mem::take(&mut word))),
+                (None, c) => word.push(c),
+            }
+        }
+        words.extend((!word.is_empty()).then_some(word));
+        let mut out = Vec::new();
+        for segment in words.split(|w| w == "|") {
+            let mut argv: Vec<String> = Vec::new();
+            let mut it = segment.iter().skip_while(|w| w.contains('=') && !w.starts_with('-'));
+            while let Some(w) = it.next() {
+                if w == ">" {
+                    it.next();
+                } else {
+                    argv.push(w.clone());
+                }
+            }
+            if argv.first().is_some_and(|w| w == "aqw") {
+                out.push(argv);
+            }
+        }
+        out
+    }
+
     #[test]
     fn by_behaves_the_same_on_replay_and_discard() {
         let by_of = |sub: &str| {
