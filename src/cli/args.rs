@@ -270,7 +270,9 @@ pub enum PoisonCmd {
 pub enum ConfigCmd {
     /// Print the effective configuration: functions, queues, handlers, keys,
     /// cap, retry, ports, exporters; secrets masked; where each came from.
-    #[command(after_help = "Examples:\n  aqw config show --app ./app\n  aqw config show --output json")]
+    #[command(
+        after_help = "Examples:\n  aqw config show --app ./app\n  aqw config show --output json"
+    )]
     Show,
 }
 
@@ -349,7 +351,12 @@ mod tests {
             if let Some(h) = cmd.get_after_help() {
                 let h = h.to_string();
                 let from = h.find("Example").map_or(h.len(), |i| i);
-                out.extend(h[from..].lines().filter(|l| l.starts_with("  ")).map(str::to_string));
+                out.extend(
+                    h[from..]
+                        .lines()
+                        .filter(|l| l.starts_with("  "))
+                        .map(str::to_string),
+                );
             }
             cmd.get_subcommands().for_each(|sc| examples(sc, out));
         }
@@ -369,7 +376,10 @@ mod tests {
             }
         }
         let leaves = 16;
-        assert!(parsed >= leaves, "only {parsed} aqw invocations in {lines:#?}");
+        assert!(
+            parsed >= leaves,
+            "only {parsed} aqw invocations in {lines:#?}"
+        );
     }
 
     /// The `aqw` commands of one shell line: words split as a POSIX shell
@@ -392,7 +402,9 @@ mod tests {
                     depth -= 1;
                     word.push(c);
                 }
-                (None, ' ') if depth == 0 => words.extend((!word.is_empty()).then(|| std::mem::take(&mut word))),
+                (None, ' ') if depth == 0 => {
+                    words.extend((!word.is_empty()).then(|| std::mem::take(&mut word)))
+                }
                 (None, c) => word.push(c),
             }
         }
@@ -400,7 +412,9 @@ mod tests {
         let mut out = Vec::new();
         for segment in words.split(|w| w == "|") {
             let mut argv: Vec<String> = Vec::new();
-            let mut it = segment.iter().skip_while(|w| w.contains('=') && !w.starts_with('-'));
+            let mut it = segment
+                .iter()
+                .skip_while(|w| w.contains('=') && !w.starts_with('-'));
             while let Some(w) = it.next() {
                 if w == ">" {
                     it.next();

@@ -265,7 +265,10 @@ async fn poison_list(
     if records.is_empty() && output == Output::Text {
         // Say what the filter hid: "0 open, 5 in all", not "no records".
         let all = ops.records().await?;
-        let open_all = all.iter().filter(|r| r.status == RecordStatus::Open).count();
+        let open_all = all
+            .iter()
+            .filter(|r| r.status == RecordStatus::Open)
+            .count();
         render::empty_poison_list(queue, open_all, all.len());
         return Ok(Exit::Ok);
     }

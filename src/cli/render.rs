@@ -1,9 +1,9 @@
 //! Everything a command prints: text for a person, JSON for a program.
 
 use super::args::Output;
+use aqw::config::show::Setting;
 use aqw::config::MessageEncoding;
 use aqw::idempotency::{Attempt, KeyRecord, KeyStatus, HISTORY_LEN};
-use aqw::config::show::Setting;
 use aqw::ops::{
     DiscardRehearsal, Enqueued, FixAction, FixRehearsal, FixReport, QueueStatus, ReplayReport,
     ShowReport,
@@ -278,7 +278,12 @@ pub fn poison_replay(report: &ReplayReport, waited: bool, output: Output) {
             (Some(k), Some(st)) if report.dry_run => format!("  key {k} ({st})"),
             _ => String::new(),
         };
-        println!("{:<38} {:<26} {}{conf}{key}", i.id, i.action.as_str(), extra);
+        println!(
+            "{:<38} {:<26} {}{conf}{key}",
+            i.id,
+            i.action.as_str(),
+            extra
+        );
     }
     println!(
         "{}: {} selected, {} replayed, {} already done, {} not replayed{}",

@@ -111,7 +111,10 @@ fn provider_answers(
 ) -> Result<crate::handlers::http::ProviderAnswers, (&'static str, String)> {
     if let Some(h) = replay_header {
         if reqwest::header::HeaderName::from_bytes(h.as_bytes()).is_err() {
-            return Err(("replayHeader", format!("\"{h}\" is not an HTTP header name")));
+            return Err((
+                "replayHeader",
+                format!("\"{h}\" is not an HTTP header name"),
+            ));
         }
     }
     if let Some(s) = refused_statuses.iter().find(|s| !(400..=599).contains(*s)) {
@@ -121,7 +124,8 @@ fn provider_answers(
         ));
     }
     Ok(crate::handlers::http::ProviderAnswers {
-        replay_header: replay_header.map(str::to_ascii_lowercase),
+        // As written: header lookups ignore case.
+        replay_header: replay_header.map(str::to_string),
         refused_statuses: refused_statuses.to_vec(),
     })
 }

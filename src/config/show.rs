@@ -10,18 +10,23 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Where a setting's value came from.
+/// Serialized as the text shows it (`host.json`, `local.settings.json`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
 pub enum Source {
     /// The process environment (wins over local.settings.json).
+    #[serde(rename = "environment")]
     Environment,
     /// `Values` of local.settings.json in the app folder.
+    #[serde(rename = "local.settings.json")]
     LocalSettings,
     /// host.json.
+    #[serde(rename = "host.json")]
     HostJson,
     /// `<Function>/function.json`.
+    #[serde(rename = "function.json")]
     FunctionJson,
     /// Not set anywhere: aqw's default.
+    #[serde(rename = "default")]
     Default,
 }
 
@@ -102,24 +107,54 @@ pub fn effective(app: &AppConfig, look: &Lookup) -> Vec<Setting> {
         })
     };
     let q = "/extensions/queues";
-    row("maxDequeueCount", app.max_dequeue_count.to_string(), look.host(&format!("{q}/maxDequeueCount")));
-    row("batchSize", app.batch_size.to_string(), look.host(&format!("{q}/batchSize")));
-    row("maxPollingInterval", secs(app.max_polling_interval), look.host(&format!("{q}/maxPollingInterval")));
-    row("messageEncoding", app.message_encoding.as_str().into(), look.host(&format!("{q}/messageEncoding")));
+    row(
+        "maxDequeueCount",
+        app.max_dequeue_count.to_string(),
+        look.host(&format!("{q}/maxDequeueCount")),
+    );
+    row(
+        "batchSize",
+        app.batch_size.to_string(),
+        look.host(&format!("{q}/batchSize")),
+    );
+    row(
+        "maxPollingInterval",
+        secs(app.max_polling_interval),
+        look.host(&format!("{q}/maxPollingInterval")),
+    );
+    row(
+        "messageEncoding",
+        app.message_encoding.as_str().into(),
+        look.host(&format!("{q}/messageEncoding")),
+    );
     row("retry", retry(&app.retry), look.host("/aqw/retry"));
     row("lease", secs(app.lease), look.host("/aqw/lease"));
-    row("tables.keys", app.keys_table.clone(), look.host("/aqw/tables/keys"));
-    row("tables.poison", app.poison_table.clone(), look.host("/aqw/tables/poison"));
+    row(
+        "tables.keys",
+        app.keys_table.clone(),
+        look.host("/aqw/tables/keys"),
+    );
+    row(
+        "tables.poison",
+        app.poison_table.clone(),
+        look.host("/aqw/tables/poison"),
+    );
     let port = app.http_port.map_or("off".into(), |p| p.to_string());
     row("http.port", port, look.host("/aqw/http/port"));
-    let webhook = app.alert_webhook.as_ref().map_or("off".into(), |u| safe_url(u.as_str()));
+    let webhook = app
+        .alert_webhook
+        .as_ref()
+        .map_or("off".into(), |u| safe_url(u.as_str()));
     row("alert.webhook", webhook, look.host("/aqw/alert/webhook"));
     for name in ["FUNCTIONS_CUSTOMHANDLER_PORT", "AQW_DASHBOARD_LISTEN"] {
         if let Some(src) = look.setting(name) {
             row(name, setting_value(look, name, src), src);
         }
     }
-    for name in ["AQW_DASHBOARD_TOKEN", "APPLICATIONINSIGHTS_CONNECTION_STRING"] {
+    for name in [
+        "AQW_DASHBOARD_TOKEN",
+        "APPLICATIONINSIGHTS_CONNECTION_STRING",
+    ] {
         if let Some(src) = look.setting(name) {
             row(name, "(set, not shown)".into(), src);
         }
@@ -130,7 +165,11 @@ pub fn effective(app: &AppConfig, look: &Lookup) -> Vec<Setting> {
     });
     let exporters = match exporters {
         Ok(t) if t.is_empty() => "none".into(),
-        Ok(t) => t.iter().map(|t| t.describe()).collect::<Vec<_>>().join("; "),
+        Ok(t) => t
+            .iter()
+            .map(|t| t.describe())
+            .collect::<Vec<_>>()
+            .join("; "),
         Err(e) => format!("invalid: {e}"),
     };
     row("exporters", exporters, Source::Environment);
@@ -148,14 +187,22 @@ fn function_rows(
 ) {
     let at = |what: &str| format!("functions.{}.{what}", f.name);
     let h = format!("/aqw/functions/{}/handler", f.name);
-    row(&at("queue"), f.queue.clone(), Source::FunctionJson);
+    let queue_source = match look.host(&format!("/aqw/functions/{}/queue", f.name)) {
+        Source::HostJson => Source::HostJson,
+        _ => Source::FunctionJson,
+    };
+    row(&at("queue"), f.queue.clone(), queue_source);
     let conn_source = look
         .setting(&f.connection.setting)
         .or_else(|| look.setting(&format!("{}__accountName", f.connection.setting)))
         .unwrap_or(Source::Environment);
     row(&at("connection"), connection(&f.connection), conn_source);
     let (handler, source) = match &f.handler {
-        HandlerSpec::Http { url, timeout, answers } => (
+        HandlerSpec::Http {
+            url,
+            timeout,
+            answers,
+        } => (
             format!(
                 "http POST {} (timeout {}, replay header {}, refused {})",
                 safe_url(url.as_str()),
@@ -177,7 +224,11 @@ fn function_rows(
         KeySpec::PayloadField => "the payload's idempotencyKey field".into(),
         KeySpec::None => "none (naturally idempotent)".into(),
     };
-    row(&at("key"), key, look.host(&format!("/aqw/functions/{}/key", f.name)));
+    row(
+        &at("key"),
+        key,
+        look.host(&format!("/aqw/functions/{}/key", f.name)),
+    );
 }
 
 /// The value of a setting from its source (environment or local.settings.json).
@@ -234,7 +285,11 @@ fn retry(r: &RetryStrategy) -> String {
         RetryStrategy::Exponential {
             initial_delay,
             max_delay,
-        } => format!("exponential from {} to {}", secs(*initial_delay), secs(*max_delay)),
+        } => format!(
+            "exponential from {} to {}",
+            secs(*initial_delay),
+            secs(*max_delay)
+        ),
         RetryStrategy::Fixed { delay } => format!("fixed {}", secs(*delay)),
     }
 }

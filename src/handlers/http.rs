@@ -28,7 +28,7 @@ pub struct HttpHandler {
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ProviderAnswers {
-    /// The response header (lower case) whose `true` means the provider
+    /// The response header whose `true` means the provider
     /// answered from its idempotency store: the effect happened once, earlier.
     pub replay_header: Option<String>,
     /// Statuses that mean "refused, not applied", besides 425, 429 and 503.
@@ -198,7 +198,12 @@ impl Handler for HttpHandler {
         let replayed = replay_signalled(resp.headers(), self.answers.replay_header.as_deref());
         let body = resp.text().await.unwrap_or_default();
         let tail: String = body.chars().take(512).collect();
-        match classify_with(status, retry_after, tail.trim(), &self.answers.refused_statuses) {
+        match classify_with(
+            status,
+            retry_after,
+            tail.trim(),
+            &self.answers.refused_statuses,
+        ) {
             None => Ok(Success::answered(ProviderAnswer {
                 status,
                 body: body_excerpt(&body),

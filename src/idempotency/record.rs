@@ -203,10 +203,7 @@ impl KeyRecord {
     /// 2 attempt(s)`, `done at …`, `cancelled`.
     pub fn state_summary(&self) -> String {
         match self.status {
-            KeyStatus::Done => format!(
-                "done at {}",
-                self.completed_at.as_deref().unwrap_or("-")
-            ),
+            KeyStatus::Done => format!("done at {}", self.completed_at.as_deref().unwrap_or("-")),
             KeyStatus::Cancelled => "cancelled".into(),
             s => format!("{} after {} attempt(s)", s.as_str(), self.attempts),
         }

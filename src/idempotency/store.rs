@@ -347,10 +347,7 @@ impl KeyStore {
         update.insert("LeaseUntil".into(), json!(""));
         // Done: earlier errors are history now, not a current error.
         update.insert("LastError".into(), json!(""));
-        update.insert(
-            "History".into(),
-            json!(history_with(&claim.history, done)),
-        );
+        update.insert("History".into(), json!(history_with(&claim.history, done)));
         if effects.is_empty() {
             self.merge_owned(claim, update).await?;
             return Ok(());

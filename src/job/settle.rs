@@ -270,7 +270,14 @@ impl Settling<'_> {
             + u32::from(uncertain);
         if let Err(e) = rt
             .poison
-            .write(self.msg, self.key, &info, first_attempt_at, trace_parent, uncertain_attempts)
+            .write(
+                self.msg,
+                self.key,
+                &info,
+                first_attempt_at,
+                trace_parent,
+                uncertain_attempts,
+            )
             .await
         {
             return abandoned(e);

@@ -61,7 +61,9 @@ pub async fn rehearse_fix(ops: &QueueOps, id: &str, payload: &str) -> OpsResult<
     };
     match derive_key(&f.key, payload) {
         Err(e) => {
-            report.refusal = Some(format!("the corrected payload would be poisoned at once: {e}"));
+            report.refusal = Some(format!(
+                "the corrected payload would be poisoned at once: {e}"
+            ));
             return Ok(report);
         }
         Ok(k) => report.new_key = k,
@@ -72,7 +74,11 @@ pub async fn rehearse_fix(ops: &QueueOps, id: &str, payload: &str) -> OpsResult<
     }
     if let Some(k) = report.new_key.clone() {
         let state = ops.keys.get(&f.name, &k).await?;
-        report.key_state = Some(state.as_ref().map_or("none".into(), KeyRecord::state_summary));
+        report.key_state = Some(
+            state
+                .as_ref()
+                .map_or("none".into(), KeyRecord::state_summary),
+        );
         if let Some(r) = state.filter(|r| r.status.is_settled()) {
             report.refusal = Some(format!(
                 "key {} is already {}: nothing would be put",
@@ -101,10 +107,11 @@ pub async fn rehearse_discard(
     Ok(DiscardRehearsal {
         id: id.into(),
         key: rec.key.clone(),
-        key_state: rec
-            .key
-            .as_ref()
-            .map(|_| state.as_ref().map_or("none".into(), KeyRecord::state_summary)),
+        key_state: rec.key.as_ref().map(|_| {
+            state
+                .as_ref()
+                .map_or("none".into(), KeyRecord::state_summary)
+        }),
         close_key,
         refusal,
     })
@@ -149,8 +156,14 @@ pub fn payload_diff(old: &str, new: &str) -> Vec<String> {
         }
         _ => {
             let (a, b): (Vec<&str>, Vec<&str>) = (old.lines().collect(), new.lines().collect());
-            let gone = a.iter().filter(|l| !b.contains(l)).map(|l| format!("- {l}"));
-            let came = b.iter().filter(|l| !a.contains(l)).map(|l| format!("+ {l}"));
+            let gone = a
+                .iter()
+                .filter(|l| !b.contains(l))
+                .map(|l| format!("- {l}"));
+            let came = b
+                .iter()
+                .filter(|l| !a.contains(l))
+                .map(|l| format!("+ {l}"));
             gone.chain(came).collect()
         }
     }
@@ -162,7 +175,11 @@ fn leaves(v: &Value) -> Vec<(String, Value)> {
         match v {
             Value::Object(m) if !m.is_empty() => {
                 for (k, c) in m {
-                    walk(c, format!("{at}/{}", k.replace('~', "~0").replace('/', "~1")), out);
+                    walk(
+                        c,
+                        format!("{at}/{}", k.replace('~', "~0").replace('/', "~1")),
+                        out,
+                    );
                 }
             }
             Value::Array(xs) if !xs.is_empty() => {

@@ -271,7 +271,11 @@ async fn replay_one(
     let item_key = key.clone().or(rec.key.clone());
     let mut item = ReplayItem::new(&rec.message_id, item_key, ReplayAction::Failed);
     let key_state = key_state(ops, key.as_ref()).await?;
-    item.key_state = Some(key_state.as_ref().map_or("none".into(), |(r, _)| r.state_summary()));
+    item.key_state = Some(
+        key_state
+            .as_ref()
+            .map_or("none".into(), |(r, _)| r.state_summary()),
+    );
     let done = key_state
         .as_ref()
         .is_some_and(|(r, _)| r.status.is_settled());
