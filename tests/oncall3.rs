@@ -119,93 +119,15 @@ async fn a_timed_out_payment_is_proved_once_by_the_providers_replay() {
         text(&out).contains(&id).then_some(())
     })
     .await;
-    let list = text(&aqw(app.path(), &["poison", "list", &q]));
-    assert!(
-        list.contains("1 attempt(s) may have taken effect"),
-        "{list}"
-    );
-    let show = text(&aqw(app.path(), &["poison", "show", &q, &id]));
-    let timeout_line = show.lines().find(|l| l.contains("retried   POST")).unwrap();
-    assert!(timeout_line.contains("[may have taken effect]"), "{show}");
-    let refused_line = show
-        .lines()
-        .find(|l| l.contains("poisoned  HTTP 503"))
-        .unwrap();
-    assert!(refused_line.contains("[refused, not applied]"), "{show}");
-    assert!(!refused_line.contains("may have taken effect"), "{show}");
-    assert!(
-        show.contains(r#"{"order":"o-77","amount":12}"#),
-        "exact text: {show}"
-    );
-
+    the_uncertain_attempt_stands_out(&app, &id);
     let before = snapshot(&app).await;
-    let dry = aqw(
-        app.path(),
-        &[
-            "poison",
-            "discard",
-            &q,
-            "--id",
-            &id,
-            "--reason",
-            "r",
-            "--by",
-            "op",
-            "--close-key",
-            "--dry-run",
-        ],
-    );
-    assert!(
-        text(&dry).contains("would:     close the record and the key"),
-        "{}",
-        text(&dry)
-    );
-    std::fs::write(
-        app.path().join("fixed.json"),
-        r#"{"order":"o-77","amount":13}"#,
-    )
-    .unwrap();
-    let fixed = app.path().join("fixed.json");
-    let dry = aqw(
-        app.path(),
-        &[
-            "poison",
-            "fix",
-            &q,
-            "--id",
-            &id,
-            "--by",
-            "op",
-            "--file",
-            fixed.to_str().unwrap(),
-            "--dry-run",
-        ],
-    );
-    let dry = text(&dry);
-    assert!(
-        dry.contains("new key:   pay:o-77") && dry.contains("poisoned after 2 attempt(s)"),
-        "{dry}"
-    );
-    assert!(
-        dry.contains("- /amount: 12") && dry.contains("+ /amount: 13"),
-        "{dry}"
-    );
-    let dry = text(&aqw(
-        app.path(),
-        &["poison", "replay", &q, "--id", &id, "--dry-run"],
-    ));
-    assert!(
-        dry.contains("key pay:o-77 (poisoned after 2 attempt(s))"),
-        "{dry}"
-    );
+    every_write_command_rehearses(&app, &id);
     assert_eq!(snapshot(&app).await, before, "a dry run changed nothing");
 
-    let out = aqw(
-        app.path(),
-        &[
-            "poison", "replay", &q, "--id", &id, "--by", "op", "--wait", "00:00:30",
-        ],
-    );
+    let wait = [
+        "poison", "replay", &q, "--id", &id, "--by", "op", "--wait", "00:00:30",
+    ];
+    let out = aqw(app.path(), &wait);
     let report = text(&out);
     assert!(out.status.success(), "{report}");
     assert!(
@@ -217,6 +139,78 @@ async fn a_timed_out_payment_is_proved_once_by_the_providers_replay() {
     assert_eq!(provider.applied.lock().unwrap().len(), 1, "applied once");
     w.stop().await;
     app.cleanup().await;
+}
+
+/// `poison list` marks the record although its last error is a refusal;
+/// `poison show` says which attempt may have taken effect and which did not.
+fn the_uncertain_attempt_stands_out(app: &TestApp, id: &str) {
+    let q = app.queue.as_str();
+    let list = text(&aqw(app.path(), &["poison", "list", q]));
+    assert!(
+        list.contains("1 attempt(s) may have taken effect"),
+        "{list}"
+    );
+    let show = text(&aqw(app.path(), &["poison", "show", q, id]));
+    let line = |what: &str| show.lines().find(|l| l.contains(what)).unwrap();
+    assert!(
+        line("retried   POST").contains("[may have taken effect]"),
+        "{show}"
+    );
+    let refused = line("poisoned  HTTP 503");
+    assert!(refused.contains("[refused, not applied]"), "{show}");
+    assert!(!refused.contains("may have taken effect"), "{show}");
+    assert!(
+        show.contains(r#"{"order":"o-77","amount":12}"#),
+        "exact text: {show}"
+    );
+}
+
+/// discard, fix and replay with --dry-run: what each would do, key and state.
+fn every_write_command_rehearses(app: &TestApp, id: &str) {
+    let q = app.queue.as_str();
+    let discard = [
+        "poison", "discard", q, "--id", id, "--reason", "r", "--by", "op",
+    ];
+    let dry = text(&aqw(
+        app.path(),
+        &[&discard[..], &["--close-key", "--dry-run"]].concat(),
+    ));
+    assert!(
+        dry.contains("would:     close the record and the key"),
+        "{dry}"
+    );
+    let fixed = app.path().join("fixed.json");
+    std::fs::write(&fixed, r#"{"order":"o-77","amount":13}"#).unwrap();
+    let fix = [
+        "poison",
+        "fix",
+        q,
+        "--id",
+        id,
+        "--by",
+        "op",
+        "--dry-run",
+        "--file",
+    ];
+    let dry = text(&aqw(
+        app.path(),
+        &[&fix[..], &[fixed.to_str().unwrap()]].concat(),
+    ));
+    assert!(dry.contains("new key:   pay:o-77"), "{dry}");
+    assert!(
+        dry.contains("key state: poisoned after 2 attempt(s)"),
+        "{dry}"
+    );
+    assert!(
+        dry.contains("- /amount: 12") && dry.contains("+ /amount: 13"),
+        "{dry}"
+    );
+    let replay = ["poison", "replay", q, "--id", id, "--dry-run"];
+    let dry = text(&aqw(app.path(), &replay));
+    assert!(
+        dry.contains("key pay:o-77 (poisoned after 2 attempt(s))"),
+        "{dry}"
+    );
 }
 
 /// `config show`, text and JSON, with every kind of secret in the settings.

@@ -146,6 +146,15 @@ pub fn effective(app: &AppConfig, look: &Lookup) -> Vec<Setting> {
         .as_ref()
         .map_or("off".into(), |u| safe_url(u.as_str()));
     row("alert.webhook", webhook, look.host("/aqw/alert/webhook"));
+    environment_rows(look, &mut row);
+    for f in &app.functions {
+        function_rows(f, look, &mut row);
+    }
+    out
+}
+
+/// The rows read from the environment: ports, the dashboard, exporters.
+fn environment_rows(look: &Lookup, row: &mut impl FnMut(&str, String, Source)) {
     for name in ["FUNCTIONS_CUSTOMHANDLER_PORT", "AQW_DASHBOARD_LISTEN"] {
         if let Some(src) = look.setting(name) {
             row(name, setting_value(look, name, src), src);
@@ -173,10 +182,6 @@ pub fn effective(app: &AppConfig, look: &Lookup) -> Vec<Setting> {
         Err(e) => format!("invalid: {e}"),
     };
     row("exporters", exporters, Source::Environment);
-    for f in &app.functions {
-        function_rows(f, look, &mut row);
-    }
-    out
 }
 
 /// The rows of one function: queue, connection, handler, key, cap.

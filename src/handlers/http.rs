@@ -143,6 +143,39 @@ fn replay_signalled(headers: &reqwest::header::HeaderMap, name: Option<&str>) ->
 #[async_trait]
 impl Handler for HttpHandler {
     async fn handle(&self, job: &Job) -> Result<Success, HandlerError> {
+        let resp = self
+            .request(job)
+            .send()
+            .await
+            .map_err(|e| self.send_error(&e))?;
+        let status = resp.status().as_u16();
+        let retry_after = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_retry_after);
+        let replayed = replay_signalled(resp.headers(), self.answers.replay_header.as_deref());
+        let body = resp.text().await.unwrap_or_default();
+        let tail: String = body.chars().take(512).collect();
+        match classify_with(
+            status,
+            retry_after,
+            tail.trim(),
+            &self.answers.refused_statuses,
+        ) {
+            None => Ok(Success::answered(ProviderAnswer {
+                status,
+                body: body_excerpt(&body),
+                replayed,
+            })),
+            Some(e) => Err(e),
+        }
+    }
+}
+
+impl HttpHandler {
+    /// The POST of one attempt, with aqw's headers.
+    fn request(&self, job: &Job) -> reqwest::RequestBuilder {
         let mut req = self
             .client
             .post(self.url.clone())
@@ -170,46 +203,27 @@ impl Handler for HttpHandler {
                 req = req.header("tracestate", state);
             }
         }
-        let resp = req.send().await.map_err(|e| {
-            let (what, sent) = if e.is_timeout() {
-                ("timed out", true)
-            } else if e.is_connect() {
-                ("cannot connect", false)
-            } else {
-                ("request failed", true)
-            };
-            // The URL is the operator's own config: keep host and path, drop the query.
-            let mut shown = self.url.clone();
-            shown.set_query(None);
-            let message = format!("POST {shown}: {what}");
-            // Not connected: the provider never saw it. Otherwise it may have.
-            if sent {
-                HandlerError::uncertain(message)
-            } else {
-                HandlerError::retryable(message)
-            }
-        })?;
-        let status = resp.status().as_u16();
-        let retry_after = resp
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_retry_after);
-        let replayed = replay_signalled(resp.headers(), self.answers.replay_header.as_deref());
-        let body = resp.text().await.unwrap_or_default();
-        let tail: String = body.chars().take(512).collect();
-        match classify_with(
-            status,
-            retry_after,
-            tail.trim(),
-            &self.answers.refused_statuses,
-        ) {
-            None => Ok(Success::answered(ProviderAnswer {
-                status,
-                body: body_excerpt(&body),
-                replayed,
-            })),
-            Some(e) => Err(e),
+        req
+    }
+
+    /// A request that got no answer: uncertain unless it never connected.
+    fn send_error(&self, e: &reqwest::Error) -> HandlerError {
+        let (what, sent) = if e.is_timeout() {
+            ("timed out", true)
+        } else if e.is_connect() {
+            ("cannot connect", false)
+        } else {
+            ("request failed", true)
+        };
+        // The URL is the operator's own config: keep host and path, drop the query.
+        let mut shown = self.url.clone();
+        shown.set_query(None);
+        let message = format!("POST {shown}: {what}");
+        // Not connected: the provider never saw it. Otherwise it may have.
+        if sent {
+            HandlerError::uncertain(message)
+        } else {
+            HandlerError::retryable(message)
         }
     }
 }
