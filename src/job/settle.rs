@@ -270,7 +270,7 @@ impl Settling<'_> {
             + u32::from(uncertain);
         if let Err(e) = rt
             .poison
-            .write(
+            .write_counted(
                 self.msg,
                 self.key,
                 &info,

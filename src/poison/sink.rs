@@ -47,6 +47,20 @@ impl PoisonSink {
         error: &ErrorInfo,
         first_attempt_at: Option<String>,
         trace_parent: Option<String>,
+    ) -> StorageResult<bool> {
+        self.write_counted(msg, key, error, first_attempt_at, trace_parent, 0)
+            .await
+    }
+
+    /// [`write`](Self::write), saying how many of the job's attempts ended
+    /// with their outcome unknown (the record and the alert mark it).
+    pub async fn write_counted(
+        &self,
+        msg: &ReceivedMessage,
+        key: Option<&IdempotencyKey>,
+        error: &ErrorInfo,
+        first_attempt_at: Option<String>,
+        trace_parent: Option<String>,
         uncertain_attempts: u32,
     ) -> StorageResult<bool> {
         let error = ErrorInfo {
