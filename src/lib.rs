@@ -33,6 +33,7 @@
 //! | `Handler` with typed results (retryable, uncertain, permanent); built-in `http` and `exec` | `src/handlers/` (`mod.rs`, `http.rs`, `exec.rs`) |
 //! | Functions custom handler (`aqw serve`): invocations read as the host encodes them, the same `job::process` with a host-side `Settle`, outcomes answered as status codes | `src/serve.rs` |
 //! | `/healthz`, `/readyz`, `/metrics` | `src/http.rs` |
+//! | poll heartbeats: a worker's last poll per queue, written once a minute, read by `aqw status` | `src/heartbeat.rs` |
 //! | `aqw dashboard`: status, poison list grouped as in the alert, one record, replay/discard/fix through `ops`; token or platform-principal auth, CSRF, read-only; its own listener, not the ops port | `src/dashboard/` (`mod.rs` router and headers, `auth.rs`, `handlers.rs`, `views.rs` (maud), `payload.rs`, `assets/`) |
 //! | logs (text/JSON, secrets scrubbed), metrics | `src/telemetry/mod.rs` |
 //! | the poison alert: one line per record, one webhook POST per queue and window, grouped by cause | `src/telemetry/alerts.rs` |
@@ -59,6 +60,7 @@ pub mod dashboard;
 pub mod decide;
 pub mod failpoint;
 pub mod handlers;
+pub mod heartbeat;
 pub mod http;
 pub mod idempotency;
 pub mod job;

@@ -112,6 +112,8 @@ async fn a_timed_out_payment_is_proved_once_by_the_providers_replay() {
     let provider = Provider::default();
     let app = payment_app(&provider.start().await);
     let id = app.enqueue(r#"{"order":"o-77","amount":12}"#).await;
+    let status = text(&aqw(app.path(), &["status"]));
+    assert!(status.contains("never (no worker has polled)"), "{status}");
     let w = app.start_configured_worker();
     let q = app.queue.clone();
     eventually("the payment poisoned", DEADLINE, || async {
@@ -119,6 +121,8 @@ async fn a_timed_out_payment_is_proved_once_by_the_providers_replay() {
         text(&out).contains(&id).then_some(())
     })
     .await;
+    let status = text(&aqw(app.path(), &["status"]));
+    assert!(status.contains("(1 worker(s) polling)"), "{status}");
     the_uncertain_attempt_stands_out(&app, &id);
     let before = snapshot(&app).await;
     every_write_command_rehearses(&app, &id);
@@ -137,6 +141,11 @@ async fn a_timed_out_payment_is_proved_once_by_the_providers_replay() {
     let keys = text(&aqw(app.path(), &["keys", "show", "Job", "pay:o-77"]));
     assert!(keys.contains("(provider: replayed:"), "{keys}");
     assert_eq!(provider.applied.lock().unwrap().len(), 1, "applied once");
+    let open = text(&aqw(
+        app.path(),
+        &["poison", "list", &q, "--status", "open"],
+    ));
+    assert!(open.contains("(0 open, 1 in all)"), "{open}");
     w.stop().await;
     app.cleanup().await;
 }

@@ -44,12 +44,17 @@ pub fn status(lines: &[QueueStatus], open: usize, output: Output) {
         return;
     }
     println!(
-        "{:<20} {:<24} {:>8} {:>8} {:>6}  OLDEST OPEN",
-        "FUNCTION", "QUEUE", "DEPTH", "POISON", "OPEN"
+        "{:<20} {:<24} {:>8} {:>8} {:>6}  {:<20}  LAST POLL",
+        "FUNCTION", "QUEUE", "DEPTH", "POISON", "OPEN", "OLDEST OPEN"
     );
     for l in lines {
+        let polled = match (&l.last_poll, l.polling_workers) {
+            (None, _) => "never (no worker has polled)".to_string(),
+            (Some(t), 0) => format!("{t} (NOT polling now)"),
+            (Some(t), n) => format!("{t} ({n} worker(s) polling)"),
+        };
         println!(
-            "{:<20} {:<24} {:>8} {:>8} {:>6}  {}",
+            "{:<20} {:<24} {:>8} {:>8} {:>6}  {:<20}  {polled}",
             l.function,
             l.queue,
             l.depth.map(|d| d.to_string()).unwrap_or("-".into()),

@@ -107,6 +107,8 @@ pub(super) struct RawTracing {
 pub(super) struct RawTables {
     pub(super) keys: Option<String>,
     pub(super) poison: Option<String>,
+    /// The poll heartbeats `aqw status` reads (default `aqwheartbeats`).
+    pub(super) heartbeats: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

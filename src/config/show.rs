@@ -139,6 +139,11 @@ pub fn effective(app: &AppConfig, look: &Lookup) -> Vec<Setting> {
         app.poison_table.clone(),
         look.host("/aqw/tables/poison"),
     );
+    row(
+        "tables.heartbeats",
+        app.heartbeat_table.clone(),
+        look.host("/aqw/tables/heartbeats"),
+    );
     let port = app.http_port.map_or("off".into(), |p| p.to_string());
     row("http.port", port, look.host("/aqw/http/port"));
     let webhook = app

@@ -64,6 +64,8 @@ pub struct QueueOps {
     /// The queue's poison records and their `<queue>-poison` copies.
     pub poison: PoisonStore,
     pub keys: KeyStore,
+    /// The workers' poll heartbeats.
+    pub heartbeats: crate::heartbeat::HeartbeatStore,
 }
 
 impl QueueOps {
@@ -85,6 +87,7 @@ impl QueueOps {
             source: storage.queue(queue),
             poison,
             keys: KeyStore::new(storage.table(&app.keys_table)),
+            heartbeats: crate::heartbeat::HeartbeatStore::new(storage.table(&app.heartbeat_table)),
             app,
         }
     }
