@@ -288,7 +288,7 @@ mod tests {
         }
         assert!(uncertain(500, &[]), "500 is unknown unless declared");
         assert!(!uncertain(500, &[500]), "declared refused");
-        let long = format!("sig=abc {} end", "x ".repeat(400));
+        let long = format!("https://a.example/?sv=1&sig=abc {} end", "x ".repeat(400));
         let e = body_excerpt(&long);
         assert!(e.len() <= BODY_EXCERPT_MAX && !e.contains("abc"), "{e}");
     }
