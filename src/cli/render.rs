@@ -123,7 +123,7 @@ pub fn empty_poison_list(queue: &str, open: usize, all: usize) {
     if all == 0 {
         println!("no poison records for {queue}");
     } else {
-        println!("no matching poison records for {queue} ({open} open, {all} in all)");
+        println!("no poison records for {queue} match ({open} open, {all} in all)");
     }
 }
 
