@@ -53,6 +53,15 @@ pub enum ReplayAction {
 }
 
 impl ReplayAction {
+    /// What a dry run reports: the key is done (closed without a re-put) or not.
+    fn would(key_done: bool) -> Self {
+        if key_done {
+            ReplayAction::WouldCloseAlreadyDone
+        } else {
+            ReplayAction::WouldReplay
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             ReplayAction::Replayed => "replayed",
@@ -82,6 +91,11 @@ pub struct ReplayItem {
     pub detail: Option<String>,
     /// With --wait: whether the key is done.
     pub confirmed: Option<bool>,
+    /// The key's state when replay looked (`none`: never claimed).
+    pub key_state: Option<String>,
+    /// With --wait: what the provider answered the attempt that completed
+    /// the key (`provider: replayed` proves the effect happened only once).
+    pub provider: Option<String>,
 }
 
 impl ReplayItem {
@@ -93,6 +107,8 @@ impl ReplayItem {
             new_message_id: None,
             detail: None,
             confirmed: None,
+            key_state: None,
+            provider: None,
         }
     }
 
@@ -198,6 +214,14 @@ pub async fn replay(
 struct Batch<'a> {
     receipts: &'a Held,
     overrides: &'a HashMap<String, String>,
+}
+
+impl<'a> Batch<'a> {
+    /// The override `by` makes for `rec`, if it is past the provider's window.
+    fn past_window(&self, rec: &PoisonRecord, by: &'a str) -> Option<WindowOverride<'a>> {
+        let note = self.overrides.get(&rec.message_id)?;
+        Some(WindowOverride { by, note })
+    }
 }
 
 /// Records past their function's `providerKeyWindow`: refused (nothing
@@ -318,24 +342,21 @@ async fn replay_one(
     opts: &ReplayOptions,
     batch: &Batch<'_>,
 ) -> OpsResult<ReplayItem> {
-    let receipts = batch.receipts;
-    let past_window = batch
-        .overrides
-        .get(&rec.message_id)
-        .map(|note| WindowOverride { by: &opts.by, note });
+    let (receipts, past_window) = (batch.receipts, batch.past_window(rec, &opts.by));
     let key = record_key(ops, rec);
     let item_key = key.clone().or(rec.key.clone());
     let mut item = ReplayItem::new(&rec.message_id, item_key, ReplayAction::Failed);
     let key_state = key_state(ops, key.as_ref()).await?;
+    item.key_state = Some(
+        key_state
+            .as_ref()
+            .map_or("none".into(), |(r, _)| r.state_summary()),
+    );
     let done = key_state
         .as_ref()
         .is_some_and(|(r, _)| r.status.is_settled());
     if opts.dry_run {
-        item.action = if done {
-            ReplayAction::WouldCloseAlreadyDone
-        } else {
-            ReplayAction::WouldReplay
-        };
+        item.action = ReplayAction::would(done);
         return Ok(item);
     }
     let (current, mut etag) = match listed_etag {
@@ -351,9 +372,10 @@ async fn replay_one(
     }
     if done {
         let how = Replayed::KeyAlreadyDone;
-        let closing =
-            ops.poison
-                .close_replayed(&current, &opts.by, how, past_window.as_ref(), &mut etag);
+        let past = past_window.as_ref();
+        let closing = ops
+            .poison
+            .close_replayed(&current, &opts.by, how, past, &mut etag);
         if let Closing::AlreadyClosed(why) = closing.await? {
             return Ok(item.with(ReplayAction::Skipped, why));
         }
@@ -507,11 +529,14 @@ async fn confirm(ops: &QueueOps, report: &mut ReplayReport, wait: Duration) -> O
                 .as_ref()
                 .and_then(|k| IdempotencyKey::new(k.clone()).ok())
             {
-                Some(k) => ops
-                    .keys
-                    .get(&f.name, &k)
-                    .await?
-                    .is_some_and(|r| r.status.is_settled()),
+                Some(k) => {
+                    let rec = ops.keys.get(&f.name, &k).await?;
+                    item.provider = rec
+                        .as_ref()
+                        .and_then(|r| r.completed_answer())
+                        .map(|a| a.summary());
+                    rec.is_some_and(|r| r.status.is_settled())
+                }
                 None => {
                     // Keyless job: confirmed when its replayed message is no longer in a poison record
                     // and has left the source queue; we can only say "unknown".

@@ -97,6 +97,11 @@ pub struct PoisonRecord {
     pub past_provider_window_by: Option<String>,
     pub past_provider_window_at: Option<String>,
     pub past_provider_window_note: Option<String>,
+    /// How many of the job's attempts ended with their outcome unknown
+    /// (timeout, connection lost after sending, 408/500/502/504): the
+    /// record needs a look at the provider whatever its last error says.
+    #[serde(default)]
+    pub uncertain_attempts: u32,
 }
 
 fn split_parts(text: &str) -> Vec<String> {
@@ -173,6 +178,9 @@ impl PoisonRecord {
             put(col::TRACE_PARENT, json!(tp));
         }
         put(col::COPY_FORMAT, json!(self.copy_format.as_str()));
+        if self.uncertain_attempts > 0 {
+            put(col::UNCERTAIN_ATTEMPTS, json!(self.uncertain_attempts));
+        }
         e
     }
 
@@ -229,6 +237,7 @@ impl PoisonRecord {
             past_provider_window_by: s(col::PAST_PROVIDER_WINDOW_BY),
             past_provider_window_at: s(col::PAST_PROVIDER_WINDOW_AT),
             past_provider_window_note: s(col::PAST_PROVIDER_WINDOW_NOTE),
+            uncertain_attempts: n(col::UNCERTAIN_ATTEMPTS),
         }
     }
 
@@ -265,6 +274,7 @@ impl PoisonRecord {
             replacement_key: None,
             replacement_size_diff: None,
             trace_parent: None,
+            uncertain_attempts: 0,
             copy_format: PoisonFormat::Envelope,
             past_provider_window_by: None,
             past_provider_window_at: None,
@@ -356,6 +366,7 @@ mod col {
     pub const REPLAYED_BY: &str = "ReplayedBy";
     pub const STATUS: &str = "Status";
     pub const TRACE_PARENT: &str = "TraceParent";
+    pub const UNCERTAIN_ATTEMPTS: &str = "UncertainAttempts";
 }
 
 /// How a replay closes a record.
