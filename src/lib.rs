@@ -12,11 +12,14 @@
 //!
 //! | rule | file |
 //! |---|---|
-//! | host.json / function.json / environment and `local.settings.json` → a validated config, exit 2 before any I/O | `src/config/` (`mod.rs` the ready `AppConfig` and `load`, `raw.rs` serde shapes, `settings.rs` environment, `local.settings.json` and `%name%`, `timespan.rs`, `validate.rs` raw → validated values, `functions.rs` discovery and per-function config) |
+//! | host.json / function.json / environment and `local.settings.json` → a validated config, exit 2 before any I/O | `src/config/` (`mod.rs` the ready `AppConfig` and `load`, `raw.rs` serde shapes, `breaker.rs` the breaker settings and their per-function override, `settings.rs` environment, `local.settings.json` and `%name%`, `timespan.rs`, `validate.rs` raw → validated values, `functions.rs` discovery and per-function config) |
 //! | wiring: one runtime per function, storage connected once per setting, queues and tables created | `src/app.rs` |
 //! | the fate of a message as a pure function of its facts, in two typed stages (`next_step` → `NextStep`: claim, run, or settle `WithoutRunning`; `fate` → `Fate` after the attempt; `Policy` from config); the message-life tables as unit tests | `src/decide.rs` |
 //! | the pipeline for one message, for `aqw run` and `aqw serve`: `process` gathers the facts and carries out each stage (`Settle`, the single poison exit), runs the handler (lease renewal, `functionTimeout`, hard stop), one outcome line and counters (`Outcome`) | `src/job/` (`mod.rs` `process`, `settle.rs`, `handler.rs`, `outcome.rs`) |
 //! | `aqw run`: a poll loop per function, permits before receive, back-off, drain on shutdown | `src/worker.rs` |
+//! | the circuit breaker of one function as a pure state machine (closed → open → half-open), what counts toward it, its settings and defaults | `src/breaker.rs` |
+//! | the control row of each function in `aqwcontrol`: pause / resume by an operator, the breaker state a worker publishes; `ControlStore` | `src/control.rs` |
+//! | what the poll loop asks before receiving: the pause and the breaker, watched and published per function (`Gate`) | `src/gate.rs` |
 //! | retry delay (exponential + jitter, or fixed) and the Functions polling back-off, as pure values | `src/retry.rs` |
 //! | idempotency: the key table's layout (RowKey = SHA-256 of the key) and the module's exports | `src/idempotency/mod.rs` |
 //! | the key from business facts (template / `idempotencyKey` / `none`), `IdempotencyKey` | `src/idempotency/key.rs` |
@@ -54,10 +57,13 @@
 //! `CancellationToken` passed into [`worker::run`].
 
 pub mod app;
+pub mod breaker;
 pub mod config;
+pub mod control;
 pub mod dashboard;
 pub mod decide;
 pub mod failpoint;
+pub mod gate;
 pub mod handlers;
 pub mod http;
 pub mod idempotency;

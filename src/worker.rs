@@ -4,6 +4,7 @@
 //! drains in-flight jobs on shutdown.
 
 use crate::app::{ensure_resources, runtimes, FunctionRuntime};
+use crate::breaker::Admission;
 use crate::config::AppConfig;
 use crate::handlers::Registry;
 use crate::http::Health;
@@ -35,13 +36,23 @@ pub async fn poll_loop(
     let mut empty_polls = 0u32;
     let mut failures = 0u32;
     loop {
+        // Paused, or the breaker open: receive nothing (in-flight jobs go on).
+        let want = match rt.gate.admit(batch) {
+            Admission::Receive(n) => n,
+            Admission::Wait(d) => {
+                tokio::select! {
+                    _ = tokio::time::sleep(d.min(GATE_POLL)) => continue,
+                    _ = shutdown.cancelled() => break,
+                }
+            }
+        };
         // Take the permits before receiving: poll only when in-flight ≤ newBatchThreshold.
         let mut owned = tokio::select! {
-            p = permits.clone().acquire_many_owned(batch) => p.expect("semaphore never closed"),
+            p = permits.clone().acquire_many_owned(want) => p.expect("semaphore never closed"),
             _ = shutdown.cancelled() => break,
         };
         let received = tokio::select! {
-            r = rt.source.receive(batch as u8, app.lease) => r,
+            r = rt.source.receive(want as u8, app.lease) => r,
             _ = shutdown.cancelled() => break,
         };
         let delay = match received {
@@ -78,6 +89,10 @@ pub async fn poll_loop(
         }
     }
 }
+
+/// The longest a gated poll loop sleeps before asking again, so a resume
+/// or the end of a cool-down is noticed at once.
+const GATE_POLL: Duration = Duration::from_millis(500);
 
 /// The delay after a failed receive: a missing queue is created, anything
 /// else backs off (and three failures in a row make the worker not ready).
@@ -165,6 +180,11 @@ pub async fn run(
     );
     let tracker = TaskTracker::new();
     let hard_stop = CancellationToken::new();
+    for rt in &rts {
+        rt.gate.refresh().await;
+        let (rt, shutdown) = (rt.clone(), shutdown.clone());
+        tokio::spawn(async move { rt.gate.watch(shutdown).await });
+    }
     let loops: Vec<_> = rts
         .iter()
         .map(|rt| {
