@@ -32,7 +32,7 @@
 //! | `PoisonStore`: every read and write of poison records (list, find, close as replayed / replaced / discarded, the replay crash marker) and the crash-safe write order (record → copy → copy named) | `src/poison/store.rs` |
 //! | the `<queue>-poison` copies: the scan that imports host copies and deletes strays, release, delete | `src/poison/copies.rs` |
 //! | the worker's one poison call (record built, written through the store, alert raised) | `src/poison/sink.rs` |
-//! | the operator's commands, one file each, returning data, as procedures over `KeyStore` and `PoisonStore`: list, show, replay, fix, discard, status, enqueue, keys | `src/ops/` (`mod.rs`, `list.rs`, `show.rs`, `replay.rs`, `fix.rs`, `discard.rs`, `status.rs`, `enqueue.rs`, `keys.rs`) |
+//! | the operator's commands, one file each, returning data, as procedures over `KeyStore`, `PoisonStore` and `ControlStore`: list, show, replay, fix, discard, status, enqueue, keys, pause / resume | `src/ops/` (`mod.rs`, `control.rs`, `list.rs`, `show.rs`, `replay.rs`, `fix.rs`, `discard.rs`, `status.rs`, `enqueue.rs`, `keys.rs`) |
 //! | `Handler` with typed results (retryable, uncertain, permanent); built-in `http` and `exec` | `src/handlers/` (`mod.rs`, `http.rs`, `exec.rs`) |
 //! | Functions custom handler (`aqw serve`): invocations read as the host encodes them, the same `job::process` with a host-side `Settle`, outcomes answered as status codes | `src/serve.rs` |
 //! | `/healthz`, `/readyz`, `/metrics` | `src/http.rs` |

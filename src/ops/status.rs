@@ -14,6 +14,15 @@ pub struct QueueStatus {
     pub poison_depth: Option<u64>,
     pub open_records: usize,
     pub oldest_open: Option<String>,
+    /// The operator's pause and the breaker state a worker published.
+    pub control: crate::control::Control,
+}
+
+impl QueueStatus {
+    /// Paused, or a breaker not closed: `aqw status` exits 1.
+    pub fn held(&self) -> bool {
+        self.control.pause.is_some() || self.control.breaker_open()
+    }
 }
 
 pub async fn status(ops: &QueueOps) -> OpsResult<QueueStatus> {
@@ -32,6 +41,10 @@ pub async fn status(ops: &QueueOps) -> OpsResult<QueueStatus> {
         .filter(|r| r.status == RecordStatus::Open)
         .collect();
     let oldest_open = open.iter().map(|r| r.poisoned_at.clone()).min();
+    let control = match &ops.function {
+        Some(f) => ops.control.get(&f.name).await?,
+        None => Default::default(),
+    };
     Ok(QueueStatus {
         function: ops
             .function
@@ -43,5 +56,6 @@ pub async fn status(ops: &QueueOps) -> OpsResult<QueueStatus> {
         poison_depth,
         open_records: open.len(),
         oldest_open,
+        control,
     })
 }
