@@ -37,14 +37,8 @@ pub async fn poll_loop(
     let mut failures = 0u32;
     loop {
         // Paused, or the breaker open: receive nothing (in-flight jobs go on).
-        let want = match rt.gate.admit(batch) {
-            Admission::Receive(n) => n,
-            Admission::Wait(d) => {
-                tokio::select! {
-                    _ = tokio::time::sleep(d.min(GATE_POLL)) => continue,
-                    _ = shutdown.cancelled() => break,
-                }
-            }
+        let Some(want) = admitted(&rt, batch, &shutdown).await else {
+            break;
         };
         // Take the permits before receiving: poll only when in-flight ≤ newBatchThreshold.
         let mut owned = tokio::select! {
@@ -86,6 +80,20 @@ pub async fn poll_loop(
                 _ = tokio::time::sleep(delay) => {}
                 _ = shutdown.cancelled() => break,
             }
+        }
+    }
+}
+
+/// How many messages the gate lets this loop receive, once it lets any
+/// (None at shutdown).
+async fn admitted(rt: &FunctionRuntime, batch: u32, shutdown: &CancellationToken) -> Option<u32> {
+    loop {
+        match rt.gate.admit(batch) {
+            Admission::Receive(n) => return Some(n),
+            Admission::Wait(d) => tokio::select! {
+                _ = tokio::time::sleep(d.min(GATE_POLL)) => {}
+                _ = shutdown.cancelled() => return None,
+            },
         }
     }
 }

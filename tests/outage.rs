@@ -265,22 +265,9 @@ impl Worker {
     }
 }
 
-async fn pause_during_a_run(workers: usize) {
-    let provider = Provider::default();
-    *provider.delay.lock().unwrap() = Duration::from_millis(300);
-    let url = provider.start().await;
-    // A few jobs in flight per worker (batchSize 4 + newBatchThreshold, half
-    // a batch per core), 300 ms each: 300 jobs outlast the pause taking hold.
-    let app = app_for(&url, breaker(), 4);
-    enqueue_orders(&app, "p", 300).await;
-    let mut fleet = Vec::new();
-    for _ in 0..workers {
-        fleet.push(Worker::start(&app).await);
-    }
-    eventually("some jobs ran", Duration::from_secs(30), || async {
-        (provider.calls() >= 10).then_some(())
-    })
-    .await;
+/// Pause through the CLI; then every worker sees it, in-flight jobs end,
+/// `aqw status` says who paused and why (exit 1), and no call starts.
+async fn pause_and_watch(app: &TestApp, provider: &Provider, fleet: &[Worker]) {
     let out = aqw(
         app.path(),
         &[
@@ -329,6 +316,25 @@ async fn pause_during_a_run(workers: usize) {
         "no call after the pause"
     );
     assert!(app.source_count().await > 0, "work is left for the resume");
+}
+
+async fn pause_during_a_run(workers: usize) {
+    let provider = Provider::default();
+    *provider.delay.lock().unwrap() = Duration::from_millis(300);
+    let url = provider.start().await;
+    // A few jobs in flight per worker (batchSize 4 + newBatchThreshold, half
+    // a batch per core), 300 ms each: 300 jobs outlast the pause taking hold.
+    let app = app_for(&url, breaker(), 4);
+    enqueue_orders(&app, "p", 300).await;
+    let mut fleet = Vec::new();
+    for _ in 0..workers {
+        fleet.push(Worker::start(&app).await);
+    }
+    eventually("some jobs ran", Duration::from_secs(30), || async {
+        (provider.calls() >= 10).then_some(())
+    })
+    .await;
+    pause_and_watch(&app, &provider, &fleet).await;
     let out = aqw(app.path(), &["resume", "Job", "--by", "tester"]);
     assert!(out.status.success());
     all_done(&app, &provider, 300, Duration::from_secs(90)).await;

@@ -105,6 +105,11 @@ pub fn record_outcome(function: &str, outcome: &Outcome, elapsed: Duration, trac
             park_ms = after.as_millis() as u64
         ),
     }
+    count_by_kind(function, outcome);
+}
+
+/// The counters of a duplicate and a poison, beside `aqw_messages_total`.
+fn count_by_kind(function: &str, outcome: &Outcome) {
     if matches!(outcome, Outcome::Duplicate) {
         metrics::counter!("aqw_duplicates_total", "function" => function.to_string()).increment(1);
     }
