@@ -386,3 +386,72 @@ fn bad_breaker_settings_exit_2_naming_the_setting() {
         assert!(err.contains(field), "{breaker}: {err}");
     }
 }
+
+/// A queue-trigger invocation as the host sends it (`DequeueCount` and the
+/// payload's fields as JSON strings; see tests/serve.rs for the full rules).
+fn invocation(text: &str, id: &str, dequeue: u32) -> String {
+    let s = |v: &str| Value::String(serde_json::to_string(v).unwrap());
+    let mut meta = serde_json::Map::new();
+    meta.insert("DequeueCount".into(), json!(dequeue.to_string()));
+    meta.insert("Id".into(), s(id));
+    meta.insert("PopReceipt".into(), s("AgAAAAMAAAAAAAAAAgtnDU/+1QE="));
+    meta.insert("InsertionTime".into(), json!("2026-12-02T17:58:31+00:00"));
+    meta.insert("ExpirationTime".into(), json!("2026-12-09T17:58:31+00:00"));
+    meta.insert("NextVisibleTime".into(), json!("2026-12-02T18:08:32+00:00"));
+    if let Ok(Value::Object(payload)) = serde_json::from_str::<Value>(text) {
+        for (k, v) in payload {
+            if let Value::String(v) = v {
+                meta.insert(k, s(&v));
+            }
+        }
+    }
+    json!({"Data": {"job": s(text)}, "Metadata": meta}).to_string()
+}
+
+async fn invoke(state: &aqw::serve::ServeState, body: String) -> StatusCode {
+    use tower::ServiceExt;
+    let req = axum::http::Request::post("/Job")
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(body))
+        .unwrap();
+    aqw::serve::app(state.clone())
+        .oneshot(req)
+        .await
+        .unwrap()
+        .status()
+}
+
+#[tokio::test]
+async fn in_serve_mode_a_paused_function_parks_a_fresh_copy_and_answers_200() {
+    let provider = Provider::default();
+    let url = provider.start().await;
+    let app = app_for(&url, breaker(), 16);
+    let alerts = aqw::telemetry::Alerts::disabled();
+    let rts = aqw::app::runtimes(&app.config, &aqw::Registry::new(), &alerts).unwrap();
+    assert!(aqw::app::ensure_resources(&rts, &CancellationToken::new()).await);
+    let gate = rts[0].gate.clone();
+    let state = aqw::serve::ServeState::new(rts);
+    control(&app)
+        .pause("Job", "tester", "maintenance")
+        .await
+        .unwrap();
+    gate.refresh().await;
+    let text = json!({"orderId": "s1"}).to_string();
+    // The host's 4th delivery: a failure now would be one step from poison.
+    let status = invoke(&state, invocation(&text, "m-s1", 4)).await;
+    assert_eq!(status, StatusCode::OK, "the host deletes its copy");
+    assert_eq!(provider.calls(), 0, "nothing runs while paused");
+    let q = app.source();
+    assert_eq!(
+        TestApp::exact_count(q.as_ref()).await,
+        1,
+        "a fresh copy waits"
+    );
+    assert_eq!(poisoned(&app).await, 0);
+    control(&app).resume("Job", "tester").await.unwrap();
+    gate.refresh().await;
+    let status = invoke(&state, invocation(&text, "m-s1-copy", 1)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(provider.effects().get("s1"), Some(&1));
+    app.cleanup().await;
+}
