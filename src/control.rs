@@ -114,11 +114,24 @@ impl ControlStore {
         self.upsert(function, u).await
     }
 
+    /// Lift the pause. A breaker state left open by a worker that has
+    /// stopped would keep `aqw status` at exit 1 for ever, so a resume
+    /// also marks it closed; a live worker whose breaker is still open
+    /// publishes `open` again at its next failed probe.
     pub async fn resume(&self, function: &str, by: &str) -> StorageResult<()> {
         let mut u = Entity::new();
+        let now = now_rfc3339();
         u.insert(col::PAUSED.into(), json!(false));
         u.insert(col::RESUMED_BY.into(), json!(by));
-        u.insert(col::RESUMED_AT.into(), json!(now_rfc3339()));
+        u.insert(col::RESUMED_AT.into(), json!(now));
+        if self.get(function).await?.breaker_open() {
+            u.insert(col::BREAKER.into(), json!("closed"));
+            u.insert(col::BREAKER_AT.into(), json!(now));
+            u.insert(
+                col::BREAKER_REASON.into(),
+                json!(format!("marked closed by aqw resume ({by})")),
+            );
+        }
         self.upsert(function, u).await
     }
 
