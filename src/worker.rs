@@ -35,6 +35,7 @@ pub async fn poll_loop(
     let permits = Arc::new(Semaphore::new((batch + app.new_batch_threshold) as usize));
     let mut empty_polls = 0u32;
     let mut failures = 0u32;
+    let mut heartbeat = crate::heartbeat::Pacer::default();
     loop {
         // Paused, or the breaker open: receive nothing (in-flight jobs go on).
         let Some(want) = admitted(&rt, batch, &shutdown).await else {
@@ -52,10 +53,7 @@ pub async fn poll_loop(
         let delay = match received {
             Ok(msgs) => {
                 failures = 0;
-                health
-                    .ready
-                    .store(!health.draining.load(Ordering::Relaxed), Ordering::Relaxed);
-                health.beat();
+                polled(&rt, &health, &mut heartbeat);
                 if msgs.is_empty() {
                     empty_polls += 1;
                     polling_delay(
@@ -84,6 +82,18 @@ pub async fn poll_loop(
     }
 }
 
+/// A receive answered: ready again (unless draining), the liveness beat,
+/// and the poll heartbeat when one is due.
+fn polled(rt: &Arc<FunctionRuntime>, health: &Health, heartbeat: &mut crate::heartbeat::Pacer) {
+    health
+        .ready
+        .store(!health.draining.load(Ordering::Relaxed), Ordering::Relaxed);
+    health.beat();
+    if heartbeat.due(Instant::now()) {
+        spawn_heartbeat(rt);
+    }
+}
+
 /// How many messages the gate lets this loop receive, once it lets any
 /// (None at shutdown).
 async fn admitted(rt: &FunctionRuntime, batch: u32, shutdown: &CancellationToken) -> Option<u32> {
@@ -101,6 +111,17 @@ async fn admitted(rt: &FunctionRuntime, batch: u32, shutdown: &CancellationToken
 /// The longest a gated poll loop sleeps before asking again, so a resume
 /// or the end of a cool-down is noticed at once.
 const GATE_POLL: Duration = Duration::from_millis(500);
+
+/// Write this worker's poll heartbeat without holding up the loop; a failed
+/// write only makes `aqw status` say the queue is not polled.
+fn spawn_heartbeat(rt: &Arc<FunctionRuntime>) {
+    let rt = rt.clone();
+    tokio::spawn(async move {
+        if let Err(e) = rt.heartbeats.beat(&rt.function.queue, &rt.worker_id).await {
+            warn!(error = %e, "could not write the poll heartbeat");
+        }
+    });
+}
 
 /// The delay after a failed receive: a missing queue is created, anything
 /// else backs off (and three failures in a row make the worker not ready).

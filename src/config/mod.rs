@@ -21,6 +21,7 @@ mod breaker;
 mod functions;
 mod raw;
 mod settings;
+pub mod show;
 mod timespan;
 mod validate;
 
@@ -111,6 +112,8 @@ pub struct AppConfig {
     pub poison_table: String,
     /// `aqw.tables.control`: pause and breaker state per function.
     pub control_table: String,
+    /// Poll heartbeats (`aqw.tables.heartbeats`), read by `aqw status`.
+    pub heartbeat_table: String,
     /// TTL of poison queue messages; `None` = never expires.
     pub poison_ttl: Option<Duration>,
     pub alert_webhook: Option<url::Url>,
@@ -176,6 +179,7 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
         keys_table: a.keys_table,
         poison_table: a.poison_table,
         control_table: a.control_table,
+        heartbeat_table: a.heartbeat_table,
         poison_ttl: a.poison_ttl,
         alert_webhook: a.alert_webhook,
         alert_window: a.alert_window,

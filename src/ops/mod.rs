@@ -18,6 +18,7 @@ mod enqueue;
 mod fix;
 mod keys;
 mod list;
+mod rehearse;
 mod replay;
 mod show;
 mod status;
@@ -28,6 +29,7 @@ pub use enqueue::{enqueue, prepare_enqueue, with_trace_context, Enqueued, Prepar
 pub use fix::{fix, FixAction, FixReport};
 pub use keys::key_record;
 pub use list::list;
+pub use rehearse::{payload_diff, rehearse_discard, rehearse_fix, DiscardRehearsal, FixRehearsal};
 pub use replay::{
     replay, ReplayAction, ReplayItem, ReplayOptions, ReplayReport, DEFAULT_REPLAY_CONCURRENCY,
 };
@@ -66,6 +68,8 @@ pub struct QueueOps {
     pub keys: KeyStore,
     /// The function's pause and published breaker state.
     pub control: crate::control::ControlStore,
+    /// The workers' poll heartbeats.
+    pub heartbeats: crate::heartbeat::HeartbeatStore,
 }
 
 impl QueueOps {
@@ -88,6 +92,7 @@ impl QueueOps {
             poison,
             keys: KeyStore::new(storage.table(&app.keys_table)),
             control: crate::control::ControlStore::new(storage.table(&app.control_table)),
+            heartbeats: crate::heartbeat::HeartbeatStore::new(storage.table(&app.heartbeat_table)),
             app,
         }
     }

@@ -14,6 +14,10 @@ pub struct QueueStatus {
     pub poison_depth: Option<u64>,
     pub open_records: usize,
     pub oldest_open: Option<String>,
+    /// The newest poll heartbeat of any worker (`None`: none ever).
+    pub last_poll: Option<String>,
+    /// Workers whose heartbeat is recent (see `crate::heartbeat`).
+    pub polling_workers: usize,
     /// The operator's pause and the breaker state a worker published.
     pub control: crate::control::Control,
 }
@@ -45,6 +49,12 @@ pub async fn status(ops: &QueueOps) -> OpsResult<QueueStatus> {
         Some(f) => ops.control.get(&f.name).await?,
         None => Default::default(),
     };
+    let beats = ops.heartbeats.last_polls(&ops.queue).await?;
+    let now = time::OffsetDateTime::now_utc();
+    let polling_workers = beats
+        .iter()
+        .filter(|b| crate::heartbeat::is_recent(&b.last_poll, now))
+        .count();
     Ok(QueueStatus {
         function: ops
             .function
@@ -57,5 +67,7 @@ pub async fn status(ops: &QueueOps) -> OpsResult<QueueStatus> {
         open_records: open.len(),
         oldest_open,
         control,
+        last_poll: beats.first().map(|b| b.last_poll.clone()),
+        polling_workers,
     })
 }
