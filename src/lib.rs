@@ -65,6 +65,7 @@ pub mod job;
 pub mod message;
 pub mod ops;
 pub mod poison;
+pub mod retention;
 pub mod retry;
 pub mod serve;
 pub mod storage;
