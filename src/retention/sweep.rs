@@ -167,7 +167,7 @@ async fn sweep_held(
     Ok(())
 }
 
-/// `aqw run`'s sweeper: sweep every target, pause, repeat, until `shutdown`.
+/// `aqw run`'s sweeper: pause, sweep every target, repeat, until `shutdown`.
 /// Failures are logged and retried at the next round; jobs never wait on it.
 pub async fn run(
     targets: Vec<SweepTarget>,
@@ -180,6 +180,12 @@ pub async fn run(
         return;
     }
     loop {
+        // Wait first: a deploy restarting every worker starts no sweep storm,
+        // and a short-lived `aqw run` never sweeps.
+        tokio::select! {
+            _ = tokio::time::sleep(retention.sweep.interval) => {}
+            _ = shutdown.cancelled() => return,
+        }
         for t in &targets {
             let swept = tokio::select! {
                 r = sweep_once(t, &retention, &owner) => r,
@@ -188,10 +194,6 @@ pub async fn run(
             if let Err(e) = swept {
                 warn!(event = "aqw.retention.failed", error = %e, "retention sweep failed; retrying next round");
             }
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(retention.sweep.interval) => {}
-            _ = shutdown.cancelled() => return,
         }
     }
 }
