@@ -178,14 +178,7 @@ pub async fn run(
             ))
         })
         .collect();
-    let sweeper = tokio::spawn(crate::retention::sweep::run(
-        crate::app::sweep_targets(&rts),
-        app.retention.clone(),
-        rts.first()
-            .map(|rt| rt.worker_id.clone())
-            .unwrap_or_default(),
-        shutdown.clone(),
-    ));
+    let sweeper = spawn_sweeper(&app, &rts, &shutdown);
     shutdown.cancelled().await;
     let _ = sweeper.await;
     health.draining.store(true, Ordering::Relaxed);
@@ -199,6 +192,22 @@ pub async fn run(
     }
     info!(event = "aqw.worker.stopped", "worker stopped");
     Ok(())
+}
+
+/// The retention sweep beside the poll loops, stopped by `shutdown`.
+fn spawn_sweeper(
+    app: &AppConfig,
+    rts: &[Arc<FunctionRuntime>],
+    shutdown: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(crate::retention::sweep::run(
+        crate::app::sweep_targets(rts),
+        app.retention.clone(),
+        rts.first()
+            .map(|rt| rt.worker_id.clone())
+            .unwrap_or_default(),
+        shutdown.clone(),
+    ))
 }
 
 /// Let in-flight jobs finish within `shutdown_timeout`, then interrupt and
