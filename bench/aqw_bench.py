@@ -24,6 +24,12 @@ Scenarios:
       idle minute.
   (f) scale-out: 1, 2 and 4 worker processes on 2,000 jobs: throughput and
       Azurite's CPU (is the storage the limit?).
+  (h) purge: N done keys, then one `aqw keys purge`: storage requests and
+      CPU per purged key, against a naive one-DELETE-per-key purge.
+
+  --only purge     run only scenario (h) (with --smoke: tiny), report in
+                   .bench/<mode>-purge.md. The Azurite ports come from
+                   AQW_AZURITE_{BLOB,QUEUE,TABLE}_PORT and AQW_AZURITE_STATE.
 
 Every run uses a fresh random queue and fresh tables (deleted afterwards),
 and queues are fed in waves that keep them under ~900 messages (Azurite
@@ -49,7 +55,7 @@ import time
 
 import report
 import scenarios
-from harness import CORES, Bench, log
+from harness import CORES, Bench, dev_connection, log
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -61,7 +67,7 @@ class Usage(Exception):
 def parse_args(argv):
     """The flags of scripts/bench.sh, read left to right as it always did
     (`--smoke` sets 1 repetition, so a later `--reps` wins). Returns
-    dict(mode, reps, report, help)."""
+    dict(mode, reps, report, help), plus only when --only is given."""
     opts = dict(mode="full", reps="3", report="", help=False)
     it = iter(argv)
     for arg in it:
@@ -77,6 +83,10 @@ def parse_args(argv):
             opts["report"] = next(it, "")
             if not opts["report"]:
                 raise Usage("--report needs a run folder")
+        elif arg == "--only":
+            opts["only"] = next(it, "")
+            if opts["only"] != "purge":
+                raise Usage("--only takes: purge")
         elif arg in ("-h", "--help"):
             opts["help"] = True
             return opts
@@ -120,6 +130,7 @@ def run_all(b):
         for procs in (1, 2, 4):
             scale.setdefault(procs, []).append(scenarios.scale_run(b, procs, rep))
     g = scenarios.traces(b)
+    h = [scenarios.purge_run(b, rep) for rep in range(b.reps)]
     # A probe failing must not lose the whole run's figures.
     try:
         e["idle"] = idle_latency.finish(b.sizes["latency_idle_samples"])
@@ -132,12 +143,26 @@ def run_all(b):
         b.fail(f"(c) idle probe: {ex!r}")
         c = None
     b.azurite("stop", b.probe_azurite)
-    return dict(a=a, b=rb, c=c, d=d, e=e, f=scale, g=g)
+    return dict(a=a, b=rb, c=c, d=d, e=e, f=scale, g=g, h=h)
 
 
-def bench(mode, reps):
+def bench_only_purge(b):
+    """`--only purge`: scenario (h) alone; its section in .bench/<mode>-purge.md."""
+    h = [scenarios.purge_run(b, rep) for rep in range(b.reps)]
+    with open(os.path.join(b.work, "results.json"), "w") as f:
+        json.dump(dict(mode=b.mode, reps=b.reps, sizes=b.sizes, h=h, errors=b.errors, commands=b.commands),
+                  f, indent=1, default=str)
+    text = "\n".join(report.purge_section(h, b.sizes) + [f"- {e}" for e in b.errors])
+    out = os.path.join(b.state, f"{b.mode}-purge.md")
+    with open(out, "w") as f:
+        f.write(text + "\n")
+    print(text)
+    return 1 if b.errors else 0
+
+
+def bench(mode, reps, only=""):
     """A full or smoke run: every scenario, results.json, the report."""
-    os.environ["AzureWebJobsStorage"] = "UseDevelopmentStorage=true"
+    os.environ["AzureWebJobsStorage"] = dev_connection()
     b = Bench(ROOT, target_dir(), mode, reps)
     os.makedirs(b.work, exist_ok=True)
     started = time.monotonic()
@@ -148,6 +173,8 @@ def bench(mode, reps):
             log(f"missing {exe}: build it with cargo build --release --examples --bin aqw")
             return 3
     log(f"mode {b.mode}, {b.reps} repetition(s), {CORES} cores; logs in {os.path.relpath(b.work, ROOT)}")
+    if only == "purge":
+        return bench_only_purge(b)
     results = run_all(b)
     total = time.monotonic() - started
     data = dict(mode=b.mode, reps=b.reps, sizes=b.sizes, **results, errors=b.errors,
@@ -176,7 +203,7 @@ def main(argv):
     if opts["report"]:
         run_dir = opts["report"]
         return report.write(report.load(run_dir, ROOT), os.path.basename(os.path.abspath(run_dir)), ROOT)
-    return bench(opts["mode"], opts["reps"])
+    return bench(opts["mode"], opts["reps"], opts.get("only", ""))
 
 
 if __name__ == "__main__":
