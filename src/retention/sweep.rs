@@ -7,7 +7,10 @@
 //! it) or, once `Until` has passed, by a merge with the row's `If-Match`
 //! ETag (412: another worker took it first), and renews it while it sweeps.
 //! A worker that dies stops renewing; the next one takes over after the
-//! lease ends. The lease saves work; it is not what makes a delete safe —
+//! lease ends. A finished sweep leaves the row held until the next round
+//! (`Until` = now + `aqw.retention.sweep.interval`), so however many workers
+//! run, the account is swept once per interval. The lease saves work; it is
+//! not what makes a delete safe —
 //! two sweepers at once (a lease lost while paused) only find each other's
 //! rows gone, since every delete is conditional (see [`super`]).
 
@@ -100,10 +103,12 @@ impl SweepLease {
         Ok(self.held.is_some())
     }
 
-    /// End the lease now (best effort), so the next sweep need not wait.
-    pub async fn release(&mut self) {
+    /// Keep the lease, unrenewed, until `until` (best effort): after a
+    /// finished sweep, `until` is the next round, so the other workers skip
+    /// this one; after a failed one, now, so another may try at once.
+    pub async fn release_until(&mut self, until: OffsetDateTime) {
         if let Some((etag, _)) = self.held.take() {
-            let row = self.row(OffsetDateTime::now_utc());
+            let row = self.row(until);
             let _ = self
                 .table
                 .merge(LEASE_PARTITION, LEASE_ROW, &row, Some(&etag))
@@ -131,7 +136,12 @@ pub async fn sweep_once(
     }
     let mut pacer = Pacer::new(Some(retention.sweep.requests_per_second));
     let result = sweep_held(target, retention, &mut pacer, &mut lease).await;
-    lease.release().await;
+    let now = OffsetDateTime::now_utc();
+    let next_round = match result {
+        Ok(()) => now + retention.sweep.interval,
+        Err(_) => now,
+    };
+    lease.release_until(next_round).await;
     result.map(|_| true)
 }
 
