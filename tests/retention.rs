@@ -417,3 +417,35 @@ async fn bad_retention_settings_exit_2_naming_the_setting() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn one_sweeper_holds_the_lease_and_another_takes_over_when_it_expires() {
+    use aqw::retention::sweep::SweepLease;
+    let app = no_sweep_app();
+    let table = app.keys().table().clone();
+    table.create_if_missing().await.unwrap();
+    let lease = Duration::from_secs(1);
+    let (mut a, mut b) = (
+        SweepLease::new(table.clone(), "worker-a", lease),
+        SweepLease::new(table.clone(), "worker-b", lease),
+    );
+    assert!(
+        a.hold().await.unwrap(),
+        "the first worker takes the free lease"
+    );
+    assert!(!b.hold().await.unwrap(), "a live lease is not taken");
+    // worker-a dies: it stops renewing, and worker-b takes over after expiry.
+    let end = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !b.hold().await.unwrap() {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "worker-b never took the expired lease"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut a = SweepLease::new(table.clone(), "worker-a", Duration::from_secs(60));
+    assert!(!a.hold().await.unwrap(), "worker-b holds it now");
+    b.release_until(time::OffsetDateTime::now_utc()).await;
+    assert!(a.hold().await.unwrap(), "a released lease is free at once");
+    app.cleanup().await;
+}
