@@ -8,7 +8,6 @@ mod common;
 use aqw::dashboard::{self, AuthConfig, Dashboard, Options};
 use aqw::handlers::HandlerError;
 use aqw::message::{ErrorInfo, ErrorKind, MessageEncoding};
-use aqw::ops::QueueOps;
 use aqw::poison::{PoisonEnvelope, PoisonRecord, RecordStatus};
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
@@ -118,24 +117,6 @@ fn enc(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
-/// One real poison record: the worker poisons a job its handler refuses.
-async fn poisoned(app: &TestApp) -> String {
-    let id = app.enqueue(r#"{"orderId":"o-1"}"#).await;
-    let h = Scripted::new(|_, _| Err(HandlerError::permanent("HTTP 404 Not Found: no such order")));
-    let w = app.start_worker(h);
-    eventually("the poison copy", DEADLINE, || async {
-        (app.poison_messages().await.len() == 1).then_some(())
-    })
-    .await;
-    w.stop().await;
-    id
-}
-
-async fn record(app: &TestApp, id: &str) -> PoisonRecord {
-    let ops = QueueOps::new(app.config.clone(), &app.queue, &app.storage());
-    ops.record(id).await.unwrap().unwrap().0
-}
-
 /// Every way of sending `form` to `uri` without being its principal (or
 /// without its CSRF token) is refused.
 async fn assert_refused(r: &Router, uri: &str, form: &str, csrf: &str) {
@@ -172,7 +153,7 @@ async fn assert_refused(r: &Router, uri: &str, form: &str, csrf: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn actions_without_credentials_or_with_a_forged_csrf_token_change_nothing() {
     let app = keyed_app(json!({"maxDequeueCount": 1}));
-    let id = poisoned(&app).await;
+    let id = poisoned_by_worker(&app, DEADLINE).await;
     let r = dashboard(&app, false);
     let q = &app.queue;
     let record_uri = format!("/q/{q}/record?id={}", enc(&id));
@@ -200,7 +181,7 @@ async fn actions_without_credentials_or_with_a_forged_csrf_token_change_nothing(
     }
     // Nothing changed: the record is open, the poison copy is there, the
     // source queue is empty and no key was closed.
-    let rec = record(&app, &id).await;
+    let rec = poison_record(&app, &id).await;
     assert_eq!(rec.status, RecordStatus::Open);
     assert_eq!(rec.replayed_by, None);
     assert_eq!(app.poison_messages().await.len(), 1);
@@ -215,7 +196,7 @@ async fn actions_without_credentials_or_with_a_forged_csrf_token_change_nothing(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn by_is_the_principal_never_a_form_field() {
     let app = keyed_app(json!({"maxDequeueCount": 1}));
-    let id = poisoned(&app).await;
+    let id = poisoned_by_worker(&app, DEADLINE).await;
     let r = dashboard(&app, false);
     let q = &app.queue;
     let page = bget(&r, &format!("/q/{q}/record?id={}", enc(&id))).await;
@@ -226,7 +207,7 @@ async fn by_is_the_principal_never_a_form_field() {
     );
     let d = bpost(&r, &format!("/q/{q}/discard"), &form).await;
     assert_eq!(d.status, StatusCode::SEE_OTHER, "{}", d.body);
-    let rec = record(&app, &id).await;
+    let rec = poison_record(&app, &id).await;
     assert_eq!(rec.status, RecordStatus::Discarded);
     assert_eq!(rec.discarded_by.as_deref(), Some("oncall"));
     assert_eq!(rec.discard_reason.as_deref(), Some("account closed"));
@@ -531,7 +512,7 @@ async fn a_selection_replays_after_its_dry_run_and_confirms_on_the_progress_page
     .await;
     assert_eq!(dry.status, StatusCode::OK, "{}", dry.body);
     assert_eq!(dry.body.matches("would-replay").count(), 2);
-    assert_eq!(record(&app, &a).await.status, RecordStatus::Open);
+    assert_eq!(poison_record(&app, &a).await.status, RecordStatus::Open);
     fail.store(false, std::sync::atomic::Ordering::SeqCst);
     let real = bpost(&r, &format!("/q/{q}/replay"), &format!("mode=real&{ids}")).await;
     assert_eq!(real.status, StatusCode::SEE_OTHER, "{}", real.body);
@@ -550,7 +531,7 @@ async fn a_selection_replays_after_its_dry_run_and_confirms_on_the_progress_page
         done.body
     );
     for id in [&a, &b] {
-        let rec = record(&app, id).await;
+        let rec = poison_record(&app, id).await;
         assert_eq!(
             (rec.status, rec.replayed_by.as_deref()),
             (RecordStatus::Replayed, Some("oncall"))
@@ -563,7 +544,7 @@ async fn a_selection_replays_after_its_dry_run_and_confirms_on_the_progress_page
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_only_without_auth_shows_views_and_no_forms() {
     let app = keyed_app(json!({"maxDequeueCount": 1}));
-    let id = poisoned(&app).await;
+    let id = poisoned_by_worker(&app, DEADLINE).await;
     let d = Dashboard::new(
         app.config.clone(),
         Options {
@@ -597,7 +578,7 @@ async fn read_only_without_auth_shows_views_and_no_forms() {
     )
     .await;
     assert_eq!(post.status, StatusCode::FORBIDDEN);
-    assert_eq!(record(&app, &id).await.status, RecordStatus::Open);
+    assert_eq!(poison_record(&app, &id).await.status, RecordStatus::Open);
     // Actions enabled without any authentication: refused before anything starts.
     assert!(Dashboard::new(app.config.clone(), Options::default()).is_err());
     app.cleanup().await;

@@ -5,13 +5,10 @@
 
 mod common;
 
-use aqw::handlers::HandlerError;
-use aqw::ops::QueueOps;
-use aqw::poison::{PoisonRecord, RecordStatus};
+use aqw::poison::RecordStatus;
 use base64::Engine as _;
 use common::*;
 use serde_json::json;
-use std::io::BufRead as _;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -93,21 +90,7 @@ fn start(app: &TestApp, args: &[&str], env: &[(&str, &str)]) -> Running {
         .spawn()
         .expect("start aqw dashboard");
     let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let line = rx
-        .recv_timeout(DEADLINE)
-        .expect("the dashboard prints its URL");
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no URL in {line:?}"))
-        .trim_end_matches('/')
-        .to_string();
+    let url = dashboard_url(stdout, DEADLINE);
     let port = url.rsplit(':').next().unwrap().parse().unwrap();
     Running {
         child,
@@ -172,24 +155,6 @@ fn keyed_app() -> TestApp {
     )
 }
 
-/// One real poison record.
-async fn poisoned(app: &TestApp) -> String {
-    let id = app.enqueue(r#"{"orderId":"o-1"}"#).await;
-    let h = Scripted::new(|_, _| Err(HandlerError::permanent("HTTP 404 Not Found: no such order")));
-    let w = app.start_worker(h);
-    eventually("the poison copy", DEADLINE, || async {
-        (app.poison_messages().await.len() == 1).then_some(())
-    })
-    .await;
-    w.stop().await;
-    id
-}
-
-async fn record(app: &TestApp, id: &str) -> PoisonRecord {
-    let ops = QueueOps::new(app.config.clone(), &app.queue, &app.storage());
-    ops.record(id).await.unwrap().unwrap().0
-}
-
 /// Try a discard of `id` as whoever `headers` say: the record page's CSRF
 /// token (if the page shows one), then the POST. The POST's status.
 async fn try_discard(d: &Running, app: &TestApp, id: &str, headers: &[(&str, &str)]) -> u16 {
@@ -221,7 +186,7 @@ async fn try_discard(d: &Running, app: &TestApp, id: &str, headers: &[(&str, &st
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_principal_header_sent_straight_to_the_listener_is_nobody() {
     let app = keyed_app();
-    let id = poisoned(&app).await;
+    let id = poisoned_by_worker(&app, DEADLINE).await;
     let env = [
         ("AQW_DASHBOARD_TRUST_PRINCIPAL", "1"),
         ("AQW_DASHBOARD_PROXY_SECRET", SECRET),
@@ -229,7 +194,7 @@ async fn a_forged_principal_header_sent_straight_to_the_listener_is_nobody() {
     let d = start(&app, &[], &env);
     let forged = [("x-ms-client-principal-name", "mallory@evil")];
     assert_eq!(try_discard(&d, &app, &id, &forged).await, 401);
-    assert_eq!(record(&app, &id).await.status, RecordStatus::Open);
+    assert_eq!(poison_record(&app, &id).await.status, RecordStatus::Open);
     assert!(
         d.log().contains("aqw.dashboard.principal_refused"),
         "{}",
@@ -241,7 +206,7 @@ async fn a_forged_principal_header_sent_straight_to_the_listener_is_nobody() {
         ("x-aqw-proxy-secret", SECRET),
     ];
     assert_eq!(try_discard(&d, &app, &id, &vouched).await, 303);
-    let rec = record(&app, &id).await;
+    let rec = poison_record(&app, &id).await;
     assert_eq!(rec.status, RecordStatus::Discarded);
     assert_eq!(rec.discarded_by.as_deref(), Some("alice@contoso.com"));
     app.cleanup().await;
@@ -250,7 +215,7 @@ async fn a_forged_principal_header_sent_straight_to_the_listener_is_nobody() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_token_and_trust_a_forged_header_plus_any_cookie_gets_nothing_and_the_bearer_wins() {
     let app = keyed_app();
-    let id = poisoned(&app).await;
+    let id = poisoned_by_worker(&app, DEADLINE).await;
     let env = [
         ("AQW_DASHBOARD_TOKEN", TOKEN),
         ("AQW_DASHBOARD_USER", "oncall"),
@@ -263,7 +228,7 @@ async fn with_a_token_and_trust_a_forged_header_plus_any_cookie_gets_nothing_and
         ("cookie", "aqw_session=anything; aqw_login=x"),
     ];
     assert_eq!(try_discard(&d, &app, &id, &forged).await, 401);
-    assert_eq!(record(&app, &id).await.status, RecordStatus::Open);
+    assert_eq!(poison_record(&app, &id).await.status, RecordStatus::Open);
     // A bearer decides even next to vouched principal headers.
     let bearer = format!("Bearer {TOKEN}");
     let both = [
@@ -273,7 +238,7 @@ async fn with_a_token_and_trust_a_forged_header_plus_any_cookie_gets_nothing_and
     ];
     assert_eq!(try_discard(&d, &app, &id, &both).await, 303);
     assert_eq!(
-        record(&app, &id).await.discarded_by.as_deref(),
+        poison_record(&app, &id).await.discarded_by.as_deref(),
         Some("oncall")
     );
     app.cleanup().await;
@@ -335,7 +300,7 @@ async fn sign_in(d: &Running) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_sign_out_the_old_cookie_is_nobody_on_a_get_and_on_a_post() {
     let app = keyed_app();
-    let id = poisoned(&app).await;
+    let id = poisoned_by_worker(&app, DEADLINE).await;
     let d = start(&app, &[], &[("AQW_DASHBOARD_TOKEN", TOKEN)]);
     let cookie = sign_in(&d).await;
     let session = [("cookie", cookie.as_str())];
@@ -367,7 +332,7 @@ async fn after_sign_out_the_old_cookie_is_nobody_on_a_get_and_on_a_post() {
     )
     .await;
     assert_eq!(post.status, 401, "{}", post.body);
-    assert_eq!(record(&app, &id).await.status, RecordStatus::Open);
+    assert_eq!(poison_record(&app, &id).await.status, RecordStatus::Open);
     app.cleanup().await;
 }
 
@@ -476,7 +441,7 @@ fn a_low_entropy_token_is_refused_at_start_up_saying_why() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_dashboard_refuses_a_foreign_host_dns_rebinding() {
     let app = keyed_app();
-    let id = poisoned(&app).await;
+    let id = poisoned_by_worker(&app, DEADLINE).await;
     let d = start(&app, &["--read-only"], &[]);
     let uri = format!("/q/{}/record?id={}", app.queue, enc(&id));
     let rebound = send(
@@ -510,7 +475,7 @@ async fn a_read_only_dashboard_refuses_a_foreign_host_dns_rebinding() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_principal_name_with_a_newline_cannot_forge_log_lines_or_records() {
     let app = keyed_app();
-    let id = poisoned(&app).await;
+    let id = poisoned_by_worker(&app, DEADLINE).await;
     let d = start(&app, &[], &[("AQW_DASHBOARD_TRUST_PRINCIPAL", "1")]);
     let name = "mallory\nINFO aqw.dashboard.discard by=admin";
     let principal =
@@ -518,7 +483,7 @@ async fn a_principal_name_with_a_newline_cannot_forge_log_lines_or_records() {
     let b64 = base64::engine::general_purpose::STANDARD.encode(principal.to_string());
     let headers = [("x-ms-client-principal", b64.as_str())];
     assert_eq!(try_discard(&d, &app, &id, &headers).await, 303);
-    let by = record(&app, &id).await.discarded_by.unwrap();
+    let by = poison_record(&app, &id).await.discarded_by.unwrap();
     assert!(!by.contains('\n'), "{by:?}");
     assert!(by.starts_with("mallory\\u{a}INFO"), "{by:?}");
     eventually("the discard log line", DEADLINE, || async {
@@ -539,7 +504,7 @@ async fn a_principal_name_with_a_newline_cannot_forge_log_lines_or_records() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ids_with_a_slash_are_404_and_progress_stops_refreshing() {
     let app = keyed_app();
-    let id = poisoned(&app).await;
+    let id = poisoned_by_worker(&app, DEADLINE).await;
     let d = start(&app, &["--read-only"], &[]);
     let q = &app.queue;
     let r = send(&d, "GET", &format!("/q/{q}/record?id=a%2Fb"), &[], None).await;

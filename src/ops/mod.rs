@@ -18,6 +18,7 @@ mod fix;
 mod keys;
 mod list;
 mod purge;
+mod rehearse;
 mod replay;
 mod show;
 mod status;
@@ -28,6 +29,7 @@ pub use fix::{fix, FixAction, FixReport};
 pub use keys::key_record;
 pub use list::list;
 pub use purge::{purge_keys, purge_records, PurgeOptions};
+pub use rehearse::{payload_diff, rehearse_discard, rehearse_fix, DiscardRehearsal, FixRehearsal};
 pub use replay::{
     replay, ReplayAction, ReplayItem, ReplayOptions, ReplayReport, DEFAULT_REPLAY_CONCURRENCY,
 };
@@ -64,6 +66,8 @@ pub struct QueueOps {
     /// The queue's poison records and their `<queue>-poison` copies.
     pub poison: PoisonStore,
     pub keys: KeyStore,
+    /// The workers' poll heartbeats.
+    pub heartbeats: crate::heartbeat::HeartbeatStore,
 }
 
 impl QueueOps {
@@ -85,6 +89,7 @@ impl QueueOps {
             source: storage.queue(queue),
             poison,
             keys: KeyStore::new(storage.table(&app.keys_table)),
+            heartbeats: crate::heartbeat::HeartbeatStore::new(storage.table(&app.heartbeat_table)),
             app,
         }
     }
