@@ -33,6 +33,8 @@ Scenarios:
 Azurite: the default ports, or AQW_AZURITE_QUEUE_PORT / AQW_AZURITE_TABLE_PORT /
 AQW_AZURITE_BLOB_PORT (with AQW_AZURITE_STATE) for an instance of one's own;
 the workers connect to the same ports.
+  (i) purge: N done keys, then one `aqw keys purge`: storage requests and
+      CPU per purged key, against a naive one-DELETE-per-key purge.
 
 Every run uses a fresh random queue and fresh tables (deleted afterwards),
 and queues are fed in waves that keep them under ~900 messages (Azurite
@@ -58,7 +60,7 @@ import time
 
 import report
 import scenarios
-from harness import CORES, Bench, log, storage_connection
+from harness import CORES, Bench, dev_connection, log
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -70,7 +72,7 @@ class Usage(Exception):
 def parse_args(argv):
     """The flags of scripts/bench.sh, read left to right as it always did
     (`--smoke` sets 1 repetition, so a later `--reps` wins). Returns
-    dict(mode, reps, report, help)."""
+    dict(mode, reps, report, help), plus only when --only is given."""
     opts = dict(mode="full", reps="3", report="", help=False)
     only = ""
     it = iter(argv)
@@ -105,7 +107,7 @@ def parse_args(argv):
 
 
 # Scenarios `--only` runs by themselves (without the background probes).
-ONLY = ("breaker",)
+ONLY = ("breaker", "purge")
 
 
 def target_dir():
@@ -140,6 +142,8 @@ def run_all(b):
         for procs in (1, 2, 4):
             scale.setdefault(procs, []).append(scenarios.scale_run(b, procs, rep))
     g = scenarios.traces(b)
+    h = scenarios.breaker(b)
+    i = [scenarios.purge_run(b, rep) for rep in range(b.reps)]
     # A probe failing must not lose the whole run's figures.
     try:
         e["idle"] = idle_latency.finish(b.sizes["latency_idle_samples"])
@@ -152,18 +156,20 @@ def run_all(b):
         b.fail(f"(c) idle probe: {ex!r}")
         c = None
     b.azurite("stop", b.probe_azurite)
-    return dict(a=a, b=rb, c=c, d=d, e=e, f=scale, g=g)
+    return dict(a=a, b=rb, c=c, d=d, e=e, f=scale, g=g, h=h, i=i)
 
 
 def run_only(b, only):
     """One scenario by itself (`--only`)."""
+    if only == "purge":
+        return dict(i=[scenarios.purge_run(b, rep) for rep in range(b.reps)])
     assert only == "breaker"
     return dict(h=scenarios.breaker(b))
 
 
 def bench(mode, reps, only=None):
     """A full or smoke run: every scenario (or the `--only` one), results.json, the report."""
-    os.environ["AzureWebJobsStorage"] = storage_connection(os.environ)
+    os.environ["AzureWebJobsStorage"] = dev_connection()
     b = Bench(ROOT, target_dir(), mode, reps)
     os.makedirs(b.work, exist_ok=True)
     started = time.monotonic()

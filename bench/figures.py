@@ -118,3 +118,20 @@ def targets(fig, c):
         ("replay ≥ 0.8× the raw put+delete loop (records/s ÷ messages/s)", fmt(replay_rate_ratio),
          _ge(replay_rate_ratio, 0.8)),
     ]
+
+
+# A key purge's fixed reads: the open records, then each of a function's 256
+# key partitions (src/retention/mod.rs).
+PURGE_SCAN_REQUESTS = 1 + 256
+
+
+def purge_figures(run):
+    """(i): requests and CPU per purged key, and the requests a naive purge
+    (the same scans, then one DELETE per key) would make, as ratios."""
+    deleted = run.get("deleted") or 0
+    if not deleted:
+        return None
+    naive = PURGE_SCAN_REQUESTS + deleted
+    return dict(requests_per_key=run["requests"] / deleted, naive_requests_per_key=naive / deleted,
+                vs_naive=run["requests"] / naive, cpu_ms_per_key=run["cpu"] * 1000 / deleted,
+                deletes_per_key=(run["requests"] - PURGE_SCAN_REQUESTS) / deleted)

@@ -660,3 +660,43 @@ def breaker(b):
     finally:
         http.close()
     return out
+
+
+# ---------------------------------------------------------------------------
+# (i) purge
+# ---------------------------------------------------------------------------
+
+# Retention for the purge run: keys older than a second may go (the testing
+# override; production refuses anything under TTL + 7 days), no sweep.
+PURGE_RETENTION = {"retention": {"keys": "00:00:01", "unsafeShortRetention": True, "sweep": {"enabled": False}}}
+
+
+def purge_run(b, rep):
+    """n keyed jobs settle (n done keys), then one `aqw keys purge` deletes
+    them: its requests and CPU per purged key."""
+    n = b.sizes["purge"]
+    r = b.fresh()
+    log(f"(i) purge rep {rep + 1}/{b.reps}: {n} done keys, then aqw keys purge")
+    if keyed_run(b, "aqw-default", n, rep, r=r, label=f"purge-fill-{rep}") is None:
+        b.cleanup_run(r)
+        return None
+    app_dir = os.path.join(b.work, f"purge-{rep}")
+    write_app(app_dir, r["queue"], r["keys"], r["poison"], aqw_extra=PURGE_RETENTION)
+    dry = [b.aqw, "keys", "purge", "--app", app_dir, "--dry-run", "--output", "json"]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # until every key is past the 1 s cutoff
+        d = b.run(dry, f"purge-dry-{rep}")
+        if d is None or (d["json"] and d["json"][0]["scanned"] >= n):
+            break
+        time.sleep(0.5)
+    cmd = [b.aqw, "keys", "purge", "--app", app_dir, "--output", "json"]
+    b.commands.setdefault("aqw-keys-purge", b.show(cmd, subs(r, app_dir)))
+    res = b.run(cmd, f"purge-{rep}")
+    b.cleanup_run(r)
+    if res is None or not res["json"]:
+        return None
+    report = res["json"][0]
+    if report["deleted"] != n:
+        b.fail(f"(i) purge: deleted {report['deleted']} of {n} done keys")
+    return dict(n=n, deleted=report["deleted"], requests=report["requests"], cpu=res["cpu"],
+                wall=res["wall"])

@@ -60,7 +60,7 @@ class Flags(unittest.TestCase):
             with self.subTest(argv=argv):
                 with self.assertRaises(aqw_bench.Usage) as cm:
                     self.parse(*argv)
-                self.assertEqual(str(cm.exception), "--only takes one of: breaker")
+                self.assertEqual(str(cm.exception), "--only takes one of: breaker, purge")
 
     def test_needs_setup(self):
         def status(*argv):
@@ -71,6 +71,30 @@ class Flags(unittest.TestCase):
         self.assertEqual(status("--help"), 1)
         self.assertEqual(status("--report", "x"), 1)
         self.assertEqual(status("--reps", "0"), 2)
+
+
+class Purge(unittest.TestCase):
+    def test_only_purge_is_the_one_scenario_flag(self):
+        self.assertEqual(aqw_bench.parse_args(["--smoke", "--only", "purge"])["only"], "purge")
+        with self.assertRaises(aqw_bench.Usage):
+            aqw_bench.parse_args(["--only", "throughput"])
+
+    def test_purge_figures_are_ratios_within_the_run(self):
+        f = figures.purge_figures(dict(deleted=1000, requests=257 + 16, cpu=0.5))
+        self.assertAlmostEqual(f["requests_per_key"], 0.273)
+        self.assertAlmostEqual(f["naive_requests_per_key"], 1.257)
+        self.assertAlmostEqual(f["vs_naive"], 273 / 1257)
+        self.assertAlmostEqual(f["cpu_ms_per_key"], 0.5)
+        self.assertIsNone(figures.purge_figures(dict(deleted=0, requests=257, cpu=0.1)))
+        md = "\n".join(report.purge_section([dict(deleted=1000, requests=273, cpu=0.5)], dict(purge=1000)))
+        self.assertIn("(i) Purge", md)
+
+    def test_the_connection_follows_the_azurite_ports(self):
+        self.assertEqual(harness.dev_connection({}), "UseDevelopmentStorage=true")
+        c = harness.dev_connection(dict(AQW_AZURITE_QUEUE_PORT="20001", AQW_AZURITE_TABLE_PORT="20002",
+                                        AQW_AZURITE_BLOB_PORT="20000"))
+        self.assertIn("QueueEndpoint=http://127.0.0.1:20001/", c)
+        self.assertIn("TableEndpoint=http://127.0.0.1:20002/", c)
 
 
 class Arithmetic(unittest.TestCase):
@@ -310,13 +334,6 @@ class Report(unittest.TestCase):
 
 
 class BreakerBench(unittest.TestCase):
-    def test_the_connection_follows_the_azurite_ports(self):
-        from harness import storage_connection
-        self.assertEqual(storage_connection({}), "UseDevelopmentStorage=true")
-        c = storage_connection({"AQW_AZURITE_QUEUE_PORT": "21001", "AQW_AZURITE_TABLE_PORT": "21002"})
-        self.assertIn("QueueEndpoint=http://127.0.0.1:21001/devstoreaccount1;", c)
-        self.assertIn("TableEndpoint=http://127.0.0.1:21002/devstoreaccount1;", c)
-
     def test_the_breaker_section_gives_the_on_off_ratio(self):
         import report
         run = lambda cpu: dict(cpu_ms=cpu, rps=100.0)

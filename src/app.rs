@@ -175,3 +175,26 @@ pub async fn ensure_resources(rts: &[Arc<FunctionRuntime>], shutdown: &Cancellat
         }
     }
 }
+
+/// The retention sweep's targets: one per storage account (connection
+/// setting), with the functions whose keys and records live there.
+pub fn sweep_targets(rts: &[Arc<FunctionRuntime>]) -> Vec<crate::retention::sweep::SweepTarget> {
+    let mut by_setting: HashMap<String, crate::retention::sweep::SweepTarget> = HashMap::new();
+    for rt in rts {
+        let t = by_setting
+            .entry(rt.function.connection.setting.clone())
+            .or_insert_with(|| crate::retention::sweep::SweepTarget {
+                tables: crate::retention::AccountTables {
+                    keys: rt.keys.clone(),
+                    records: rt.poison.records.clone(),
+                    functions: vec![],
+                },
+                records: vec![],
+            });
+        t.tables.functions.push(rt.function.name.clone());
+        t.records.push(rt.poison.store());
+    }
+    let mut out: Vec<_> = by_setting.into_values().collect();
+    out.sort_by(|a, b| a.tables.functions.cmp(&b.tables.functions));
+    out
+}

@@ -1,7 +1,8 @@
 //! `aqw run`: a poll loop per function feeds [`crate::job::process`]
 //! (permits before receiving, so at most `batchSize + newBatchThreshold`
 //! jobs are in flight), backs off on empty polls and storage failures, and
-//! drains in-flight jobs on shutdown.
+//! drains in-flight jobs on shutdown. The retention sweep
+//! ([`crate::retention::sweep`]) runs beside the loops at its own low rate.
 
 use crate::app::{ensure_resources, runtimes, FunctionRuntime};
 use crate::breaker::Admission;
@@ -226,7 +227,9 @@ pub async fn run(
             ))
         })
         .collect();
+    let sweeper = spawn_sweeper(&app, &rts, &shutdown);
     shutdown.cancelled().await;
+    let _ = sweeper.await;
     health.draining.store(true, Ordering::Relaxed);
     health.ready.store(false, Ordering::Relaxed);
     for l in loops {
@@ -238,6 +241,22 @@ pub async fn run(
     }
     info!(event = "aqw.worker.stopped", "worker stopped");
     Ok(())
+}
+
+/// The retention sweep beside the poll loops, stopped by `shutdown`.
+fn spawn_sweeper(
+    app: &AppConfig,
+    rts: &[Arc<FunctionRuntime>],
+    shutdown: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(crate::retention::sweep::run(
+        crate::app::sweep_targets(rts),
+        app.retention.clone(),
+        rts.first()
+            .map(|rt| rt.worker_id.clone())
+            .unwrap_or_default(),
+        shutdown.clone(),
+    ))
 }
 
 /// Let in-flight jobs finish within `shutdown_timeout`, then interrupt and

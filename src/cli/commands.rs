@@ -38,6 +38,7 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Failure> {
         Command::Keys(KeysCmd::Show { function, key }) => {
             keys_show(&cli.app, &function, &key, output).await
         }
+        Command::Keys(KeysCmd::Purge(a)) => super::purge::keys(&load(&cli.app)?, a, output).await,
     }
 }
 
@@ -222,6 +223,14 @@ async fn poison(app_dir: &Path, cmd: PoisonCmd, output: Output) -> Result<Exit, 
         cmd @ PoisonCmd::Fix { .. } => poison_fix(&app, cmd, output).await,
         cmd @ PoisonCmd::Discard { .. } => poison_discard(&app, cmd, output).await,
         cmd @ PoisonCmd::Replay { .. } => poison_replay(&app, cmd, output).await,
+        PoisonCmd::Purge {
+            queue,
+            older_than,
+            dry_run,
+        } => {
+            let q = queue_ops(&app, &queue)?;
+            super::purge::records(q, older_than.as_deref(), dry_run, output).await
+        }
     }
 }
 

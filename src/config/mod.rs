@@ -13,6 +13,7 @@
 //! * `timespan.rs`: Functions timespans;
 //! * `validate.rs`: the raw sections checked and defaulted (exit 2 on error);
 //! * `functions.rs`: function discovery and each function's config;
+//! * `retention.rs`: `aqw.retention`, checked against the key-purge safety floor;
 //! * `mod.rs`: the ready types and [`load`], which runs the steps in order.
 //!
 //! Connection strings are parsed in [`crate::storage::connection`].
@@ -20,11 +21,15 @@
 mod breaker;
 mod functions;
 mod raw;
+mod retention;
 mod settings;
 pub mod show;
 mod timespan;
 mod validate;
 
+pub use retention::{
+    check_key_retention, key_retention_floor, Retention, SweepSettings, SERVICE_DEFAULT_MESSAGE_TTL,
+};
 pub use settings::{
     read_local_settings, resolve_app_settings, resolve_connection, Env, ProcessEnv,
 };
@@ -124,6 +129,8 @@ pub struct AppConfig {
     /// nothing is read or written there unless this is set.
     pub trace_parent: Option<String>,
     pub shutdown_timeout: Duration,
+    /// `aqw.retention`: what the purge commands and the sweep may delete.
+    pub retention: Retention,
     pub functions: Vec<FunctionConfig>,
     /// Function folders aqw does not run: disabled, or not a queue trigger.
     /// `aqw run` warns about each; `aqw serve` answers their invocations 404.
@@ -165,6 +172,7 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
     let function_timeout = validate::function_timeout(host_file, &raw.function_timeout)?;
     let q = QueueSettings::validate(host_file, &raw.queues)?;
     let a = AqwSettings::validate(host_file, &raw.aqw, q.visibility_timeout)?;
+    let retention = retention::validate(host_file, raw.aqw.retention.as_ref())?;
     let (functions, skipped) = functions::functions(app_dir, host_file, &raw.aqw, env)?;
     Ok(AppConfig {
         app_dir: app_dir.to_path_buf(),
@@ -186,6 +194,7 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
         http_port: a.http_port,
         trace_parent: a.trace_parent,
         shutdown_timeout: a.shutdown_timeout,
+        retention,
         functions,
         skipped,
     })

@@ -94,6 +94,28 @@ pub(super) struct RawAqw {
     pub(super) tracing: Option<RawTracing>,
     pub(super) shutdown_timeout: Option<String>,
     pub(super) breaker: Option<RawBreaker>,
+    pub(super) retention: Option<RawRetention>,
+}
+
+/// `aqw.retention` (checked in [`super::retention`]).
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawRetention {
+    pub(super) source_message_ttl: Option<String>,
+    pub(super) keys: Option<String>,
+    pub(super) closed_records: Option<String>,
+    pub(super) sweep: Option<RawSweep>,
+    /// Testing only: accept a keys retention below the safety floor.
+    pub(super) unsafe_short_retention: Option<bool>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawSweep {
+    pub(super) enabled: Option<bool>,
+    pub(super) requests_per_second: Option<f64>,
+    pub(super) interval: Option<String>,
+    pub(super) lease: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,5 +1,5 @@
 //! The operator's procedure: status, list, show,
-//! replay, discard, fix, enqueue and `keys show`, one file each. Each command
+//! replay, discard, fix, enqueue, `keys show` and the purges, one file each. Each command
 //! returns data; the binary renders it and decides the exit code.
 //!
 //! This file holds what the commands share: [`QueueOps`] (the stores of one
@@ -18,6 +18,7 @@ mod enqueue;
 mod fix;
 mod keys;
 mod list;
+mod purge;
 mod rehearse;
 mod replay;
 mod show;
@@ -29,6 +30,7 @@ pub use enqueue::{enqueue, prepare_enqueue, with_trace_context, Enqueued, Prepar
 pub use fix::{fix, FixAction, FixReport};
 pub use keys::key_record;
 pub use list::list;
+pub use purge::{purge_keys, purge_records, PurgeOptions};
 pub use rehearse::{payload_diff, rehearse_discard, rehearse_fix, DiscardRehearsal, FixRehearsal};
 pub use replay::{
     replay, ReplayAction, ReplayItem, ReplayOptions, ReplayReport, DEFAULT_REPLAY_CONCURRENCY,

@@ -20,10 +20,12 @@
 //! Files: [`envelope`] (the poison-queue message and the naming of poison
 //! queues and host-copy records), [`record`] (the row format: columns,
 //! status, the merges that change a record), [`store`] and [`copies`]
-//! (`PoisonStore`: every read and write of records and copies), [`sink`].
+//! (`PoisonStore`: every read and write of records and copies), [`purge`]
+//! (what retention may read: open records' keys, closed records), [`sink`].
 
 pub mod copies;
 pub mod envelope;
+pub mod purge;
 pub mod record;
 pub mod sink;
 pub mod store;
@@ -32,6 +34,7 @@ pub use copies::{put_creating, Held};
 pub use envelope::{
     host_record_id, poison_queue_name, PoisonEnvelope, RecordRef, ENVELOPE_VERSION, POISON_SUFFIX,
 };
+pub use purge::open_record_keys;
 pub use record::{PoisonRecord, RecordStatus, Replacement, Replayed};
 pub use sink::PoisonSink;
 pub use store::{Closing, PoisonStore};

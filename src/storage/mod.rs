@@ -150,6 +150,43 @@ pub enum TableOp {
         entity: Entity,
         if_match: Option<Etag>,
     },
+    /// Delete only if the entity is still at `if_match` (a row changed since
+    /// it was read fails the batch with `PreconditionFailed`).
+    Delete {
+        row_key: String,
+        if_match: Etag,
+    },
+}
+
+/// A server-side query: an OData `$filter` (within one partition when
+/// `partition` is set) and the columns to return (`$select`; empty = all).
+#[derive(Debug, Clone, Default)]
+pub struct TableQuery<'a> {
+    pub partition: Option<&'a str>,
+    pub filter: Option<String>,
+    pub select: &'a [&'a str],
+}
+
+/// The most operations one entity-group transaction may hold.
+pub const MAX_BATCH_OPERATIONS: usize = 100;
+
+/// `'text'` as an OData string literal (quotes doubled).
+pub fn odata_string(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+/// `datetime'…'` as an OData literal, for comparisons on `Timestamp`.
+pub fn odata_datetime(t: OffsetDateTime) -> String {
+    let t = t.to_offset(time::UtcOffset::UTC);
+    format!(
+        "datetime'{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z'",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    )
 }
 
 /// One Azure table of JSON entities.
@@ -171,7 +208,15 @@ pub trait TableStore: Send + Sync {
     async fn delete(&self, pk: &str, rk: &str) -> StorageResult<()>;
     /// All entities of a partition (or of the table when `pk` is None), with
     /// their ETags, following continuations.
-    async fn query_rows(&self, pk: Option<&str>) -> StorageResult<Vec<Row>>;
+    async fn query_rows(&self, pk: Option<&str>) -> StorageResult<Vec<Row>> {
+        self.query_where(&TableQuery {
+            partition: pk,
+            ..Default::default()
+        })
+        .await
+    }
+    /// The entities matching `query`, with their ETags, following continuations.
+    async fn query_where(&self, query: &TableQuery<'_>) -> StorageResult<Vec<Row>>;
     /// [`TableStore::query_rows`] without the versions.
     async fn query(&self, pk: Option<&str>) -> StorageResult<Vec<(String, String, Entity)>> {
         Ok(self
@@ -181,7 +226,8 @@ pub trait TableStore: Send + Sync {
             .map(|r| (r.partition_key, r.row_key, r.entity))
             .collect())
     }
-    /// An entity-group transaction: all operations land or none does.
+    /// An entity-group transaction: all operations land or none does (at
+    /// most [`MAX_BATCH_OPERATIONS`], all in partition `pk`).
     async fn transaction(&self, pk: &str, ops: Vec<TableOp>) -> StorageResult<()>;
     async fn delete_table(&self) -> StorageResult<()>;
 }
