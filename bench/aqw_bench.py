@@ -49,6 +49,7 @@ import time
 
 import report
 import scenarios
+import harness
 from harness import CORES, Bench, log
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -137,7 +138,10 @@ def run_all(b):
 
 def bench(mode, reps):
     """A full or smoke run: every scenario, results.json, the report."""
-    os.environ["AzureWebJobsStorage"] = "UseDevelopmentStorage=true"
+    os.environ["AzureWebJobsStorage"] = harness.main_connection()
+    # Contenders that want a backtrace setting say so (scenarios.CONTENDER_ENV).
+    for var in ("RUST_BACKTRACE", "RUST_LIB_BACKTRACE"):
+        os.environ.pop(var, None)
     b = Bench(ROOT, target_dir(), mode, reps)
     os.makedirs(b.work, exist_ok=True)
     started = time.monotonic()

@@ -154,6 +154,21 @@ class Bench:
 
 PROBE_PORTS = dict(AQW_AZURITE_BLOB_PORT="10010", AQW_AZURITE_QUEUE_PORT="10011",
                    AQW_AZURITE_TABLE_PORT="10012")
+def main_connection():
+    """The connection of the main Azurite: the development default, or the
+    ports in AQW_AZURITE_QUEUE_PORT / AQW_AZURITE_TABLE_PORT (the ones
+    scripts/azurite.sh starts it on), so a bench can run beside a shared
+    Azurite on 10000-10002 without touching it."""
+    queue = os.environ.get("AQW_AZURITE_QUEUE_PORT", "10001")
+    table = os.environ.get("AQW_AZURITE_TABLE_PORT", "10002")
+    if (queue, table) == ("10001", "10002"):
+        return "UseDevelopmentStorage=true"
+    return ("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+            "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
+            f"QueueEndpoint=http://127.0.0.1:{queue}/devstoreaccount1;"
+            f"TableEndpoint=http://127.0.0.1:{table}/devstoreaccount1;")
+
+
 PROBE_ENV = {"AzureWebJobsStorage": (
     "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
     "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
