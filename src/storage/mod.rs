@@ -6,7 +6,8 @@
 //! * [`azure`]: [`connect`], queues on `azure_storage_queue` 1.x;
 //! * [`tables`]: our own typed Tables client (no 1.x Tables crate exists);
 //! * [`pipeline`]: the shared `azure_core` 1.x transport, retry options, and
-//!   the SharedKey / SAS authorization policies;
+//!   the SAS authorization policy;
+//! * [`shared_key`]: the SharedKey authorization policy (account keys);
 //! * [`identity`]: Entra ID credentials (`azure_identity` 1.x) and the order
 //!   they are tried in;
 //! * [`connection`]: connection strings and identity-based settings → a
@@ -17,6 +18,7 @@
 pub mod azure;
 pub mod identity;
 pub mod pipeline;
+pub mod shared_key;
 pub mod tables;
 
 pub mod connection;
