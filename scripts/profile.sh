@@ -106,7 +106,7 @@ case "$cmd" in
     cleanup
     heaptrack_print "$(ls -t "$out"/heaptrack*.zst "$out"/heaptrack*.gz 2>/dev/null | head -1)" \
       >"$out/heaptrack.txt" 2>/dev/null || true
-    calls="$(grep -m1 'calls to allocation functions' "$out/heaptrack.txt" | sed 's/.*: *\([0-9]*\).*/\1/')"
+    calls="$(grep -m1 '^calls to allocation functions:' "$out/heaptrack.txt" | sed 's/.*: *\([0-9]*\).*/\1/')"
     python3 -c "import sys; c=int(sys.argv[1]); print(f'{c} allocations, {c/int(sys.argv[2]):.0f} per message')" "$calls" "$n"
     ;;
   *)
