@@ -97,7 +97,7 @@ case "$cmd" in
     perf record -e cpu-clock -g --call-graph dwarf,16384 -F 2000 -o "$out/perf.data" \
       "$worker" --app "$app" --expect "$n" >"$out/worker.json" 2>/dev/null
     cleanup
-    perf report -i "$out/perf.data" --no-children --sort dso,symbol --stdio 2>/dev/null \
+    perf report -i "$out/perf.data" --no-children -g none --sort dso,symbol --stdio 2>/dev/null \
       | grep -v '^$' | grep '%' | head -40 | tee "$out/top.txt"
     ;;
   allocs)
