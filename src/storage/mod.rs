@@ -44,8 +44,9 @@ pub const MAX_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 /// every constructor, and the SDK builds errors on its hot path for things
 /// that are not failures (`ClientRequestIdPolicy` probes for its header with
 /// an erroring lookup on every queue request). With `RUST_BACKTRACE=1`, which
-/// many container images set, each of those walks the stack: measured +15 %
-/// CPU per message. `std` reads `RUST_LIB_BACKTRACE` before `RUST_BACKTRACE`
+/// many container images set, each of those walks the stack: measured +12 %
+/// instructions per message (callgrind, `scripts/profile.sh`), +15 % CPU in
+/// the bench. `std` reads `RUST_LIB_BACKTRACE` before `RUST_BACKTRACE`
 /// for captured backtraces, and panics read `RUST_BACKTRACE` alone, so panic
 /// backtraces stay exactly as the user configured them.
 pub fn quiet_library_backtraces() {
