@@ -170,6 +170,9 @@ def run_only(b, only):
 def bench(mode, reps, only=None):
     """A full or smoke run: every scenario (or the `--only` one), results.json, the report."""
     os.environ["AzureWebJobsStorage"] = dev_connection()
+    # Contenders that want a backtrace setting say so (scenarios.CONTENDER_ENV).
+    for var in ("RUST_BACKTRACE", "RUST_LIB_BACKTRACE"):
+        os.environ.pop(var, None)
     b = Bench(ROOT, target_dir(), mode, reps)
     os.makedirs(b.work, exist_ok=True)
     started = time.monotonic()

@@ -175,6 +175,7 @@ def dev_connection(env=None):
 
 PROBE_PORTS = dict(AQW_AZURITE_BLOB_PORT="10010", AQW_AZURITE_QUEUE_PORT="10011",
                    AQW_AZURITE_TABLE_PORT="10012")
+
 PROBE_ENV = {"AzureWebJobsStorage": (
     "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
     "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"

@@ -82,6 +82,7 @@ def render(data, run_name):
     ceiling_req, replay_aqw, replay_raw = fig["ceiling_req"], fig["replay_aqw"], fig["replay_raw"]
 
     names = {"aqw-default": "aqw, default settings (batch 16, threshold %d)" % DEFAULT_THRESHOLD,
+             "aqw-backtrace": "aqw, default settings, RUST_BACKTRACE=1",
              "aqw-tuned": "aqw, tuned (batchSize 32, newBatchThreshold 32)",
              "ceiling": "ceiling loop (same calls, same concurrency as aqw default)",
              "python": "Python asyncio worker (official async SDKs, same concurrency)"}
@@ -100,6 +101,9 @@ def render(data, run_name):
     lines.append(f"| aqw tuned / ceiling throughput | {fmt(ratio(median(rps['aqw-tuned']), median(rps['ceiling'])))} |")
     lines.append(f"| aqw / Python CPU per message (whole process) | {fmt(ratio(median(cpu_msg['aqw-default']), median(cpu_msg['python'])))} |")
     lines.append(f"| aqw / Python CPU per message (work loop only) | {fmt(ratio(median(loop_cpu_msg['aqw-default']), median(loop_cpu_msg['python'])))} |")
+    lines.append("| aqw / Python CPU per message, RUST_BACKTRACE=1 / unset | "
+                 f"{fmt(ratio(median(cpu_msg.get('aqw-backtrace', [])), median(cpu_msg['python'])))} / "
+                 f"{fmt(ratio(median(cpu_msg['aqw-default']), median(cpu_msg['python'])))} |")
     lines.append(f"| storage requests per keyed message, default / tuned (batchSize 16 / 32) | {fmt(median(keyed_req))} / {fmt(median(keyed_tuned_req))} |")
     lines.append(f"| storage requests per keyless message, default / tuned | {fmt(median(keyless_req))} / {fmt(median(keyless_tuned_req))} |")
     lines.append(f"| storage requests per duplicate message | {fmt(median(dup_req))} |")
@@ -127,7 +131,9 @@ def render(data, run_name):
 
     lines += [f"## (a) Throughput and CPU: {N['throughput']} keyed jobs", ""]
     lines += ["| contender | metric | median | min | max | unit |", "|---|---|---|---|---|---|"]
-    for k in ("aqw-default", "aqw-tuned", "ceiling", "python"):
+    for k in ("aqw-default", "aqw-backtrace", "aqw-tuned", "ceiling", "python"):
+        if k not in rps:
+            continue  # results of a bench from before the contender existed
         for label, vals, unit in (("throughput", rps[k], "msg/s"),
                                   ("CPU per message, whole process", cpu_msg[k], "ms"),
                                   ("CPU per message, work loop", loop_cpu_msg[k], "ms"),
@@ -345,6 +351,13 @@ def write(data, run_name, root):
     and return the exit status: 1 when there were errors."""
     errors = data.get("errors", [])
     text = render_only(data, run_name) if data.get("only") else render(data, run_name)
+    # The profile (scripts/profile.sh: instruction counts and allocations on
+    # a fixed workload, before and after) is kept by hand in bench/profile.md,
+    # because it needs valgrind and a quiet build, not a bench run.
+    profile = os.path.join(root, "bench", "profile.md")
+    if os.path.exists(profile) and not data.get("only"):
+        with open(profile) as f:
+            text = text.rstrip("\n") + "\n\n" + f.read()
     state = os.path.join(root, ".bench")
     if data.get("only"):
         out = os.path.join(state, f"only-{data['only']}.md")

@@ -177,6 +177,7 @@ def synthetic(mode="full", errors=()):
              "table.admin:201": 2}
     keyless = {"queue.receive:200": 5, "queue.delete:204": 50}
     a = {"aqw-default": [worker(n, 2.0, 0.05, 12.0, keyed)],
+         "aqw-backtrace": [worker(n, 2.0, 0.054, 12.0, keyed)],
          "aqw-tuned": [worker(n, 1.6, 0.05, 14.0, keyed)],
          "ceiling": [worker(n, 2.0, 0.04, 9.0, keyed)],
          "python": [worker(n, 4.0, 1.0, 57.0, {})]}
@@ -217,7 +218,7 @@ class Targets(unittest.TestCase):
     def test_targets_from_synthetic_results(self):
         data = synthetic()
         got = {t: (v, ok) for t, v, ok in figures.targets(figures.derive(data), data["c"])}
-        self.assertEqual(len(got), 9)
+        self.assertEqual(len(got), 11)
         # CPU: aqw 0.5 ms / Python 10 ms per message.
         self.assertEqual(got["worker CPU per message ≤ 0.1× the Python worker's"], ("0.05", True))
         self.assertEqual(got["throughput ≥ 0.9× the ceiling loop's (default settings)"], ("1.00", True))
@@ -230,6 +231,10 @@ class Targets(unittest.TestCase):
         self.assertEqual(got["peak RSS ≤ 30 MiB with up to 32 (default) or 64 (tuned) jobs in flight"],
                          ("14.0 MiB", True))
         self.assertEqual(got["replay ≥ 0.8× the raw put+delete loop (records/s ÷ messages/s)"], ("0.50", False))
+        # CPU with RUST_BACKTRACE=1: 0.54 ms / 0.5 ms; traces: 1.2 ms / 1.0 ms per message.
+        self.assertEqual(got["CPU per message with RUST_BACKTRACE=1 within 10 % of unset (ratio ≤ 1.10)"],
+                         ("1.08", True))
+        self.assertEqual(got["`aqw run` CPU per message, trace export OTLP on ≤ 1.15× off"], ("1.20", False))
 
     def test_missing_figures_are_not_applicable(self):
         data = synthetic()
@@ -240,8 +245,10 @@ class Targets(unittest.TestCase):
         self.assertEqual(figures.verdict(None), "n/a")
         self.assertEqual(figures.verdict(True), "met")
         self.assertEqual(figures.verdict(False), "**missed**")
-        # Only the keyless figures remain (b), at 1.10 requests per message.
-        self.assertEqual([(v, ok) for _, v, ok in rows if ok is not None], [("1.10", False), ("1.10", False)])
+        # Only the keyless figures remain (b), at 1.10 requests per message,
+        # and the traces ratio (g), 1.2 / 1.0.
+        self.assertEqual([(v, ok) for _, v, ok in rows if ok is not None],
+                         [("1.10", False), ("1.10", False), ("1.20", False)])
 
 
 class Report(unittest.TestCase):

@@ -51,6 +51,7 @@
 //! | queues on `azure_storage_queue` 1.x | `src/storage/azure.rs` |
 //! | our Tables client on the `azure_core` 1.x pipeline | `src/storage/tables.rs` |
 //! | SharedKey / SAS / bearer signing, retries and timeouts in the pipeline | `src/storage/pipeline.rs` |
+//! | SharedKey signing of each try (string to sign, HMAC) | `src/storage/shared_key.rs` |
 //! | which identity signs (workload, managed, developer tools) | `src/storage/identity.rs` |
 //! | test-only crash points, compiled out of release builds | `src/failpoint.rs` |
 //! | the CLI: arguments and help, rendering, exit codes decided once; the purge commands | `src/cli/` (`mod.rs`, `args.rs`, `commands.rs`, `render.rs`, `exit.rs`, `purge.rs`) |

@@ -6,7 +6,8 @@
 //! * [`azure`]: [`connect`], queues on `azure_storage_queue` 1.x;
 //! * [`tables`]: our own typed Tables client (no 1.x Tables crate exists);
 //! * [`pipeline`]: the shared `azure_core` 1.x transport, retry options, and
-//!   the SharedKey / SAS authorization policies;
+//!   the SAS authorization policy;
+//! * [`shared_key`]: the SharedKey authorization policy (account keys);
 //! * [`identity`]: Entra ID credentials (`azure_identity` 1.x) and the order
 //!   they are tried in;
 //! * [`connection`]: connection strings and identity-based settings → a
@@ -17,6 +18,7 @@
 pub mod azure;
 pub mod identity;
 pub mod pipeline;
+pub mod shared_key;
 pub mod tables;
 
 pub mod connection;
@@ -33,6 +35,25 @@ use time::OffsetDateTime;
 /// The longest a queue message can stay invisible (a visibility timeout or
 /// a retry delay): Queue Storage takes at most 7 days.
 pub const MAX_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Turn off backtrace capture in library error values unless the user asked
+/// for it with `RUST_LIB_BACKTRACE`. Call first thing in `main`, before any
+/// thread exists (it sets a process environment variable).
+///
+/// Why: `azure_core`'s error type captures a `std::backtrace::Backtrace` in
+/// every constructor, and the SDK builds errors on its hot path for things
+/// that are not failures (`ClientRequestIdPolicy` probes for its header with
+/// an erroring lookup on every queue request). With `RUST_BACKTRACE=1`, which
+/// many container images set, each of those walks the stack: measured +12 %
+/// instructions per message (callgrind, `scripts/profile.sh`), +15 % CPU in
+/// the bench. `std` reads `RUST_LIB_BACKTRACE` before `RUST_BACKTRACE`
+/// for captured backtraces, and panics read `RUST_BACKTRACE` alone, so panic
+/// backtraces stay exactly as the user configured them.
+pub fn quiet_library_backtraces() {
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        std::env::set_var("RUST_LIB_BACKTRACE", "0");
+    }
+}
 
 /// A table entity's properties (without PartitionKey/RowKey/odata metadata).
 pub type Entity = Map<String, Value>;

@@ -63,10 +63,10 @@ impl TablesClient {
         r.insert_header("accept", FULL_METADATA);
         // Set here so azure_core's ClientRequestIdPolicy finds it without
         // building an error for the absent header (see pipeline::find_header).
-        r.insert_header(
-            "x-ms-client-request-id",
-            uuid::Uuid::new_v4().hyphenated().to_string(),
-        );
+        // From the thread's RNG: `Uuid::new_v4` asks the kernel (a
+        // getrandom syscall) for every request.
+        let id = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
+        r.insert_header("x-ms-client-request-id", id.hyphenated().to_string());
         Ok(r)
     }
 

@@ -222,10 +222,14 @@ async fn alert_loop(
     window: Duration,
     mut rx: mpsc::UnboundedReceiver<PoisonAlert>,
 ) {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap_or_default();
+    // Only a webhook needs a client: building one loads the system's root
+    // certificates (some 19 M instructions).
+    let client = webhook.as_ref().map(|_| {
+        reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap_or_default()
+    });
     let mut windows: HashMap<String, QueueWindow> = HashMap::new();
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
@@ -253,8 +257,8 @@ async fn alert_loop(
                 "{} message(s) poisoned on {queue} in this window",
                 batch.len()
             );
-            if let Some(webhook) = webhook.clone() {
-                tokio::spawn(post_with_backoff(client.clone(), webhook, body));
+            if let (Some(webhook), Some(client)) = (webhook.clone(), client.clone()) {
+                tokio::spawn(post_with_backoff(client, webhook, body));
             }
         }
     }
