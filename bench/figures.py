@@ -75,6 +75,8 @@ def derive(data):
         ceiling_req=[per_message(x["json"]["requests"], x["n"]) for x in a.get("ceiling", [])],
         replay_aqw=[x["aqw"]["wall"] for x in d if x],
         replay_raw=[x["raw"]["wall"] for x in d if x],
+        traces_cpu={m: [x["cpu_ms"] for x in (data.get("g") or {}).get(m, []) if x]
+                    for m in ("off", "otlp", "otlp-down")},
     )
 
 
@@ -101,6 +103,9 @@ def targets(fig, c):
     replay_rate_ratio = ratio(median(fig["replay_raw"]), median(fig["replay_aqw"]))
     rss_max = max(rss.get("aqw-default", []) + rss.get("aqw-tuned", []), default=None)
     idle_h = c.get("steady_per_hour") if c else None
+    backtrace_ratio = ratio(median(cpu_msg.get("aqw-backtrace", [])), median(cpu_msg.get("aqw-default", [])))
+    traces_cpu = fig.get("traces_cpu") or {}
+    traces_ratio = ratio(median(traces_cpu.get("otlp", [])), median(traces_cpu.get("off", [])))
     return [
         ("worker CPU per message ≤ 0.1× the Python worker's", fmt(cpu_ratio), _le(cpu_ratio, 0.1)),
         ("throughput ≥ 0.9× the ceiling loop's (default settings)", fmt(tp_ratio), _ge(tp_ratio, 0.9)),
@@ -117,4 +122,24 @@ def targets(fig, c):
          fmt(rss_max, 1) + " MiB" if rss_max else "n/a", _le(rss_max, 30)),
         ("replay ≥ 0.8× the raw put+delete loop (records/s ÷ messages/s)", fmt(replay_rate_ratio),
          _ge(replay_rate_ratio, 0.8)),
+        ("CPU per message with RUST_BACKTRACE=1 within 10 % of unset (ratio ≤ 1.10)", fmt(backtrace_ratio),
+         _le(backtrace_ratio, 1.10)),
+        ("`aqw run` CPU per message, trace export OTLP on ≤ 1.15× off", fmt(traces_ratio), _le(traces_ratio, 1.15)),
     ]
+
+
+# A key purge's fixed reads: the open records, then each of a function's 256
+# key partitions (src/retention/mod.rs).
+PURGE_SCAN_REQUESTS = 1 + 256
+
+
+def purge_figures(run):
+    """(i): requests and CPU per purged key, and the requests a naive purge
+    (the same scans, then one DELETE per key) would make, as ratios."""
+    deleted = run.get("deleted") or 0
+    if not deleted:
+        return None
+    naive = PURGE_SCAN_REQUESTS + deleted
+    return dict(requests_per_key=run["requests"] / deleted, naive_requests_per_key=naive / deleted,
+                vs_naive=run["requests"] / naive, cpu_ms_per_key=run["cpu"] * 1000 / deleted,
+                deletes_per_key=(run["requests"] - PURGE_SCAN_REQUESTS) / deleted)

@@ -32,6 +32,8 @@ def sizes(smoke):
         latency_idle_samples=0 if smoke else 5,
         scale=40 if smoke else 2000,
         traces=40 if smoke else 500,
+        breaker=40 if smoke else 500,
+        purge=30 if smoke else 2000,
     )
 
 
@@ -145,15 +147,35 @@ class Bench:
     def azurite_cpu(self):
         """Azurite's user+system CPU seconds so far (from /proc), or None."""
         try:
-            pid = int(open(os.path.join(self.root, ".azurite", "azurite.pid")).read().split()[0])
+            state = os.environ.get("AQW_AZURITE_STATE") or os.path.join(self.root, ".azurite")
+            pid = int(open(os.path.join(state, "azurite.pid")).read().split()[0])
             fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
             return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         except (OSError, ValueError, IndexError):
             return None
 
 
+DEV_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==")
+
+
+def dev_connection(env=None):
+    """The bench's connection: Azurite on the ports scripts/azurite.sh starts
+    it on (AQW_AZURITE_*_PORT), so a bench on ports of its own never touches
+    another Azurite; UseDevelopmentStorage=true when none is set."""
+    env = os.environ if env is None else env
+    ports = [env.get(f"AQW_AZURITE_{s}_PORT") for s in ("BLOB", "QUEUE", "TABLE")]
+    if not any(ports):
+        return "UseDevelopmentStorage=true"
+    blob, queue, table = (p or d for p, d in zip(ports, ("10000", "10001", "10002")))
+    return ("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+            f"AccountKey={DEV_KEY};BlobEndpoint=http://127.0.0.1:{blob}/devstoreaccount1;"
+            f"QueueEndpoint=http://127.0.0.1:{queue}/devstoreaccount1;"
+            f"TableEndpoint=http://127.0.0.1:{table}/devstoreaccount1;")
+
+
 PROBE_PORTS = dict(AQW_AZURITE_BLOB_PORT="10010", AQW_AZURITE_QUEUE_PORT="10011",
                    AQW_AZURITE_TABLE_PORT="10012")
+
 PROBE_ENV = {"AzureWebJobsStorage": (
     "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
     "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
@@ -281,12 +303,15 @@ class Proc:
             return ""
 
 
-def write_app(app_dir, queue, keys, poison, key="bench:{/id}", handler=None, queues=None, http_port=None):
+def write_app(app_dir, queue, keys, poison, key="bench:{/id}", handler=None, queues=None, http_port=None,
+              breaker=None, aqw_extra=None):
     os.makedirs(app_dir, exist_ok=True)
     fn = {"queue": queue, "key": key}
     if handler is not None:
         fn["handler"] = handler
-    aqw = {"functions": {"Bench": fn}, "tables": {"keys": keys, "poison": poison}}
+    if breaker is not None:
+        fn["breaker"] = breaker
+    aqw = {"functions": {"Bench": fn}, "tables": {"keys": keys, "poison": poison}, **(aqw_extra or {})}
     if http_port is not None:
         aqw["http"] = {"port": http_port}
     host = {"version": "2.0", "extensions": {"queues": dict(messageEncoding="base64", **(queues or {}))}, "aqw": aqw}

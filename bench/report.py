@@ -7,7 +7,8 @@ import re
 import subprocess
 import sys
 
-from figures import data_plane, derive, fmt, median, percentile, ratio, stats, targets, verdict
+from figures import (data_plane, derive, fmt, median, percentile, purge_figures, ratio, stats, targets,
+                     verdict)
 from harness import DEFAULT_THRESHOLD, log
 
 
@@ -81,6 +82,7 @@ def render(data, run_name):
     ceiling_req, replay_aqw, replay_raw = fig["ceiling_req"], fig["replay_aqw"], fig["replay_raw"]
 
     names = {"aqw-default": "aqw, default settings (batch 16, threshold %d)" % DEFAULT_THRESHOLD,
+             "aqw-backtrace": "aqw, default settings, RUST_BACKTRACE=1",
              "aqw-tuned": "aqw, tuned (batchSize 32, newBatchThreshold 32)",
              "ceiling": "ceiling loop (same calls, same concurrency as aqw default)",
              "python": "Python asyncio worker (official async SDKs, same concurrency)"}
@@ -99,6 +101,9 @@ def render(data, run_name):
     lines.append(f"| aqw tuned / ceiling throughput | {fmt(ratio(median(rps['aqw-tuned']), median(rps['ceiling'])))} |")
     lines.append(f"| aqw / Python CPU per message (whole process) | {fmt(ratio(median(cpu_msg['aqw-default']), median(cpu_msg['python'])))} |")
     lines.append(f"| aqw / Python CPU per message (work loop only) | {fmt(ratio(median(loop_cpu_msg['aqw-default']), median(loop_cpu_msg['python'])))} |")
+    lines.append("| aqw / Python CPU per message, RUST_BACKTRACE=1 / unset | "
+                 f"{fmt(ratio(median(cpu_msg.get('aqw-backtrace', [])), median(cpu_msg['python'])))} / "
+                 f"{fmt(ratio(median(cpu_msg['aqw-default']), median(cpu_msg['python'])))} |")
     lines.append(f"| storage requests per keyed message, default / tuned (batchSize 16 / 32) | {fmt(median(keyed_req))} / {fmt(median(keyed_tuned_req))} |")
     lines.append(f"| storage requests per keyless message, default / tuned | {fmt(median(keyless_req))} / {fmt(median(keyless_tuned_req))} |")
     lines.append(f"| storage requests per duplicate message | {fmt(median(dup_req))} |")
@@ -126,7 +131,9 @@ def render(data, run_name):
 
     lines += [f"## (a) Throughput and CPU: {N['throughput']} keyed jobs", ""]
     lines += ["| contender | metric | median | min | max | unit |", "|---|---|---|---|---|---|"]
-    for k in ("aqw-default", "aqw-tuned", "ceiling", "python"):
+    for k in ("aqw-default", "aqw-backtrace", "aqw-tuned", "ceiling", "python"):
+        if k not in rps:
+            continue  # results of a bench from before the contender existed
         for label, vals, unit in (("throughput", rps[k], "msg/s"),
                                   ("CPU per message, whole process", cpu_msg[k], "ms"),
                                   ("CPU per message, work loop", loop_cpu_msg[k], "ms"),
@@ -237,6 +244,8 @@ def render(data, run_name):
               "was settled exactly once across the processes (the handled counts add up to the jobs).", ""]
 
     lines += traces_section(data.get("g") or {}, N)
+    lines += breaker_section(data.get("h") or {}, N)
+    lines += purge_section(data.get("i") or [], N)
 
     lines += ["## Commands", "", "```sh", f"bash scripts/bench.sh{' --smoke' if SMOKE else ''}" +
               (f" --reps {REPS}" if not SMOKE and REPS != 3 else ""), "```", "",
@@ -284,14 +293,75 @@ def traces_section(g, N):
     return lines
 
 
+def breaker_section(h, N):
+    """(h): CPU per message of `aqw run` with the circuit breaker on and off."""
+    if not h:
+        return []
+    runs = {m: [x for x in h.get(m, []) if x] for m in ("on", "off")}
+    med = {m: median([x["cpu_ms"] for x in xs]) for m, xs in runs.items()}
+    lines = [f"## (h) Circuit breaker: {N.get('breaker')} keyed jobs through `aqw run` and an HTTP handler", ""]
+    lines += ["| breaker | metric | median | min | max | unit |", "|---|---|---|---|---|---|"]
+    names = {"on": "on (default settings)", "off": "off (`\"breaker\": false`)"}
+    for m, xs in runs.items():
+        lines.append(row(f"{names[m]} | CPU per message, aqw process", [x["cpu_ms"] for x in xs], "ms"))
+        lines.append(row(f"{names[m]} | throughput", [x["rps"] for x in xs], "msg/s", 0))
+    lines += ["", f"CPU per message, breaker on / off: {fmt(ratio(med['on'], med['off']))} (the happy path: "
+              "every call answers 200, so the breaker only counts successes).", ""]
+    return lines
+
+
+def render_only(data, run_name):
+    """The report of an `--only` run: its one section."""
+    N = data["sizes"]
+    m = data["machine"]
+    lines = [f"# aqw benchmarks, only ({data['only']})" + (" (smoke run: tiny sizes)" if data["mode"] == "smoke" else ""),
+             "", f"Measured {m['date']} on {m['nproc']} cores; aqw commit {m['commit']}; "
+             f"{data['reps']} repetition(s). Raw data: `.bench/{run_name}/results.json`.", ""]
+    lines += breaker_section(data.get("h") or {}, N)
+    if data.get("errors"):
+        lines += ["## Errors", ""] + [f"- {e}" for e in data["errors"]] + [""]
+    return "\n".join(lines)
+
+
+def purge_section(h, N):
+    """(i): one `aqw keys purge` over N done keys: requests and CPU per purged key."""
+    figs = [f for f in (purge_figures(x) for x in h if x) if f]
+    if not figs:
+        return []
+    lines = [f"## (i) Purge: `aqw keys purge` over {N.get('purge')} done keys", ""]
+    lines += ["| metric | median | min | max | unit |", "|---|---|---|---|---|"]
+    lines.append(row("storage requests per purged key", [f["requests_per_key"] for f in figs], "requests"))
+    lines.append(row("batch requests per purged key (scans left out)", [f["deletes_per_key"] for f in figs],
+                     "requests", 3))
+    lines.append(row("requests vs a naive purge (same scans, one DELETE per key)", [f["vs_naive"] for f in figs],
+                     "ratio", 3))
+    lines.append(row("CPU per purged key, aqw process", [f["cpu_ms_per_key"] for f in figs], "ms", 3))
+    lines += ["", "The purge reads the open poison records once and each of the function's 256 key partitions "
+              "with a server-side filter (`(Status eq 'done' or Status eq 'cancelled') and Timestamp lt …`, "
+              "`$select` Status), then deletes in `$batch`es of up to 100 conditional deletes per partition. "
+              "A naive purge makes the same scans and one DELETE per key. The scans are a fixed cost "
+              "(257 requests per function), so the ratio falls as the number of keys grows; CPU is the `aqw` "
+              "process's rusage, start-up included.", ""]
+    return lines
+
+
 def write(data, run_name, root):
     """Render the report, write it (.bench/smoke.md for a smoke run,
     .bench/failed.md when there were errors, else BENCHMARKS.md), print it,
     and return the exit status: 1 when there were errors."""
     errors = data.get("errors", [])
-    text = render(data, run_name)
+    text = render_only(data, run_name) if data.get("only") else render(data, run_name)
+    # The profile (scripts/profile.sh: instruction counts and allocations on
+    # a fixed workload, before and after) is kept by hand in bench/profile.md,
+    # because it needs valgrind and a quiet build, not a bench run.
+    profile = os.path.join(root, "bench", "profile.md")
+    if os.path.exists(profile) and not data.get("only"):
+        with open(profile) as f:
+            text = text.rstrip("\n") + "\n\n" + f.read()
     state = os.path.join(root, ".bench")
-    if data["mode"] == "smoke":
+    if data.get("only"):
+        out = os.path.join(state, f"only-{data['only']}.md")
+    elif data["mode"] == "smoke":
         out = os.path.join(state, "smoke.md")
     elif errors:
         out = os.path.join(state, "failed.md")

@@ -13,6 +13,9 @@ from harness import (DEFAULT_THRESHOLD, PROBE_ENV, Feeder, free_port, log, metri
                      wait_http, write_app)
 
 TUNED = {"batchSize": 32, "newBatchThreshold": 32}
+# aqw-backtrace is aqw-default as many container images run it: with
+# RUST_BACKTRACE=1 (the bench unsets it for everyone else).
+CONTENDER_ENV = {"aqw-backtrace": {"RUST_BACKTRACE": "1"}}
 
 
 # ---------------------------------------------------------------------------
@@ -20,7 +23,7 @@ TUNED = {"batchSize": 32, "newBatchThreshold": 32}
 # ---------------------------------------------------------------------------
 
 def worker_cmd(b, kind, r, app_dir, n):
-    if kind in ("aqw-default", "aqw-tuned"):
+    if kind in ("aqw-default", "aqw-tuned", "aqw-backtrace"):
         return [b.bench_worker, "--app", app_dir, "--expect", str(n)]
     if kind == "ceiling":
         return [b.ceiling_exe, "run", "--queue", r["queue"], "--table", r["keys"], "--batch", "16",
@@ -47,7 +50,7 @@ def keyed_run(b, kind, n, rep, r=None, tag=None, queues=None, label=None):
         return None
     cmd = worker_cmd(b, kind, r, app_dir, n)
     b.commands.setdefault(kind, b.show(cmd, subs(r, app_dir)))
-    p = b.proc(cmd, label)
+    p = b.proc(cmd, label, env=CONTENDER_ENV.get(kind))
     res = p.wait()
     if res["rc"] != 0 or res["timed_out"] or res["json"] is None:
         feeder.kill()  # it would wait for room on the queue forever
@@ -70,7 +73,9 @@ def keyed_run(b, kind, n, rep, r=None, tag=None, queues=None, label=None):
 
 def throughput(b):
     n = b.sizes["throughput"]
-    results = {k: [] for k in ("aqw-default", "aqw-tuned", "ceiling", "python")}
+    kinds = ("aqw-default", "aqw-backtrace", "aqw-tuned", "ceiling", "python")
+    # --smoke stays tiny: the RUST_BACKTRACE=1 rerun is for full runs only.
+    results = {k: [] for k in kinds if not (b.mode == "smoke" and k == "aqw-backtrace")}
     for rep in range(b.reps):
         order = list(results)
         random.shuffle(order)  # no contender always runs first on a warm Azurite
@@ -562,30 +567,22 @@ class LocalHttp:
 TRACE_MODES = ("off", "otlp", "otlp-down")
 
 
-def traces_run(b, mode, rep, http):
+def http_run(b, label, n, http, env=None, breaker=None):
     """n keyed jobs through `aqw run` (release binary, JSON logs at info, as
-    deployed) to the HTTP handler, with trace export `mode`; CPU of the aqw
-    process per message."""
-    n = b.sizes["traces"]
+    deployed) to the HTTP handler; the aqw process's figures, or None."""
     r = b.fresh()
-    label = f"traces-{mode}-{rep}"
     app_dir = os.path.join(b.work, label)
     port = free_port()
     write_app(app_dir, r["queue"], r["keys"], r["poison"],
-              handler={"type": "http", "url": http.url + "/effects"}, http_port=port)
-    log(f"(g) traces {mode} rep {rep + 1}/{b.reps}: {n} keyed jobs through aqw run")
+              handler={"type": "http", "url": http.url + "/effects"}, http_port=port, breaker=breaker)
     if not b.ceiling("enqueue", "--queue", r["queue"], "--count", str(n), "--tag", r["tag"],
                      name=f"{label}-enqueue"):
         return None
-    env = {"OTEL_BSP_SCHEDULE_DELAY": "200"}
-    if mode == "otlp":
-        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = http.url
-    elif mode == "otlp-down":
-        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"  # nothing listens
+    env = env or {}
     cmd = [b.aqw, "--log-format", "json", "run", "--app", app_dir]
-    b.commands.setdefault(f"aqw-run-traces-{mode}", " ".join(f"{k}={v}" for k, v in env.items()) + " " +
+    kind = label.rsplit("-", 1)[0]
+    b.commands.setdefault(f"aqw-run-{kind}", " ".join(f"{k}={v}" for k, v in env.items()) + " " +
                           b.show(cmd, subs(r, app_dir)))
-    exported_before = http.counts.get("/v1/traces", [0, 0])[:]
     proc = b.proc(cmd, label, env=env)
     done_at = None
     started = time.monotonic()
@@ -600,11 +597,27 @@ def traces_run(b, mode, rep, http):
     res = stop_aqw_run(b, proc, label)
     b.cleanup_run(r)
     if done_at is None:
-        b.fail(f"(g) traces {mode}: {n} completed jobs not seen: {proc.tail()}")
+        b.fail(f"{label}: {n} completed jobs not seen: {proc.tail()}")
+        return None
+    res.update(n=n, rps=n / max(done_at - started, 1e-9), cpu_ms=res["cpu"] * 1000 / n)
+    return res
+
+
+def traces_run(b, mode, rep, http):
+    """(g) with trace export `mode`; CPU of the aqw process per message."""
+    n = b.sizes["traces"]
+    log(f"(g) traces {mode} rep {rep + 1}/{b.reps}: {n} keyed jobs through aqw run")
+    env = {"OTEL_BSP_SCHEDULE_DELAY": "200"}
+    if mode == "otlp":
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = http.url
+    elif mode == "otlp-down":
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"  # nothing listens
+    exported_before = http.counts.get("/v1/traces", [0, 0])[:]
+    res = http_run(b, f"traces-{mode}-{rep}", n, http, env=env)
+    if res is None:
         return None
     exported = http.counts.get("/v1/traces", [0, 0])
-    res.update(n=n, mode=mode, rps=n / max(done_at - started, 1e-9), cpu_ms=res["cpu"] * 1000 / n,
-               exports=exported[0] - exported_before[0], export_bytes=exported[1] - exported_before[1])
+    res.update(mode=mode, exports=exported[0] - exported_before[0], export_bytes=exported[1] - exported_before[1])
     if mode == "otlp" and res["exports"] == 0:
         b.fail("(g) traces otlp: the collector received no export")
     return res
@@ -622,3 +635,73 @@ def traces(b):
     finally:
         http.close()
     return out
+
+
+# ---------------------------------------------------------------------------
+# (h) breaker: the happy path with the circuit breaker on (the default) and off
+# ---------------------------------------------------------------------------
+
+BREAKER_MODES = ("on", "off")
+
+
+def breaker(b):
+    """(h): the same keyed jobs through `aqw run` and an HTTP handler that
+    always answers 200, with the breaker on (default settings) and off
+    (`"breaker": false`), in random order per repetition."""
+    http = LocalHttp()
+    out = {m: [] for m in BREAKER_MODES}
+    n = b.sizes["breaker"]
+    try:
+        for rep in range(b.reps):
+            order = list(BREAKER_MODES)
+            random.shuffle(order)
+            for mode in order:
+                log(f"(h) breaker {mode} rep {rep + 1}/{b.reps}: {n} keyed jobs through aqw run")
+                res = http_run(b, f"breaker-{mode}-{rep}", n, http,
+                               breaker=None if mode == "on" else False)
+                if res is not None:
+                    res.update(mode=mode)
+                out[mode].append(res)
+    finally:
+        http.close()
+    return out
+
+
+# ---------------------------------------------------------------------------
+# (i) purge
+# ---------------------------------------------------------------------------
+
+# Retention for the purge run: keys older than a second may go (the testing
+# override; production refuses anything under TTL + 7 days), no sweep.
+PURGE_RETENTION = {"retention": {"keys": "00:00:01", "unsafeShortRetention": True, "sweep": {"enabled": False}}}
+
+
+def purge_run(b, rep):
+    """n keyed jobs settle (n done keys), then one `aqw keys purge` deletes
+    them: its requests and CPU per purged key."""
+    n = b.sizes["purge"]
+    r = b.fresh()
+    log(f"(i) purge rep {rep + 1}/{b.reps}: {n} done keys, then aqw keys purge")
+    if keyed_run(b, "aqw-default", n, rep, r=r, label=f"purge-fill-{rep}") is None:
+        b.cleanup_run(r)
+        return None
+    app_dir = os.path.join(b.work, f"purge-{rep}")
+    write_app(app_dir, r["queue"], r["keys"], r["poison"], aqw_extra=PURGE_RETENTION)
+    dry = [b.aqw, "keys", "purge", "--app", app_dir, "--dry-run", "--output", "json"]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # until every key is past the 1 s cutoff
+        d = b.run(dry, f"purge-dry-{rep}")
+        if d is None or (d["json"] and d["json"][0]["scanned"] >= n):
+            break
+        time.sleep(0.5)
+    cmd = [b.aqw, "keys", "purge", "--app", app_dir, "--output", "json"]
+    b.commands.setdefault("aqw-keys-purge", b.show(cmd, subs(r, app_dir)))
+    res = b.run(cmd, f"purge-{rep}")
+    b.cleanup_run(r)
+    if res is None or not res["json"]:
+        return None
+    report = res["json"][0]
+    if report["deleted"] != n:
+        b.fail(f"(i) purge: deleted {report['deleted']} of {n} done keys")
+    return dict(n=n, deleted=report["deleted"], requests=report["requests"], cpu=res["cpu"],
+                wall=res["wall"])

@@ -53,6 +53,15 @@ class Flags(unittest.TestCase):
                     self.parse(*argv)
                 self.assertEqual(str(cm.exception), msg)
 
+    def test_only_runs_one_scenario(self):
+        self.assertEqual(self.parse("--smoke", "--only", "breaker")["only"], "breaker")
+        self.assertNotIn("only", self.parse("--smoke"))
+        for argv in (["--only"], ["--only", "nope"]):
+            with self.subTest(argv=argv):
+                with self.assertRaises(aqw_bench.Usage) as cm:
+                    self.parse(*argv)
+                self.assertEqual(str(cm.exception), "--only takes one of: breaker, purge")
+
     def test_needs_setup(self):
         def status(*argv):
             with contextlib.redirect_stderr(io.StringIO()):
@@ -62,6 +71,30 @@ class Flags(unittest.TestCase):
         self.assertEqual(status("--help"), 1)
         self.assertEqual(status("--report", "x"), 1)
         self.assertEqual(status("--reps", "0"), 2)
+
+
+class Purge(unittest.TestCase):
+    def test_only_purge_is_the_one_scenario_flag(self):
+        self.assertEqual(aqw_bench.parse_args(["--smoke", "--only", "purge"])["only"], "purge")
+        with self.assertRaises(aqw_bench.Usage):
+            aqw_bench.parse_args(["--only", "throughput"])
+
+    def test_purge_figures_are_ratios_within_the_run(self):
+        f = figures.purge_figures(dict(deleted=1000, requests=257 + 16, cpu=0.5))
+        self.assertAlmostEqual(f["requests_per_key"], 0.273)
+        self.assertAlmostEqual(f["naive_requests_per_key"], 1.257)
+        self.assertAlmostEqual(f["vs_naive"], 273 / 1257)
+        self.assertAlmostEqual(f["cpu_ms_per_key"], 0.5)
+        self.assertIsNone(figures.purge_figures(dict(deleted=0, requests=257, cpu=0.1)))
+        md = "\n".join(report.purge_section([dict(deleted=1000, requests=273, cpu=0.5)], dict(purge=1000)))
+        self.assertIn("(i) Purge", md)
+
+    def test_the_connection_follows_the_azurite_ports(self):
+        self.assertEqual(harness.dev_connection({}), "UseDevelopmentStorage=true")
+        c = harness.dev_connection(dict(AQW_AZURITE_QUEUE_PORT="20001", AQW_AZURITE_TABLE_PORT="20002",
+                                        AQW_AZURITE_BLOB_PORT="20000"))
+        self.assertIn("QueueEndpoint=http://127.0.0.1:20001/", c)
+        self.assertIn("TableEndpoint=http://127.0.0.1:20002/", c)
 
 
 class Arithmetic(unittest.TestCase):
@@ -144,6 +177,7 @@ def synthetic(mode="full", errors=()):
              "table.admin:201": 2}
     keyless = {"queue.receive:200": 5, "queue.delete:204": 50}
     a = {"aqw-default": [worker(n, 2.0, 0.05, 12.0, keyed)],
+         "aqw-backtrace": [worker(n, 2.0, 0.054, 12.0, keyed)],
          "aqw-tuned": [worker(n, 1.6, 0.05, 14.0, keyed)],
          "ceiling": [worker(n, 2.0, 0.04, 9.0, keyed)],
          "python": [worker(n, 4.0, 1.0, 57.0, {})]}
@@ -184,7 +218,7 @@ class Targets(unittest.TestCase):
     def test_targets_from_synthetic_results(self):
         data = synthetic()
         got = {t: (v, ok) for t, v, ok in figures.targets(figures.derive(data), data["c"])}
-        self.assertEqual(len(got), 9)
+        self.assertEqual(len(got), 11)
         # CPU: aqw 0.5 ms / Python 10 ms per message.
         self.assertEqual(got["worker CPU per message ≤ 0.1× the Python worker's"], ("0.05", True))
         self.assertEqual(got["throughput ≥ 0.9× the ceiling loop's (default settings)"], ("1.00", True))
@@ -197,6 +231,10 @@ class Targets(unittest.TestCase):
         self.assertEqual(got["peak RSS ≤ 30 MiB with up to 32 (default) or 64 (tuned) jobs in flight"],
                          ("14.0 MiB", True))
         self.assertEqual(got["replay ≥ 0.8× the raw put+delete loop (records/s ÷ messages/s)"], ("0.50", False))
+        # CPU with RUST_BACKTRACE=1: 0.54 ms / 0.5 ms; traces: 1.2 ms / 1.0 ms per message.
+        self.assertEqual(got["CPU per message with RUST_BACKTRACE=1 within 10 % of unset (ratio ≤ 1.10)"],
+                         ("1.08", True))
+        self.assertEqual(got["`aqw run` CPU per message, trace export OTLP on ≤ 1.15× off"], ("1.20", False))
 
     def test_missing_figures_are_not_applicable(self):
         data = synthetic()
@@ -207,8 +245,10 @@ class Targets(unittest.TestCase):
         self.assertEqual(figures.verdict(None), "n/a")
         self.assertEqual(figures.verdict(True), "met")
         self.assertEqual(figures.verdict(False), "**missed**")
-        # Only the keyless figures remain (b), at 1.10 requests per message.
-        self.assertEqual([(v, ok) for _, v, ok in rows if ok is not None], [("1.10", False), ("1.10", False)])
+        # Only the keyless figures remain (b), at 1.10 requests per message,
+        # and the traces ratio (g), 1.2 / 1.0.
+        self.assertEqual([(v, ok) for _, v, ok in rows if ok is not None],
+                         [("1.10", False), ("1.10", False), ("1.20", False)])
 
 
 class Report(unittest.TestCase):
@@ -298,3 +338,14 @@ class Report(unittest.TestCase):
         in_memory = dict(data, f={int(k): v for k, v in data["f"].items()})
         _, text, _ = self.rerender(data)
         self.assertEqual(report.render(in_memory, "full-20260102-030405") + "\n", text)
+
+
+class BreakerBench(unittest.TestCase):
+    def test_the_breaker_section_gives_the_on_off_ratio(self):
+        import report
+        run = lambda cpu: dict(cpu_ms=cpu, rps=100.0)
+        h = {"on": [run(1.1), run(1.0)], "off": [run(1.0), run(1.0)]}
+        text = "\n".join(report.breaker_section(h, {"breaker": 40}))
+        self.assertIn("## (h) Circuit breaker: 40 keyed jobs", text)
+        self.assertIn("breaker on / off: 1.05", text)
+        self.assertEqual(report.breaker_section({}, {}), [])

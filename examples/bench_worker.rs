@@ -223,8 +223,16 @@ fn subtract(a: &BTreeMap<String, u64>, own: &BTreeMap<String, u64>) -> BTreeMap<
     out
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // As `aqw` does (see the function): before any thread exists.
+    aqw::storage::quiet_library_backtraces();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(bench())
+}
+
+async fn bench() -> anyhow::Result<()> {
     let args = parse_args();
     // Traces as `aqw run` sets them up (OTEL_* / APPLICATIONINSIGHTS_*), so
     // the benchmark can compare export off and on.

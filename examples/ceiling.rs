@@ -173,8 +173,16 @@ fn now() -> String {
         .unwrap_or_default()
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // As `aqw` does (see the function): before any thread exists.
+    aqw::storage::quiet_library_backtraces();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(ceiling())
+}
+
+async fn ceiling() -> anyhow::Result<()> {
     match Cmd::parse() {
         Cmd::Run(args) => run(&args).await,
         Cmd::Enqueue(args) => enqueue(&args).await,

@@ -4,7 +4,9 @@
 //! ([`crate::serve::serve`]) both start from here.
 
 use crate::config::{AppConfig, FunctionConfig};
+use crate::control::ControlStore;
 use crate::decide::Policy;
+use crate::gate::Gate;
 use crate::handlers::{Handler, Registry};
 use crate::idempotency::KeyStore;
 use crate::poison::PoisonSink;
@@ -30,6 +32,8 @@ pub struct FunctionRuntime {
     pub heartbeats: crate::heartbeat::HeartbeatStore,
     /// Unique per process: lease owners are `<worker_id>/<message id>/<dequeue count>`.
     pub worker_id: String,
+    /// The operator's pause and the circuit breaker, asked before receiving.
+    pub gate: Arc<Gate>,
 }
 
 impl FunctionRuntime {
@@ -49,8 +53,17 @@ impl FunctionRuntime {
             encoding: app.message_encoding,
             ttl: app.poison_ttl,
             format: app.poison_format,
-            alerts,
+            alerts: alerts.clone(),
         };
+        let worker_id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
+        let control = ControlStore::new(storage.table(&app.control_table));
+        let gate = Gate::new(
+            &function.name,
+            &worker_id,
+            function.breaker,
+            control,
+            alerts,
+        );
         Self {
             policy: Policy::from_config(&app),
             keys: KeyStore::new(storage.table(&app.keys_table)),
@@ -58,7 +71,8 @@ impl FunctionRuntime {
             source,
             poison,
             handler,
-            worker_id: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
+            worker_id,
+            gate: Arc::new(gate),
             function,
             app,
         }
@@ -161,4 +175,27 @@ pub async fn ensure_resources(rts: &[Arc<FunctionRuntime>], shutdown: &Cancellat
             }
         }
     }
+}
+
+/// The retention sweep's targets: one per storage account (connection
+/// setting), with the functions whose keys and records live there.
+pub fn sweep_targets(rts: &[Arc<FunctionRuntime>]) -> Vec<crate::retention::sweep::SweepTarget> {
+    let mut by_setting: HashMap<String, crate::retention::sweep::SweepTarget> = HashMap::new();
+    for rt in rts {
+        let t = by_setting
+            .entry(rt.function.connection.setting.clone())
+            .or_insert_with(|| crate::retention::sweep::SweepTarget {
+                tables: crate::retention::AccountTables {
+                    keys: rt.keys.clone(),
+                    records: rt.poison.records.clone(),
+                    functions: vec![],
+                },
+                records: vec![],
+            });
+        t.tables.functions.push(rt.function.name.clone());
+        t.records.push(rt.poison.store());
+    }
+    let mut out: Vec<_> = by_setting.into_values().collect();
+    out.sort_by(|a, b| a.tables.functions.cmp(&b.tables.functions));
+    out
 }

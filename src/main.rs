@@ -9,6 +9,7 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    aqw::storage::quiet_library_backtraces();
     let args = cli::Cli::parse();
     // Exporters come from the process environment (OTEL_*,
     // APPLICATIONINSIGHTS_CONNECTION_STRING); the guard flushes them at exit.

@@ -66,6 +66,14 @@ pub enum Command {
     /// Depth and poison count per queue; exit 1 while any poison record is open.
     #[command(after_help = "Examples:\n  aqw status\n  aqw status --output json")]
     Status,
+    /// Stop a function receiving (every worker and `aqw serve`, within seconds); in-flight jobs finish.
+    #[command(
+        after_help = "Examples:\n  aqw pause GrantCredits --reason 'ledger maintenance until 14:00'\n  aqw pause GrantCredits --by alice"
+    )]
+    Pause(PauseArgs),
+    /// Let a paused function receive again.
+    #[command(after_help = "Example:\n  aqw resume GrantCredits")]
+    Resume(ResumeArgs),
     /// Inspect, replay and discard poisoned messages.
     #[command(subcommand)]
     Poison(PoisonCmd),
@@ -104,6 +112,27 @@ pub struct EnqueueArgs {
     /// Enqueue even if the worker would poison it at once (no key derivable).
     #[arg(long)]
     pub force: bool,
+}
+
+#[derive(Args)]
+pub struct PauseArgs {
+    /// The function to pause.
+    pub function: String,
+    /// Why, shown by `aqw status` and the dashboard.
+    #[arg(long, default_value = "")]
+    pub reason: String,
+    /// Who is doing it, kept on the control row (default: $USER; needed).
+    #[arg(long, env = "USER")]
+    pub by: String,
+}
+
+#[derive(Args)]
+pub struct ResumeArgs {
+    /// The function to resume.
+    pub function: String,
+    /// Who is doing it, kept on the control row (default: $USER; needed).
+    #[arg(long, env = "USER")]
+    pub by: String,
 }
 
 #[derive(Args)]
@@ -272,6 +301,22 @@ pub enum PoisonCmd {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Delete closed records (replayed, discarded, replaced) older than the
+    /// closed-records retention; open records are never purged.
+    #[command(
+        after_help = "Exit codes: 0 purged (or counted), 2 bad arguments, 3 storage error.\n\nExamples:\n  aqw poison purge receipts --dry-run\n  aqw poison purge receipts --older-than 90.00:00:00 --output json"
+    )]
+    Purge {
+        /// Source queue of the poisoned messages.
+        queue: String,
+        /// Purge what last changed longer ago than this ([d.]hh:mm:ss)
+        /// instead of the configured retention.
+        #[arg(long)]
+        older_than: Option<String>,
+        /// Count what would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -294,6 +339,27 @@ pub enum KeysCmd {
         /// The full key, as `poison list` or `poison show` prints it.
         key: String,
     },
+    /// Delete settled keys (done, cancelled) older than the keys retention;
+    /// pending and poisoned keys, and keys of open poison records, are kept.
+    #[command(
+        after_help = "Exit codes: 0 purged (or counted), 2 bad arguments or an --older-than below the safety floor, 3 storage error.\n\nExamples:\n  aqw keys purge --dry-run\n  aqw keys purge --function SendReceipt --older-than 30.00:00:00 --output json"
+    )]
+    Purge(PurgeArgs),
+}
+
+/// The options both purge commands share.
+#[derive(Args)]
+pub struct PurgeArgs {
+    /// Only this function's keys (default: every function of the app).
+    #[arg(long)]
+    pub function: Option<String>,
+    /// Purge what last changed longer ago than this ([d.]hh:mm:ss) instead of
+    /// the configured retention.
+    #[arg(long)]
+    pub older_than: Option<String>,
+    /// Count what would be deleted; delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[cfg(test)]

@@ -13,17 +13,23 @@
 //! * `timespan.rs`: Functions timespans;
 //! * `validate.rs`: the raw sections checked and defaulted (exit 2 on error);
 //! * `functions.rs`: function discovery and each function's config;
+//! * `retention.rs`: `aqw.retention`, checked against the key-purge safety floor;
 //! * `mod.rs`: the ready types and [`load`], which runs the steps in order.
 //!
 //! Connection strings are parsed in [`crate::storage::connection`].
 
+mod breaker;
 mod functions;
 mod raw;
+mod retention;
 mod settings;
 pub mod show;
 mod timespan;
 mod validate;
 
+pub use retention::{
+    check_key_retention, key_retention_floor, Retention, SweepSettings, SERVICE_DEFAULT_MESSAGE_TTL,
+};
 pub use settings::{
     read_local_settings, resolve_app_settings, resolve_connection, Env, ProcessEnv,
 };
@@ -88,6 +94,8 @@ pub struct FunctionConfig {
     /// `Idempotency-Key` (Stripe: 24 h). A poisoned or pending key older
     /// than this is refused by replay and fix without an explicit override.
     pub provider_key_window: Option<Duration>,
+    /// The function's circuit breaker; None when turned off.
+    pub breaker: Option<crate::breaker::BreakerSettings>,
 }
 
 impl FunctionConfig {
@@ -111,6 +119,8 @@ pub struct AppConfig {
     pub retry: RetryStrategy,
     pub keys_table: String,
     pub poison_table: String,
+    /// `aqw.tables.control`: pause and breaker state per function.
+    pub control_table: String,
     /// Poll heartbeats (`aqw.tables.heartbeats`), read by `aqw status`.
     pub heartbeat_table: String,
     /// TTL of poison queue messages; `None` = never expires.
@@ -126,6 +136,8 @@ pub struct AppConfig {
     /// nothing is read or written there unless this is set.
     pub trace_parent: Option<String>,
     pub shutdown_timeout: Duration,
+    /// `aqw.retention`: what the purge commands and the sweep may delete.
+    pub retention: Retention,
     pub functions: Vec<FunctionConfig>,
     /// Function folders aqw does not run: disabled, or not a queue trigger.
     /// `aqw run` warns about each; `aqw serve` answers their invocations 404.
@@ -167,6 +179,7 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
     let function_timeout = validate::function_timeout(host_file, &raw.function_timeout)?;
     let q = QueueSettings::validate(host_file, &raw.queues)?;
     let a = AqwSettings::validate(host_file, &raw.aqw, q.visibility_timeout)?;
+    let retention = retention::validate(host_file, raw.aqw.retention.as_ref())?;
     let (functions, skipped) = functions::functions(app_dir, host_file, &raw.aqw, env)?;
     Ok(AppConfig {
         app_dir: app_dir.to_path_buf(),
@@ -180,6 +193,7 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
         retry: a.retry,
         keys_table: a.keys_table,
         poison_table: a.poison_table,
+        control_table: a.control_table,
         heartbeat_table: a.heartbeat_table,
         poison_ttl: a.poison_ttl,
         poison_format: a.poison_format,
@@ -188,6 +202,7 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
         http_port: a.http_port,
         trace_parent: a.trace_parent,
         shutdown_timeout: a.shutdown_timeout,
+        retention,
         functions,
         skipped,
     })

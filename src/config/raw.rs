@@ -93,6 +93,29 @@ pub(super) struct RawAqw {
     pub(super) http: Option<RawHttp>,
     pub(super) tracing: Option<RawTracing>,
     pub(super) shutdown_timeout: Option<String>,
+    pub(super) breaker: Option<RawBreaker>,
+    pub(super) retention: Option<RawRetention>,
+}
+
+/// `aqw.retention` (checked in [`super::retention`]).
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawRetention {
+    pub(super) source_message_ttl: Option<String>,
+    pub(super) keys: Option<String>,
+    pub(super) closed_records: Option<String>,
+    pub(super) sweep: Option<RawSweep>,
+    /// Testing only: accept a keys retention below the safety floor.
+    pub(super) unsafe_short_retention: Option<bool>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawSweep {
+    pub(super) enabled: Option<bool>,
+    pub(super) requests_per_second: Option<f64>,
+    pub(super) interval: Option<String>,
+    pub(super) lease: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -107,6 +130,7 @@ pub(super) struct RawTracing {
 pub(super) struct RawTables {
     pub(super) keys: Option<String>,
     pub(super) poison: Option<String>,
+    pub(super) control: Option<String>,
     /// The poll heartbeats `aqw status` reads (default `aqwheartbeats`).
     pub(super) heartbeats: Option<String>,
 }
@@ -133,6 +157,27 @@ pub(super) struct RawHttp {
     pub(super) port: Option<u16>,
 }
 
+/// `aqw.breaker` / `aqw.functions.<Name>.breaker`: `false`, `true`, or
+/// settings (each one overrides the `aqw.breaker` value of the same name).
+#[derive(Debug, Deserialize, Clone)]
+#[serde(untagged)]
+pub(super) enum RawBreaker {
+    Switch(bool),
+    Settings(RawBreakerSettings),
+}
+
+#[derive(Debug, Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawBreakerSettings {
+    pub(super) enabled: Option<bool>,
+    pub(super) failure_ratio: Option<f64>,
+    pub(super) minimum_attempts: Option<i64>,
+    pub(super) window: Option<String>,
+    pub(super) cool_down: Option<String>,
+    pub(super) max_cool_down: Option<String>,
+    pub(super) probes: Option<i64>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub(super) enum RawRetry {
@@ -157,6 +202,7 @@ pub(super) struct RawFunction {
     pub(super) handler: Option<RawHandler>,
     /// How long the provider remembers an idempotency key (a timespan).
     pub(super) provider_key_window: Option<String>,
+    pub(super) breaker: Option<RawBreaker>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -33,6 +33,7 @@
 //! confirmed done, so no script is needed at all.
 
 mod auth;
+mod control;
 mod guard;
 mod handlers;
 mod payload;
@@ -198,6 +199,8 @@ pub fn app(state: Arc<Dashboard>) -> Router {
         .route("/q/{queue}/replay", post(handlers::replay))
         .route("/q/{queue}/discard", post(handlers::discard))
         .route("/q/{queue}/fix", post(handlers::fix))
+        .route("/q/{queue}/pause", post(control::pause))
+        .route("/q/{queue}/resume", post(control::resume))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             throttle::limit,

@@ -1,6 +1,6 @@
 //! Idempotency: keys derived from business facts ([`key`]), the key record
-//! and its attempt history ([`record`]), and the claim protocol over Table
-//! Storage ([`store`]).
+//! and its attempt history ([`record`]), the claim protocol over Table
+//! Storage ([`store`]), and what retention may read of it ([`purge`]).
 //!
 //! One record per key, RowKey = hex SHA-256 of the key (any key text is safe),
 //! created *pending* before the handler runs (key first), marked *done* before
@@ -9,9 +9,11 @@
 //! so exactly one worker holds a key at a time.
 
 pub mod key;
+pub mod purge;
 pub mod record;
 pub mod store;
 
 pub use key::{derive_key, IdempotencyKey, KeySpec, KeyTemplate};
+pub use purge::PurgeCandidate;
 pub use record::*;
 pub use store::*;

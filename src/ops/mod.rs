@@ -1,5 +1,5 @@
 //! The operator's procedure: status, list, show,
-//! replay, discard, fix, enqueue and `keys show`, one file each. Each command
+//! replay, discard, fix, enqueue, `keys show` and the purges, one file each. Each command
 //! returns data; the binary renders it and decides the exit code.
 //!
 //! This file holds what the commands share: [`QueueOps`] (the stores of one
@@ -12,22 +12,26 @@
 //! by a scan of the poison queue ([`PoisonStore::scan`]) and imported as
 //! records (origin `host`), so they are listed and replayed like aqw's own.
 
+mod control;
 mod discard;
 mod enqueue;
 mod fix;
 mod keys;
 mod list;
+mod purge;
 mod rehearse;
 mod replay;
 mod show;
 mod status;
 mod window;
 
+pub use control::{control_store, pause, resume};
 pub use discard::discard;
 pub use enqueue::{enqueue, prepare_enqueue, with_trace_context, Enqueued, PreparedEnqueue};
 pub use fix::{fix, FixAction, FixReport};
 pub use keys::key_record;
 pub use list::list;
+pub use purge::{purge_keys, purge_records, PurgeOptions};
 pub use rehearse::{payload_diff, rehearse_discard, rehearse_fix, DiscardRehearsal, FixRehearsal};
 pub use replay::{
     replay, ReplayAction, ReplayItem, ReplayOptions, ReplayReport, DEFAULT_REPLAY_CONCURRENCY,
@@ -66,6 +70,8 @@ pub struct QueueOps {
     /// The queue's poison records and their `<queue>-poison` copies.
     pub poison: PoisonStore,
     pub keys: KeyStore,
+    /// The function's pause and published breaker state.
+    pub control: crate::control::ControlStore,
     /// The workers' poll heartbeats.
     pub heartbeats: crate::heartbeat::HeartbeatStore,
 }
@@ -89,6 +95,7 @@ impl QueueOps {
             source: storage.queue(queue),
             poison,
             keys: KeyStore::new(storage.table(&app.keys_table)),
+            control: crate::control::ControlStore::new(storage.table(&app.control_table)),
             heartbeats: crate::heartbeat::HeartbeatStore::new(storage.table(&app.heartbeat_table)),
             app,
         }

@@ -27,10 +27,12 @@
 //! Files: [`envelope`] (the poison-queue message and the naming of poison
 //! queues and host-copy records), [`record`] (the row format: columns,
 //! status, the merges that change a record), [`store`] and [`copies`]
-//! (`PoisonStore`: every read and write of records and copies), [`sink`].
+//! (`PoisonStore`: every read and write of records and copies), [`purge`]
+//! (what retention may read: open records' keys, closed records), [`sink`].
 
 pub mod copies;
 pub mod envelope;
+pub mod purge;
 pub mod record;
 pub mod sink;
 pub mod store;
@@ -40,6 +42,7 @@ pub use envelope::{
     host_record_id, poison_queue_name, PoisonEnvelope, PoisonFormat, RecordRef, ENVELOPE_VERSION,
     POISON_SUFFIX,
 };
+pub use purge::open_record_keys;
 pub use record::{PoisonRecord, RecordStatus, Replacement, Replayed, WindowOverride};
 pub use sink::PoisonSink;
 pub use store::{Closing, PoisonStore};

@@ -330,7 +330,7 @@ impl PoisonRecord {
 }
 
 /// The record table's column names: the one place that spells them.
-mod col {
+pub(super) mod col {
     pub const DEQUEUE_COUNT: &str = "DequeueCount";
     pub const DISCARD_REASON: &str = "DiscardReason";
     pub const DISCARDED_AT: &str = "DiscardedAt";

@@ -16,7 +16,9 @@
 //!   12.1 vs 12.8 MiB. The residual cost under `RUST_BACKTRACE=1` is
 //!   `azure_core`'s `ClientRequestIdPolicy`, which probes for its header with
 //!   an erroring lookup (an `Error` captures a backtrace when that variable is
-//!   set); our own code avoids that lookup (`pipeline::find_header`).
+//!   set); our own code avoids that lookup (`pipeline::find_header`), and
+//!   `aqw` turns library backtraces off unless asked
+//!   ([`super::quiet_library_backtraces`]).
 //! * Tables: our own client, [`super::tables`] (no 1.x Tables crate exists).
 //! * Both share one transport ([`super::pipeline::CountingTransport`]: pooled
 //!   reqwest, timeouts, every request counted by operation and status), one

@@ -6,7 +6,8 @@
 //! * [`azure`]: [`connect`], queues on `azure_storage_queue` 1.x;
 //! * [`tables`]: our own typed Tables client (no 1.x Tables crate exists);
 //! * [`pipeline`]: the shared `azure_core` 1.x transport, retry options, and
-//!   the SharedKey / SAS authorization policies;
+//!   the SAS authorization policy;
+//! * [`shared_key`]: the SharedKey authorization policy (account keys);
 //! * [`identity`]: Entra ID credentials (`azure_identity` 1.x) and the order
 //!   they are tried in;
 //! * [`connection`]: connection strings and identity-based settings → a
@@ -17,6 +18,7 @@
 pub mod azure;
 pub mod identity;
 pub mod pipeline;
+pub mod shared_key;
 pub mod tables;
 
 pub mod connection;
@@ -33,6 +35,25 @@ use time::OffsetDateTime;
 /// The longest a queue message can stay invisible (a visibility timeout or
 /// a retry delay): Queue Storage takes at most 7 days.
 pub const MAX_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Turn off backtrace capture in library error values unless the user asked
+/// for it with `RUST_LIB_BACKTRACE`. Call first thing in `main`, before any
+/// thread exists (it sets a process environment variable).
+///
+/// Why: `azure_core`'s error type captures a `std::backtrace::Backtrace` in
+/// every constructor, and the SDK builds errors on its hot path for things
+/// that are not failures (`ClientRequestIdPolicy` probes for its header with
+/// an erroring lookup on every queue request). With `RUST_BACKTRACE=1`, which
+/// many container images set, each of those walks the stack: measured +12 %
+/// instructions per message (callgrind, `scripts/profile.sh`), +15 % CPU in
+/// the bench. `std` reads `RUST_LIB_BACKTRACE` before `RUST_BACKTRACE`
+/// for captured backtraces, and panics read `RUST_BACKTRACE` alone, so panic
+/// backtraces stay exactly as the user configured them.
+pub fn quiet_library_backtraces() {
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        std::env::set_var("RUST_LIB_BACKTRACE", "0");
+    }
+}
 
 /// A table entity's properties (without PartitionKey/RowKey/odata metadata).
 pub type Entity = Map<String, Value>;
@@ -150,6 +171,43 @@ pub enum TableOp {
         entity: Entity,
         if_match: Option<Etag>,
     },
+    /// Delete only if the entity is still at `if_match` (a row changed since
+    /// it was read fails the batch with `PreconditionFailed`).
+    Delete {
+        row_key: String,
+        if_match: Etag,
+    },
+}
+
+/// A server-side query: an OData `$filter` (within one partition when
+/// `partition` is set) and the columns to return (`$select`; empty = all).
+#[derive(Debug, Clone, Default)]
+pub struct TableQuery<'a> {
+    pub partition: Option<&'a str>,
+    pub filter: Option<String>,
+    pub select: &'a [&'a str],
+}
+
+/// The most operations one entity-group transaction may hold.
+pub const MAX_BATCH_OPERATIONS: usize = 100;
+
+/// `'text'` as an OData string literal (quotes doubled).
+pub fn odata_string(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+/// `datetime'…'` as an OData literal, for comparisons on `Timestamp`.
+pub fn odata_datetime(t: OffsetDateTime) -> String {
+    let t = t.to_offset(time::UtcOffset::UTC);
+    format!(
+        "datetime'{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z'",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    )
 }
 
 /// One Azure table of JSON entities.
@@ -171,7 +229,15 @@ pub trait TableStore: Send + Sync {
     async fn delete(&self, pk: &str, rk: &str) -> StorageResult<()>;
     /// All entities of a partition (or of the table when `pk` is None), with
     /// their ETags, following continuations.
-    async fn query_rows(&self, pk: Option<&str>) -> StorageResult<Vec<Row>>;
+    async fn query_rows(&self, pk: Option<&str>) -> StorageResult<Vec<Row>> {
+        self.query_where(&TableQuery {
+            partition: pk,
+            ..Default::default()
+        })
+        .await
+    }
+    /// The entities matching `query`, with their ETags, following continuations.
+    async fn query_where(&self, query: &TableQuery<'_>) -> StorageResult<Vec<Row>>;
     /// [`TableStore::query_rows`] without the versions.
     async fn query(&self, pk: Option<&str>) -> StorageResult<Vec<(String, String, Entity)>> {
         Ok(self
@@ -181,7 +247,8 @@ pub trait TableStore: Send + Sync {
             .map(|r| (r.partition_key, r.row_key, r.entity))
             .collect())
     }
-    /// An entity-group transaction: all operations land or none does.
+    /// An entity-group transaction: all operations land or none does (at
+    /// most [`MAX_BATCH_OPERATIONS`], all in partition `pk`).
     async fn transaction(&self, pk: &str, ops: Vec<TableOp>) -> StorageResult<()>;
     async fn delete_table(&self) -> StorageResult<()>;
 }

@@ -5,7 +5,7 @@
 //!   client (rustls on ring, as before; `azure_core`'s own reqwest 0.13
 //!   transport would pull in aws-lc) that counts every request by operation
 //!   and status.
-//! * [`SharedKeyPolicy`]: `azure_storage_queue` 1.x takes only Entra ID tokens
+//! * [`SharedKeyPolicy`] (in [`super::shared_key`]): `azure_storage_queue` 1.x takes only Entra ID tokens
 //!   or a SAS in the URL, and there is no 1.x Tables crate, so account keys are
 //!   signed here, per try (after the retry policy, so every retry carries a
 //!   fresh `x-ms-date`). The canonicalization is the one the 0.21 SDK used
@@ -36,42 +36,56 @@ use azure_core::error::{Error, ErrorKind};
 use azure_core::http::headers::{HeaderName, HeaderValue, Headers};
 use azure_core::http::policies::{Policy, PolicyResult};
 use azure_core::http::{AsyncRawResponse, Body, Context, HttpClient, Method, Request};
-use hmac::{Hmac, Mac};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tracing::Instrument;
+
+pub use super::shared_key::{Service, SharedKeyPolicy};
 
 /// Counts requests by operation and status, then hands them to reqwest.
 #[derive(Debug)]
 pub struct CountingTransport {
-    client: reqwest::Client,
+    /// Built on the first request: building a client loads the system's root
+    /// certificates (measured: 19 M instructions, as much as some 25 keyed
+    /// messages), and a connection that is only validated (`aqw run`'s
+    /// preflight, `--dry-run`s, a bench probe) never sends anything.
+    client: OnceLock<reqwest::Client>,
     counts: Arc<Mutex<BTreeMap<String, u64>>>,
 }
 
 impl CountingTransport {
     pub fn new(counts: Arc<Mutex<BTreeMap<String, u64>>>) -> Result<Self, String> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(30))
-            // Below Node's 5 s keep-alive (Azurite) so a pooled connection is
-            // never reused just as the server closes it (a request lost as
-            // "connection closed before message completed").
-            .pool_idle_timeout(Duration::from_secs(4))
-            .pool_max_idle_per_host(64)
-            // Storage never redirects. Following one would re-send a signed
-            // request to a URL the account did not name: surface it as an error.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| format!("cannot build HTTP client: {e}"))?;
-        Ok(Self { client, counts })
+        Ok(Self {
+            client: OnceLock::new(),
+            counts,
+        })
     }
 
-    /// A transport for token endpoints (IMDS, App Service, Entra ID): the
-    /// same client settings, counted under `identity.*`.
-    pub fn client(&self) -> reqwest::Client {
-        self.client.clone()
+    /// The pooled client, built on first use.
+    fn http(&self) -> azure_core::Result<&reqwest::Client> {
+        if let Some(c) = self.client.get() {
+            return Ok(c);
+        }
+        let built = build_client().map_err(|e| Error::with_message(ErrorKind::Io, e))?;
+        Ok(self.client.get_or_init(|| built))
     }
+}
+
+fn build_client() -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(30))
+        // Below Node's 5 s keep-alive (Azurite) so a pooled connection is
+        // never reused just as the server closes it (a request lost as
+        // "connection closed before message completed").
+        .pool_idle_timeout(Duration::from_secs(4))
+        .pool_max_idle_per_host(64)
+        // Storage never redirects. Following one would re-send a signed
+        // request to a URL the account did not name: surface it as an error.
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| format!("cannot build HTTP client: {e}"))
 }
 
 pub(crate) fn operation_name(method: Method, url: &url::Url) -> &'static str {
@@ -185,7 +199,7 @@ impl CountingTransport {
     /// The pipeline's request as a reqwest request: method, URL, headers, body.
     fn reqwest_request(&self, request: &Request) -> azure_core::Result<reqwest::RequestBuilder> {
         let mut req = self
-            .client
+            .http()?
             .request(reqwest_method(request.method()), request.url().clone());
         for (name, value) in request.headers().iter() {
             req = req.header(name.as_str(), value.as_str());
@@ -208,8 +222,8 @@ impl CountingTransport {
         result: &Result<reqwest::Response, reqwest::Error>,
     ) {
         let status = match result {
-            Ok(r) => r.status().as_u16().to_string(),
-            Err(_) => "error".to_string(),
+            Ok(r) => status_label(r.status().as_u16()),
+            Err(_) => "error".into(),
         };
         if !span.is_none() {
             match result {
@@ -227,23 +241,76 @@ impl CountingTransport {
         }
         metrics::counter!("aqw_storage_requests_total", "operation" => op, "status" => status)
             .increment(1);
-        *self
-            .counts
-            .lock()
-            .unwrap()
-            .entry(op.to_string())
-            .or_default() += 1;
+        let mut counts = self.counts.lock().unwrap();
+        match counts.get_mut(op) {
+            Some(n) => *n += 1,
+            None => {
+                counts.insert(op.to_string(), 1);
+            }
+        }
+    }
+}
+
+/// A status as a metric label, without an allocation for the usual ones.
+fn status_label(status: u16) -> std::borrow::Cow<'static, str> {
+    match status {
+        200 => "200".into(),
+        201 => "201".into(),
+        202 => "202".into(),
+        204 => "204".into(),
+        404 => "404".into(),
+        409 => "409".into(),
+        412 => "412".into(),
+        500 => "500".into(),
+        503 => "503".into(),
+        other => other.to_string().into(),
+    }
+}
+
+/// The response headers `azure_core` and aqw read, as static names: the
+/// pipeline's `HeaderName::from(String)` lowercases into a second copy of
+/// every name, for every response.
+fn response_header_name(name: &str) -> HeaderName {
+    const KNOWN: &[&str] = &[
+        "content-length",
+        "content-type",
+        "date",
+        "etag",
+        "server",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "cache-control",
+        "location",
+        "preference-applied",
+        "dataserviceversion",
+        "retry-after",
+        "retry-after-ms",
+        "x-ms-retry-after-ms",
+        "x-ms-request-id",
+        "x-ms-client-request-id",
+        "x-ms-version",
+        "x-ms-error-code",
+        "x-ms-popreceipt",
+        "x-ms-time-next-visible",
+        "x-ms-approximate-messages-count",
+        "x-ms-continuation-nextpartitionkey",
+        "x-ms-continuation-nextrowkey",
+    ];
+    match KNOWN.iter().copied().find(|k| *k == name) {
+        Some(k) => HeaderName::from_static(k),
+        None => HeaderName::from(name.to_owned()),
     }
 }
 
 /// A reqwest response as the pipeline's: status, the headers that are text, the body.
 async fn read_response(rsp: reqwest::Response) -> azure_core::Result<AsyncRawResponse> {
     let status = rsp.status().as_u16();
-    let mut headers = HashMap::new();
+    let mut headers = HashMap::with_capacity(rsp.headers().len());
     for (k, v) in rsp.headers() {
         if let Ok(v) = v.to_str() {
             headers.insert(
-                HeaderName::from(k.as_str().to_owned()),
+                response_header_name(k.as_str()),
                 HeaderValue::from(v.to_owned()),
             );
         }
@@ -272,97 +339,6 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
-/// Which SharedKey string to sign.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Service {
-    Queue,
-    Table,
-}
-
-/// Signs each try with the account key (`Authorization: SharedKey account:sig`).
-pub struct SharedKeyPolicy {
-    account: String,
-    key: Vec<u8>,
-    service: Service,
-}
-
-impl std::fmt::Debug for SharedKeyPolicy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedKeyPolicy")
-            .field("account", &self.account)
-            .field("service", &self.service)
-            .finish_non_exhaustive()
-    }
-}
-
-impl SharedKeyPolicy {
-    /// `key` is the base64 account key (validated by the config parser).
-    pub fn new(account: &str, key: &Secret, service: Service) -> Result<Self, String> {
-        use base64::Engine;
-        let key = base64::engine::general_purpose::STANDARD
-            .decode(key.expose())
-            .map_err(|_| "AccountKey is not valid base64".to_string())?;
-        Ok(Self {
-            account: account.to_string(),
-            key,
-            service,
-        })
-    }
-
-    fn sign(&self, s: &str) -> String {
-        use base64::Engine;
-        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&self.key).expect("any key length");
-        mac.update(s.as_bytes());
-        base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
-    }
-
-    /// The Authorization header value for a request whose headers are final.
-    pub fn authorization(&self, request: &Request) -> String {
-        let body_len = match request.body() {
-            Body::Bytes(b) => b.len(),
-            #[allow(unreachable_patterns)]
-            _ => 0,
-        };
-        let s = string_to_sign(
-            request.headers(),
-            request.url(),
-            request.method(),
-            &self.account,
-            self.service,
-            body_len,
-        );
-        format!("SharedKey {}:{}", self.account, self.sign(&s))
-    }
-}
-
-pub(crate) fn http_date(t: time::OffsetDateTime) -> String {
-    let f = time::macros::format_description!(
-        "[weekday repr:short], [day] [month repr:short] [year] [hour]:[minute]:[second] GMT"
-    );
-    t.to_offset(time::UtcOffset::UTC)
-        .format(&f)
-        .unwrap_or_default()
-}
-
-#[async_trait]
-impl Policy for SharedKeyPolicy {
-    async fn send(
-        &self,
-        ctx: &Context,
-        request: &mut Request,
-        next: &[Arc<dyn Policy>],
-    ) -> PolicyResult {
-        request.insert_header("x-ms-date", http_date(time::OffsetDateTime::now_utc()));
-        let auth = self.authorization(request);
-        request.insert_header("authorization", auth);
-        next[0].send(ctx, request, &next[1..]).await
-    }
-}
-
-fn header<'a>(h: &'a Headers, name: &'static str) -> &'a str {
-    find_header(h, name).unwrap_or_default()
-}
-
 /// A header's value, without `Headers::get_optional_str`: that one builds an
 /// `azure_core::Error` for every absent header, and an error captures a
 /// backtrace when `RUST_BACKTRACE` is set (measured: ~5 % of the worker's CPU
@@ -371,105 +347,6 @@ pub(crate) fn find_header<'a>(h: &'a Headers, name: &str) -> Option<&'a str> {
     h.iter()
         .find(|(k, _)| k.as_str() == name)
         .map(|(_, v)| v.as_str())
-}
-
-fn string_to_sign(
-    h: &Headers,
-    u: &url::Url,
-    method: Method,
-    account: &str,
-    service: Service,
-    body_len: usize,
-) -> String {
-    let verb = method.as_ref().to_ascii_uppercase();
-    if service == Service::Table {
-        return format!(
-            "{}\n{}\n{}\n{}\n{}",
-            verb,
-            header(h, "content-md5"),
-            header(h, "content-type"),
-            header(h, "x-ms-date"),
-            canonicalized_resource_table(account, u)
-        );
-    }
-    let content_length = if body_len == 0 {
-        String::new()
-    } else {
-        body_len.to_string()
-    };
-    format!(
-        "{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}{}",
-        verb,
-        header(h, "content-encoding"),
-        header(h, "content-language"),
-        content_length,
-        header(h, "content-md5"),
-        header(h, "content-type"),
-        header(h, "date"),
-        header(h, "if-modified-since"),
-        header(h, "if-match"),
-        header(h, "if-none-match"),
-        header(h, "if-unmodified-since"),
-        header(h, "range"),
-        canonicalized_headers(h),
-        canonicalized_resource(account, u)
-    )
-}
-
-fn canonicalized_headers(h: &Headers) -> String {
-    let mut xms: Vec<(String, String)> = h
-        .iter()
-        .filter(|(k, _)| k.as_str().starts_with("x-ms-"))
-        .map(|(k, v)| {
-            (
-                k.as_str().to_ascii_lowercase(),
-                v.as_str().trim().to_string(),
-            )
-        })
-        .collect();
-    xms.sort();
-    let mut out = String::new();
-    for (k, v) in xms {
-        out.push_str(&k);
-        out.push(':');
-        out.push_str(&v);
-        out.push('\n');
-    }
-    out
-}
-
-fn canonicalized_resource_table(account: &str, u: &url::Url) -> String {
-    let mut s = format!("/{}{}", account, u.path());
-    // The Table service's SharedKey resource keeps only `comp` (never used by
-    // aqw's table calls, kept for completeness).
-    if let Some((_, v)) = u.query_pairs().find(|(k, _)| k == "comp") {
-        s.push_str("?comp=");
-        s.push_str(&v);
-    }
-    s
-}
-
-fn canonicalized_resource(account: &str, u: &url::Url) -> String {
-    let mut s = format!("/{account}");
-    for p in u.path_segments().into_iter().flatten() {
-        s.push('/');
-        s.push_str(p);
-    }
-    let mut params: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (k, v) in u.query_pairs() {
-        params
-            .entry(k.to_ascii_lowercase())
-            .or_default()
-            .push(v.into_owned());
-    }
-    for (k, mut vs) in params {
-        vs.sort();
-        s.push('\n');
-        s.push_str(&k);
-        s.push(':');
-        s.push_str(&vs.join(","));
-    }
-    s
 }
 
 /// Appends a SAS (the query string of a connection string's
@@ -551,61 +428,6 @@ mod tests {
 
     /// The example of "Authorize with Shared Key" (Blob/Queue/File string):
     /// same layout, headers and resource as documented there.
-    #[test]
-    fn queue_string_to_sign_has_the_documented_layout() {
-        let mut req = Request::new(
-            url::Url::parse(
-                "http://127.0.0.1:10001/devstoreaccount1/q/messages?numofmessages=32&visibilitytimeout=30",
-            )
-            .unwrap(),
-            Method::Get,
-        );
-        req.insert_header("x-ms-version", "2026-04-06");
-        req.insert_header("x-ms-date", "Fri, 26 Jun 2015 23:39:12 GMT");
-        let s = string_to_sign(
-            req.headers(),
-            req.url(),
-            req.method(),
-            "devstoreaccount1",
-            Service::Queue,
-            0,
-        );
-        assert_eq!(
-            s,
-            "GET\n\n\n\n\n\n\n\n\n\n\n\n\
-             x-ms-date:Fri, 26 Jun 2015 23:39:12 GMT\nx-ms-version:2026-04-06\n\
-             /devstoreaccount1/devstoreaccount1/q/messages\nnumofmessages:32\nvisibilitytimeout:30"
-        );
-    }
-
-    #[test]
-    fn table_string_to_sign_is_the_table_form() {
-        let mut req = Request::new(
-            url::Url::parse("http://127.0.0.1:10002/devstoreaccount1/t()?$filter=x").unwrap(),
-            Method::Get,
-        );
-        req.insert_header("x-ms-date", "Fri, 26 Jun 2015 23:39:12 GMT");
-        req.insert_header("content-type", "application/json");
-        let s = string_to_sign(
-            req.headers(),
-            req.url(),
-            req.method(),
-            "devstoreaccount1",
-            Service::Table,
-            0,
-        );
-        assert_eq!(
-            s,
-            "GET\n\napplication/json\nFri, 26 Jun 2015 23:39:12 GMT\n/devstoreaccount1/devstoreaccount1/t()"
-        );
-    }
-
-    #[test]
-    fn http_dates_are_rfc1123() {
-        let t = time::macros::datetime!(2015-06-26 23:39:12 UTC);
-        assert_eq!(http_date(t), "Fri, 26 Jun 2015 23:39:12 GMT");
-    }
-
     #[test]
     fn policies_do_not_print_secrets() {
         let key = Secret::new(super::super::DEV_KEY);

@@ -4,7 +4,8 @@
 //! so this file speaks the Table service REST API for exactly what aqw
 //! calls: create/delete table; get, insert, replace (PUT) and merge (PATCH)
 //! with `If-Match`; delete; a query with `$filter` following continuation
-//! headers; and the entity-group transaction (`$batch`). Retry, timeout and
+//! headers, with a server-side `$filter` and `$select`; and the entity-group
+//! transaction (`$batch`: insert, merge, and delete with `If-Match`). Retry, timeout and
 //! authorization are the pipeline's (see [`super::pipeline`]); errors map onto
 //! [`StorageError`] exactly as the 0.21 client's did.
 //!
@@ -62,10 +63,10 @@ impl TablesClient {
         r.insert_header("accept", FULL_METADATA);
         // Set here so azure_core's ClientRequestIdPolicy finds it without
         // building an error for the absent header (see pipeline::find_header).
-        r.insert_header(
-            "x-ms-client-request-id",
-            uuid::Uuid::new_v4().hyphenated().to_string(),
-        );
+        // From the thread's RNG: `Uuid::new_v4` asks the kernel (a
+        // getrandom syscall) for every request.
+        let id = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
+        r.insert_header("x-ms-client-request-id", id.hyphenated().to_string());
         Ok(r)
     }
 
@@ -196,6 +197,97 @@ impl AzureTable {
     }
 }
 
+impl AzureTable {
+    /// One operation of a changeset: request line, headers, blank line, body.
+    ///
+    /// A delete carries its `If-Match` ETag and no body, as the SDKs write it
+    /// (azure-sdk-for-python `azure/data/tables/_base_client.py`,
+    /// `_batch_send`; azure-sdk-for-net `TableTransactionalBatch`) and as
+    /// Azurite parses it (`src/table/batch/TableBatchSerialization.ts`,
+    /// `deserializeBatchRequest`: the sub-request's headers, then an
+    /// optional JSON body).
+    fn batch_part(&self, pk: &str, op: &TableOp) -> StorageResult<String> {
+        let (verb, url, entity, if_match) = match op {
+            TableOp::Insert { row_key, entity } => (
+                "POST",
+                self.client.url(&pct(&self.name))?,
+                Some(with_keys(pk, row_key, entity)),
+                None,
+            ),
+            TableOp::Merge {
+                row_key,
+                entity,
+                if_match,
+            } => (
+                "MERGE",
+                self.client.url(&entity_path(&self.name, pk, row_key))?,
+                Some(with_keys(pk, row_key, entity)),
+                Some(if_match.as_ref().map(|e| e.0.clone()).unwrap_or("*".into())),
+            ),
+            TableOp::Delete { row_key, if_match } => (
+                "DELETE",
+                self.client.url(&entity_path(&self.name, pk, row_key))?,
+                None,
+                Some(if_match.0.clone()),
+            ),
+        };
+        let mut part = format!("{verb} {url} HTTP/1.1\naccept: {FULL_METADATA}\n");
+        if entity.is_some() {
+            part.push_str("content-type: application/json\n");
+        }
+        if let Some(m) = if_match {
+            part.push_str(&format!("if-match: {m}\n"));
+        }
+        part.push('\n');
+        if let Some(entity) = entity {
+            part.push_str(
+                std::str::from_utf8(&json_body(&entity)?)
+                    .map_err(|e| StorageError::Other(e.to_string()))?,
+            );
+            part.push('\n');
+        }
+        Ok(part)
+    }
+}
+
+/// `$filter` (the partition and the query's own filter) and `$select`, as
+/// query parameters; empty when the query has neither.
+fn query_params(query: &TableQuery<'_>) -> String {
+    let mut clauses = Vec::new();
+    if let Some(pk) = query.partition {
+        clauses.push(format!("PartitionKey eq {}", odata_string(pk)));
+    }
+    if let Some(f) = &query.filter {
+        clauses.push(format!("({f})"));
+    }
+    let mut params = Vec::new();
+    if !clauses.is_empty() {
+        params.push(format!("$filter={}", pct(&clauses.join(" and "))));
+    }
+    if !query.select.is_empty() {
+        // The keys always come back, so a row can be deleted by what it names.
+        let mut cols = vec!["PartitionKey", "RowKey"];
+        cols.extend(query.select.iter().copied());
+        params.push(format!("$select={}", pct(&cols.join(","))));
+    }
+    params.join("&")
+}
+
+/// A queried entity with its ETag (`odata.etag`) and keys.
+fn row_of(v: Value) -> Row {
+    let etag = v
+        .get("odata.etag")
+        .and_then(Value::as_str)
+        .map(|e| Etag(e.to_string()));
+    let (partition_key, row_key, entity) = strip(v);
+    Row {
+        partition_key,
+        row_key,
+        entity,
+        etag,
+    }
+}
+
 #[async_trait]
 impl TableStore for AzureTable {
     fn name(&self) -> &str {
@@ -256,29 +348,20 @@ impl TableStore for AzureTable {
         }
     }
 
-    async fn query_rows(&self, pk: Option<&str>) -> StorageResult<Vec<Row>> {
+    async fn query_where(&self, query: &TableQuery<'_>) -> StorageResult<Vec<Row>> {
         let mut out = Vec::new();
         let mut next: Option<(String, Option<String>)> = None;
         loop {
-            let mut q = format!("{}()", pct(&self.name));
-            let mut params = Vec::new();
-            if let Some(pk) = pk {
-                let filter = format!("PartitionKey eq '{}'", pk.replace('\'', "''"));
-                params.push(format!("$filter={}", pct(&filter)));
-            }
+            let mut q = format!("{}()?{}", pct(&self.name), query_params(query));
             if let Some((npk, nrk)) = &next {
-                params.push(format!("NextPartitionKey={}", pct(npk)));
+                q.push_str(&format!("&NextPartitionKey={}", pct(npk)));
                 if let Some(nrk) = nrk {
-                    params.push(format!("NextRowKey={}", pct(nrk)));
+                    q.push_str(&format!("&NextRowKey={}", pct(nrk)));
                 }
-            }
-            if !params.is_empty() {
-                q.push('?');
-                q.push_str(&params.join("&"));
             }
             let rsp = self
                 .client
-                .send(self.client.request(Method::Get, &q)?)
+                .send(self.client.request(Method::Get, q.trim_end_matches('?'))?)
                 .await?;
             let h = |n: &str| find_header(rsp.headers(), n).map(str::to_string);
             let npk = h("x-ms-continuation-nextpartitionkey");
@@ -289,19 +372,7 @@ impl TableStore for AzureTable {
                     "unexpected response from storage: no value array".into(),
                 ));
             };
-            out.extend(values.into_iter().map(|v| {
-                let etag = v
-                    .get("odata.etag")
-                    .and_then(Value::as_str)
-                    .map(|e| Etag(e.to_string()));
-                let (partition_key, row_key, entity) = strip(v);
-                Row {
-                    partition_key,
-                    row_key,
-                    entity,
-                    etag,
-                }
-            }));
+            out.extend(values.into_iter().map(row_of));
             match npk {
                 Some(npk) => next = Some((npk, nrk)),
                 None => return Ok(out),
@@ -316,37 +387,10 @@ impl TableStore for AzureTable {
             "--batch_{batch}\nContent-Type: multipart/mixed; boundary=changeset_{changeset}\n\n"
         );
         for op in &ops {
-            let (verb, url, entity, if_match) = match op {
-                TableOp::Insert { row_key, entity } => (
-                    "POST",
-                    self.client.url(&pct(&self.name))?,
-                    with_keys(pk, row_key, entity),
-                    None,
-                ),
-                TableOp::Merge {
-                    row_key,
-                    entity,
-                    if_match,
-                } => (
-                    "MERGE",
-                    self.client.url(&entity_path(&self.name, pk, row_key))?,
-                    with_keys(pk, row_key, entity),
-                    Some(if_match.as_ref().map(|e| e.0.clone()).unwrap_or("*".into())),
-                ),
-            };
             body.push_str(&format!(
-                "--changeset_{changeset}\nContent-Type: application/http\nContent-Transfer-Encoding: binary\n\n\
-                 {verb} {url} HTTP/1.1\naccept: {FULL_METADATA}\ncontent-type: application/json\n"
+                "--changeset_{changeset}\nContent-Type: application/http\nContent-Transfer-Encoding: binary\n\n"
             ));
-            if let Some(m) = if_match {
-                body.push_str(&format!("if-match: {m}\n"));
-            }
-            body.push('\n');
-            body.push_str(
-                std::str::from_utf8(&json_body(&entity)?)
-                    .map_err(|e| StorageError::Other(e.to_string()))?,
-            );
-            body.push('\n');
+            body.push_str(&self.batch_part(pk, op)?);
         }
         body.push_str(&format!("--changeset_{changeset}--\n--batch_{batch}\n"));
         let mut r = self.client.request(Method::Post, "$batch")?;

@@ -155,11 +155,16 @@ pub fn alert_body(queue: &str, batch: &[PoisonAlert]) -> serde_json::Value {
 #[derive(Clone)]
 pub struct Alerts {
     tx: Option<mpsc::UnboundedSender<PoisonAlert>>,
+    /// Where breaker events go at once (they are rare: no window).
+    webhook: Option<(reqwest::Client, url::Url)>,
 }
 
 impl Alerts {
     pub fn disabled() -> Self {
-        Self { tx: None }
+        Self {
+            tx: None,
+            webhook: None,
+        }
     }
 
     /// Start the sender task (needs a tokio runtime).
@@ -167,8 +172,25 @@ impl Alerts {
     /// without a webhook.
     pub fn start(webhook: Option<url::Url>, window: Duration) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap_or_default();
+        let direct = webhook.clone().map(|u| (client, u));
         tokio::spawn(alert_loop(webhook, window, rx));
-        Self { tx: Some(tx) }
+        Self {
+            tx: Some(tx),
+            webhook: direct,
+        }
+    }
+
+    /// A breaker changed state: one POST of its own event
+    /// (`aqw.breaker.open`, `aqw.breaker.closed`, ...), retried like the
+    /// poison alert; the log line is the caller's.
+    pub fn breaker(&self, body: serde_json::Value) {
+        if let Some((client, url)) = &self.webhook {
+            tokio::spawn(post_with_backoff(client.clone(), url.clone(), body));
+        }
     }
 
     /// Log the stable ERROR event and queue the webhook POST.
@@ -200,10 +222,14 @@ async fn alert_loop(
     window: Duration,
     mut rx: mpsc::UnboundedReceiver<PoisonAlert>,
 ) {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap_or_default();
+    // Only a webhook needs a client: building one loads the system's root
+    // certificates (some 19 M instructions).
+    let client = webhook.as_ref().map(|_| {
+        reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap_or_default()
+    });
     let mut windows: HashMap<String, QueueWindow> = HashMap::new();
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
@@ -231,8 +257,8 @@ async fn alert_loop(
                 "{} message(s) poisoned on {queue} in this window",
                 batch.len()
             );
-            if let Some(webhook) = webhook.clone() {
-                tokio::spawn(post_with_backoff(client.clone(), webhook, body));
+            if let (Some(webhook), Some(client)) = (webhook.clone(), client.clone()) {
+                tokio::spawn(post_with_backoff(client, webhook, body));
             }
         }
     }

@@ -11,33 +11,60 @@ use std::sync::OnceLock;
 pub mod alerts;
 pub use alerts::{alert_body, error_group, Alerts, PoisonAlert};
 
+/// What [`scrub`] removes: (pattern, replacement).
+const SECRET_PATTERNS: &[(&str, &str)] = &[
+    (r"(?i)(AccountKey\s*=\s*)[^;\s]+", "${1}***"),
+    (r"(?i)(SharedAccessSignature\s*=\s*)[^;\s]+", "${1}***"),
+    (r"(?i)([?&;]sig=)[^&\s;]+", "${1}***"),
+    (
+        r"(?i)(authorization[\x22']?\s*[:=]\s*[\x22']?)(Bearer|SharedKey|Basic)?\s*[^\s\x22',]+",
+        "${1}***",
+    ),
+    (r"(?i)(bearer\s+)[A-Za-z0-9\-._~+/]+=*", "${1}***"),
+    // A SharedKey signature wherever it appears (the SDK's debug lines
+    // print headers in Debug form, not as "Authorization: ...").
+    (
+        r"(SharedKey(?:Lite)?\s+[A-Za-z0-9]+:)[A-Za-z0-9+/=]+",
+        "${1}***",
+    ),
+    // A bare storage account key: 64 bytes in base64.
+    (r"[A-Za-z0-9+/]{86}==", "***"),
+];
+
 fn patterns() -> &'static [(Regex, &'static str)] {
     static P: OnceLock<Vec<(Regex, &'static str)>> = OnceLock::new();
     P.get_or_init(|| {
-        vec![
-            (Regex::new(r"(?i)(AccountKey\s*=\s*)[^;\s]+").unwrap(), "${1}***"),
-            (Regex::new(r"(?i)(SharedAccessSignature\s*=\s*)[^;\s]+").unwrap(), "${1}***"),
-            (Regex::new(r"(?i)([?&;]sig=)[^&\s;]+").unwrap(), "${1}***"),
-            (Regex::new(r"(?i)(authorization[\x22']?\s*[:=]\s*[\x22']?)(Bearer|SharedKey|Basic)?\s*[^\s\x22',]+").unwrap(), "${1}***"),
-            (Regex::new(r"(?i)(bearer\s+)[A-Za-z0-9\-._~+/]+=*").unwrap(), "${1}***"),
-            // A SharedKey signature wherever it appears (the SDK's debug lines
-            // print headers in Debug form, not as "Authorization: ...").
-            (Regex::new(r"(SharedKey(?:Lite)?\s+[A-Za-z0-9]+:)[A-Za-z0-9+/=]+").unwrap(), "${1}***"),
-            // A bare storage account key: 64 bytes in base64.
-            (Regex::new(r"[A-Za-z0-9+/]{86}==").unwrap(), "***"),
-        ]
+        SECRET_PATTERNS
+            .iter()
+            .map(|(re, rep)| (Regex::new(re).unwrap(), *rep))
+            .collect()
     })
+}
+
+/// All patterns at once: one pass over a line that holds no secret (every
+/// log line goes through [`scrub`]), instead of one pass per pattern.
+fn any_secret() -> &'static regex::RegexSet {
+    static S: OnceLock<regex::RegexSet> = OnceLock::new();
+    S.get_or_init(|| regex::RegexSet::new(SECRET_PATTERNS.iter().map(|(re, _)| re)).unwrap())
 }
 
 /// Remove secrets from text bound for a log line, an error or a record.
 pub fn scrub(text: &str) -> String {
+    scrubbed(text).into_owned()
+}
+
+/// [`scrub`] without a copy when there is nothing to remove.
+fn scrubbed(text: &str) -> std::borrow::Cow<'_, str> {
     let mut out = std::borrow::Cow::Borrowed(text);
+    if !any_secret().is_match(text) {
+        return out;
+    }
     for (re, rep) in patterns() {
         if re.is_match(&out) {
             out = std::borrow::Cow::Owned(re.replace_all(&out, *rep).into_owned());
         }
     }
-    out.into_owned()
+    out
 }
 
 /// Log writer that scrubs every formatted event before it reaches stderr.
@@ -46,7 +73,7 @@ struct ScrubbingStderr;
 impl Write for ScrubbingStderr {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let text = String::from_utf8_lossy(buf);
-        std::io::stderr().write_all(scrub(&text).as_bytes())?;
+        std::io::stderr().write_all(scrubbed(&text).as_bytes())?;
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {

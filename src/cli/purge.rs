@@ -1,0 +1,79 @@
+//! `aqw keys purge` and `aqw poison purge`: arguments → [`aqw::ops`]'s
+//! purges, one report per storage account or queue, text or JSON.
+
+use super::args::{Output, PurgeArgs};
+use super::exit::{Exit, Failure};
+use super::render::print_json;
+use aqw::config::{self, AppConfig};
+use aqw::ops::{self, PurgeOptions, QueueOps};
+use aqw::retention::PurgeReport;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+fn options(older_than: Option<&str>, dry_run: bool) -> Result<PurgeOptions, Failure> {
+    let older_than = older_than
+        .map(|s| {
+            config::parse_timespan(s).map_err(|e| Failure::usage(format!("--older-than: {e}")))
+        })
+        .transpose()?;
+    Ok(PurgeOptions {
+        older_than,
+        dry_run,
+    })
+}
+
+/// `aqw keys purge`: every function (or `--function`), one pass per account.
+pub async fn keys(app: &Arc<AppConfig>, a: PurgeArgs, output: Output) -> Result<Exit, Failure> {
+    let opts = options(a.older_than.as_deref(), a.dry_run)?;
+    let mut by_account: BTreeMap<String, (config::Connection, Vec<String>)> = BTreeMap::new();
+    for f in &app.functions {
+        if a.function.as_deref().is_some_and(|only| only != f.name) {
+            continue;
+        }
+        let e = by_account
+            .entry(f.connection.setting.clone())
+            .or_insert_with(|| (f.connection.clone(), vec![]));
+        e.1.push(f.name.clone());
+    }
+    if by_account.is_empty() {
+        return Err(Failure::usage(format!(
+            "no function named {}",
+            a.function.unwrap_or_default()
+        )));
+    }
+    let mut reports = Vec::new();
+    for (connection, functions) in by_account.values() {
+        let storage = aqw::app::connect(connection).map_err(|e| Failure::usage(e.to_string()))?;
+        reports.push(ops::purge_keys(app, &storage, functions, opts).await?);
+    }
+    render(&reports, output);
+    Ok(Exit::Ok)
+}
+
+/// `aqw poison purge QUEUE`.
+pub async fn records(
+    ops_of_queue: QueueOps,
+    older_than: Option<&str>,
+    dry_run: bool,
+    output: Output,
+) -> Result<Exit, Failure> {
+    let opts = options(older_than, dry_run)?;
+    let report = ops::purge_records(&ops_of_queue, opts).await?;
+    render(&[report], output);
+    Ok(Exit::Ok)
+}
+
+fn render(reports: &[PurgeReport], output: Output) {
+    if output == Output::Json {
+        print_json(&reports);
+        return;
+    }
+    for r in reports {
+        let verb = if r.dry_run { "would delete" } else { "deleted" };
+        let c = &r.counts;
+        println!(
+            "{} {}: scanned {} settled older than {} ({} s), {verb} {}; kept {} (open poison record), {} (changed since read); {} already gone; {} requests",
+            r.what, r.table, c.scanned, r.cutoff, r.older_than_seconds, c.deleted, c.kept_open_record, c.kept_changed, c.already_gone, r.requests
+        );
+    }
+}

@@ -1,0 +1,267 @@
+//! `aqw.retention`: how long settled keys and closed poison records are
+//! kept, and the background sweep that purges them. Validated against the
+//! one bound that makes a key purge safe (see [`key_retention_floor`]).
+
+use super::raw::RawRetention;
+use super::timespan::timespan;
+use super::ConfigError;
+use crate::storage::MAX_VISIBILITY_TIMEOUT;
+use std::time::Duration;
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// The Queue service's default message time-to-live (a put without
+/// `messagettl`).
+pub const SERVICE_DEFAULT_MESSAGE_TTL: Duration = Duration::from_secs(7 * 86_400);
+
+/// The retention rules and the sweep, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Retention {
+    /// The longest time-to-live a producer gives messages on the source
+    /// queues (`aqw.retention.sourceMessageTtl`); `None` = `-1`, never expire.
+    pub source_message_ttl: Option<Duration>,
+    /// How long a settled key (done, cancelled) is kept after its last
+    /// change (`aqw.retention.keys`); `None` = never purged.
+    pub keys: Option<Duration>,
+    /// How long a closed poison record (replayed, discarded, replaced) is
+    /// kept after its last change (`aqw.retention.closedRecords`); `None` =
+    /// never purged.
+    pub closed_records: Option<Duration>,
+    pub sweep: SweepSettings,
+    /// `aqw.retention.unsafeShortRetention` (testing only): a keys
+    /// retention below [`key_retention_floor`] is accepted.
+    pub unsafe_short: bool,
+}
+
+/// `aqw.retention.sweep`: the background purge of `aqw run`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepSettings {
+    pub enabled: bool,
+    /// Storage requests per second the sweep may make (reads and batches).
+    pub requests_per_second: f64,
+    /// Pause between two sweeps of the whole account.
+    pub interval: Duration,
+    /// How long the sweeper's lease row stays valid without renewal.
+    pub lease: Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            source_message_ttl: Some(SERVICE_DEFAULT_MESSAGE_TTL),
+            keys: Some(DEFAULT_KEYS),
+            closed_records: Some(DEFAULT_CLOSED_RECORDS),
+            sweep: SweepSettings {
+                enabled: true,
+                requests_per_second: DEFAULT_SWEEP_RATE,
+                interval: Duration::from_secs(3600),
+                lease: Duration::from_secs(60),
+            },
+            unsafe_short: false,
+        }
+    }
+}
+
+/// 30 days: twice the safety floor of the default TTL (7 + 7 days), so a
+/// support question about last month's job still finds its key.
+const DEFAULT_KEYS: Duration = Duration::from_secs(30 * 86_400);
+/// 30 days: a closed record is the audit trail of an operator's decision.
+const DEFAULT_CLOSED_RECORDS: Duration = Duration::from_secs(30 * 86_400);
+/// 5 requests/s: a batch deletes up to 100 keys, so 250 keys/s at most
+/// (above the 200 jobs/s that motivate the purge) for well under 1 % of a
+/// partition's 2,000 operations/s.
+const DEFAULT_SWEEP_RATE: f64 = 5.0;
+
+/// The shortest safe key retention: any message that can still carry a
+/// settled key lives at most its TTL, plus the visibility delays aqw itself
+/// sets on it (up to [`MAX_VISIBILITY_TIMEOUT`]). `None`: no finite bound
+/// (messages that never expire).
+pub fn key_retention_floor(source_message_ttl: Option<Duration>) -> Option<Duration> {
+    source_message_ttl.map(|ttl| ttl + MAX_VISIBILITY_TIMEOUT)
+}
+
+/// `"never"` or a timespan of at least a second.
+fn never_or_span(
+    file: &str,
+    field: &str,
+    s: &Option<String>,
+) -> Result<Option<Option<Duration>>, ConfigError> {
+    match s.as_deref() {
+        None => Ok(None),
+        Some("never") => Ok(Some(None)),
+        Some(s) => {
+            let d = timespan(file, field, s)?;
+            if d < Duration::from_secs(1) {
+                return Err(ConfigError::new(
+                    file,
+                    field,
+                    "must be at least 00:00:01, or \"never\"",
+                ));
+            }
+            Ok(Some(Some(d)))
+        }
+    }
+}
+
+fn days(d: Duration) -> String {
+    let n = d.as_secs_f64() / DAY.as_secs_f64();
+    format!("{n:.2} days ({} s)", d.as_secs())
+}
+
+/// Why a keys retention of `keys` is unsafe for messages living
+/// `source_message_ttl`, naming both numbers; Ok when it is safe.
+pub fn check_key_retention(
+    keys: Duration,
+    source_message_ttl: Option<Duration>,
+) -> Result<(), String> {
+    match key_retention_floor(source_message_ttl) {
+        None => Err("must be \"never\" while aqw.retention.sourceMessageTtl is \"never\" (-1): a message that never expires can always bring its key back".into()),
+        Some(floor) if keys < floor => Err(format!(
+            "{} is shorter than the source messages' TTL {} plus aqw's longest visibility delay {} (= {}); a delivery could still reach a purged key",
+            days(keys),
+            days(source_message_ttl.unwrap_or_default()),
+            days(MAX_VISIBILITY_TIMEOUT),
+            days(floor)
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
+/// `aqw.retention`, defaulted and checked against [`key_retention_floor`].
+pub(super) fn validate(file: &str, raw: Option<&RawRetention>) -> Result<Retention, ConfigError> {
+    let mut r = Retention::default();
+    let Some(raw) = raw else { return Ok(r) };
+    let f = |field: &str, msg: String| ConfigError::new(file, field, msg);
+    if let Some(ttl) = never_or_span(
+        file,
+        "aqw.retention.sourceMessageTtl",
+        &raw.source_message_ttl,
+    )? {
+        r.source_message_ttl = ttl;
+    }
+    let floor = key_retention_floor(r.source_message_ttl);
+    r.keys = match never_or_span(file, "aqw.retention.keys", &raw.keys)? {
+        Some(k) => k,
+        // Messages that never expire: no key may ever be purged.
+        None if floor.is_none() => None,
+        None => Some(DEFAULT_KEYS.max(floor.unwrap_or_default())),
+    };
+    let unsafe_short = raw.unsafe_short_retention.unwrap_or(false);
+    r.unsafe_short = unsafe_short;
+    if let (Some(k), false) = (r.keys, unsafe_short) {
+        check_key_retention(k, r.source_message_ttl).map_err(|m| f("aqw.retention.keys", m))?;
+    }
+    if let Some(c) = never_or_span(file, "aqw.retention.closedRecords", &raw.closed_records)? {
+        r.closed_records = c;
+    }
+    if let Some(s) = &raw.sweep {
+        sweep(file, s, &mut r.sweep)?;
+    }
+    Ok(r)
+}
+
+fn sweep(file: &str, raw: &super::raw::RawSweep, s: &mut SweepSettings) -> Result<(), ConfigError> {
+    let f = |field: &str, msg: &str| ConfigError::new(file, field, msg);
+    s.enabled = raw.enabled.unwrap_or(s.enabled);
+    if let Some(rate) = raw.requests_per_second {
+        if !(rate.is_finite() && (0.1..=100.0).contains(&rate)) {
+            return Err(f(
+                "aqw.retention.sweep.requestsPerSecond",
+                "must be between 0.1 and 100",
+            ));
+        }
+        s.requests_per_second = rate;
+    }
+    if let Some(i) = &raw.interval {
+        s.interval = timespan(file, "aqw.retention.sweep.interval", i)?;
+        if s.interval < Duration::from_secs(1) {
+            return Err(f(
+                "aqw.retention.sweep.interval",
+                "must be at least 00:00:01",
+            ));
+        }
+    }
+    if let Some(l) = &raw.lease {
+        s.lease = timespan(file, "aqw.retention.sweep.lease", l)?;
+        if s.lease < Duration::from_secs(2) || s.lease > Duration::from_secs(3600) {
+            return Err(f(
+                "aqw.retention.sweep.lease",
+                "must be between 00:00:02 and 01:00:00",
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::raw::RawSweep;
+
+    fn raw(keys: Option<&str>, ttl: Option<&str>) -> RawRetention {
+        RawRetention {
+            source_message_ttl: ttl.map(str::to_string),
+            keys: keys.map(str::to_string),
+            closed_records: None,
+            sweep: None,
+            unsafe_short_retention: None,
+        }
+    }
+
+    #[test]
+    fn the_defaults_keep_keys_past_the_safety_floor() {
+        let r = validate("host.json", None).unwrap();
+        assert_eq!(r, Retention::default());
+        let floor = key_retention_floor(r.source_message_ttl).unwrap();
+        assert_eq!(floor, Duration::from_secs(14 * 86_400));
+        assert!(r.keys.unwrap() >= floor);
+    }
+
+    #[test]
+    fn a_keys_retention_below_ttl_plus_visibility_names_both_numbers() {
+        let e = validate("host.json", Some(&raw(Some("10.00:00:00"), None))).unwrap_err();
+        assert_eq!(e.field, "aqw.retention.keys");
+        assert!(
+            e.message.contains("7.00 days") && e.message.contains("14.00 days"),
+            "{}",
+            e.message
+        );
+        let ok = validate(
+            "host.json",
+            Some(&raw(Some("3.00:00:00"), Some("1.00:00:00"))),
+        );
+        assert!(ok.unwrap_err().message.contains("8.00 days"));
+        assert!(validate(
+            "host.json",
+            Some(&raw(Some("8.00:00:00"), Some("1.00:00:00")))
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn messages_that_never_expire_mean_keys_are_never_purged() {
+        let r = validate("host.json", Some(&raw(None, Some("never")))).unwrap();
+        assert_eq!((r.source_message_ttl, r.keys), (None, None));
+        let e = validate("host.json", Some(&raw(Some("30.00:00:00"), Some("never")))).unwrap_err();
+        assert_eq!(e.field, "aqw.retention.keys");
+    }
+
+    #[test]
+    fn short_values_need_the_unsafe_override_and_bad_sweeps_are_named() {
+        let mut r = raw(Some("00:00:02"), None);
+        assert!(validate("host.json", Some(&r)).is_err());
+        r.unsafe_short_retention = Some(true);
+        assert_eq!(
+            validate("host.json", Some(&r)).unwrap().keys,
+            Some(Duration::from_secs(2))
+        );
+        r.sweep = Some(RawSweep {
+            requests_per_second: Some(0.0),
+            ..Default::default()
+        });
+        let e = validate("host.json", Some(&r)).unwrap_err();
+        assert_eq!(e.field, "aqw.retention.sweep.requestsPerSecond");
+        let e = validate("host.json", Some(&raw(Some("soon"), None))).unwrap_err();
+        assert_eq!(e.field, "aqw.retention.keys");
+    }
+}
