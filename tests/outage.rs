@@ -286,14 +286,14 @@ async fn pause_and_watch(app: &TestApp, provider: &Provider, fleet: &[Worker]) {
     );
     eventually(
         "every worker sees the pause",
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         || async { fleet.iter().all(Worker::paused).then_some(()) },
     )
     .await;
     // In-flight jobs finish: every started call ends.
     eventually(
         "in-flight jobs finished",
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         || async {
             let s = provider.started.load(Ordering::SeqCst);
             (s == provider.finished.load(Ordering::SeqCst)).then_some(s)
