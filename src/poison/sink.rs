@@ -28,7 +28,7 @@ pub struct PoisonSink {
 
 impl PoisonSink {
     /// The store of this sink's records and poison-queue copies.
-    fn store(&self) -> PoisonStore {
+    pub fn store(&self) -> PoisonStore {
         PoisonStore::new(
             &self.source_queue,
             &self.function,

@@ -172,6 +172,17 @@ pub trait TableStore: Send + Sync {
     /// All entities of a partition (or of the table when `pk` is None), with
     /// their ETags, following continuations.
     async fn query_rows(&self, pk: Option<&str>) -> StorageResult<Vec<Row>>;
+    /// The entities of partition `pk` whose string column `column` equals
+    /// `value`, carrying only the `select` columns (and the keys): a narrow
+    /// query for what runs every minute, so a table of large records is
+    /// never read whole.
+    async fn query_narrow(
+        &self,
+        pk: &str,
+        column: &str,
+        value: &str,
+        select: &[&str],
+    ) -> StorageResult<Vec<Row>>;
     /// [`TableStore::query_rows`] without the versions.
     async fn query(&self, pk: Option<&str>) -> StorageResult<Vec<(String, String, Entity)>> {
         Ok(self

@@ -257,56 +257,23 @@ impl TableStore for AzureTable {
     }
 
     async fn query_rows(&self, pk: Option<&str>) -> StorageResult<Vec<Row>> {
-        let mut out = Vec::new();
-        let mut next: Option<(String, Option<String>)> = None;
-        loop {
-            let mut q = format!("{}()", pct(&self.name));
-            let mut params = Vec::new();
-            if let Some(pk) = pk {
-                let filter = format!("PartitionKey eq '{}'", pk.replace('\'', "''"));
-                params.push(format!("$filter={}", pct(&filter)));
-            }
-            if let Some((npk, nrk)) = &next {
-                params.push(format!("NextPartitionKey={}", pct(npk)));
-                if let Some(nrk) = nrk {
-                    params.push(format!("NextRowKey={}", pct(nrk)));
-                }
-            }
-            if !params.is_empty() {
-                q.push('?');
-                q.push_str(&params.join("&"));
-            }
-            let rsp = self
-                .client
-                .send(self.client.request(Method::Get, &q)?)
-                .await?;
-            let h = |n: &str| find_header(rsp.headers(), n).map(str::to_string);
-            let npk = h("x-ms-continuation-nextpartitionkey");
-            let nrk = h("x-ms-continuation-nextrowkey");
-            let body = parse_json(&rsp)?;
-            let Some(Value::Array(values)) = body.get("value").cloned() else {
-                return Err(StorageError::Other(
-                    "unexpected response from storage: no value array".into(),
-                ));
-            };
-            out.extend(values.into_iter().map(|v| {
-                let etag = v
-                    .get("odata.etag")
-                    .and_then(Value::as_str)
-                    .map(|e| Etag(e.to_string()));
-                let (partition_key, row_key, entity) = strip(v);
-                Row {
-                    partition_key,
-                    row_key,
-                    entity,
-                    etag,
-                }
-            }));
-            match npk {
-                Some(npk) => next = Some((npk, nrk)),
-                None => return Ok(out),
-            }
-        }
+        let filter = pk.map(|pk| format!("PartitionKey eq '{}'", odata_string(pk)));
+        self.query_pages(filter, None).await
+    }
+
+    async fn query_narrow(
+        &self,
+        pk: &str,
+        column: &str,
+        value: &str,
+        select: &[&str],
+    ) -> StorageResult<Vec<Row>> {
+        let filter = format!(
+            "PartitionKey eq '{}' and {column} eq '{}'",
+            odata_string(pk),
+            odata_string(value)
+        );
+        self.query_pages(Some(filter), Some(select.join(","))).await
     }
 
     async fn transaction(&self, pk: &str, ops: Vec<TableOp>) -> StorageResult<()> {
@@ -396,6 +363,73 @@ fn batch_result(body: &str) -> StorageResult<()> {
         }
     }
     Ok(())
+}
+
+/// A string literal inside an OData `$filter` (single quotes doubled).
+fn odata_string(s: &str) -> String {
+    s.replace('\'', "''")
+}
+
+impl AzureTable {
+    /// One query (`$filter`, `$select` when given), following continuations.
+    async fn query_pages(
+        &self,
+        filter: Option<String>,
+        select: Option<String>,
+    ) -> StorageResult<Vec<Row>> {
+        let mut out = Vec::new();
+        let mut next: Option<(String, Option<String>)> = None;
+        loop {
+            let mut q = format!("{}()", pct(&self.name));
+            let mut params = Vec::new();
+            if let Some(filter) = &filter {
+                params.push(format!("$filter={}", pct(filter)));
+            }
+            if let Some(select) = &select {
+                params.push(format!("$select={}", pct(select)));
+            }
+            if let Some((npk, nrk)) = &next {
+                params.push(format!("NextPartitionKey={}", pct(npk)));
+                if let Some(nrk) = nrk {
+                    params.push(format!("NextRowKey={}", pct(nrk)));
+                }
+            }
+            if !params.is_empty() {
+                q.push('?');
+                q.push_str(&params.join("&"));
+            }
+            let rsp = self
+                .client
+                .send(self.client.request(Method::Get, &q)?)
+                .await?;
+            let h = |n: &str| find_header(rsp.headers(), n).map(str::to_string);
+            let npk = h("x-ms-continuation-nextpartitionkey");
+            let nrk = h("x-ms-continuation-nextrowkey");
+            let body = parse_json(&rsp)?;
+            let Some(Value::Array(values)) = body.get("value").cloned() else {
+                return Err(StorageError::Other(
+                    "unexpected response from storage: no value array".into(),
+                ));
+            };
+            out.extend(values.into_iter().map(|v| {
+                let etag = v
+                    .get("odata.etag")
+                    .and_then(Value::as_str)
+                    .map(|e| Etag(e.to_string()));
+                let (partition_key, row_key, entity) = strip(v);
+                Row {
+                    partition_key,
+                    row_key,
+                    entity,
+                    etag,
+                }
+            }));
+            match npk {
+                Some(npk) => next = Some((npk, nrk)),
+                None => return Ok(out),
+            }
+        }
+    }
 }
 
 #[cfg(test)]
