@@ -12,7 +12,7 @@
 //!
 //! | rule | file |
 //! |---|---|
-//! | host.json / function.json / environment and `local.settings.json` → a validated config, exit 2 before any I/O | `src/config/` (`mod.rs` the ready `AppConfig` and `load`, `raw.rs` serde shapes, `settings.rs` environment, `local.settings.json` and `%name%`, `timespan.rs`, `validate.rs` raw → validated values, `functions.rs` discovery and per-function config) |
+//! | host.json / function.json / environment and `local.settings.json` → a validated config, exit 2 before any I/O | `src/config/` (`mod.rs` the ready `AppConfig` and `load`, `raw.rs` serde shapes, `settings.rs` environment, `local.settings.json` and `%name%`, `timespan.rs`, `validate.rs` raw → validated values, `alert.rs` the alert's format, dashboard link and signing secret, `functions.rs` discovery and per-function config) |
 //! | wiring: one runtime per function, storage connected once per setting, queues and tables created | `src/app.rs` |
 //! | the fate of a message as a pure function of its facts, in two typed stages (`next_step` → `NextStep`: claim, run, or settle `WithoutRunning`; `fate` → `Fate` after the attempt; `Policy` from config); the message-life tables as unit tests | `src/decide.rs` |
 //! | the pipeline for one message, for `aqw run` and `aqw serve`: `process` gathers the facts and carries out each stage (`Settle`, the single poison exit), runs the handler (lease renewal, `functionTimeout`, hard stop), one outcome line and counters (`Outcome`) | `src/job/` (`mod.rs` `process`, `settle.rs`, `handler.rs`, `outcome.rs`) |
@@ -32,10 +32,12 @@
 //! | the operator's commands, one file each, returning data, as procedures over `KeyStore` and `PoisonStore`: list, show, replay, fix, discard, status, enqueue, keys | `src/ops/` (`mod.rs`, `list.rs`, `show.rs`, `replay.rs`, `fix.rs`, `discard.rs`, `status.rs`, `enqueue.rs`, `keys.rs`) |
 //! | `Handler` with typed results (retryable, uncertain, permanent); built-in `http` and `exec` | `src/handlers/` (`mod.rs`, `http.rs`, `exec.rs`) |
 //! | Functions custom handler (`aqw serve`): invocations read as the host encodes them, the same `job::process` with a host-side `Settle`, outcomes answered as status codes | `src/serve.rs` |
-//! | `/healthz`, `/readyz`, `/metrics` | `src/http.rs` |
+//! | `/healthz`, `/readyz`, `/metrics`, and the sampler that refreshes the health gauges every `aqw.http.metricsInterval` | `src/http.rs` |
 //! | `aqw dashboard`: status, poison list grouped as in the alert, one record, replay/discard/fix through `ops`; token or platform-principal auth, CSRF, read-only; its own listener, not the ops port | `src/dashboard/` (`mod.rs` router and headers, `auth.rs`, `handlers.rs`, `views.rs` (maud), `payload.rs`, `assets/`) |
 //! | logs (text/JSON, secrets scrubbed), metrics | `src/telemetry/mod.rs` |
-//! | the poison alert: one line per record, one webhook POST per queue and window, grouped by cause | `src/telemetry/alerts.rs` |
+//! | the poison alert: one line per record, one webhook POST per queue and window, grouped by cause, in the receiver's format, HMAC-signed | `src/telemetry/alerts.rs` |
+//! | the alert as a Slack Block Kit message or a Teams Adaptive Card | `src/telemetry/chat.rs` |
+//! | the health gauges: the oldest message's age, open poison records by error group (capped, rendered from the latest snapshot) | `src/telemetry/gauges.rs` |
 //! | traces: the `aqw.job` span and its steps, W3C context in (`aqw.tracing.parent`, the host's `traceparent`) and out (handlers, `aqw enqueue`), ids on outcome lines | `src/traces/mod.rs` |
 //! | trace exporters chosen by the environment (OTLP/HTTP, Application Insights), bounded and never blocking a job | `src/traces/export.rs` |
 //! | every Azure import, behind `QueueStore` / `TableStore`; the 7-day visibility limit | `src/storage/mod.rs` |

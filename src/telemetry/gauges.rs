@@ -49,7 +49,7 @@ pub fn open_groups<'a>(errors: impl IntoIterator<Item = (&'a str, &'a str)>) -> 
             count,
         })
         .collect();
-    groups.sort_by(|a, b| b.count.cmp(&a.count));
+    groups.sort_by_key(|g| std::cmp::Reverse(g.count));
     if groups.len() > OPEN_GROUPS_EXPORTED {
         let rest: u64 = groups.drain(OPEN_GROUPS_EXPORTED..).map(|g| g.count).sum();
         groups.push(OpenGroup {
