@@ -499,6 +499,36 @@ mod tests {
     }
 
     #[test]
+    fn the_signature_covers_timestamp_and_body_and_debug_hides_credentials() {
+        let secret = SigningSecret::new("0123456789abcdef");
+        let sig = sign(&secret, 1_800_000_000, br#"{"a":1}"#);
+        assert!(sig.starts_with("sha256=") && sig.len() == 7 + 64, "{sig}");
+        assert_ne!(
+            sig,
+            sign(&secret, 1_800_000_001, br#"{"a":1}"#),
+            "timestamp signed"
+        );
+        assert_ne!(
+            sig,
+            sign(&secret, 1_800_000_000, br#"{"a":2}"#),
+            "body signed"
+        );
+        let hook = Webhook {
+            url: "https://hooks.slack.com/services/T0/B0/tokenpart"
+                .parse()
+                .unwrap(),
+            format: AlertFormat::Slack,
+            dashboard_url: None,
+            secret: Some(secret),
+        };
+        let shown = format!("{hook:?}");
+        assert!(
+            !shown.contains("tokenpart") && !shown.contains("0123456789abcdef"),
+            "{shown}"
+        );
+    }
+
+    #[test]
     fn error_groups_keep_the_status_and_mask_what_varies() {
         assert_eq!(
             error_group("HTTP 503 at 2026-12-03T10:00:00Z, retry 3 of 5"),
