@@ -1,6 +1,7 @@
 //! The worker's operations endpoints: `/healthz`, `/readyz`, `/metrics`.
 
 use crate::app::FunctionRuntime;
+use crate::storage::{StorageError, StorageResult};
 use crate::telemetry::gauges;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -121,11 +122,18 @@ pub async fn serve_ops(
 /// records by error group. A failed call leaves that gauge as it was.
 async fn sample_queue(rt: &FunctionRuntime) {
     let queue = rt.function.queue.clone();
-    if let Ok(n) = rt.source.approximate_count().await {
-        metrics::gauge!("aqw_queue_depth", "queue" => queue.clone()).set(n as f64);
+    // A queue that does not exist yet (the poison queue is created by the
+    // first poisoning) holds nothing: 0, so the gauge is there from the start.
+    let depth = |r: StorageResult<u64>| match r {
+        Ok(n) => Some(n as f64),
+        Err(StorageError::NotFound) => Some(0.0),
+        Err(_) => None,
+    };
+    if let Some(n) = depth(rt.source.approximate_count().await) {
+        metrics::gauge!("aqw_queue_depth", "queue" => queue.clone()).set(n);
     }
-    if let Ok(n) = rt.poison.poison_queue.approximate_count().await {
-        metrics::gauge!("aqw_poison_depth", "queue" => queue.clone()).set(n as f64);
+    if let Some(n) = depth(rt.poison.poison_queue.approximate_count().await) {
+        metrics::gauge!("aqw_poison_depth", "queue" => queue.clone()).set(n);
     }
     // A retried message becomes visible again behind newer ones, so the
     // front of the queue is not always its oldest: look at the most one
