@@ -33,7 +33,7 @@
 //! | `Handler` with typed results (retryable, uncertain, permanent); built-in `http` and `exec` | `src/handlers/` (`mod.rs`, `http.rs`, `exec.rs`) |
 //! | Functions custom handler (`aqw serve`): invocations read as the host encodes them, the same `job::process` with a host-side `Settle`, outcomes answered as status codes | `src/serve.rs` |
 //! | `/healthz`, `/readyz`, `/metrics`, and the sampler that refreshes the health gauges every `aqw.http.metricsInterval` | `src/http.rs` |
-//! | `aqw dashboard`: status, poison list grouped as in the alert, one record, replay/discard/fix through `ops`; token or platform-principal auth, CSRF, read-only; its own listener, not the ops port | `src/dashboard/` (`mod.rs` router and headers, `auth.rs`, `handlers.rs`, `views.rs` (maud), `payload.rs`, `assets/`) |
+//! | `aqw dashboard`: status, poison list grouped as in the alert, one record, replay/discard/fix through `ops`; token (server-side sessions) or guarded platform-principal auth, CSRF, read-only, `Host` check, back-off on wrong tokens; its own listener, not the ops port | `src/dashboard/` (`mod.rs` router, headers and `/healthz`, `auth.rs`, `guard.rs` (`Host`, principal guard), `throttle.rs`, `handlers.rs`, `progress.rs`, `views.rs` (maud), `payload.rs`, `assets/`) |
 //! | logs (text/JSON, secrets scrubbed), metrics | `src/telemetry/mod.rs` |
 //! | the poison alert: one line per record, one webhook POST per queue and window, grouped by cause, in the receiver's format, HMAC-signed | `src/telemetry/alerts.rs` |
 //! | the alert as a Slack Block Kit message or a Teams Adaptive Card | `src/telemetry/chat.rs` |

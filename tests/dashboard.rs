@@ -8,7 +8,6 @@ mod common;
 use aqw::dashboard::{self, AuthConfig, Dashboard, Options};
 use aqw::handlers::HandlerError;
 use aqw::message::{ErrorInfo, ErrorKind, MessageEncoding};
-use aqw::ops::QueueOps;
 use aqw::poison::{PoisonEnvelope, PoisonRecord, RecordStatus};
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
@@ -29,8 +28,14 @@ fn dashboard(app: &TestApp, read_only: bool) -> Router {
         token: Some(TOKEN.into()),
         user: "oncall".into(),
         trust_principal: false,
+        ..AuthConfig::default()
     };
-    let d = Dashboard::new(app.config.clone(), Options { read_only, auth }).unwrap();
+    let options = Options {
+        read_only,
+        auth,
+        ..Options::default()
+    };
+    let d = Dashboard::new(app.config.clone(), options).unwrap();
     dashboard::app(Arc::new(d))
 }
 
@@ -72,6 +77,37 @@ async fn call(
 
 const BEARER: (&str, &str) = ("authorization", "Bearer test-token-0123456789abcdef");
 
+/// GET as the bearer principal.
+async fn bget(r: &Router, uri: &str) -> Reply {
+    call(r, "GET", uri, &[BEARER], None).await
+}
+
+/// POST a form as the bearer principal.
+async fn bpost(r: &Router, uri: &str, form: &str) -> Reply {
+    call(r, "POST", uri, &[BEARER], Some(form)).await
+}
+
+/// An app whose jobs are keyed by `orderId`, with these queue settings.
+fn keyed_app(queues: serde_json::Value) -> TestApp {
+    TestApp::new(json!({"key": "order:{/orderId}"}), queues, json!({}))
+}
+
+/// The `aqw_session=…` pair a sign-in sets.
+fn session_cookie(signed_in: &Reply) -> String {
+    let set = signed_in.headers.get_all("set-cookie");
+    let session = set
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .find(|c| c.starts_with("aqw_session="))
+        .unwrap();
+    session.split(';').next().unwrap().to_string()
+}
+
+/// POST the sign-in form with its pre-login cookie.
+async fn sign_in(r: &Router, nonce: &str, form: &str) -> Reply {
+    call(r, "POST", "/login", &[("cookie", nonce)], Some(form)).await
+}
+
 fn csrf_of(page: &str) -> String {
     let re = regex::Regex::new(r#"name="csrf" value="([0-9a-f]+)""#).unwrap();
     re.captures(page).expect("a form with a CSRF token")[1].to_string()
@@ -81,37 +117,48 @@ fn enc(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
-/// One real poison record: the worker poisons a job its handler refuses.
-async fn poisoned(app: &TestApp) -> String {
-    let id = app.enqueue(r#"{"orderId":"o-1"}"#).await;
-    let h = Scripted::new(|_, _| Err(HandlerError::permanent("HTTP 404 Not Found: no such order")));
-    let w = app.start_worker(h);
-    eventually("the poison copy", DEADLINE, || async {
-        (app.poison_messages().await.len() == 1).then_some(())
-    })
+/// Every way of sending `form` to `uri` without being its principal (or
+/// without its CSRF token) is refused.
+async fn assert_refused(r: &Router, uri: &str, form: &str, csrf: &str) {
+    // No credentials at all (even with a valid-looking token).
+    let with_csrf = format!("{form}&csrf={csrf}");
+    let anon = call(r, "POST", uri, &[], Some(&with_csrf)).await;
+    assert_eq!(
+        anon.status,
+        StatusCode::UNAUTHORIZED,
+        "{uri}: {}",
+        anon.body
+    );
+    // A wrong token.
+    let wrong = call(
+        r,
+        "POST",
+        uri,
+        &[("authorization", "Bearer nope-nope-nope-nope")],
+        Some(&with_csrf),
+    )
     .await;
-    w.stop().await;
-    id
-}
-
-async fn record(app: &TestApp, id: &str) -> PoisonRecord {
-    let ops = QueueOps::new(app.config.clone(), &app.queue, &app.storage());
-    ops.record(id).await.unwrap().unwrap().0
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED, "{uri}");
+    // The right principal, a forged or missing CSRF token.
+    for forged in [format!("{form}&csrf={}", "ab".repeat(32)), form.to_string()] {
+        let f = bpost(r, uri, &forged).await;
+        assert_eq!(f.status, StatusCode::FORBIDDEN, "{uri}: {}", f.body);
+    }
+    // A session cookie that is not one of ours.
+    let cookie = "aqw_session=v1.00.1.00";
+    let c = call(r, "POST", uri, &[("cookie", cookie)], Some(&with_csrf)).await;
+    assert_eq!(c.status, StatusCode::UNAUTHORIZED, "{uri}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn actions_without_credentials_or_with_a_forged_csrf_token_change_nothing() {
-    let app = TestApp::new(
-        json!({"key": "order:{/orderId}"}),
-        json!({"maxDequeueCount": 1}),
-        json!({}),
-    );
-    let id = poisoned(&app).await;
+    let app = keyed_app(json!({"maxDequeueCount": 1}));
+    let id = poisoned_by_worker(&app, DEADLINE).await;
     let r = dashboard(&app, false);
     let q = &app.queue;
     let record_uri = format!("/q/{q}/record?id={}", enc(&id));
     // A real CSRF token, for the bearer principal.
-    let page = call(&r, "GET", &record_uri, &[BEARER], None).await;
+    let page = bget(&r, &record_uri).await;
     assert_eq!(page.status, StatusCode::OK, "{}", page.body);
     let csrf = csrf_of(&page.body);
     let actions = [
@@ -123,53 +170,18 @@ async fn actions_without_credentials_or_with_a_forged_csrf_token_change_nothing(
         ),
     ];
     for (action, form) in &actions {
-        let uri = format!("/q/{q}/{action}");
-        // No credentials at all (even with a valid-looking token).
-        let with_csrf = format!("{form}&csrf={csrf}");
-        let anon = call(&r, "POST", &uri, &[], Some(&with_csrf)).await;
-        assert_eq!(
-            anon.status,
-            StatusCode::UNAUTHORIZED,
-            "{action}: {}",
-            anon.body
-        );
-        // A wrong token.
-        let wrong = call(
-            &r,
-            "POST",
-            &uri,
-            &[("authorization", "Bearer nope-nope-nope-nope")],
-            Some(&with_csrf),
-        )
-        .await;
-        assert_eq!(wrong.status, StatusCode::UNAUTHORIZED, "{action}");
-        // The right principal, a forged or missing CSRF token.
-        for forged in [format!("{form}&csrf={}", "ab".repeat(32)), form.clone()] {
-            let f = call(&r, "POST", &uri, &[BEARER], Some(&forged)).await;
-            assert_eq!(f.status, StatusCode::FORBIDDEN, "{action}: {}", f.body);
-        }
-        // A session cookie that is not one of ours.
-        let cookie = "aqw_session=v1.00.1.00";
-        let c = call(&r, "POST", &uri, &[("cookie", cookie)], Some(&with_csrf)).await;
-        assert_eq!(c.status, StatusCode::UNAUTHORIZED, "{action}");
+        assert_refused(&r, &format!("/q/{q}/{action}"), form, &csrf).await;
     }
     // Read-only: even the right principal with its own token is refused.
     let ro = dashboard(&app, true);
     for (action, form) in &actions {
         let with_csrf = format!("{form}&csrf={csrf}");
-        let f = call(
-            &ro,
-            "POST",
-            &format!("/q/{q}/{action}"),
-            &[BEARER],
-            Some(&with_csrf),
-        )
-        .await;
+        let f = bpost(&ro, &format!("/q/{q}/{action}"), &with_csrf).await;
         assert_eq!(f.status, StatusCode::FORBIDDEN, "read-only {action}");
     }
     // Nothing changed: the record is open, the poison copy is there, the
     // source queue is empty and no key was closed.
-    let rec = record(&app, &id).await;
+    let rec = poison_record(&app, &id).await;
     assert_eq!(rec.status, RecordStatus::Open);
     assert_eq!(rec.replayed_by, None);
     assert_eq!(app.poison_messages().await.len(), 1);
@@ -183,37 +195,19 @@ async fn actions_without_credentials_or_with_a_forged_csrf_token_change_nothing(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn by_is_the_principal_never_a_form_field() {
-    let app = TestApp::new(
-        json!({"key": "order:{/orderId}"}),
-        json!({"maxDequeueCount": 1}),
-        json!({}),
-    );
-    let id = poisoned(&app).await;
+    let app = keyed_app(json!({"maxDequeueCount": 1}));
+    let id = poisoned_by_worker(&app, DEADLINE).await;
     let r = dashboard(&app, false);
     let q = &app.queue;
-    let page = call(
-        &r,
-        "GET",
-        &format!("/q/{q}/record?id={}", enc(&id)),
-        &[BEARER],
-        None,
-    )
-    .await;
+    let page = bget(&r, &format!("/q/{q}/record?id={}", enc(&id))).await;
     let csrf = csrf_of(&page.body);
     let form = format!(
         "id={}&reason=account+closed&by=mallory&close_key=1&csrf={csrf}",
         enc(&id)
     );
-    let d = call(
-        &r,
-        "POST",
-        &format!("/q/{q}/discard"),
-        &[BEARER],
-        Some(&form),
-    )
-    .await;
+    let d = bpost(&r, &format!("/q/{q}/discard"), &form).await;
     assert_eq!(d.status, StatusCode::SEE_OTHER, "{}", d.body);
-    let rec = record(&app, &id).await;
+    let rec = poison_record(&app, &id).await;
     assert_eq!(rec.status, RecordStatus::Discarded);
     assert_eq!(rec.discarded_by.as_deref(), Some("oncall"));
     assert_eq!(rec.discard_reason.as_deref(), Some("account closed"));
@@ -225,27 +219,13 @@ async fn by_is_the_principal_never_a_form_field() {
         ("cancelled", Some("oncall"))
     );
     // The record page now shows the audit trail; a second discard is refused.
-    let after = call(
-        &r,
-        "GET",
-        &format!("/q/{q}/record?id={}", enc(&id)),
-        &[BEARER],
-        None,
-    )
-    .await;
+    let after = bget(&r, &format!("/q/{q}/record?id={}", enc(&id))).await;
     assert!(
         after.body.contains("discarded by <b>oncall</b>"),
         "{}",
         after.body
     );
-    let again = call(
-        &r,
-        "POST",
-        &format!("/q/{q}/discard"),
-        &[BEARER],
-        Some(&form),
-    )
-    .await;
+    let again = bpost(&r, &format!("/q/{q}/discard"), &form).await;
     assert_eq!(again.status, StatusCode::CONFLICT);
     app.cleanup().await;
 }
@@ -283,10 +263,30 @@ async fn insert_record(
         .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hostile_payloads_render_inert_and_no_secret_renders() {
-    let app = TestApp::new(json!({"key": "order:{/orderId}"}), json!({}), json!({}));
-    app.records().create_if_missing().await.unwrap();
+/// A page with nothing live in it and every security header.
+fn assert_inert(p: &Reply) {
+    assert_eq!(p.status, StatusCode::OK, "{}", p.body);
+    assert!(
+        !p.body.contains("<script"),
+        "a live script tag: {}",
+        &p.body
+    );
+    assert!(!p.body.contains("<img"), "a live img tag");
+    assert!(
+        !p.body.contains("Eby8vdM02xNOcq"),
+        "the account key rendered"
+    );
+    assert!(!p.body.contains(TOKEN), "the dashboard token rendered");
+    let csp = p.headers["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("default-src 'none'") && csp.contains("frame-ancestors 'none'"));
+    assert!(!csp.contains("unsafe-inline"));
+    assert_eq!(p.headers["x-frame-options"], "DENY");
+    assert_eq!(p.headers["x-content-type-options"], "nosniff");
+}
+
+/// Four hostile records: script tags with a secret in the error, a 40 KB
+/// line, invalid UTF-8 and invalid base64.
+async fn insert_hostile(app: &TestApp) {
     let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
     let script =
         r#"{"orderId":"</pre><script>alert(1)</script>","note":"<img src=x onerror=alert(2)>"}"#;
@@ -296,7 +296,7 @@ async fn hostile_payloads_render_inert_and_no_secret_renders() {
     let error =
         format!("HTTP 500 <script>alert(4)</script> DefaultEndpointsProtocol=http;{secret}");
     insert_record(
-        &app,
+        app,
         "hostile-script",
         &b64(script.as_bytes()),
         MessageEncoding::Base64,
@@ -304,7 +304,7 @@ async fn hostile_payloads_render_inert_and_no_secret_renders() {
     )
     .await;
     insert_record(
-        &app,
+        app,
         "hostile-long",
         &long,
         MessageEncoding::None,
@@ -312,7 +312,7 @@ async fn hostile_payloads_render_inert_and_no_secret_renders() {
     )
     .await;
     insert_record(
-        &app,
+        app,
         "hostile-invalid-utf8",
         &b64(invalid),
         MessageEncoding::Base64,
@@ -320,52 +320,32 @@ async fn hostile_payloads_render_inert_and_no_secret_renders() {
     )
     .await;
     insert_record(
-        &app,
+        app,
         "hostile-not-base64",
         "%%%<script>alert(5)</script>",
         MessageEncoding::Base64,
         "decode",
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_payloads_render_inert_and_no_secret_renders() {
+    let app = keyed_app(json!({}));
+    app.records().create_if_missing().await.unwrap();
+    insert_hostile(&app).await;
     let r = dashboard(&app, false);
     let q = &app.queue;
-    let mut pages = vec![call(&r, "GET", &format!("/q/{q}?status=all"), &[BEARER], None).await];
+    let mut pages = vec![bget(&r, &format!("/q/{q}?status=all")).await];
     for id in [
         "hostile-script",
         "hostile-long",
         "hostile-invalid-utf8",
         "hostile-not-base64",
     ] {
-        pages.push(
-            call(
-                &r,
-                "GET",
-                &format!("/q/{q}/record?id={id}"),
-                &[BEARER],
-                None,
-            )
-            .await,
-        );
+        pages.push(bget(&r, &format!("/q/{q}/record?id={id}")).await);
     }
-    for p in &pages {
-        assert_eq!(p.status, StatusCode::OK, "{}", p.body);
-        assert!(
-            !p.body.contains("<script"),
-            "a live script tag: {}",
-            &p.body
-        );
-        assert!(!p.body.contains("<img"), "a live img tag");
-        assert!(
-            !p.body.contains("Eby8vdM02xNOcq"),
-            "the account key rendered"
-        );
-        assert!(!p.body.contains(TOKEN), "the dashboard token rendered");
-        let csp = p.headers["content-security-policy"].to_str().unwrap();
-        assert!(csp.contains("default-src 'none'") && csp.contains("frame-ancestors 'none'"));
-        assert!(!csp.contains("unsafe-inline"));
-        assert_eq!(p.headers["x-frame-options"], "DENY");
-        assert_eq!(p.headers["x-content-type-options"], "nosniff");
-    }
+    pages.iter().for_each(assert_inert);
     assert!(pages[1]
         .body
         .contains("&lt;/pre&gt;&lt;script&gt;alert(1)&lt;/script&gt;"));
@@ -384,31 +364,33 @@ async fn hostile_payloads_render_inert_and_no_secret_renders() {
     app.cleanup().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_poison_list_pages_through_a_thousand_records() {
-    let app = TestApp::new(json!({"key": "order:{/orderId}"}), json!({}), json!({}));
-    app.records().create_if_missing().await.unwrap();
+/// 1,000 open records: every third a 404, the others 503s.
+async fn insert_thousand(app: &TestApp) {
     let ids: Vec<String> = (0..1000).map(|i| format!("rec-{i:04}")).collect();
-    futures::stream::iter(ids.iter().map(|id| {
-        let app = &app;
-        async move {
-            let n = id[4..].parse::<u32>().unwrap();
-            let error = if n % 3 == 0 {
-                format!("HTTP 404 order {n} not found")
-            } else {
-                format!("HTTP 503 attempt {n}")
-            };
-            let payload = format!(r#"{{"orderId":"{id}"}}"#);
-            insert_record(app, id, &payload, MessageEncoding::None, &error).await;
-        }
+    futures::stream::iter(ids.iter().map(|id| async move {
+        let n = id[4..].parse::<u32>().unwrap();
+        let error = if n % 3 == 0 {
+            format!("HTTP 404 order {n} not found")
+        } else {
+            format!("HTTP 503 attempt {n}")
+        };
+        let payload = format!(r#"{{"orderId":"{id}"}}"#);
+        insert_record(app, id, &payload, MessageEncoding::None, &error).await;
     }))
     .buffer_unordered(16)
     .collect::<Vec<()>>()
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_poison_list_pages_through_a_thousand_records() {
+    let app = keyed_app(json!({}));
+    app.records().create_if_missing().await.unwrap();
+    insert_thousand(&app).await;
     let r = dashboard(&app, false);
     let q = &app.queue;
     let rows = |body: &str| body.matches("<td class=\"id\"><a href=\"/q/").count();
-    let first = call(&r, "GET", &format!("/q/{q}"), &[BEARER], None).await;
+    let first = bget(&r, &format!("/q/{q}")).await;
     assert_eq!(first.status, StatusCode::OK);
     assert!(
         first.body.contains("1000 record(s) · page 1 of 20"),
@@ -429,28 +411,14 @@ async fn the_poison_list_pages_through_a_thousand_records() {
             .contains(">666</a></td><td>retryable</td><td class=\"wrap\">HTTP 503 attempt #"),
         "groups"
     );
-    let last = call(
-        &r,
-        "GET",
-        &format!("/q/{q}?status=open&page=20"),
-        &[BEARER],
-        None,
-    )
-    .await;
+    let last = bget(&r, &format!("/q/{q}?status=open&page=20")).await;
     assert!(last.body.contains("page 20 of 20"));
     assert_eq!(rows(&last.body), 50);
-    let beyond = call(&r, "GET", &format!("/q/{q}?page=999"), &[BEARER], None).await;
+    let beyond = bget(&r, &format!("/q/{q}?page=999")).await;
     assert!(beyond.body.contains("page 20 of 20"));
     // A cause filter, then its pages.
     let group = enc("retryable|HTTP 404 order # not found");
-    let g = call(
-        &r,
-        "GET",
-        &format!("/q/{q}?status=open&group={group}&page=7"),
-        &[BEARER],
-        None,
-    )
-    .await;
+    let g = bget(&r, &format!("/q/{q}?status=open&group={group}&page=7")).await;
     assert!(
         g.body.contains("334 record(s) · page 7 of 7"),
         "{}",
@@ -458,21 +426,14 @@ async fn the_poison_list_pages_through_a_thousand_records() {
     );
     assert_eq!(rows(&g.body), 34);
     // Error text filter (case-insensitive text, not a regex).
-    let e = call(
-        &r,
-        "GET",
-        &format!("/q/{q}?error=order+99+NOT"),
-        &[BEARER],
-        None,
-    )
-    .await;
+    let e = bget(&r, &format!("/q/{q}?error=order+99+NOT")).await;
     assert!(
         e.body.contains("1 record(s)"),
         "{}",
         &e.body[..2000.min(e.body.len())]
     );
     // The status page counts them all and shows the alert firing.
-    let s = call(&r, "GET", "/", &[BEARER], None).await;
+    let s = bget(&r, "/").await;
     assert!(s.body.contains("ALERT: 1000 open poison record(s)"));
     app.cleanup().await;
 }
@@ -480,7 +441,7 @@ async fn the_poison_list_pages_through_a_thousand_records() {
 #[test]
 fn the_dashboard_refuses_to_start_with_actions_and_no_authentication() {
     azurite();
-    let app = TestApp::new(json!({"key": "order:{/orderId}"}), json!({}), json!({}));
+    let app = keyed_app(json!({}));
     let out = std::process::Command::new(aqw_bin())
         .args(["dashboard", "--listen", "127.0.0.1:0", "--app"])
         .arg(app.path())
@@ -505,15 +466,12 @@ fn the_dashboard_refuses_to_start_with_actions_and_no_authentication() {
     assert_eq!(short.status.code(), Some(2));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_selection_replays_after_its_dry_run_and_confirms_on_the_progress_page() {
-    let app = TestApp::new(
-        json!({"key": "order:{/orderId}"}),
-        json!({"maxDequeueCount": 1}),
-        json!({}),
-    );
-    let a = app.enqueue(r#"{"orderId":"sel-a"}"#).await;
-    let b = app.enqueue(r#"{"orderId":"sel-b"}"#).await;
+/// A worker whose handler fails with a 503 while `fail` is set, until `n`
+/// poison copies exist.
+async fn poison_while_failing(
+    app: &TestApp,
+    n: usize,
+) -> (Arc<std::sync::atomic::AtomicBool>, RunningWorker) {
     let fail = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let f = fail.clone();
     let h = Scripted::new(move |_, _| {
@@ -524,43 +482,43 @@ async fn a_selection_replays_after_its_dry_run_and_confirms_on_the_progress_page
         }
     });
     let w = app.start_worker(h);
-    eventually("two poison copies", DEADLINE, || async {
-        (app.poison_messages().await.len() == 2).then_some(())
+    eventually("the poison copies", DEADLINE, || async {
+        (app.poison_messages().await.len() == n).then_some(())
     })
     .await;
+    (fail, w)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selection_replays_after_its_dry_run_and_confirms_on_the_progress_page() {
+    let app = keyed_app(json!({"maxDequeueCount": 1}));
+    let a = app.enqueue(r#"{"orderId":"sel-a"}"#).await;
+    let b = app.enqueue(r#"{"orderId":"sel-b"}"#).await;
+    let (fail, w) = poison_while_failing(&app, 2).await;
     let r = dashboard(&app, false);
     let q = &app.queue;
-    let list = call(&r, "GET", &format!("/q/{q}"), &[BEARER], None).await;
+    let list = bget(&r, &format!("/q/{q}")).await;
     let csrf = csrf_of(&list.body);
     assert_eq!(
         list.body.matches("type=\"checkbox\" name=\"id\"").count(),
         2
     );
     let ids = format!("id={}&id={}&csrf={csrf}", enc(&a), enc(&b));
-    let dry = call(
+    let dry = bpost(
         &r,
-        "POST",
         &format!("/q/{q}/replay"),
-        &[BEARER],
-        Some(&format!("mode=dry-run&{ids}")),
+        &format!("mode=dry-run&{ids}"),
     )
     .await;
     assert_eq!(dry.status, StatusCode::OK, "{}", dry.body);
     assert_eq!(dry.body.matches("would-replay").count(), 2);
-    assert_eq!(record(&app, &a).await.status, RecordStatus::Open);
+    assert_eq!(poison_record(&app, &a).await.status, RecordStatus::Open);
     fail.store(false, std::sync::atomic::Ordering::SeqCst);
-    let real = call(
-        &r,
-        "POST",
-        &format!("/q/{q}/replay"),
-        &[BEARER],
-        Some(&format!("mode=real&{ids}")),
-    )
-    .await;
+    let real = bpost(&r, &format!("/q/{q}/replay"), &format!("mode=real&{ids}")).await;
     assert_eq!(real.status, StatusCode::SEE_OTHER, "{}", real.body);
     let progress = real.headers["location"].to_str().unwrap().to_string();
     let done = eventually("both keys confirmed", DEADLINE, || async {
-        let p = call(&r, "GET", &progress, &[BEARER], None).await;
+        let p = bget(&r, &progress).await;
         p.body
             .contains("Confirmed: every key is done.")
             .then_some(p)
@@ -573,7 +531,7 @@ async fn a_selection_replays_after_its_dry_run_and_confirms_on_the_progress_page
         done.body
     );
     for id in [&a, &b] {
-        let rec = record(&app, id).await;
+        let rec = poison_record(&app, id).await;
         assert_eq!(
             (rec.status, rec.replayed_by.as_deref()),
             (RecordStatus::Replayed, Some("oncall"))
@@ -585,17 +543,13 @@ async fn a_selection_replays_after_its_dry_run_and_confirms_on_the_progress_page
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_only_without_auth_shows_views_and_no_forms() {
-    let app = TestApp::new(
-        json!({"key": "order:{/orderId}"}),
-        json!({"maxDequeueCount": 1}),
-        json!({}),
-    );
-    let id = poisoned(&app).await;
+    let app = keyed_app(json!({"maxDequeueCount": 1}));
+    let id = poisoned_by_worker(&app, DEADLINE).await;
     let d = Dashboard::new(
         app.config.clone(),
         Options {
             read_only: true,
-            auth: AuthConfig::default(),
+            ..Options::default()
         },
     )
     .unwrap();
@@ -624,7 +578,7 @@ async fn read_only_without_auth_shows_views_and_no_forms() {
     )
     .await;
     assert_eq!(post.status, StatusCode::FORBIDDEN);
-    assert_eq!(record(&app, &id).await.status, RecordStatus::Open);
+    assert_eq!(poison_record(&app, &id).await.status, RecordStatus::Open);
     // Actions enabled without any authentication: refused before anything starts.
     assert!(Dashboard::new(app.config.clone(), Options::default()).is_err());
     app.cleanup().await;
@@ -632,7 +586,7 @@ async fn read_only_without_auth_shows_views_and_no_forms() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sign_in_needs_the_token_and_its_own_form() {
-    let app = TestApp::new(json!({"key": "order:{/orderId}"}), json!({}), json!({}));
+    let app = keyed_app(json!({}));
     let r = dashboard(&app, false);
     let form = call(&r, "GET", "/login", &[], None).await;
     let set = form.headers["set-cookie"].to_str().unwrap().to_string();
@@ -642,22 +596,13 @@ async fn sign_in_needs_the_token_and_its_own_form() {
     );
     let nonce = set.split(';').next().unwrap().to_string();
     let csrf = csrf_of(&form.body);
-    let wrong = call(
-        &r,
-        "POST",
-        "/login",
-        &[("cookie", &nonce)],
-        Some(&format!("csrf={csrf}&token=wrong-wrong-wrong")),
-    )
-    .await;
+    let wrong = sign_in(&r, &nonce, &format!("csrf={csrf}&token=wrong-wrong-wrong")).await;
     assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
     assert!(wrong.headers.get("set-cookie").is_none());
-    let forged = call(
+    let forged = sign_in(
         &r,
-        "POST",
-        "/login",
-        &[("cookie", &nonce)],
-        Some(&format!("csrf={}&token={TOKEN}", "00".repeat(32))),
+        &nonce,
+        &format!("csrf={}&token={TOKEN}", "00".repeat(32)),
     )
     .await;
     assert_eq!(forged.status, StatusCode::FORBIDDEN);
@@ -670,23 +615,9 @@ async fn sign_in_needs_the_token_and_its_own_form() {
     )
     .await;
     assert_eq!(no_cookie.status, StatusCode::FORBIDDEN);
-    let ok = call(
-        &r,
-        "POST",
-        "/login",
-        &[("cookie", &nonce)],
-        Some(&format!("csrf={csrf}&token={TOKEN}")),
-    )
-    .await;
+    let ok = sign_in(&r, &nonce, &format!("csrf={csrf}&token={TOKEN}")).await;
     assert_eq!(ok.status, StatusCode::SEE_OTHER);
-    let session = ok
-        .headers
-        .get_all("set-cookie")
-        .iter()
-        .map(|v| v.to_str().unwrap().to_string())
-        .find(|c| c.starts_with("aqw_session="))
-        .unwrap();
-    let cookie = session.split(';').next().unwrap().to_string();
+    let cookie = session_cookie(&ok);
     let status = call(&r, "GET", "/", &[("cookie", &cookie)], None).await;
     assert_eq!(status.status, StatusCode::OK);
     assert!(

@@ -14,7 +14,6 @@ use aqw::ops::QueueOps;
 use aqw::poison::RecordStatus;
 use common::*;
 use serde_json::json;
-use std::io::BufRead as _;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -49,21 +48,7 @@ fn start_dashboard(app: &TestApp) -> DashboardProcess {
         .spawn()
         .expect("start aqw dashboard");
     let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let line = rx
-        .recv_timeout(DEADLINE)
-        .expect("the dashboard prints its URL");
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no URL in {line:?}"))
-        .trim_end_matches('/')
-        .to_string();
+    let url = dashboard_url(stdout, DEADLINE);
     DashboardProcess { child, url }
 }
 

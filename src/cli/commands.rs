@@ -66,11 +66,24 @@ async fn serve(app_dir: &Path) -> Result<Exit, Failure> {
 async fn dashboard(app_dir: &Path, a: DashboardArgs) -> Result<Exit, Failure> {
     let auth =
         aqw::dashboard::AuthConfig::from_env(|k| std::env::var(k).ok()).map_err(Failure::usage)?;
+    let public_hosts = aqw::dashboard::public_hosts(
+        &std::env::var("AQW_DASHBOARD_PUBLIC_URL").unwrap_or_default(),
+    )
+    .map_err(Failure::usage)?;
     let options = aqw::dashboard::Options {
         read_only: a.read_only,
         auth,
+        listen: Some(a.listen),
+        public_hosts,
     };
     options.check().map_err(Failure::usage)?;
+    for warning in options.warnings() {
+        tracing::warn!(
+            event = "aqw.dashboard.setup",
+            mode = options.mode(),
+            "{warning}"
+        );
+    }
     let app = load(app_dir)?;
     let state = aqw::dashboard::Dashboard::new(app, options).map_err(Failure::usage)?;
     let listener = tokio::net::TcpListener::bind(a.listen)

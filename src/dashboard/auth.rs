@@ -4,10 +4,19 @@
 //! 1. `Authorization: Bearer <AQW_DASHBOARD_TOKEN>` (scripts);
 //! 2. the session cookie that `POST /login` with that token sets (browsers):
 //!    `v1.<session id>.<issued at>.<HMAC>`, signed with a key made at start-up,
-//!    HttpOnly and SameSite=Strict, valid for [`SESSION_TTL_SECS`];
+//!    HttpOnly and SameSite=Strict, valid for [`SESSION_TTL_SECS`] and only
+//!    while its id is in the server's session table: sign-out removes it, and
+//!    a restart (the only way to rotate the token) empties the table and
+//!    makes a new key, so every session ends;
 //! 3. with `AQW_DASHBOARD_TRUST_PRINCIPAL=1` only, the
 //!    `X-MS-CLIENT-PRINCIPAL-NAME` header that App Service / Container Apps
-//!    authentication sets (and strips from client requests).
+//!    authentication sets (and strips from client requests). The guard
+//!    (`guard.rs`) removes those headers first from every request that did
+//!    not prove it came through that front end, so here they are believed.
+//!
+//! Which wins: a bearer, when presented, always decides (a wrong one is
+//! nobody, whatever else the request carries); then a live session cookie;
+//! principal headers are read only when neither identifies the request.
 //!
 //! The token's name is the principal (`AQW_DASHBOARD_USER`, default
 //! `dashboard`), the platform's user name the other: actions record it as
@@ -23,7 +32,11 @@ use axum::http::HeaderMap;
 use hmac::{Hmac, Mac};
 use rand::RngCore as _;
 use sha2::Sha256;
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
+
+pub use super::guard::IpRange;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -33,6 +46,13 @@ pub const SESSION_COOKIE: &str = "aqw_session";
 pub const LOGIN_COOKIE: &str = "aqw_login";
 /// Shorter tokens are refused at start-up.
 pub const MIN_TOKEN_LEN: usize = 16;
+/// Tokens made of fewer different characters are refused at start-up
+/// (`aaaaaaaaaaaaaaaa`, `1212121212121212`): they are guessable however long.
+pub const MIN_TOKEN_DISTINCT: usize = 8;
+/// Live sessions the server remembers; beyond it the oldest ends.
+pub const MAX_SESSIONS: usize = 1000;
+/// Principal names are cut to this many characters.
+const MAX_NAME_CHARS: usize = 200;
 
 /// Authentication settings, from the environment.
 #[derive(Clone, Default)]
@@ -43,6 +63,12 @@ pub struct AuthConfig {
     pub user: String,
     /// `AQW_DASHBOARD_TRUST_PRINCIPAL=1`.
     pub trust_principal: bool,
+    /// `AQW_DASHBOARD_PROXY_SECRET`: principal headers are believed only on
+    /// requests whose `X-AQW-Proxy-Secret` header carries it.
+    pub proxy_secret: Option<String>,
+    /// `AQW_DASHBOARD_TRUSTED_PROXIES`: principal headers are believed only
+    /// on connections from these addresses.
+    pub trusted_proxies: Vec<IpRange>,
 }
 
 impl std::fmt::Debug for AuthConfig {
@@ -51,20 +77,38 @@ impl std::fmt::Debug for AuthConfig {
             .field("token", &self.token.as_ref().map(|_| "***"))
             .field("user", &self.user)
             .field("trust_principal", &self.trust_principal)
+            .field("proxy_secret", &self.proxy_secret.as_ref().map(|_| "***"))
+            .field("trusted_proxies", &self.trusted_proxies)
             .finish()
     }
 }
 
 impl AuthConfig {
-    /// Read `AQW_DASHBOARD_TOKEN`, `AQW_DASHBOARD_USER` and
-    /// `AQW_DASHBOARD_TRUST_PRINCIPAL` through `env`.
+    /// Read `AQW_DASHBOARD_TOKEN`, `AQW_DASHBOARD_USER`,
+    /// `AQW_DASHBOARD_TRUST_PRINCIPAL`, `AQW_DASHBOARD_PROXY_SECRET` and
+    /// `AQW_DASHBOARD_TRUSTED_PROXIES` through `env`.
     pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
         let token = env("AQW_DASHBOARD_TOKEN").filter(|t| !t.is_empty());
-        if token.as_ref().is_some_and(|t| t.len() < MIN_TOKEN_LEN) {
-            return Err(format!(
-                "AQW_DASHBOARD_TOKEN is too short: use at least {MIN_TOKEN_LEN} characters (e.g. openssl rand -hex 24)"
-            ));
+        if let Some(t) = &token {
+            check_secret("AQW_DASHBOARD_TOKEN", t)?;
         }
+        let proxy_secret = env("AQW_DASHBOARD_PROXY_SECRET").filter(|t| !t.is_empty());
+        if let Some(s) = &proxy_secret {
+            check_secret("AQW_DASHBOARD_PROXY_SECRET", s)?;
+        }
+        let trusted_proxies = env("AQW_DASHBOARD_TRUSTED_PROXIES")
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                IpRange::parse(s).ok_or_else(|| {
+                    format!(
+                        "AQW_DASHBOARD_TRUSTED_PROXIES: {s:?} is not an IP address or CIDR range"
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let trust_principal = match env("AQW_DASHBOARD_TRUST_PRINCIPAL").as_deref() {
             None | Some("") | Some("0") | Some("false") => false,
             Some("1") | Some("true") => true,
@@ -82,13 +126,42 @@ impl AuthConfig {
             token,
             user,
             trust_principal,
+            proxy_secret,
+            trusted_proxies,
         })
+    }
+
+    /// Principal headers can be checked to have come through a front end.
+    pub fn principal_guarded(&self) -> bool {
+        self.proxy_secret.is_some() || !self.trusted_proxies.is_empty()
     }
 
     /// Some way to authenticate is configured.
     pub fn configured(&self) -> bool {
         self.token.is_some() || self.trust_principal
     }
+}
+
+/// Refuse a secret that is short or made of few different characters,
+/// saying why (never the secret itself).
+fn check_secret(name: &str, secret: &str) -> Result<(), String> {
+    let hint = "e.g. openssl rand -hex 24";
+    if secret.chars().count() < MIN_TOKEN_LEN {
+        return Err(format!(
+            "{name} is too short: use at least {MIN_TOKEN_LEN} characters ({hint})"
+        ));
+    }
+    let distinct = secret
+        .chars()
+        .collect::<std::collections::HashSet<_>>()
+        .len();
+    if distinct < MIN_TOKEN_DISTINCT {
+        return Err(format!(
+            "{name} has only {distinct} different characters (at least {MIN_TOKEN_DISTINCT} needed): \
+             it is easy to guess however long; use a random one ({hint})"
+        ));
+    }
+    Ok(())
 }
 
 /// How a principal authenticated.
@@ -113,13 +186,19 @@ pub struct Principal {
 pub struct Auth {
     config: AuthConfig,
     key: [u8; 32],
+    /// Live sessions: id → issued at (seconds).
+    sessions: Mutex<HashMap<String, u64>>,
 }
 
 impl Auth {
     pub fn new(config: AuthConfig) -> Self {
         let mut key = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut key);
-        Auth { config, key }
+        Auth {
+            config,
+            key,
+            sessions: Mutex::new(HashMap::new()),
+        }
     }
 
     pub fn config(&self) -> &AuthConfig {
@@ -166,7 +245,7 @@ impl Auth {
                 binding: "bearer".into(),
             });
         }
-        if let Some(sid) = cookie(headers, SESSION_COOKIE).and_then(|c| self.session_id(c)) {
+        if let Some(sid) = self.session_of(headers) {
             return Some(Principal {
                 name: self.config.user.clone(),
                 via: Via::Session,
@@ -183,7 +262,7 @@ impl Auth {
             if let Some(name) = name {
                 let id = h("x-ms-client-principal-id").unwrap_or("");
                 return Some(Principal {
-                    name: name.chars().take(200).collect(),
+                    name: log_safe(name),
                     via: Via::Platform,
                     binding: format!("platform:{id}:{name}"),
                 });
@@ -198,19 +277,51 @@ impl Auth {
             return None;
         }
         let sid = random_hex(16);
-        let iat = now_secs().to_string();
+        let now = now_secs();
+        let iat = now.to_string();
         let mac = self.sign(&["session", &sid, &iat]);
+        let mut sessions = self.sessions.lock().expect("session table");
+        sessions.retain(|_, issued| now.saturating_sub(*issued) <= SESSION_TTL_SECS);
+        while sessions.len() >= MAX_SESSIONS {
+            let oldest = sessions
+                .iter()
+                .min_by_key(|(_, issued)| **issued)
+                .map(|(s, _)| s.clone());
+            oldest.map(|s| sessions.remove(&s));
+        }
+        sessions.insert(sid.clone(), now);
         Some(format!("v1.{sid}.{iat}.{mac}"))
     }
 
-    fn session_id<'a>(&self, cookie: &'a str) -> Option<&'a str> {
-        let mut it = cookie.split('.');
+    /// End `p`'s session, if it signed in with one: its cookie is nobody
+    /// from now on, even replayed.
+    pub fn logout(&self, p: &Principal) {
+        if let Some(sid) = p.binding.strip_prefix("session:") {
+            self.sessions.lock().expect("session table").remove(sid);
+        }
+    }
+
+    /// A session cookie was sent, whether or not it is (still) valid.
+    pub fn presents_session(headers: &HeaderMap) -> bool {
+        cookie(headers, SESSION_COOKIE).is_some_and(|c| !c.is_empty())
+    }
+
+    /// The live session id of the cookie in `headers`, if any.
+    fn session_of(&self, headers: &HeaderMap) -> Option<String> {
+        let mut it = cookie(headers, SESSION_COOKIE)?.split('.');
         let (v, sid, iat, mac) = (it.next()?, it.next()?, it.next()?, it.next()?);
         let age = now_secs().checked_sub(iat.parse::<u64>().ok()?)?;
-        (v == "v1" && it.next().is_none() && age <= SESSION_TTL_SECS)
-            .then_some(())
-            .filter(|_| self.verify(&["session", sid, iat], mac))
-            .map(|_| sid)
+        let signed = v == "v1"
+            && it.next().is_none()
+            && age <= SESSION_TTL_SECS
+            && self.verify(&["session", sid, iat], mac);
+        let live = signed
+            && self
+                .sessions
+                .lock()
+                .expect("session table")
+                .contains_key(sid);
+        live.then(|| sid.to_string())
     }
 
     /// The CSRF token of `p`'s forms.
@@ -256,6 +367,24 @@ fn principal_name(header: &str) -> Option<String> {
         .map(str::trim)
         .filter(|n| !n.is_empty())
         .map(str::to_string)
+}
+
+/// A principal name as it may reach logs and records: control characters
+/// (newlines that would forge log lines, escapes) written as `\u{…}`, cut
+/// to [`MAX_NAME_CHARS`].
+pub fn log_safe(name: &str) -> String {
+    name.chars()
+        .take(MAX_NAME_CHARS)
+        .flat_map(|c| {
+            let invisible = matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+            let escaped: Vec<char> = if c.is_control() || invisible {
+                c.escape_unicode().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
 }
 
 pub fn random_hex(bytes: usize) -> String {
@@ -311,6 +440,7 @@ mod tests {
             token: token.map(str::to_string),
             user: "oncall".into(),
             trust_principal: trust,
+            ..AuthConfig::default()
         })
     }
 
@@ -424,6 +554,44 @@ mod tests {
             60,
         );
         assert!(tls.ends_with("; Secure"), "{tls}");
+    }
+
+    #[test]
+    fn sign_out_ends_the_session_and_a_bearer_beats_principal_headers() {
+        let a = auth(Some("0123456789abcdef"), true);
+        let c = format!("{SESSION_COOKIE}={}", a.login("0123456789abcdef").unwrap());
+        let h = headers(&[("cookie", &c), ("x-ms-client-principal-name", "mallory")]);
+        let p = a.identify(&h).unwrap();
+        assert_eq!(p.via, Via::Session);
+        a.logout(&p);
+        // The session is gone; principal headers still name someone, but a
+        // request that presents a cookie is refused by the gate (handlers).
+        assert_eq!(a.identify(&h).unwrap().via, Via::Platform);
+        assert!(a.identify(&headers(&[("cookie", &c)])).is_none());
+        let both = headers(&[
+            ("authorization", "Bearer 0123456789abcdef"),
+            ("x-ms-client-principal-name", "mallory"),
+        ]);
+        assert_eq!(a.identify(&both).unwrap().name, "oncall");
+    }
+
+    #[test]
+    fn principal_names_have_their_control_characters_escaped() {
+        assert_eq!(log_safe("a\nb\u{1b}[31m"), "a\\u{a}b\\u{1b}[31m");
+        assert_eq!(log_safe("ev\u{202e}il"), "ev\\u{202e}il");
+        assert_eq!(log_safe(&"x".repeat(500)).len(), MAX_NAME_CHARS);
+    }
+
+    #[test]
+    fn low_entropy_secrets_are_refused_saying_why() {
+        let err = check_secret("AQW_DASHBOARD_TOKEN", &"ab".repeat(12)).unwrap_err();
+        assert!(err.contains("only 2 different characters"), "{err}");
+        assert!(!err.contains("abab"));
+        assert!(check_secret("AQW_DASHBOARD_TOKEN", "0123456789abcdef").is_ok());
+        let env = |k: &str| {
+            (k == "AQW_DASHBOARD_TRUSTED_PROXIES").then(|| "10.0.0.0/8, nope".to_string())
+        };
+        assert!(AuthConfig::from_env(env).unwrap_err().contains("\"nope\""));
     }
 
     #[test]

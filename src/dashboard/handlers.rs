@@ -4,7 +4,8 @@
 
 use super::auth::{self, Principal, Via};
 use super::payload::PayloadView;
-use super::views::{self, enc, Group, ListPage, Progress, RecordPage, StatusRow, Viewer};
+use super::progress::{plausible_id, progress_url};
+use super::views::{self, Group, ListPage, RecordPage, StatusRow, Viewer};
 use super::{Dashboard, MAX_SELECTION, PAGE_SIZE};
 use crate::ops::{self, Filter, FixAction, OpsError, QueueOps, ReplayAction, ReplayOptions};
 use crate::poison::{PoisonRecord, RecordStatus};
@@ -16,12 +17,12 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use maud::Markup;
 use std::sync::Arc;
 
-type S = State<Arc<Dashboard>>;
-type Pairs = Vec<(String, String)>;
+pub(super) type S = State<Arc<Dashboard>>;
+pub(super) type Pairs = Vec<(String, String)>;
 /// A response instead of what was asked (boxed: responses are large).
-type Refused = Box<Response>;
+pub(super) type Refused = Box<Response>;
 
-fn pairs(s: &[u8]) -> Pairs {
+pub(super) fn pairs(s: &[u8]) -> Pairs {
     url::form_urlencoded::parse(s).into_owned().collect()
 }
 
@@ -32,14 +33,14 @@ fn get<'a>(p: &'a Pairs, k: &str) -> Option<&'a str> {
         .filter(|v| !v.trim().is_empty())
 }
 
-fn all(p: &Pairs, k: &str) -> Vec<String> {
+pub(super) fn all(p: &Pairs, k: &str) -> Vec<String> {
     p.iter()
         .filter(|(n, v)| n == k && !v.is_empty())
         .map(|(_, v)| v.clone())
         .collect()
 }
 
-fn page(
+pub(super) fn page(
     status: StatusCode,
     title: &str,
     v: &Viewer,
@@ -55,7 +56,7 @@ fn refusal(status: StatusCode, title: &str, v: &Viewer, message: &str) -> Respon
     page(status, title, v, None, views::message(message))
 }
 
-fn see_other(to: &str) -> Response {
+pub(super) fn see_other(to: &str) -> Response {
     Redirect::to(to).into_response()
 }
 
@@ -71,7 +72,7 @@ impl Dashboard {
         }
     }
 
-    fn refuse(&self, status: StatusCode, why: &str) -> Response {
+    pub(super) fn refuse(&self, status: StatusCode, why: &str) -> Response {
         let mut r = page(
             status,
             &status.to_string(),
@@ -88,10 +89,19 @@ impl Dashboard {
 
     /// Who may read: anyone when no authentication is configured (a
     /// read-only dashboard on loopback), else an authenticated principal.
-    fn gate(&self, headers: &HeaderMap) -> Result<Viewer, Refused> {
+    pub(super) fn gate(&self, headers: &HeaderMap) -> Result<Viewer, Refused> {
         let p = self.auth.identify(headers);
         let cfg = self.auth.config();
         if p.is_none() && cfg.configured() {
+            if auth::Auth::presents_session(headers) && !headers.contains_key(header::AUTHORIZATION)
+            {
+                // Signed out, expired, or from before a restart: say so
+                // rather than quietly asking again.
+                return Err(Box::new(self.refuse(
+                    StatusCode::UNAUTHORIZED,
+                    "Your session has ended (signed out, expired, or the dashboard restarted): sign in again at /login.",
+                )));
+            }
             if cfg.token.is_some() && !headers.contains_key(header::AUTHORIZATION) {
                 return Err(Box::new(see_other("/login")));
             }
@@ -125,7 +135,7 @@ impl Dashboard {
         Ok((self.viewer(Some(&p)), p))
     }
 
-    fn queue_ops(&self, name: &str) -> Result<&QueueOps, Refused> {
+    pub(super) fn queue_ops(&self, name: &str) -> Result<&QueueOps, Refused> {
         self.queues
             .iter()
             .find(|q| q.queue == name)
@@ -138,7 +148,7 @@ impl Dashboard {
             })
     }
 
-    fn ops_error(&self, v: &Viewer, e: OpsError) -> Response {
+    pub(super) fn ops_error(&self, v: &Viewer, e: OpsError) -> Response {
         let status = match e {
             OpsError::Usage(_) => StatusCode::CONFLICT,
             OpsError::Storage(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -146,6 +156,21 @@ impl Dashboard {
         let text = scrub(&format!("{:#}", anyhow::Error::from(e)));
         page(status, "Not done", v, None, views::message(&text))
     }
+}
+
+/// 404 for an id no record can have (`/`, `\`, `#`, `?` or control
+/// characters are not allowed in a table key, so storage would only fail).
+fn no_such_record(v: &Viewer, id: &str) -> Result<(), Refused> {
+    if plausible_id(id) {
+        return Ok(());
+    }
+    let m = "No such record: record ids never contain /, \\, #, ? or control characters.";
+    Err(Box::new(refusal(
+        StatusCode::NOT_FOUND,
+        "No such record",
+        v,
+        m,
+    )))
 }
 
 macro_rules! tri {
@@ -156,6 +181,7 @@ macro_rules! tri {
         }
     };
 }
+pub(super) use tri;
 
 pub async fn status(State(d): S, headers: HeaderMap) -> Response {
     let v = tri!(d.gate(&headers));
@@ -252,6 +278,15 @@ fn groups(queue: &str, records: &[PoisonRecord]) -> Vec<Group> {
         .unwrap_or_default()
 }
 
+/// The filter form's fields as asked (status open by default).
+fn filter_form(params: &Pairs) -> Vec<(&'static str, String)> {
+    let keep = ["status", "since", "until", "function", "error", "group"];
+    let default = |k: &str| if k == "status" { "open" } else { "" };
+    keep.iter()
+        .map(|k| (*k, get(params, k).unwrap_or(default(k)).to_string()))
+        .collect()
+}
+
 pub async fn list(
     State(d): S,
     Path(queue): Path<String>,
@@ -281,18 +316,7 @@ pub async fn list(
         .clamp(1, pages);
     let shown =
         &records[((n - 1) * PAGE_SIZE).min(records.len())..(n * PAGE_SIZE).min(records.len())];
-    let keep = ["status", "since", "until", "function", "error", "group"];
-    let form: Vec<(&'static str, String)> = keep
-        .iter()
-        .map(|k| {
-            (
-                *k,
-                get(&params, k)
-                    .unwrap_or(if *k == "status" { "open" } else { "" })
-                    .to_string(),
-            )
-        })
-        .collect();
+    let form = filter_form(&params);
     let query = url::form_urlencoded::Serializer::new(String::new())
         .extend_pairs(form.iter().filter(|(k, v)| !v.is_empty() && *k != "group"))
         .finish();
@@ -328,6 +352,7 @@ pub async fn record(
     let Some(id) = get(&params, "id") else {
         return d.refuse(StatusCode::BAD_REQUEST, "Which record? (?id=…)");
     };
+    tri!(no_such_record(&v, id));
     let report = match ops::show(ops, id).await {
         Ok(r) => r,
         Err(OpsError::Usage(m)) => return refusal(StatusCode::NOT_FOUND, "No such record", &v, &m),
@@ -351,11 +376,6 @@ pub async fn record(
     )
 }
 
-fn progress_url(queue: &str, ids: &[String]) -> String {
-    let q: Vec<String> = ids.iter().map(|i| format!("id={}", enc(i))).collect();
-    format!("/q/{}/progress?{}", enc(queue), q.join("&"))
-}
-
 pub async fn replay(
     State(d): S,
     Path(queue): Path<String>,
@@ -369,6 +389,9 @@ pub async fn replay(
     if ids.is_empty() || ids.len() > MAX_SELECTION {
         let m = format!("Select between 1 and {MAX_SELECTION} open records.");
         return refusal(StatusCode::BAD_REQUEST, "Nothing selected", &v, &m);
+    }
+    for id in &ids {
+        tri!(no_such_record(&v, id));
     }
     let dry_run = get(&form, "mode") != Some("real");
     let opts = ReplayOptions {
@@ -429,6 +452,7 @@ pub async fn discard(
             "A discard needs a reason.",
         );
     };
+    tri!(no_such_record(&v, id));
     let close_key = get(&form, "close_key").is_some();
     if let Err(e) = ops::discard(ops, id, reason.trim(), &p.name, close_key).await {
         return d.ops_error(&v, e);
@@ -454,6 +478,7 @@ pub async fn fix(
             "A fix needs a payload.",
         );
     };
+    tri!(no_such_record(&v, id));
     let report = match ops::fix(ops, id, payload, &p.name, None).await {
         Ok(r) => r,
         Err(e) => return d.ops_error(&v, e),
@@ -474,59 +499,6 @@ pub async fn fix(
     }
     tracing::info!(event = "aqw.dashboard.fix", queue = %queue, id = %id, by = %p.name, "payload fixed from the dashboard");
     see_other(&progress_url(&queue, &[id.to_string()]))
-}
-
-async fn progress_of(ops: &QueueOps, id: &str) -> Result<Progress, OpsError> {
-    let Some((rec, _)) = ops.record(id).await? else {
-        return Ok(Progress {
-            record: None,
-            id: id.into(),
-            key: None,
-            key_status: None,
-            settled: false,
-        });
-    };
-    let mut probe = rec.clone();
-    if rec.status == RecordStatus::Replaced {
-        probe.key = rec.replacement_key.clone();
-    }
-    let kr = ops.key_record(&probe).await?;
-    Ok(Progress {
-        id: id.into(),
-        key: probe.key.as_deref().map(str::to_string),
-        key_status: kr.as_ref().map(|k| k.status.as_str().to_string()),
-        settled: rec.status != RecordStatus::Open && kr.is_some_and(|k| k.status.is_settled()),
-        record: Some(rec),
-    })
-}
-
-pub async fn progress(
-    State(d): S,
-    Path(queue): Path<String>,
-    RawQuery(q): RawQuery,
-    headers: HeaderMap,
-) -> Response {
-    let v = tri!(d.gate(&headers));
-    let ops = tri!(d.queue_ops(&queue));
-    let ids: Vec<String> = all(&pairs(q.unwrap_or_default().as_bytes()), "id")
-        .into_iter()
-        .take(MAX_SELECTION)
-        .collect();
-    let mut rows = Vec::new();
-    for id in &ids {
-        match progress_of(ops, id).await {
-            Ok(p) => rows.push(p),
-            Err(e) => return d.ops_error(&v, e),
-        }
-    }
-    let waiting = rows.iter().any(|r| !r.settled);
-    page(
-        StatusCode::OK,
-        "Replay progress",
-        &v,
-        waiting.then_some(1),
-        views::progress_page(&queue, &rows),
-    )
 }
 
 pub async fn login_form(State(d): S, headers: HeaderMap) -> Response {
@@ -560,10 +532,7 @@ pub async fn login(State(d): S, headers: HeaderMap, body: Bytes) -> Response {
         );
     }
     let Some(session) = d.auth.login(get(&form, "token").unwrap_or("")) else {
-        tracing::warn!(
-            event = "aqw.dashboard.login_failed",
-            "dashboard sign-in with a wrong token"
-        );
+        // Counted and logged (rate-limited) by the throttle, which sees the 401.
         let body = views::login_page(csrf, Some("Wrong token."));
         return page(
             StatusCode::UNAUTHORIZED,
@@ -599,6 +568,7 @@ pub async fn logout(State(d): S, headers: HeaderMap, body: Bytes) -> Response {
     if !d.auth.csrf_ok(&p, get(&form, "csrf").unwrap_or("")) {
         return d.refuse(StatusCode::FORBIDDEN, "Stale form: reload the page.");
     }
+    d.auth.logout(&p);
     let mut r = see_other("/login");
     let c = auth::set_cookie(&headers, auth::SESSION_COOKIE, "", 0);
     r.headers_mut()

@@ -12,9 +12,13 @@
 //!
 //! Safe by default:
 //! - actions need authentication (`auth.rs`): a token from the environment
-//!   (bearer header, or a session cookie from the sign-in page), or the
-//!   platform's `X-MS-CLIENT-PRINCIPAL` (or `-NAME`) when explicitly trusted; with
-//!   actions enabled and neither configured, it refuses to start;
+//!   (bearer header, or a server-side session from the sign-in page), or the
+//!   platform's `X-MS-CLIENT-PRINCIPAL` (or `-NAME`) when explicitly trusted
+//!   and guarded (`guard.rs`); with actions enabled and neither configured,
+//!   or with unguarded trust on a non-loopback address, it refuses to start;
+//! - every request's `Host` must be the listen address or a configured public
+//!   name (DNS rebinding, `guard.rs`);
+//! - wrong tokens back off per client and globally, 429 (`throttle.rs`);
 //! - every POST carries a CSRF token bound to its principal;
 //! - "by" is the authenticated principal, never a form field;
 //! - payloads are attacker-controlled: maud escapes everything, invalid
@@ -29,11 +33,15 @@
 //! confirmed done, so no script is needed at all.
 
 mod auth;
+mod guard;
 mod handlers;
 mod payload;
+mod progress;
+mod throttle;
 mod views;
 
-pub use auth::AuthConfig;
+pub use auth::{AuthConfig, IpRange};
+pub use guard::{public_hosts, PROXY_SECRET_HEADER};
 pub use payload::PayloadView;
 
 use crate::config::AppConfig;
@@ -43,6 +51,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -61,10 +70,21 @@ pub struct Options {
     /// No actions: views only.
     pub read_only: bool,
     pub auth: AuthConfig,
+    /// The address it listens on (`--listen`); loopback when unset.
+    pub listen: Option<SocketAddr>,
+    /// Host names it also answers to (`AQW_DASHBOARD_PUBLIC_URL`).
+    pub public_hosts: Vec<String>,
 }
 
 impl Options {
-    /// Refuse a dashboard whose actions anyone who reaches it could use.
+    fn listen_ip(&self) -> IpAddr {
+        self.listen
+            .map(|a| a.ip())
+            .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
+    }
+
+    /// Refuse a dashboard whose actions anyone who reaches it could use, or
+    /// that would believe a principal header anyone could send.
     pub fn check(&self) -> Result<(), String> {
         if !self.read_only && !self.auth.configured() {
             return Err(
@@ -74,7 +94,53 @@ impl Options {
                     .into(),
             );
         }
+        let ip = self.listen_ip();
+        if self.auth.trust_principal && !self.auth.principal_guarded() && !ip.is_loopback() {
+            return Err(format!(
+                "AQW_DASHBOARD_TRUST_PRINCIPAL=1 on {ip} (not loopback) would believe an \
+                 X-MS-CLIENT-PRINCIPAL header from any client that reaches the port: also set \
+                 AQW_DASHBOARD_PROXY_SECRET (a header the front end adds) or \
+                 AQW_DASHBOARD_TRUSTED_PROXIES (the front end's addresses)"
+            ));
+        }
         Ok(())
+    }
+
+    /// Which authentication decides, in one word (start-up line, `/healthz`).
+    pub fn mode(&self) -> &'static str {
+        match (self.auth.token.is_some(), self.auth.trust_principal) {
+            _ if self.read_only && !self.auth.configured() => "read-only",
+            (true, true) => "token+principal",
+            (true, false) => "token",
+            (false, true) => "principal",
+            (false, false) => "read-only",
+        }
+    }
+
+    /// What an operator must know about this setup: logged at start-up and
+    /// listed by `/healthz`.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        let a = &self.auth;
+        if a.trust_principal {
+            let guard = match (&a.proxy_secret, a.trusted_proxies.is_empty()) {
+                (Some(_), true) => "only on requests carrying X-AQW-Proxy-Secret".to_string(),
+                (None, false) => "only on connections from AQW_DASHBOARD_TRUSTED_PROXIES".into(),
+                (Some(_), false) => {
+                    "on requests carrying X-AQW-Proxy-Secret or from AQW_DASHBOARD_TRUSTED_PROXIES"
+                        .into()
+                }
+                (None, true) => "from any process on this machine (no guard: loopback only)".into(),
+            };
+            w.push(format!("AQW_DASHBOARD_TRUST_PRINCIPAL=1: X-MS-CLIENT-PRINCIPAL headers are believed {guard}"));
+            if a.token.is_some() {
+                w.push("a bearer token, when presented, decides, then a live session cookie; principal headers are read only when neither identifies the request".into());
+            }
+        }
+        if !self.listen_ip().is_loopback() && self.public_hosts.is_empty() {
+            w.push("not on loopback and no AQW_DASHBOARD_PUBLIC_URL: only requests addressed to an IP literal are answered".into());
+        }
+        w
     }
 }
 
@@ -85,6 +151,10 @@ pub struct Dashboard {
     queues: Vec<Arc<QueueOps>>,
     auth: auth::Auth,
     read_only: bool,
+    hosts: guard::Hosts,
+    throttle: throttle::Throttle,
+    mode: &'static str,
+    warnings: Vec<String>,
 }
 
 impl Dashboard {
@@ -104,6 +174,10 @@ impl Dashboard {
         Ok(Dashboard {
             app,
             queues,
+            hosts: guard::Hosts::new(options.listen_ip(), options.public_hosts.clone()),
+            throttle: throttle::Throttle::default(),
+            mode: options.mode(),
+            warnings: options.warnings(),
             auth: auth::Auth::new(options.auth),
             read_only: options.read_only,
         })
@@ -119,12 +193,34 @@ pub fn app(state: Arc<Dashboard>) -> Router {
         .route("/logout", post(handlers::logout))
         .route("/q/{queue}", get(handlers::list))
         .route("/q/{queue}/record", get(handlers::record))
-        .route("/q/{queue}/progress", get(handlers::progress))
+        .route("/q/{queue}/progress", get(progress::progress))
+        .route("/healthz", get(healthz))
         .route("/q/{queue}/replay", post(handlers::replay))
         .route("/q/{queue}/discard", post(handlers::discard))
         .route("/q/{queue}/fix", post(handlers::fix))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            throttle::limit,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard::check,
+        ))
         .layer(axum::middleware::from_fn(security_headers))
         .with_state(state)
+}
+
+/// Liveness, without authentication: the mode and the start-up warnings
+/// (which principal headers are believed), never a secret.
+async fn healthz(axum::extract::State(d): axum::extract::State<Arc<Dashboard>>) -> Response {
+    axum::Json(serde_json::json!({
+        "status": "ok",
+        "mode": d.mode,
+        "read_only": d.read_only,
+        "trust_principal": d.auth.config().trust_principal,
+        "warnings": d.warnings,
+    }))
+    .into_response()
 }
 
 async fn css() -> impl IntoResponse {
@@ -151,7 +247,8 @@ pub async fn serve(
     state: Arc<Dashboard>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, app(state))
+    let service = app(state).into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, service)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
 }
@@ -159,4 +256,44 @@ pub async fn serve(
 /// Whether `addr` only accepts connections from this machine.
 pub fn is_loopback(addr: &std::net::SocketAddr) -> bool {
     addr.ip().is_loopback()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unguarded_trust_starts_only_on_loopback_and_is_announced() {
+        let trust = AuthConfig {
+            trust_principal: true,
+            ..AuthConfig::default()
+        };
+        let on = |addr: &str, auth: AuthConfig| Options {
+            auth,
+            listen: Some(addr.parse().unwrap()),
+            ..Options::default()
+        };
+        assert!(on("127.0.0.1:8088", trust.clone()).check().is_ok());
+        let err = on("0.0.0.0:8088", trust.clone()).check().unwrap_err();
+        assert!(err.contains("AQW_DASHBOARD_PROXY_SECRET"), "{err}");
+        let guarded = AuthConfig {
+            proxy_secret: Some("0123456789abcdef".into()),
+            ..trust.clone()
+        };
+        let o = on("0.0.0.0:8088", guarded);
+        assert!(o.check().is_ok());
+        assert_eq!(o.mode(), "principal");
+        assert!(
+            o.warnings()[0].contains("X-AQW-Proxy-Secret"),
+            "{:?}",
+            o.warnings()
+        );
+        let both = AuthConfig {
+            token: Some("0123456789abcdef".into()),
+            ..trust
+        };
+        let o = on("127.0.0.1:8088", both);
+        assert_eq!(o.mode(), "token+principal");
+        assert!(o.warnings().iter().any(|w| w.contains("decides")));
+    }
 }

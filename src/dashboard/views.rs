@@ -384,10 +384,16 @@ pub struct Progress {
     pub settled: bool,
 }
 
-pub fn progress_page(queue: &str, rows: &[Progress]) -> Markup {
-    let waiting = rows.iter().filter(|r| !r.settled).count();
+/// `stopped`: why the page no longer refreshes itself, when it does not.
+pub fn progress_page(queue: &str, rows: &[Progress], stopped: Option<&str>) -> Markup {
+    let waiting = rows
+        .iter()
+        .filter(|r| r.record.is_some() && !r.settled)
+        .count();
     html! {
-        @if waiting == 0 {
+        @if let Some(why) = stopped {
+            p.warn #progress-state { (why) }
+        } @else if waiting == 0 {
             p.ok #progress-state { "Confirmed: every key is done." }
         } @else {
             p.warn #progress-state { "Waiting for " (waiting) " key(s) to be done (this page refreshes itself)…" }

@@ -405,3 +405,43 @@ pub fn aqw(app: &Path, args: &[&str]) -> std::process::Output {
         .output()
         .expect("run aqw")
 }
+
+/// One real poison record: a worker poisons a job its handler refuses
+/// (404, permanent); returns the source message id.
+pub async fn poisoned_by_worker(app: &TestApp, deadline: Duration) -> String {
+    let id = app.enqueue(r#"{"orderId":"o-1"}"#).await;
+    let h = Scripted::new(|_, _| Err(HandlerError::permanent("HTTP 404 Not Found: no such order")));
+    let w = app.start_worker(h);
+    eventually("the poison copy", deadline, || async {
+        (app.poison_messages().await.len() == 1).then_some(())
+    })
+    .await;
+    w.stop().await;
+    id
+}
+
+/// The poison record of a source message, read through the operator's store.
+pub async fn poison_record(app: &TestApp, id: &str) -> aqw::poison::PoisonRecord {
+    let ops = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
+    ops.record(id).await.unwrap().unwrap().0
+}
+
+/// The URL a started `aqw dashboard` prints on its first stdout line
+/// (read on a thread, so a dashboard that never prints fails at the deadline).
+pub fn dashboard_url(stdout: std::process::ChildStdout, deadline: Duration) -> String {
+    use std::io::BufRead as _;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx
+        .recv_timeout(deadline)
+        .expect("the dashboard prints its URL");
+    line.split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no URL in {line:?}"))
+        .trim_end_matches('/')
+        .to_string()
+}
