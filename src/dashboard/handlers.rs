@@ -3,6 +3,7 @@
 //! authenticated principal.
 
 use super::auth::{self, Principal, Via};
+use super::chart;
 use super::payload::PayloadView;
 use super::progress::{plausible_id, progress_url};
 use super::views::{self, Group, ListPage, RecordPage, StatusRow, Viewer};
@@ -305,6 +306,7 @@ pub async fn list(
         Err(e) => return d.ops_error(&v, e),
     };
     let groups = groups(&queue, &records);
+    let chart = chart::poisons_chart(&records, time::OffsetDateTime::now_utc(), &|r| cause(r).1);
     let records: Vec<PoisonRecord> = match get(&params, "group") {
         Some(g) => records.into_iter().filter(|r| group_id(r) == g).collect(),
         None => records,
@@ -329,6 +331,7 @@ pub async fn list(
         pages,
         query,
         form: &form,
+        chart,
     };
     let body = views::list_page(&p, &v, |r| cause(r).1);
     page(

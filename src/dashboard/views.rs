@@ -166,11 +166,15 @@ pub struct ListPage<'a> {
     /// The filter's query string (without `page`), for links.
     pub query: String,
     pub form: &'a [(&'static str, String)],
+    /// Poisons over time of every matched record (not just this page).
+    pub chart: Markup,
 }
 
 pub fn list_page(p: &ListPage, v: &Viewer, group_of: impl Fn(&PoisonRecord) -> String) -> Markup {
     html! {
         (filter_form(p))
+        h2 { "Poisons per hour, last 24 hours" }
+        (p.chart)
         h2 { "By error cause (as in the alert)" }
         table #groups {
             thead { tr { th { "records" } th { "kind" } th { "error" } } }
