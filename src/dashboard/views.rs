@@ -213,6 +213,7 @@ fn filter_form(p: &ListPage) -> Markup {
             label { "until " input name="until" value=(val("until")) placeholder="RFC 3339 or hh:mm:ss ago"; }
             label { "function " input name="function" value=(val("function")); }
             label { "error text " input name="error" value=(val("error")); }
+            label { "search " input name="search" value=(val("search")) placeholder="record id, key or payload text"; }
             @if !val("group").is_empty() { input type="hidden" name="group" value=(val("group")); }
             button type="submit" { "Filter" }
         }
