@@ -26,6 +26,8 @@ pub struct FunctionRuntime {
     pub handler: Arc<dyn Handler>,
     /// Cap, retry delays, lease and timeout, decided once from config.
     pub policy: Policy,
+    /// Where the poll loop says it polled (once a minute).
+    pub heartbeats: crate::heartbeat::HeartbeatStore,
     /// Unique per process: lease owners are `<worker_id>/<message id>/<dequeue count>`.
     pub worker_id: String,
 }
@@ -51,6 +53,7 @@ impl FunctionRuntime {
         Self {
             policy: Policy::from_config(&app),
             keys: KeyStore::new(storage.table(&app.keys_table)),
+            heartbeats: crate::heartbeat::HeartbeatStore::new(storage.table(&app.heartbeat_table)),
             source,
             poison,
             handler,
@@ -131,6 +134,7 @@ pub async fn ensure_resources(rts: &[Arc<FunctionRuntime>], shutdown: &Cancellat
             for r in [
                 rt.keys.table().create_if_missing().await,
                 rt.poison.records.create_if_missing().await,
+                rt.heartbeats.table().create_if_missing().await,
                 rt.source.create_if_missing().await,
             ] {
                 match r {

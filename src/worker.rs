@@ -34,6 +34,7 @@ pub async fn poll_loop(
     let permits = Arc::new(Semaphore::new((batch + app.new_batch_threshold) as usize));
     let mut empty_polls = 0u32;
     let mut failures = 0u32;
+    let mut heartbeat = crate::heartbeat::Pacer::default();
     loop {
         // Take the permits before receiving: poll only when in-flight ≤ newBatchThreshold.
         let mut owned = tokio::select! {
@@ -51,6 +52,9 @@ pub async fn poll_loop(
                     .ready
                     .store(!health.draining.load(Ordering::Relaxed), Ordering::Relaxed);
                 health.beat();
+                if heartbeat.due(Instant::now()) {
+                    spawn_heartbeat(&rt);
+                }
                 if msgs.is_empty() {
                     empty_polls += 1;
                     polling_delay(
@@ -77,6 +81,17 @@ pub async fn poll_loop(
             }
         }
     }
+}
+
+/// Write this worker's poll heartbeat without holding up the loop; a failed
+/// write only makes `aqw status` say the queue is not polled.
+fn spawn_heartbeat(rt: &Arc<FunctionRuntime>) {
+    let rt = rt.clone();
+    tokio::spawn(async move {
+        if let Err(e) = rt.heartbeats.beat(&rt.function.queue, &rt.worker_id).await {
+            warn!(error = %e, "could not write the poll heartbeat");
+        }
+    });
 }
 
 /// The delay after a failed receive: a missing queue is created, anything

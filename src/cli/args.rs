@@ -77,6 +77,9 @@ pub enum Command {
         after_help = "Actions need AQW_DASHBOARD_TOKEN (sign in with it, or send it as a bearer token), or\nAQW_DASHBOARD_TRUST_PRINCIPAL=1 behind App Service / Container Apps authentication;\nAQW_DASHBOARD_USER names the token's holder on the records (default: dashboard).\nWithout either, only --read-only starts.\n\nExamples:\n  AQW_DASHBOARD_TOKEN=$(openssl rand -hex 24) aqw dashboard --app ./app\n  aqw dashboard --read-only --listen 127.0.0.1:9000"
     )]
     Dashboard(DashboardArgs),
+    /// The effective configuration, resolved, secrets masked, each setting's source.
+    #[command(subcommand)]
+    Config(ConfigCmd),
     /// Print shell completions.
     #[command(after_help = "Example:\n  aqw completions bash > /etc/bash_completion.d/aqw")]
     Completions {
@@ -155,13 +158,16 @@ pub enum PoisonCmd {
     },
     /// Show one record: error, attempts, key state and decoded payload.
     #[command(
-        after_help = "Example:\n  aqw poison show receipts 7d0f3c9e-1b7a-4f1e-9d7a-2a1f0c3e4b5d"
+        after_help = "The payload is printed as its exact text, as a fix would start from it.\n\nExamples:\n  aqw poison show receipts 7d0f3c9e-1b7a-4f1e-9d7a-2a1f0c3e4b5d\n  aqw poison show receipts 7d0f3c9e-1b7a-4f1e-9d7a-2a1f0c3e4b5d --pretty"
     )]
     Show {
         /// Source queue of the poisoned message.
         queue: String,
         /// The record id: the source message id (as `poison list` shows it).
         id: String,
+        /// Print a JSON payload indented (the default is its exact text).
+        #[arg(long)]
+        pretty: bool,
     },
     /// Re-put poisoned messages to their source queue with their original key.
     #[command(
@@ -205,7 +211,7 @@ pub enum PoisonCmd {
     /// Put a corrected payload in place of a poisoned one (a bad producer's
     /// message), closing the old record as replaced.
     #[command(
-        after_help = "The corrected payload must derive a key; a key already done is reported and nothing is put.\n\nExamples:\n  aqw poison fix credits --id ID --payload '{\"account\":\"a4\",\"credits\":5}' --wait 00:01:00\n  aqw poison show credits ID --output json | jq -c '.payload | .account = .acount | del(.acount)' | aqw poison fix credits --id ID -"
+        after_help = "The corrected payload must derive a key; a key already done is reported and nothing is put.\nRehearse first: --dry-run shows the derived key, its state, whether fix would refuse, and the diff.\n\nExamples (rename the misspelt field \"acount\" in the record's exact text):\n  aqw poison show credits ID --output json | jq -j .payloadText | sed 's/\"acount\":/\"account\":/' > fixed.json\n  aqw poison fix credits --id ID --file fixed.json --dry-run\n  aqw poison fix credits --id ID --file fixed.json --wait 00:01:00"
     )]
     Fix {
         /// Source queue of the poisoned message.
@@ -228,10 +234,14 @@ pub enum PoisonCmd {
         /// Wait (hh:mm:ss) until the corrected job's key is done.
         #[arg(long)]
         wait: Option<String>,
+        /// Show the derived key, its state, whether fix would refuse, and
+        /// the payload's diff; change nothing.
+        #[arg(long, conflicts_with = "wait")]
+        dry_run: bool,
     },
     /// Close a record without replaying it.
     #[command(
-        after_help = "Example:\n  aqw poison discard credits --id ID --reason 'account closed, must never run'"
+        after_help = "A job that must never run (a closed account): close its key too (--close-key), so a\nproducer's resend is settled as a duplicate. Without it the key stays poisoned and a resend runs.\n\nExamples:\n  aqw poison discard credits --id ID --reason 'account closed, must never run' --close-key --dry-run\n  aqw poison discard credits --id ID --reason 'account closed, must never run' --close-key"
     )]
     Discard {
         /// Source queue of the poisoned message.
@@ -249,7 +259,21 @@ pub enum PoisonCmd {
         /// the same job is settled as a duplicate without running.
         #[arg(long)]
         close_key: bool,
+        /// Show the record's key, its state and whether the discard would be
+        /// refused; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
+}
+
+#[derive(Subcommand)]
+pub enum ConfigCmd {
+    /// Print the effective configuration: functions, queues, handlers, keys,
+    /// cap, retry, ports, exporters; secrets masked; where each came from.
+    #[command(
+        after_help = "Examples:\n  aqw config show --app ./app\n  aqw config show --output json"
+    )]
+    Show,
 }
 
 #[derive(Subcommand)]
@@ -317,6 +341,92 @@ mod tests {
                 "exit code {code} in: {top}"
             );
         }
+    }
+
+    /// Every example line of every command's help, as clap parses it: a
+    /// help example that no longer parses is a broken procedure.
+    #[test]
+    fn every_help_example_parses() {
+        fn examples(cmd: &clap::Command, out: &mut Vec<String>) {
+            if let Some(h) = cmd.get_after_help() {
+                let h = h.to_string();
+                let from = h.find("Example").map_or(h.len(), |i| i);
+                out.extend(
+                    h[from..]
+                        .lines()
+                        .filter(|l| l.starts_with("  "))
+                        .map(str::to_string),
+                );
+            }
+            cmd.get_subcommands().for_each(|sc| examples(sc, out));
+        }
+        // The examples rely on --by defaulting to $USER, as in a login shell.
+        if std::env::var_os("USER").is_none() {
+            std::env::set_var("USER", "operator");
+        }
+        let mut lines = Vec::new();
+        examples(&Cli::command(), &mut lines);
+        let mut parsed = 0;
+        for line in &lines {
+            for argv in aqw_invocations(line) {
+                if let Err(e) = Cli::try_parse_from(&argv) {
+                    panic!("help example does not parse: {line}\n{argv:?}\n{e}");
+                }
+                parsed += 1;
+            }
+        }
+        let leaves = 16;
+        assert!(
+            parsed >= leaves,
+            "only {parsed} aqw invocations in {lines:#?}"
+        );
+    }
+
+    /// The `aqw` commands of one shell line: words split as a POSIX shell
+    /// would for these examples (quotes, `$(…)` as one word, pipes,
+    /// redirections, leading `NAME=value` assignments dropped).
+    fn aqw_invocations(line: &str) -> Vec<Vec<String>> {
+        let (mut words, mut word, mut quote, mut depth) = (vec![], String::new(), None, 0);
+        let mut chars = line.trim().chars().peekable();
+        while let Some(c) = chars.next() {
+            match (quote, c) {
+                (Some(q), c) if c == q => quote = None,
+                (Some('"'), '\\') => word.extend(chars.next()),
+                (Some(_), c) => word.push(c),
+                (None, '\'' | '"') => quote = Some(c),
+                (None, '$') if chars.peek() == Some(&'(') => {
+                    depth += 1;
+                    word.push(c);
+                }
+                (None, ')') if depth > 0 => {
+                    depth -= 1;
+                    word.push(c);
+                }
+                (None, ' ') if depth == 0 => {
+                    words.extend((!word.is_empty()).then(|| std::mem::take(&mut word)))
+                }
+                (None, c) => word.push(c),
+            }
+        }
+        words.extend((!word.is_empty()).then_some(word));
+        let mut out = Vec::new();
+        for segment in words.split(|w| w == "|") {
+            let mut argv: Vec<String> = Vec::new();
+            let mut it = segment
+                .iter()
+                .skip_while(|w| w.contains('=') && !w.starts_with('-'));
+            while let Some(w) = it.next() {
+                if w == ">" {
+                    it.next();
+                } else {
+                    argv.push(w.clone());
+                }
+            }
+            if argv.first().is_some_and(|w| w == "aqw") {
+                out.push(argv);
+            }
+        }
+        out
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! and says which exit code that means.
 
 use super::args::{
-    Cli, Command, DashboardArgs, EnqueueArgs, KeysCmd, Output, PoisonCmd, StatusFilter,
+    Cli, Command, ConfigCmd, DashboardArgs, EnqueueArgs, KeysCmd, Output, PoisonCmd, StatusFilter,
 };
 use super::exit::{Exit, Failure};
 use super::render;
@@ -31,6 +31,7 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Failure> {
             clap_complete::generate(shell, &mut Cli::command(), "aqw", &mut std::io::stdout());
             Ok(Exit::Ok)
         }
+        Command::Config(ConfigCmd::Show) => config_show(&cli.app, output),
         Command::Keys(KeysCmd::Show { function, key }) => {
             keys_show(&cli.app, &function, &key, output).await
         }
@@ -134,6 +135,14 @@ async fn status(app_dir: &Path, output: Output) -> Result<Exit, Failure> {
     Ok(Exit::needs_a_person_if(open > 0))
 }
 
+/// `config show`: the effective configuration, secrets masked.
+fn config_show(app_dir: &Path, output: Output) -> Result<Exit, Failure> {
+    let app = load(app_dir)?;
+    let look = config::show::lookup(app_dir).map_err(|e| Failure::usage(format!("{e:#}")))?;
+    render::config_show(&config::show::effective(&app, &look), output);
+    Ok(Exit::Ok)
+}
+
 async fn keys_show(
     app_dir: &Path,
     function: &str,
@@ -171,9 +180,9 @@ async fn poison(app_dir: &Path, cmd: PoisonCmd, output: Output) -> Result<Exit, 
             };
             poison_list(&app, &queue, &filter, output).await
         }
-        PoisonCmd::Show { queue, id } => {
+        PoisonCmd::Show { queue, id, pretty } => {
             let report = ops::show(&queue_ops(&app, &queue)?, &id).await?;
-            render::poison_show(&report, output);
+            render::poison_show(&report, pretty, output);
             Ok(Exit::Ok)
         }
         cmd @ PoisonCmd::Fix { .. } => poison_fix(&app, cmd, output).await,
@@ -202,6 +211,7 @@ async fn poison_fix(app: &Arc<AppConfig>, cmd: PoisonCmd, output: Output) -> Res
         stdin,
         by,
         wait,
+        dry_run,
     } = cmd
     else {
         unreachable!("poison_fix is called with PoisonCmd::Fix only");
@@ -212,6 +222,11 @@ async fn poison_fix(app: &Arc<AppConfig>, cmd: PoisonCmd, output: Output) -> Res
     let payload = read_payload(payload, file, stdin.as_deref())?;
     let wait = parse_wait(wait.as_deref())?;
     let ops = queue_ops(app, &queue)?;
+    if dry_run {
+        let rehearsal = ops::rehearse_fix(&ops, &id, &payload).await?;
+        render::fix_rehearsal(&rehearsal, output);
+        return Ok(Exit::needs_a_person_if(rehearsal.refusal.is_some()));
+    }
     let report = ops::fix(&ops, &id, &payload, &by, wait).await?;
     render::poison_fix(&id, &by, &report, output);
     let ok = report.action == FixAction::Replaced && report.confirmed != Some(false);
@@ -229,6 +244,7 @@ async fn poison_discard(
         reason,
         by,
         close_key,
+        dry_run,
     } = cmd
     else {
         unreachable!("poison_discard is called with PoisonCmd::Discard only");
@@ -237,6 +253,11 @@ async fn poison_discard(
         return Err(Failure::usage("--reason and --by must not be empty"));
     }
     let ops = queue_ops(app, &queue)?;
+    if dry_run {
+        let rehearsal = ops::rehearse_discard(&ops, &id, close_key).await?;
+        render::discard_rehearsal(&rehearsal, output);
+        return Ok(Exit::needs_a_person_if(rehearsal.refusal.is_some()));
+    }
     let rec = ops::discard(&ops, &id, &reason, &by, close_key).await?;
     render::poison_discard(&id, &reason, &by, close_key, &rec, output);
     Ok(Exit::Ok)
@@ -254,6 +275,16 @@ async fn poison_list(
         .iter()
         .filter(|r| r.status == RecordStatus::Open)
         .count();
+    if records.is_empty() && output == Output::Text {
+        // Say what the filter hid: "0 open, 5 in all", not "no records".
+        let all = ops.records().await?;
+        let open_all = all
+            .iter()
+            .filter(|r| r.status == RecordStatus::Open)
+            .count();
+        render::empty_poison_list(queue, open_all, all.len());
+        return Ok(Exit::Ok);
+    }
     render::poison_list(queue, &records, open, output);
     Ok(Exit::needs_a_person_if(open > 0))
 }

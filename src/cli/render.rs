@@ -1,9 +1,13 @@
 //! Everything a command prints: text for a person, JSON for a program.
 
 use super::args::Output;
+use aqw::config::show::Setting;
 use aqw::config::MessageEncoding;
 use aqw::idempotency::{Attempt, KeyRecord, KeyStatus, HISTORY_LEN};
-use aqw::ops::{Enqueued, FixAction, FixReport, QueueStatus, ReplayReport, ShowReport};
+use aqw::ops::{
+    DiscardRehearsal, Enqueued, FixAction, FixRehearsal, FixReport, QueueStatus, ReplayReport,
+    ShowReport,
+};
 use aqw::poison::PoisonRecord;
 
 pub fn print_json(v: &impl serde::Serialize) {
@@ -40,12 +44,17 @@ pub fn status(lines: &[QueueStatus], open: usize, output: Output) {
         return;
     }
     println!(
-        "{:<20} {:<24} {:>8} {:>8} {:>6}  OLDEST OPEN",
-        "FUNCTION", "QUEUE", "DEPTH", "POISON", "OPEN"
+        "{:<20} {:<24} {:>8} {:>8} {:>6}  {:<20}  LAST POLL",
+        "FUNCTION", "QUEUE", "DEPTH", "POISON", "OPEN", "OLDEST OPEN"
     );
     for l in lines {
+        let polled = match (&l.last_poll, l.polling_workers) {
+            (None, _) => "never (no worker has polled)".to_string(),
+            (Some(t), 0) => format!("{t} (NOT polling now)"),
+            (Some(t), n) => format!("{t} ({n} worker(s) polling)"),
+        };
         println!(
-            "{:<20} {:<24} {:>8} {:>8} {:>6}  {}",
+            "{:<20} {:<24} {:>8} {:>8} {:>6}  {:<20}  {polled}",
             l.function,
             l.queue,
             l.depth.map(|d| d.to_string()).unwrap_or("-".into()),
@@ -100,11 +109,26 @@ fn print_record_list(records: &[PoisonRecord]) {
             String::new()
         };
         println!("{:<id_w$}  {first}{tail}", "");
+        if r.uncertain_attempts > 0 {
+            println!(
+                "{:<id_w$}  [{} attempt(s) may have taken effect: check the provider before replaying]",
+                "", r.uncertain_attempts
+            );
+        }
+    }
+}
+
+/// `poison list` that matched nothing: what the filter hid.
+pub fn empty_poison_list(queue: &str, open: usize, all: usize) {
+    if all == 0 {
+        println!("no poison records for {queue}");
+    } else {
+        println!("no poison records for {queue} match ({open} open, {all} in all)");
     }
 }
 
 /// `poison show`.
-pub fn poison_show(report: &ShowReport, output: Output) {
+pub fn poison_show(report: &ShowReport, pretty: bool, output: Output) {
     if output == Output::Json {
         print_json(&report);
         return;
@@ -140,11 +164,19 @@ pub fn poison_show(report: &ShowReport, output: Output) {
         r.encoding.as_str(),
         r.message.len()
     );
+    if r.uncertain_attempts > 0 {
+        println!(
+            "uncertain:     {} attempt(s) may have taken effect; the provider key {} keeps a retry from doubling it",
+            r.uncertain_attempts,
+            report.key_record.as_ref().map_or("-", |k| k.provider_key.as_str())
+        );
+    }
     match (&report.payload, &report.payload_text, &report.decode_error) {
-        (Some(v), _, _) => println!(
-            "payload:\n{}",
+        (Some(v), _, _) if pretty => println!(
+            "payload (indented with --pretty; the exact text is in --output json's payloadText):\n{}",
             serde_json::to_string_pretty(v).unwrap_or_default()
         ),
+        (Some(_), Some(t), _) => println!("payload (exact text):\n{t}"),
         (None, Some(t), _) => println!("payload (not JSON):\n{t}"),
         (_, _, Some(e)) => println!(
             "payload:       undecodable: {e}\nraw text:      {}",
@@ -241,12 +273,22 @@ pub fn poison_replay(report: &ReplayReport, waited: bool, output: Output) {
             (None, Some(d)) => d.clone(),
             _ => String::new(),
         };
-        let conf = match i.confirmed {
-            Some(true) => " [done]",
-            Some(false) => " [NOT done yet]",
-            None => "",
+        let conf = match (i.confirmed, &i.provider) {
+            (Some(true), Some(p)) => format!(" [completed ({p})]"),
+            (Some(true), None) => " [done]".into(),
+            (Some(false), _) => " [NOT done yet]".into(),
+            (None, _) => String::new(),
         };
-        println!("{:<38} {:<26} {}{conf}", i.id, i.action.as_str(), extra);
+        let key = match (&i.key, &i.key_state) {
+            (Some(k), Some(st)) if report.dry_run => format!("  key {k} ({st})"),
+            _ => String::new(),
+        };
+        println!(
+            "{:<38} {:<26} {}{conf}{key}",
+            i.id,
+            i.action.as_str(),
+            extra
+        );
     }
     println!(
         "{}: {} selected, {} replayed, {} already done, {} not replayed{}",
@@ -330,10 +372,11 @@ fn print_history(history: &[Attempt], indent: &str) {
     }
     println!("attempts:      (last {}, oldest first)", HISTORY_LEN);
     for a in history {
-        let flag = if a.may_have_taken_effect {
-            "  [may have taken effect]"
-        } else {
-            ""
+        let flag = match (a.certainty(), &a.provider) {
+            (Some(c), _) => format!("  [{c}]"),
+            (None, Some(p)) if p.body.is_empty() => format!("  ({})", p.summary()),
+            (None, Some(p)) => format!("  ({}: {})", p.summary(), p.body),
+            (None, None) => String::new(),
         };
         println!(
             "{indent}{}  dq {}  {}  {:<9} {}{flag}",
@@ -343,5 +386,54 @@ fn print_history(history: &[Attempt], indent: &str) {
             a.outcome,
             a.error.as_deref().unwrap_or("")
         );
+    }
+}
+
+/// `poison fix --dry-run`.
+pub fn fix_rehearsal(r: &FixRehearsal, output: Output) {
+    if output == Output::Json {
+        print_json(&r);
+        return;
+    }
+    println!("dry run: poison fix {} (nothing changed)", r.id);
+    println!("old key:   {}", r.old_key.as_deref().unwrap_or("-"));
+    println!("new key:   {}", r.new_key.as_deref().unwrap_or("-"));
+    println!("key state: {}", r.key_state.as_deref().unwrap_or("-"));
+    match &r.refusal {
+        Some(why) => println!("would:     refuse: {why}"),
+        None => println!("would:     put the corrected message and close the record as replaced"),
+    }
+    println!("payload:   {:+} bytes", r.size_diff);
+    for line in &r.diff {
+        println!("  {line}");
+    }
+}
+
+/// `poison discard --dry-run`.
+pub fn discard_rehearsal(r: &DiscardRehearsal, output: Output) {
+    if output == Output::Json {
+        print_json(&r);
+        return;
+    }
+    println!("dry run: poison discard {} (nothing changed)", r.id);
+    println!("key:       {}", r.key.as_deref().unwrap_or("-"));
+    println!("key state: {}", r.key_state.as_deref().unwrap_or("-"));
+    let what = match (&r.refusal, r.close_key) {
+        (Some(why), _) => format!("refuse: {why}"),
+        (None, true) => "close the record and the key (a resend is a duplicate)".into(),
+        (None, false) => "close the record; the key stays poisoned (a resend runs)".into(),
+    };
+    println!("would:     {what}");
+}
+
+/// `config show`: one row per setting, with its source.
+pub fn config_show(settings: &[Setting], output: Output) {
+    if output == Output::Json {
+        print_json(&settings);
+        return;
+    }
+    let w = settings.iter().map(|s| s.name.len()).max().unwrap_or(0);
+    for s in settings {
+        println!("{:<w$}  {}  ({})", s.name, s.value, s.source.as_str());
     }
 }

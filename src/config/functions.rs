@@ -76,10 +76,17 @@ fn handler_spec(
     let f = |field: &str, msg: String| ConfigError::new(host_file, field, msg);
     Ok(match raw {
         None => HandlerSpec::Registered,
-        Some(RawHandler::Http { url, timeout }) => HandlerSpec::Http {
+        Some(RawHandler::Http {
+            url,
+            timeout,
+            replay_header,
+            refused_statuses,
+        }) => HandlerSpec::Http {
             url: parse_http_url(url).map_err(|m| f(&format!("{path}.handler.url"), m))?,
             timeout: opt_timespan(host_file, &format!("{path}.handler.timeout"), timeout)?
                 .unwrap_or(Duration::from_secs(30)),
+            answers: provider_answers(replay_header.as_deref(), refused_statuses)
+                .map_err(|(field, m)| f(&format!("{path}.handler.{field}"), m))?,
         },
         Some(RawHandler::Exec { command, timeout }) => {
             if command.is_empty() || command[0].is_empty() {
@@ -93,6 +100,33 @@ fn handler_spec(
                 timeout: opt_timespan(host_file, &format!("{path}.handler.timeout"), timeout)?,
             }
         }
+    })
+}
+
+/// `handler.replayHeader` and `handler.refusedStatuses`, checked: a header
+/// name reqwest accepts, and statuses that are errors (400–599).
+fn provider_answers(
+    replay_header: Option<&str>,
+    refused_statuses: &[u16],
+) -> Result<crate::handlers::http::ProviderAnswers, (&'static str, String)> {
+    if let Some(h) = replay_header {
+        if reqwest::header::HeaderName::from_bytes(h.as_bytes()).is_err() {
+            return Err((
+                "replayHeader",
+                format!("\"{h}\" is not an HTTP header name"),
+            ));
+        }
+    }
+    if let Some(s) = refused_statuses.iter().find(|s| !(400..=599).contains(*s)) {
+        return Err((
+            "refusedStatuses",
+            format!("{s} is not an error status (give 400–599)"),
+        ));
+    }
+    Ok(crate::handlers::http::ProviderAnswers {
+        // As written: header lookups ignore case.
+        replay_header: replay_header.map(str::to_string),
+        refused_statuses: refused_statuses.to_vec(),
     })
 }
 

@@ -22,6 +22,7 @@ mod alert;
 mod functions;
 mod raw;
 mod settings;
+pub mod show;
 mod timespan;
 mod validate;
 
@@ -108,6 +109,8 @@ pub struct AppConfig {
     pub retry: RetryStrategy,
     pub keys_table: String,
     pub poison_table: String,
+    /// Poll heartbeats (`aqw.tables.heartbeats`), read by `aqw status`.
+    pub heartbeat_table: String,
     /// TTL of poison queue messages; `None` = never expires.
     pub poison_ttl: Option<Duration>,
     pub alert_webhook: Option<url::Url>,
@@ -194,6 +197,7 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
         retry: a.retry,
         keys_table: a.keys_table,
         poison_table: a.poison_table,
+        heartbeat_table: a.heartbeat_table,
         poison_ttl: a.poison_ttl,
         alert_webhook: a.alert_webhook,
         alert_window: a.alert_window,

@@ -107,6 +107,8 @@ pub(super) struct RawTracing {
 pub(super) struct RawTables {
     pub(super) keys: Option<String>,
     pub(super) poison: Option<String>,
+    /// The poll heartbeats `aqw status` reads (default `aqwheartbeats`).
+    pub(super) heartbeats: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -166,6 +168,14 @@ pub(super) enum RawHandler {
     Http {
         url: String,
         timeout: Option<String>,
+        /// The response header by which the provider says it answered a
+        /// replayed request from its idempotency store (`Idempotent-Replayed`).
+        #[serde(rename = "replayHeader")]
+        replay_header: Option<String>,
+        /// Statuses the provider answers only when it did not apply the
+        /// request (besides 425, 429 and 503).
+        #[serde(rename = "refusedStatuses", default)]
+        refused_statuses: Vec<u16>,
     },
     Exec {
         command: Vec<String>,

@@ -127,6 +127,7 @@ pub(super) struct AqwSettings {
     pub(super) retry: RetryStrategy,
     pub(super) keys_table: String,
     pub(super) poison_table: String,
+    pub(super) heartbeat_table: String,
     pub(super) poison_ttl: Option<Duration>,
     pub(super) alert_webhook: Option<url::Url>,
     pub(super) alert_window: Duration,
@@ -149,6 +150,7 @@ impl AqwSettings {
         }
         let retry = retry_setting(host_file, raw_aqw, visibility_timeout)?;
         let (keys_table, poison_table) = tables(host_file, raw_aqw)?;
+        let heartbeat_table = heartbeat_table(host_file, raw_aqw, [&keys_table, &poison_table])?;
         let poison_ttl = poison_ttl(host_file, raw_aqw)?;
         let (alert_webhook, alert_window) = alert(host_file, raw_aqw)?;
         let http_port = raw_aqw.http.as_ref().and_then(|h| h.port);
@@ -161,6 +163,7 @@ impl AqwSettings {
             retry,
             keys_table,
             poison_table,
+            heartbeat_table,
             poison_ttl,
             alert_webhook,
             alert_window,
@@ -190,6 +193,25 @@ fn tables(host_file: &str, raw_aqw: &RawAqw) -> Result<(String, String), ConfigE
         return Err(f("aqw.tables", "keys and poison tables must differ".into()));
     }
     Ok((keys_table, poison_table))
+}
+
+/// `aqw.tables.heartbeats`: a valid name, distinct from the other two.
+fn heartbeat_table(
+    host_file: &str,
+    raw_aqw: &RawAqw,
+    others: [&str; 2],
+) -> Result<String, ConfigError> {
+    let f = |msg: String| ConfigError::new(host_file, "aqw.tables.heartbeats", msg);
+    let name = raw_aqw
+        .tables
+        .heartbeats
+        .clone()
+        .unwrap_or_else(|| "aqwheartbeats".into());
+    validate_table_name(&name).map_err(f)?;
+    if others.iter().any(|o| o.eq_ignore_ascii_case(&name)) {
+        return Err(f("must differ from the keys and poison tables".into()));
+    }
+    Ok(name)
 }
 
 /// `aqw.poison.ttl`: `"never"` (the default) or at least a second.

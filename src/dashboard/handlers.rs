@@ -260,6 +260,7 @@ fn groups(queue: &str, records: &[PoisonRecord]) -> Vec<Group> {
             error_kind: r.error.kind.as_str().to_string(),
             error: r.error.message.clone(),
             poisoned_at: time::OffsetDateTime::UNIX_EPOCH,
+            uncertain: r.uncertain_attempts > 0,
         })
         .collect();
     let body = alert_body(queue, &alerts);

@@ -233,7 +233,8 @@ fn records_table(p: &ListPage, v: &Viewer, group_of: &dyn Fn(&PoisonRecord) -> S
                 td.id { a href=(record_url(p.queue, &r.message_id)) { (r.message_id) } }
                 td.id { (r.key.as_deref().unwrap_or("-")) }
                 td { (r.function) }
-                td { span class={ "badge st-" (r.status.as_str()) } { (r.status.as_str()) } }
+                td { span class={ "badge st-" (r.status.as_str()) } { (r.status.as_str()) }
+                     @if r.uncertain_attempts > 0 { " " span.badge.uncertain title="an attempt's outcome is unknown: check the provider" { "may have taken effect" } } }
                 td { (r.error.kind.as_str()) }
                 td.wrap { (group_of(r)) }
                 td.num { (r.dequeue_count) }
@@ -273,6 +274,9 @@ pub fn record_page(p: &RecordPage, v: &Viewer) -> Markup {
             dt { "poisoned at" } dd { (when(&r.poisoned_at)) " (" (r.poisoned_at) ")" }
             dt { "first attempt / dequeued" } dd { (r.first_attempt_at) " / " (r.dequeue_count) " time(s)" }
             dt { "error (" (r.error.kind.as_str()) ")" } dd { pre.wrap #record-error { (scrub(&r.error.message)) } }
+            @if r.uncertain_attempts > 0 {
+                dt { "uncertain" } dd #record-uncertain { (r.uncertain_attempts) " attempt(s) may have taken effect: check the provider before replaying" }
+            }
             dt { "origin / encoding" } dd { (r.origin) " / " (r.encoding.as_str()) }
         }
         h2 { "Payload" }
@@ -323,7 +327,9 @@ fn key_state(k: Option<&KeyRecord>) -> Markup {
             thead { tr { th { "at" } th { "message" } th { "dequeue" } th { "outcome" } th { "error" } } }
             tbody { @for a in &k.history { tr {
                 td { (a.at) } td.id { (a.message_id) } td.num { (a.dequeue_count) }
-                td { (a.outcome) @if a.may_have_taken_effect { " (may have taken effect)" } }
+                td { (a.outcome)
+                     @if let Some(c) = a.certainty() { " (" (c) ")" }
+                     @if let Some(p) = &a.provider { " (" (p.summary()) ")" } }
                 td.wrap { (scrub(a.error.as_deref().unwrap_or(""))) }
             } } }
         }

@@ -5,14 +5,48 @@
 //! `Aqw-Dequeue-Count`, `Aqw-Previously-Pending`. 2xx success; 408, 425, 429,
 //! 5xx, connect errors and timeouts retryable (honouring `Retry-After`); other
 //! 4xx permanent.
+//!
+//! Uncertainty, stated once: an attempt "may have taken effect" only when its
+//! outcome is unknown — a timeout or a connection lost after the request was
+//! sent, 408, 500, 502, 504 and any other 5xx. An explicit refusal (425, 429,
+//! 503, and the function's `refusedStatuses`) did not apply the request.
+//! The answer (status, a short scrubbed body excerpt, the provider's replay
+//! header) goes into the key's attempt history.
 
-use super::{Handler, HandlerError, Job, Success};
+use super::{Handler, HandlerError, Job, ProviderAnswer, Success};
 use async_trait::async_trait;
 use std::time::Duration;
 
 pub struct HttpHandler {
     url: url::Url,
     client: reqwest::Client,
+    answers: ProviderAnswers,
+}
+
+/// How a function reads its provider's answers
+/// (`aqw.functions.<Name>.handler.replayHeader` / `.refusedStatuses`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderAnswers {
+    /// The response header whose `true` means the provider
+    /// answered from its idempotency store: the effect happened once, earlier.
+    pub replay_header: Option<String>,
+    /// Statuses that mean "refused, not applied", besides 425, 429 and 503.
+    pub refused_statuses: Vec<u16>,
+}
+
+/// The longest body excerpt kept from a provider's answer, in bytes.
+pub const BODY_EXCERPT_MAX: usize = 200;
+
+/// A body excerpt fit for the history: scrubbed, one line, cut.
+pub fn body_excerpt(body: &str) -> String {
+    let one_line: String = body.split_whitespace().collect::<Vec<_>>().join(" ");
+    let s = crate::telemetry::scrub(&one_line);
+    let mut end = s.len().min(BODY_EXCERPT_MAX);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
 }
 
 impl HttpHandler {
@@ -23,7 +57,17 @@ impl HttpHandler {
             .pool_idle_timeout(Duration::from_secs(60))
             .build()
             .map_err(|e| format!("cannot build HTTP client: {e}"))?;
-        Ok(Self { url, client })
+        Ok(Self {
+            url,
+            client,
+            answers: ProviderAnswers::default(),
+        })
+    }
+
+    /// The same handler reading answers as the function's config says.
+    pub fn reading_answers(mut self, answers: ProviderAnswers) -> Self {
+        self.answers = answers;
+        self
     }
 }
 
@@ -50,6 +94,16 @@ pub fn classify(
     retry_after: Option<Duration>,
     body_tail: &str,
 ) -> Option<HandlerError> {
+    classify_with(status, retry_after, body_tail, &[])
+}
+
+/// [`classify`] with the function's own refusal statuses (`refusedStatuses`).
+pub fn classify_with(
+    status: u16,
+    retry_after: Option<Duration>,
+    body_tail: &str,
+    refused: &[u16],
+) -> Option<HandlerError> {
     let message = if body_tail.is_empty() {
         format!("HTTP {status}")
     } else {
@@ -57,9 +111,10 @@ pub fn classify(
     };
     match status {
         200..=299 => None,
-        // 429/425: refused before processing. 408 and 5xx: the provider may
-        // have acted on the body before answering.
-        425 | 429 => Some(HandlerError::Retryable {
+        // Refused before processing: 425, 429, 503 (the provider is not
+        // taking work), and what the function declares. 408 and other 5xx
+        // (500, 502, 504): the provider may have acted before answering.
+        s if is_refusal(s, refused) => Some(HandlerError::Retryable {
             message,
             retry_after,
             may_have_taken_effect: false,
@@ -73,9 +128,54 @@ pub fn classify(
     }
 }
 
+/// An explicit "not applied": 425, 429, 503 or one of `refused`.
+pub fn is_refusal(status: u16, refused: &[u16]) -> bool {
+    matches!(status, 425 | 429 | 503) || refused.contains(&status)
+}
+
+/// Whether the answer carries the replay signal (`true`, any case).
+fn replay_signalled(headers: &reqwest::header::HeaderMap, name: Option<&str>) -> bool {
+    name.and_then(|n| headers.get(n))
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
 #[async_trait]
 impl Handler for HttpHandler {
     async fn handle(&self, job: &Job) -> Result<Success, HandlerError> {
+        let resp = self
+            .request(job)
+            .send()
+            .await
+            .map_err(|e| self.send_error(&e))?;
+        let status = resp.status().as_u16();
+        let retry_after = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_retry_after);
+        let replayed = replay_signalled(resp.headers(), self.answers.replay_header.as_deref());
+        let body = resp.text().await.unwrap_or_default();
+        let tail: String = body.chars().take(512).collect();
+        match classify_with(
+            status,
+            retry_after,
+            tail.trim(),
+            &self.answers.refused_statuses,
+        ) {
+            None => Ok(Success::answered(ProviderAnswer {
+                status,
+                body: body_excerpt(&body),
+                replayed,
+            })),
+            Some(e) => Err(e),
+        }
+    }
+}
+
+impl HttpHandler {
+    /// The POST of one attempt, with aqw's headers.
+    fn request(&self, job: &Job) -> reqwest::RequestBuilder {
         let mut req = self
             .client
             .post(self.url.clone())
@@ -103,36 +203,27 @@ impl Handler for HttpHandler {
                 req = req.header("tracestate", state);
             }
         }
-        let resp = req.send().await.map_err(|e| {
-            let (what, sent) = if e.is_timeout() {
-                ("timed out", true)
-            } else if e.is_connect() {
-                ("cannot connect", false)
-            } else {
-                ("request failed", true)
-            };
-            // The URL is the operator's own config: keep host and path, drop the query.
-            let mut shown = self.url.clone();
-            shown.set_query(None);
-            let message = format!("POST {shown}: {what}");
-            // Not connected: the provider never saw it. Otherwise it may have.
-            if sent {
-                HandlerError::uncertain(message)
-            } else {
-                HandlerError::retryable(message)
-            }
-        })?;
-        let status = resp.status().as_u16();
-        let retry_after = resp
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_retry_after);
-        let body = resp.text().await.unwrap_or_default();
-        let tail: String = body.chars().take(512).collect();
-        match classify(status, retry_after, tail.trim()) {
-            None => Ok(Success::done()),
-            Some(e) => Err(e),
+        req
+    }
+
+    /// A request that got no answer: uncertain unless it never connected.
+    fn send_error(&self, e: &reqwest::Error) -> HandlerError {
+        let (what, sent) = if e.is_timeout() {
+            ("timed out", true)
+        } else if e.is_connect() {
+            ("cannot connect", false)
+        } else {
+            ("request failed", true)
+        };
+        // The URL is the operator's own config: keep host and path, drop the query.
+        let mut shown = self.url.clone();
+        shown.set_query(None);
+        let message = format!("POST {shown}: {what}");
+        // Not connected: the provider never saw it. Otherwise it may have.
+        if sent {
+            HandlerError::uncertain(message)
+        } else {
+            HandlerError::retryable(message)
         }
     }
 }
@@ -167,7 +258,7 @@ mod tests {
             }
         );
         // A 5xx or a 408 came after the provider had the body: it may have acted.
-        for s in [408, 500, 503, 504] {
+        for s in [408, 500, 502, 504] {
             assert!(
                 matches!(
                     classify(s, None, ""),
@@ -179,6 +270,27 @@ mod tests {
                 "{s}"
             );
         }
+    }
+
+    #[test]
+    fn refusals_did_not_apply_and_can_be_declared() {
+        let uncertain = |s, refused: &[u16]| {
+            matches!(
+                classify_with(s, None, "", refused),
+                Some(HandlerError::Retryable {
+                    may_have_taken_effect: true,
+                    ..
+                })
+            )
+        };
+        for s in [425, 429, 503] {
+            assert!(!uncertain(s, &[]), "{s} is a refusal");
+        }
+        assert!(uncertain(500, &[]), "500 is unknown unless declared");
+        assert!(!uncertain(500, &[500]), "declared refused");
+        let long = format!("https://a.example/?sv=1&sig=abc {} end", "x ".repeat(400));
+        let e = body_excerpt(&long);
+        assert!(e.len() <= BODY_EXCERPT_MAX && !e.contains("abc"), "{e}");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 pub mod exec;
 pub mod http;
 
+pub use crate::idempotency::ProviderAnswer;
 use crate::storage::Entity;
 use async_trait::async_trait;
 use std::collections::HashMap;
@@ -42,11 +43,20 @@ pub struct Success {
     /// Entities (row key, properties) inserted into the key's table and
     /// partition in one entity-group transaction with the `done` mark.
     pub same_store_effects: Vec<(String, Entity)>,
+    /// What the provider answered, kept in the key's attempt history.
+    pub provider: Option<ProviderAnswer>,
 }
 
 impl Success {
     pub fn done() -> Self {
         Self::default()
+    }
+    /// A success with the provider's answer recorded.
+    pub fn answered(provider: ProviderAnswer) -> Self {
+        Self {
+            provider: Some(provider),
+            ..Self::default()
+        }
     }
     pub fn with_entity(mut self, row_key: impl Into<String>, entity: Entity) -> Self {
         self.same_store_effects.push((row_key.into(), entity));
@@ -105,6 +115,8 @@ pub enum HandlerSpec {
     Http {
         url: url::Url,
         timeout: Duration,
+        /// How the provider's answers are read (replay header, refusals).
+        answers: http::ProviderAnswers,
     },
     Exec {
         command: Vec<String>,
@@ -142,7 +154,13 @@ impl Registry {
             return Ok(h.clone());
         }
         match spec {
-            HandlerSpec::Http { url, timeout } => Ok(Arc::new(http::HttpHandler::new(url.clone(), *timeout)?)),
+            HandlerSpec::Http {
+                url,
+                timeout,
+                answers,
+            } => Ok(Arc::new(
+                http::HttpHandler::new(url.clone(), *timeout)?.reading_answers(answers.clone()),
+            )),
             HandlerSpec::Exec { command, timeout } => Ok(Arc::new(exec::ExecHandler::new(
                 command.clone(),
                 *timeout,

@@ -42,6 +42,30 @@ impl KeyStatus {
     }
 }
 
+/// What an outside provider answered an attempt: its status, a short
+/// scrubbed excerpt of its body, and whether it said it replayed an earlier
+/// answer for the same idempotency key (the proof of "exactly once").
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderAnswer {
+    pub status: u16,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub body: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replayed: bool,
+}
+
+impl ProviderAnswer {
+    /// `provider: replayed` or `provider: HTTP 201`, for one line.
+    pub fn summary(&self) -> String {
+        if self.replayed {
+            "provider: replayed".into()
+        } else {
+            format!("provider: HTTP {}", self.status)
+        }
+    }
+}
+
 /// How many attempts a key record remembers (the newest are kept).
 pub const HISTORY_LEN: usize = 10;
 /// Each remembered error is cut to this many bytes (the full last error is
@@ -66,6 +90,25 @@ pub struct Attempt {
     /// from doubling it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub may_have_taken_effect: bool,
+    /// What the provider answered a completed attempt (a failed one's status
+    /// and body excerpt are in its error: `HTTP 503: …`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<ProviderAnswer>,
+}
+
+impl Attempt {
+    /// What this attempt means for the effect, in the operator's words:
+    /// `may have taken effect` (outcome unknown), `refused, not applied`
+    /// (a failure that certainly did not apply), or none (completed).
+    pub fn certainty(&self) -> Option<&'static str> {
+        if self.may_have_taken_effect {
+            Some("may have taken effect")
+        } else if self.error.is_some() {
+            Some("refused, not applied")
+        } else {
+            None
+        }
+    }
 }
 
 pub(super) fn parse_history(text: Option<&str>) -> Vec<Attempt> {
@@ -156,6 +199,25 @@ impl KeyRecord {
         }
     }
 
+    /// The key's state in a few words, for a dry run's row: `poisoned after
+    /// 2 attempt(s)`, `done at …`, `cancelled`.
+    pub fn state_summary(&self) -> String {
+        match self.status {
+            KeyStatus::Done => format!("done at {}", self.completed_at.as_deref().unwrap_or("-")),
+            KeyStatus::Cancelled => "cancelled".into(),
+            s => format!("{} after {} attempt(s)", s.as_str(), self.attempts),
+        }
+    }
+
+    /// What the provider answered the attempt that completed the key.
+    pub fn completed_answer(&self) -> Option<&ProviderAnswer> {
+        self.history
+            .iter()
+            .rev()
+            .find(|a| a.outcome == "completed")
+            .and_then(|a| a.provider.as_ref())
+    }
+
     /// The end of a live lease held on the key, if any.
     pub fn lease_live(&self, now: OffsetDateTime) -> Option<OffsetDateTime> {
         let until = OffsetDateTime::parse(self.lease_until.as_deref()?, &Rfc3339).ok()?;
@@ -179,6 +241,7 @@ pub(super) fn abandoned_attempt(rec: &KeyRecord) -> Attempt {
         outcome: "abandoned".into(),
         error: Some("the attempt ended without a result (crash, kill or lost storage)".into()),
         may_have_taken_effect: true,
+        provider: None,
     }
 }
 
@@ -211,6 +274,7 @@ mod tests {
                 "x".repeat(1000)
             ))),
             may_have_taken_effect: n.is_multiple_of(2),
+            provider: None,
         };
         let mut h: Vec<Attempt> = vec![];
         for n in 1..=HISTORY_LEN as u32 + 3 {

@@ -4,7 +4,7 @@
 use super::key::IdempotencyKey;
 use super::record::{
     abandoned_attempt, cap_error, fmt_time, history_with, now_rfc3339, parse_history, short_error,
-    Attempt, KeyRecord, KeyStatus,
+    Attempt, KeyRecord, KeyStatus, ProviderAnswer,
 };
 use crate::storage::{Entity, Etag, StorageError, StorageResult, TableOp, TableStore};
 use serde_json::{json, Value};
@@ -106,6 +106,7 @@ impl ClaimedKey {
             outcome: outcome.into(),
             error: error.map(short_error),
             may_have_taken_effect: uncertain,
+            provider: None,
         }
     }
 }
@@ -327,19 +328,26 @@ impl KeyStore {
         claim: &ClaimedKey,
         effects: Vec<(String, Entity)>,
     ) -> Result<(), FinishError> {
+        self.complete_answered(claim, effects, None).await
+    }
+
+    /// [`complete`](Self::complete), keeping what the provider answered in
+    /// the attempt history.
+    pub async fn complete_answered(
+        &self,
+        claim: &ClaimedKey,
+        effects: Vec<(String, Entity)>,
+        provider: Option<ProviderAnswer>,
+    ) -> Result<(), FinishError> {
+        let mut done = claim.attempt("completed", None, false);
+        done.provider = provider;
         let mut update = Entity::new();
         update.insert("Status".into(), json!("done"));
         update.insert("CompletedAt".into(), json!(now_rfc3339()));
         update.insert("LeaseUntil".into(), json!(""));
         // Done: earlier errors are history now, not a current error.
         update.insert("LastError".into(), json!(""));
-        update.insert(
-            "History".into(),
-            json!(history_with(
-                &claim.history,
-                claim.attempt("completed", None, false)
-            )),
-        );
+        update.insert("History".into(), json!(history_with(&claim.history, done)));
         if effects.is_empty() {
             self.merge_owned(claim, update).await?;
             return Ok(());

@@ -156,7 +156,7 @@ impl Settling<'_> {
             let done = self
                 .rt
                 .keys
-                .complete(c, success.same_store_effects)
+                .complete_answered(c, success.same_store_effects, success.provider)
                 .instrument(crate::traces::step_span!("aqw.key.done"))
                 .await;
             if let Err(e) = done {
@@ -263,9 +263,21 @@ impl Settling<'_> {
         };
         let (rt, trace_parent) = (self.rt, Some(self.trace.context.traceparent()));
         let first_attempt_at = self.first_attempt.clone();
+        // Earlier attempts the key remembers, and this one.
+        let uncertain_attempts = self.claim.as_ref().map_or(0, |c| {
+            c.history.iter().filter(|a| a.may_have_taken_effect).count()
+        }) as u32
+            + u32::from(uncertain);
         if let Err(e) = rt
             .poison
-            .write(self.msg, self.key, &info, first_attempt_at, trace_parent)
+            .write_counted(
+                self.msg,
+                self.key,
+                &info,
+                first_attempt_at,
+                trace_parent,
+                uncertain_attempts,
+            )
             .await
         {
             return abandoned(e);

@@ -17,6 +17,7 @@ mod enqueue;
 mod fix;
 mod keys;
 mod list;
+mod rehearse;
 mod replay;
 mod show;
 mod status;
@@ -26,6 +27,7 @@ pub use enqueue::{enqueue, prepare_enqueue, with_trace_context, Enqueued, Prepar
 pub use fix::{fix, FixAction, FixReport};
 pub use keys::key_record;
 pub use list::list;
+pub use rehearse::{payload_diff, rehearse_discard, rehearse_fix, DiscardRehearsal, FixRehearsal};
 pub use replay::{
     replay, ReplayAction, ReplayItem, ReplayOptions, ReplayReport, DEFAULT_REPLAY_CONCURRENCY,
 };
@@ -62,6 +64,8 @@ pub struct QueueOps {
     /// The queue's poison records and their `<queue>-poison` copies.
     pub poison: PoisonStore,
     pub keys: KeyStore,
+    /// The workers' poll heartbeats.
+    pub heartbeats: crate::heartbeat::HeartbeatStore,
 }
 
 impl QueueOps {
@@ -83,6 +87,7 @@ impl QueueOps {
             source: storage.queue(queue),
             poison,
             keys: KeyStore::new(storage.table(&app.keys_table)),
+            heartbeats: crate::heartbeat::HeartbeatStore::new(storage.table(&app.heartbeat_table)),
             app,
         }
     }

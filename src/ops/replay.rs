@@ -78,6 +78,11 @@ pub struct ReplayItem {
     pub detail: Option<String>,
     /// With --wait: whether the key is done.
     pub confirmed: Option<bool>,
+    /// The key's state when replay looked (`none`: never claimed).
+    pub key_state: Option<String>,
+    /// With --wait: what the provider answered the attempt that completed
+    /// the key (`provider: replayed` proves the effect happened only once).
+    pub provider: Option<String>,
 }
 
 impl ReplayItem {
@@ -89,6 +94,8 @@ impl ReplayItem {
             new_message_id: None,
             detail: None,
             confirmed: None,
+            key_state: None,
+            provider: None,
         }
     }
 
@@ -264,6 +271,11 @@ async fn replay_one(
     let item_key = key.clone().or(rec.key.clone());
     let mut item = ReplayItem::new(&rec.message_id, item_key, ReplayAction::Failed);
     let key_state = key_state(ops, key.as_ref()).await?;
+    item.key_state = Some(
+        key_state
+            .as_ref()
+            .map_or("none".into(), |(r, _)| r.state_summary()),
+    );
     let done = key_state
         .as_ref()
         .is_some_and(|(r, _)| r.status.is_settled());
@@ -438,11 +450,14 @@ async fn confirm(ops: &QueueOps, report: &mut ReplayReport, wait: Duration) -> O
                 .as_ref()
                 .and_then(|k| IdempotencyKey::new(k.clone()).ok())
             {
-                Some(k) => ops
-                    .keys
-                    .get(&f.name, &k)
-                    .await?
-                    .is_some_and(|r| r.status.is_settled()),
+                Some(k) => {
+                    let rec = ops.keys.get(&f.name, &k).await?;
+                    item.provider = rec
+                        .as_ref()
+                        .and_then(|r| r.completed_answer())
+                        .map(|a| a.summary());
+                    rec.is_some_and(|r| r.status.is_settled())
+                }
                 None => {
                     // Keyless job: confirmed when its replayed message is no longer in a poison record
                     // and has left the source queue; we can only say "unknown".

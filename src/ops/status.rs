@@ -14,6 +14,10 @@ pub struct QueueStatus {
     pub poison_depth: Option<u64>,
     pub open_records: usize,
     pub oldest_open: Option<String>,
+    /// The newest poll heartbeat of any worker (`None`: none ever).
+    pub last_poll: Option<String>,
+    /// Workers whose heartbeat is recent (see `crate::heartbeat`).
+    pub polling_workers: usize,
 }
 
 pub async fn status(ops: &QueueOps) -> OpsResult<QueueStatus> {
@@ -32,6 +36,12 @@ pub async fn status(ops: &QueueOps) -> OpsResult<QueueStatus> {
         .filter(|r| r.status == RecordStatus::Open)
         .collect();
     let oldest_open = open.iter().map(|r| r.poisoned_at.clone()).min();
+    let beats = ops.heartbeats.last_polls(&ops.queue).await?;
+    let now = time::OffsetDateTime::now_utc();
+    let polling_workers = beats
+        .iter()
+        .filter(|b| crate::heartbeat::is_recent(&b.last_poll, now))
+        .count();
     Ok(QueueStatus {
         function: ops
             .function
@@ -43,5 +53,7 @@ pub async fn status(ops: &QueueOps) -> OpsResult<QueueStatus> {
         poison_depth,
         open_records: open.len(),
         oldest_open,
+        last_poll: beats.first().map(|b| b.last_poll.clone()),
+        polling_workers,
     })
 }

@@ -88,6 +88,11 @@ pub struct PoisonRecord {
     /// The W3C `traceparent` of the attempt that poisoned it, so replay,
     /// discard and fix link their spans to that job's trace.
     pub trace_parent: Option<String>,
+    /// How many of the job's attempts ended with their outcome unknown
+    /// (timeout, connection lost after sending, 408/500/502/504): the
+    /// record needs a look at the provider whatever its last error says.
+    #[serde(default)]
+    pub uncertain_attempts: u32,
 }
 
 fn split_parts(text: &str) -> Vec<String> {
@@ -143,6 +148,9 @@ impl PoisonRecord {
         put(col::REPLAY_COUNT, json!(self.replay_count));
         if let Some(tp) = &self.trace_parent {
             put(col::TRACE_PARENT, json!(tp));
+        }
+        if self.uncertain_attempts > 0 {
+            put(col::UNCERTAIN_ATTEMPTS, json!(self.uncertain_attempts));
         }
         e
     }
@@ -203,6 +211,7 @@ impl PoisonRecord {
             replacement_key: s(col::REPLACEMENT_KEY).and_then(|k| IdempotencyKey::new(k).ok()),
             replacement_size_diff: e.get(col::REPLACEMENT_SIZE_DIFF).and_then(Value::as_i64),
             trace_parent: s(col::TRACE_PARENT),
+            uncertain_attempts: n(col::UNCERTAIN_ATTEMPTS),
         }
     }
 
@@ -239,6 +248,7 @@ impl PoisonRecord {
             replacement_key: None,
             replacement_size_diff: None,
             trace_parent: None,
+            uncertain_attempts: 0,
         }
     }
 
@@ -321,6 +331,7 @@ mod col {
     pub const REPLAYED_BY: &str = "ReplayedBy";
     pub const STATUS: &str = "Status";
     pub const TRACE_PARENT: &str = "TraceParent";
+    pub const UNCERTAIN_ATTEMPTS: &str = "UncertainAttempts";
 }
 
 /// How a replay closes a record.

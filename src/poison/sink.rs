@@ -48,19 +48,35 @@ impl PoisonSink {
         first_attempt_at: Option<String>,
         trace_parent: Option<String>,
     ) -> StorageResult<bool> {
+        self.write_counted(msg, key, error, first_attempt_at, trace_parent, 0)
+            .await
+    }
+
+    /// [`write`](Self::write), saying how many of the job's attempts ended
+    /// with their outcome unknown (the record and the alert mark it).
+    pub async fn write_counted(
+        &self,
+        msg: &ReceivedMessage,
+        key: Option<&IdempotencyKey>,
+        error: &ErrorInfo,
+        first_attempt_at: Option<String>,
+        trace_parent: Option<String>,
+        uncertain_attempts: u32,
+    ) -> StorageResult<bool> {
         let error = ErrorInfo {
             kind: error.kind,
             message: cap_error(&error.message),
         };
         let mut record = self.open_record(msg, key, &error, first_attempt_at);
         record.trace_parent = trace_parent;
+        record.uncertain_attempts = uncertain_attempts;
         let ttl = match self.ttl {
             None => Ttl::Never,
             Some(d) => Ttl::After(d),
         };
         let created = self.store().write(record, ttl).await?;
         if created {
-            self.alert(&msg.id, key, &error);
+            self.alert(&msg.id, key, &error, uncertain_attempts > 0);
         }
         Ok(created)
     }
@@ -93,7 +109,13 @@ impl PoisonSink {
 
     /// The alert of a newly poisoned message (once per message: only the
     /// call that created its record raises it).
-    fn alert(&self, message_id: &str, key: Option<&IdempotencyKey>, error: &ErrorInfo) {
+    fn alert(
+        &self,
+        message_id: &str,
+        key: Option<&IdempotencyKey>,
+        error: &ErrorInfo,
+        uncertain: bool,
+    ) {
         self.alerts.poisoned(PoisonAlert {
             queue: self.source_queue.clone(),
             poison_queue: self.poison_queue.name().to_string(),
@@ -103,6 +125,7 @@ impl PoisonSink {
             error_kind: error.kind.as_str().into(),
             error: error.message.clone(),
             poisoned_at: time::OffsetDateTime::now_utc(),
+            uncertain,
         });
     }
 }

@@ -24,6 +24,9 @@ pub struct PoisonAlert {
     pub error_kind: String,
     pub error: String,
     pub poisoned_at: time::OffsetDateTime,
+    /// Some attempt of the job ended with its outcome unknown: the effect
+    /// may have happened, whatever the last error was.
+    pub uncertain: bool,
 }
 
 /// The error text an alert groups by: an HTTP status code if the text has
@@ -63,6 +66,8 @@ pub(super) struct AlertGroup<'a> {
     pub(super) count: usize,
     pub(super) ids: Vec<&'a str>,
     pub(super) keys: Vec<&'a str>,
+    /// Records of the group with an uncertain attempt, all of them named.
+    pub(super) uncertain_ids: Vec<&'a str>,
 }
 
 /// A window's records grouped by cause, the biggest group first.
@@ -84,12 +89,16 @@ pub(super) fn group_alerts(batch: &[PoisonAlert]) -> Vec<AlertGroup<'_>> {
                     count: 0,
                     ids: vec![],
                     keys: vec![],
+                    uncertain_ids: vec![],
                 });
                 groups.len() - 1
             }
         };
         let g = &mut groups[i];
         g.count += 1;
+        if a.uncertain {
+            g.uncertain_ids.push(&a.message_id);
+        }
         if g.ids.len() < SAMPLES {
             g.ids.push(&a.message_id);
         }
@@ -175,8 +184,10 @@ fn generic_body(
             "error": g.text,
             "messageIds": g.ids,
             "keys": g.keys,
+            "mayHaveTakenEffect": g.uncertain_ids,
             "show": g.ids.first().map(|id| show_command(queue, id)),
         })).collect::<Vec<_>>(),
+        "mayHaveTakenEffect": batch.iter().filter(|a| a.uncertain).count(),
         "next": list_command(queue),
         "hint": format!("read each group with `aqw poison list {queue} --status open`, then `aqw poison show {queue} ID`; replay once the cause is fixed, discard a job that must never run"),
         // The first record, kept for receivers written against the old body.
@@ -418,6 +429,7 @@ mod tests {
             error_kind: kind.into(),
             error: error.into(),
             poisoned_at: time::OffsetDateTime::from_unix_timestamp(1_800_000_000 + at).unwrap(),
+            uncertain: error.contains("timed out"),
         }
     }
 

@@ -49,12 +49,20 @@ fn code(text: &str) -> String {
     format!("`{}`", text.replace('`', "'"))
 }
 
-/// "3 × retryable (HTTP 503)": a group's headline.
+/// "3 × retryable (HTTP 503)": a group's headline, with how many of its
+/// jobs may have taken effect (check those before a replay).
 fn group_title(g: &AlertGroup) -> String {
-    match g.status {
+    let mut title = match g.status {
         Some(status) => format!("{} × {} (HTTP {status})", g.count, g.kind),
         None => format!("{} × {}", g.count, g.kind),
+    };
+    if !g.uncertain_ids.is_empty() {
+        title.push_str(&format!(
+            " · {} may have taken effect",
+            g.uncertain_ids.len()
+        ));
     }
+    title
 }
 
 fn headline(queue: &str, batch: &[PoisonAlert]) -> String {
@@ -185,6 +193,7 @@ mod tests {
             error_kind: "permanent".into(),
             error: error.into(),
             poisoned_at: time::OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap(),
+            uncertain: false,
         }
     }
 

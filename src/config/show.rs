@@ -1,0 +1,337 @@
+//! `aqw config show`: the effective configuration, resolved, as name /
+//! value / source rows. Secrets never appear: a connection is shown as its
+//! account, endpoints and credential kind; URLs lose user info and query;
+//! tokens are only said to be set.
+
+use super::{AppConfig, HandlerSpec, KeySpec, RetryStrategy};
+use crate::storage::{Connection, Credentials};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Where a setting's value came from.
+/// Serialized as the text shows it (`host.json`, `local.settings.json`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Source {
+    /// The process environment (wins over local.settings.json).
+    #[serde(rename = "environment")]
+    Environment,
+    /// `Values` of local.settings.json in the app folder.
+    #[serde(rename = "local.settings.json")]
+    LocalSettings,
+    /// host.json.
+    #[serde(rename = "host.json")]
+    HostJson,
+    /// `<Function>/function.json`.
+    #[serde(rename = "function.json")]
+    FunctionJson,
+    /// Not set anywhere: aqw's default.
+    #[serde(rename = "default")]
+    Default,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Environment => "environment",
+            Source::LocalSettings => "local.settings.json",
+            Source::HostJson => "host.json",
+            Source::FunctionJson => "function.json",
+            Source::Default => "default",
+        }
+    }
+}
+
+/// One effective setting.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Setting {
+    pub name: String,
+    pub value: String,
+    pub source: Source,
+}
+
+/// Where settings are looked up, to name each one's source.
+pub struct Lookup<'a> {
+    /// The process environment.
+    pub env: &'a dyn Fn(&str) -> Option<String>,
+    /// `Values` of local.settings.json.
+    pub local: BTreeMap<String, String>,
+    /// host.json as written.
+    pub host: Value,
+}
+
+impl Lookup<'_> {
+    /// The source of an app setting (environment first, as `load` reads it).
+    fn setting(&self, name: &str) -> Option<Source> {
+        if (self.env)(name).is_some_and(|v| !v.is_empty()) {
+            Some(Source::Environment)
+        } else if self.local.get(name).is_some_and(|v| !v.is_empty()) {
+            Some(Source::LocalSettings)
+        } else {
+            None
+        }
+    }
+
+    /// host.json if it has `pointer`, else the default.
+    fn host(&self, pointer: &str) -> Source {
+        if self.host.pointer(pointer).is_some() {
+            Source::HostJson
+        } else {
+            Source::Default
+        }
+    }
+}
+
+/// The lookup of `app_dir` over the process environment.
+pub fn lookup(app_dir: &std::path::Path) -> Result<Lookup<'static>, super::ConfigError> {
+    let local = super::settings::read_local_settings(app_dir)?;
+    let host = std::fs::read_to_string(app_dir.join("host.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(t.trim_start_matches('\u{feff}')).ok())
+        .unwrap_or(Value::Null);
+    Ok(Lookup {
+        env: &|k| std::env::var(k).ok(),
+        local,
+        host,
+    })
+}
+
+/// The effective configuration of `app`, every row safe to print.
+pub fn effective(app: &AppConfig, look: &Lookup) -> Vec<Setting> {
+    let mut out = Vec::new();
+    let mut row = |name: &str, value: String, source: Source| {
+        out.push(Setting {
+            name: name.into(),
+            value,
+            source,
+        })
+    };
+    let q = "/extensions/queues";
+    row(
+        "maxDequeueCount",
+        app.max_dequeue_count.to_string(),
+        look.host(&format!("{q}/maxDequeueCount")),
+    );
+    row(
+        "batchSize",
+        app.batch_size.to_string(),
+        look.host(&format!("{q}/batchSize")),
+    );
+    row(
+        "maxPollingInterval",
+        secs(app.max_polling_interval),
+        look.host(&format!("{q}/maxPollingInterval")),
+    );
+    row(
+        "messageEncoding",
+        app.message_encoding.as_str().into(),
+        look.host(&format!("{q}/messageEncoding")),
+    );
+    row("retry", retry(&app.retry), look.host("/aqw/retry"));
+    row("lease", secs(app.lease), look.host("/aqw/lease"));
+    row(
+        "tables.keys",
+        app.keys_table.clone(),
+        look.host("/aqw/tables/keys"),
+    );
+    row(
+        "tables.poison",
+        app.poison_table.clone(),
+        look.host("/aqw/tables/poison"),
+    );
+    row(
+        "tables.heartbeats",
+        app.heartbeat_table.clone(),
+        look.host("/aqw/tables/heartbeats"),
+    );
+    let port = app.http_port.map_or("off".into(), |p| p.to_string());
+    row("http.port", port, look.host("/aqw/http/port"));
+    delivery_rows(app, look, &mut row);
+    environment_rows(look, &mut row);
+    for f in &app.functions {
+        function_rows(f, look, &mut row);
+    }
+    out
+}
+
+/// The alert's delivery and the gauges' refresh; the signing secret only
+/// as set or not.
+fn delivery_rows(app: &AppConfig, look: &Lookup, row: &mut impl FnMut(&str, String, Source)) {
+    let webhook = app
+        .alert_webhook
+        .as_ref()
+        .map_or("off".into(), |u| safe_url(u.as_str()));
+    row("alert.webhook", webhook, look.host("/aqw/alert/webhook"));
+    let format = format!("{:?}", app.alert_format).to_lowercase();
+    row("alert.format", format, look.host("/aqw/alert/format"));
+    let dashboard = app
+        .alert_dashboard_url
+        .as_ref()
+        .map_or("off".into(), |u| safe_url(u.as_str()));
+    row(
+        "alert.dashboardUrl",
+        dashboard,
+        look.host("/aqw/alert/dashboardUrl"),
+    );
+    let secret = match &app.alert_secret {
+        Some(_) => "(set, not shown)".to_string(),
+        None => "off".to_string(),
+    };
+    row("alert.secret", secret, look.host("/aqw/alert/secret"));
+    let interval = secs(app.metrics_interval);
+    row(
+        "http.metricsInterval",
+        interval,
+        look.host("/aqw/http/metricsInterval"),
+    );
+}
+
+/// The rows read from the environment: ports, the dashboard, exporters.
+fn environment_rows(look: &Lookup, row: &mut impl FnMut(&str, String, Source)) {
+    for name in ["FUNCTIONS_CUSTOMHANDLER_PORT", "AQW_DASHBOARD_LISTEN"] {
+        if let Some(src) = look.setting(name) {
+            row(name, setting_value(look, name, src), src);
+        }
+    }
+    for name in [
+        "AQW_DASHBOARD_TOKEN",
+        "APPLICATIONINSIGHTS_CONNECTION_STRING",
+    ] {
+        if let Some(src) = look.setting(name) {
+            row(name, "(set, not shown)".into(), src);
+        }
+    }
+    let exporters = crate::traces::export::targets_from_env(|k| {
+        let src = look.setting(k)?;
+        Some(setting_value(look, k, src))
+    });
+    let exporters = match exporters {
+        Ok(t) if t.is_empty() => "none".into(),
+        Ok(t) => t
+            .iter()
+            .map(|t| t.describe())
+            .collect::<Vec<_>>()
+            .join("; "),
+        Err(e) => format!("invalid: {e}"),
+    };
+    row("exporters", exporters, Source::Environment);
+}
+
+/// The rows of one function: queue, connection, handler, key, cap.
+fn function_rows(
+    f: &super::FunctionConfig,
+    look: &Lookup,
+    row: &mut impl FnMut(&str, String, Source),
+) {
+    let at = |what: &str| format!("functions.{}.{what}", f.name);
+    let h = format!("/aqw/functions/{}/handler", f.name);
+    let queue_source = match look.host(&format!("/aqw/functions/{}/queue", f.name)) {
+        Source::HostJson => Source::HostJson,
+        _ => Source::FunctionJson,
+    };
+    row(&at("queue"), f.queue.clone(), queue_source);
+    let conn_source = look
+        .setting(&f.connection.setting)
+        .or_else(|| look.setting(&format!("{}__accountName", f.connection.setting)))
+        .unwrap_or(Source::Environment);
+    row(&at("connection"), connection(&f.connection), conn_source);
+    let (handler, source) = match &f.handler {
+        HandlerSpec::Http {
+            url,
+            timeout,
+            answers,
+        } => (
+            format!(
+                "http POST {} (timeout {}, replay header {}, refused {})",
+                safe_url(url.as_str()),
+                secs(*timeout),
+                answers.replay_header.as_deref().unwrap_or("none"),
+                refused(&answers.refused_statuses)
+            ),
+            look.host(&h),
+        ),
+        HandlerSpec::Exec { command, .. } => (
+            format!("exec {}", command.first().map(String::as_str).unwrap_or("")),
+            look.host(&h),
+        ),
+        HandlerSpec::Registered => ("registered in code".into(), Source::Default),
+    };
+    row(&at("handler"), handler, source);
+    let key = match &f.key {
+        KeySpec::Template(t) => format!("template {}", t.source()),
+        KeySpec::PayloadField => "the payload's idempotencyKey field".into(),
+        KeySpec::None => "none (naturally idempotent)".into(),
+    };
+    row(
+        &at("key"),
+        key,
+        look.host(&format!("/aqw/functions/{}/key", f.name)),
+    );
+}
+
+/// The value of a setting from its source (environment or local.settings.json).
+fn setting_value(look: &Lookup, name: &str, source: Source) -> String {
+    let v = match source {
+        Source::Environment => (look.env)(name),
+        _ => look.local.get(name).cloned(),
+    };
+    v.unwrap_or_default()
+}
+
+/// A connection without its secret: account, queue endpoint, credential kind.
+fn connection(c: &Connection) -> String {
+    let kind = match &c.credentials {
+        Credentials::SharedKey { .. } => "account key (not shown)".to_string(),
+        Credentials::Sas { .. } => "SAS token (not shown)".to_string(),
+        Credentials::Identity { client_id } => match client_id {
+            Some(id) => format!("identity (client id {id})"),
+            None => "identity".into(),
+        },
+    };
+    format!(
+        "{} ({}) via {}, {kind}",
+        c.setting,
+        c.account,
+        safe_url(&c.queue_endpoint)
+    )
+}
+
+/// A URL fit to print: no user info, no query (SAS tokens, codes).
+pub fn safe_url(text: &str) -> String {
+    match url::Url::parse(text) {
+        Ok(mut u) => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.set_query(None);
+            u.set_fragment(None);
+            u.to_string()
+        }
+        Err(_) => "(not a URL)".into(),
+    }
+}
+
+fn refused(statuses: &[u16]) -> String {
+    let mut all = vec![425, 429, 503];
+    all.extend_from_slice(statuses);
+    all.sort_unstable();
+    all.dedup();
+    all.iter().map(u16::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn retry(r: &RetryStrategy) -> String {
+    match r {
+        RetryStrategy::Exponential {
+            initial_delay,
+            max_delay,
+        } => format!(
+            "exponential from {} to {}",
+            secs(*initial_delay),
+            secs(*max_delay)
+        ),
+        RetryStrategy::Fixed { delay } => format!("fixed {}", secs(*delay)),
+    }
+}
+
+fn secs(d: Duration) -> String {
+    format!("{}s", d.as_secs_f64())
+}
