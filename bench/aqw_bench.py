@@ -3,6 +3,8 @@
   bash scripts/bench.sh            full run (3 repetitions), rewrites BENCHMARKS.md
   bash scripts/bench.sh --smoke    tiny sizes, 1 repetition, writes .bench/smoke.md
   bash scripts/bench.sh --reps 5   full run with 5 repetitions
+  bash scripts/bench.sh --smoke --only breaker
+                                   only scenario (h), report in .bench/only-breaker.md
   bash scripts/bench.sh --report .bench/full-YYYYMMDD-HHMMSS
                                    re-render a run's report from its results.json
 
@@ -24,6 +26,13 @@ Scenarios:
       idle minute.
   (f) scale-out: 1, 2 and 4 worker processes on 2,000 jobs: throughput and
       Azurite's CPU (is the storage the limit?).
+  (g) traces: `aqw run` with an HTTP handler, trace export off / OTLP on /
+      collector down: CPU per message.
+  (h) breaker: the same, with the circuit breaker on (default) and off:
+      CPU per message, as a ratio (the breaker's cost on the happy path).
+Azurite: the default ports, or AQW_AZURITE_QUEUE_PORT / AQW_AZURITE_TABLE_PORT /
+AQW_AZURITE_BLOB_PORT (with AQW_AZURITE_STATE) for an instance of one's own;
+the workers connect to the same ports.
 
 Every run uses a fresh random queue and fresh tables (deleted afterwards),
 and queues are fed in waves that keep them under ~900 messages (Azurite
@@ -49,7 +58,7 @@ import time
 
 import report
 import scenarios
-from harness import CORES, Bench, log
+from harness import CORES, Bench, log, storage_connection
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -63,6 +72,7 @@ def parse_args(argv):
     (`--smoke` sets 1 repetition, so a later `--reps` wins). Returns
     dict(mode, reps, report, help)."""
     opts = dict(mode="full", reps="3", report="", help=False)
+    only = ""
     it = iter(argv)
     for arg in it:
         if arg == "--smoke":
@@ -77,6 +87,10 @@ def parse_args(argv):
             opts["report"] = next(it, "")
             if not opts["report"]:
                 raise Usage("--report needs a run folder")
+        elif arg == "--only":
+            only = next(it, "")
+            if only not in ONLY:
+                raise Usage(f"--only takes one of: {', '.join(ONLY)}")
         elif arg in ("-h", "--help"):
             opts["help"] = True
             return opts
@@ -85,7 +99,13 @@ def parse_args(argv):
     if not re.fullmatch(r"[0-9]+", opts["reps"]) or opts["reps"] == "0":
         raise Usage("--reps must be a positive integer")
     opts["reps"] = int(opts["reps"])
+    if only:
+        opts["only"] = only
     return opts
+
+
+# Scenarios `--only` runs by themselves (without the background probes).
+ONLY = ("breaker",)
 
 
 def target_dir():
@@ -135,9 +155,15 @@ def run_all(b):
     return dict(a=a, b=rb, c=c, d=d, e=e, f=scale, g=g)
 
 
-def bench(mode, reps):
-    """A full or smoke run: every scenario, results.json, the report."""
-    os.environ["AzureWebJobsStorage"] = "UseDevelopmentStorage=true"
+def run_only(b, only):
+    """One scenario by itself (`--only`)."""
+    assert only == "breaker"
+    return dict(h=scenarios.breaker(b))
+
+
+def bench(mode, reps, only=None):
+    """A full or smoke run: every scenario (or the `--only` one), results.json, the report."""
+    os.environ["AzureWebJobsStorage"] = storage_connection(os.environ)
     b = Bench(ROOT, target_dir(), mode, reps)
     os.makedirs(b.work, exist_ok=True)
     started = time.monotonic()
@@ -148,9 +174,9 @@ def bench(mode, reps):
             log(f"missing {exe}: build it with cargo build --release --examples --bin aqw")
             return 3
     log(f"mode {b.mode}, {b.reps} repetition(s), {CORES} cores; logs in {os.path.relpath(b.work, ROOT)}")
-    results = run_all(b)
+    results = run_only(b, only) if only else run_all(b)
     total = time.monotonic() - started
-    data = dict(mode=b.mode, reps=b.reps, sizes=b.sizes, **results, errors=b.errors,
+    data = dict(mode=b.mode, reps=b.reps, sizes=b.sizes, **results, errors=b.errors, only=only,
                 commands=b.commands, machine=m, total_seconds=total)
     with open(os.path.join(b.work, "results.json"), "w") as f:
         json.dump(data, f, indent=1, default=str)
@@ -176,7 +202,7 @@ def main(argv):
     if opts["report"]:
         run_dir = opts["report"]
         return report.write(report.load(run_dir, ROOT), os.path.basename(os.path.abspath(run_dir)), ROOT)
-    return bench(opts["mode"], opts["reps"])
+    return bench(opts["mode"], opts["reps"], opts.get("only"))
 
 
 if __name__ == "__main__":

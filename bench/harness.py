@@ -32,6 +32,7 @@ def sizes(smoke):
         latency_idle_samples=0 if smoke else 5,
         scale=40 if smoke else 2000,
         traces=40 if smoke else 500,
+        breaker=40 if smoke else 500,
     )
 
 
@@ -161,6 +162,19 @@ PROBE_ENV = {"AzureWebJobsStorage": (
     "TableEndpoint=http://127.0.0.1:10012/devstoreaccount1;")}
 
 
+def storage_connection(env):
+    """AzureWebJobsStorage for the bench's Azurite: the emulator's defaults,
+    or, when AQW_AZURITE_QUEUE_PORT / AQW_AZURITE_TABLE_PORT move it (the
+    ports scripts/azurite.sh starts it on), the same account on those ports."""
+    q, t = env.get("AQW_AZURITE_QUEUE_PORT"), env.get("AQW_AZURITE_TABLE_PORT")
+    if not q and not t:
+        return "UseDevelopmentStorage=true"
+    return ("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+            "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
+            f"QueueEndpoint=http://127.0.0.1:{q or 10001}/devstoreaccount1;"
+            f"TableEndpoint=http://127.0.0.1:{t or 10002}/devstoreaccount1;")
+
+
 def log(msg):
     print(f"bench: {msg}", file=sys.stderr, flush=True)
 
@@ -281,11 +295,14 @@ class Proc:
             return ""
 
 
-def write_app(app_dir, queue, keys, poison, key="bench:{/id}", handler=None, queues=None, http_port=None):
+def write_app(app_dir, queue, keys, poison, key="bench:{/id}", handler=None, queues=None, http_port=None,
+              breaker=None):
     os.makedirs(app_dir, exist_ok=True)
     fn = {"queue": queue, "key": key}
     if handler is not None:
         fn["handler"] = handler
+    if breaker is not None:
+        fn["breaker"] = breaker
     aqw = {"functions": {"Bench": fn}, "tables": {"keys": keys, "poison": poison}}
     if http_port is not None:
         aqw["http"] = {"port": http_port}

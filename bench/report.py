@@ -237,6 +237,7 @@ def render(data, run_name):
               "was settled exactly once across the processes (the handled counts add up to the jobs).", ""]
 
     lines += traces_section(data.get("g") or {}, N)
+    lines += breaker_section(data.get("h") or {}, N)
 
     lines += ["## Commands", "", "```sh", f"bash scripts/bench.sh{' --smoke' if SMOKE else ''}" +
               (f" --reps {REPS}" if not SMOKE and REPS != 3 else ""), "```", "",
@@ -284,14 +285,46 @@ def traces_section(g, N):
     return lines
 
 
+def breaker_section(h, N):
+    """(h): CPU per message of `aqw run` with the circuit breaker on and off."""
+    if not h:
+        return []
+    runs = {m: [x for x in h.get(m, []) if x] for m in ("on", "off")}
+    med = {m: median([x["cpu_ms"] for x in xs]) for m, xs in runs.items()}
+    lines = [f"## (h) Circuit breaker: {N.get('breaker')} keyed jobs through `aqw run` and an HTTP handler", ""]
+    lines += ["| breaker | metric | median | min | max | unit |", "|---|---|---|---|---|---|"]
+    names = {"on": "on (default settings)", "off": "off (`\"breaker\": false`)"}
+    for m, xs in runs.items():
+        lines.append(row(f"{names[m]} | CPU per message, aqw process", [x["cpu_ms"] for x in xs], "ms"))
+        lines.append(row(f"{names[m]} | throughput", [x["rps"] for x in xs], "msg/s", 0))
+    lines += ["", f"CPU per message, breaker on / off: {fmt(ratio(med['on'], med['off']))} (the happy path: "
+              "every call answers 200, so the breaker only counts successes).", ""]
+    return lines
+
+
+def render_only(data, run_name):
+    """The report of an `--only` run: its one section."""
+    N = data["sizes"]
+    m = data["machine"]
+    lines = [f"# aqw benchmarks, only ({data['only']})" + (" (smoke run: tiny sizes)" if data["mode"] == "smoke" else ""),
+             "", f"Measured {m['date']} on {m['nproc']} cores; aqw commit {m['commit']}; "
+             f"{data['reps']} repetition(s). Raw data: `.bench/{run_name}/results.json`.", ""]
+    lines += breaker_section(data.get("h") or {}, N)
+    if data.get("errors"):
+        lines += ["## Errors", ""] + [f"- {e}" for e in data["errors"]] + [""]
+    return "\n".join(lines)
+
+
 def write(data, run_name, root):
     """Render the report, write it (.bench/smoke.md for a smoke run,
     .bench/failed.md when there were errors, else BENCHMARKS.md), print it,
     and return the exit status: 1 when there were errors."""
     errors = data.get("errors", [])
-    text = render(data, run_name)
+    text = render_only(data, run_name) if data.get("only") else render(data, run_name)
     state = os.path.join(root, ".bench")
-    if data["mode"] == "smoke":
+    if data.get("only"):
+        out = os.path.join(state, f"only-{data['only']}.md")
+    elif data["mode"] == "smoke":
         out = os.path.join(state, "smoke.md")
     elif errors:
         out = os.path.join(state, "failed.md")

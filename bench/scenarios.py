@@ -562,30 +562,22 @@ class LocalHttp:
 TRACE_MODES = ("off", "otlp", "otlp-down")
 
 
-def traces_run(b, mode, rep, http):
+def http_run(b, label, n, http, env=None, breaker=None):
     """n keyed jobs through `aqw run` (release binary, JSON logs at info, as
-    deployed) to the HTTP handler, with trace export `mode`; CPU of the aqw
-    process per message."""
-    n = b.sizes["traces"]
+    deployed) to the HTTP handler; the aqw process's figures, or None."""
     r = b.fresh()
-    label = f"traces-{mode}-{rep}"
     app_dir = os.path.join(b.work, label)
     port = free_port()
     write_app(app_dir, r["queue"], r["keys"], r["poison"],
-              handler={"type": "http", "url": http.url + "/effects"}, http_port=port)
-    log(f"(g) traces {mode} rep {rep + 1}/{b.reps}: {n} keyed jobs through aqw run")
+              handler={"type": "http", "url": http.url + "/effects"}, http_port=port, breaker=breaker)
     if not b.ceiling("enqueue", "--queue", r["queue"], "--count", str(n), "--tag", r["tag"],
                      name=f"{label}-enqueue"):
         return None
-    env = {"OTEL_BSP_SCHEDULE_DELAY": "200"}
-    if mode == "otlp":
-        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = http.url
-    elif mode == "otlp-down":
-        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"  # nothing listens
+    env = env or {}
     cmd = [b.aqw, "--log-format", "json", "run", "--app", app_dir]
-    b.commands.setdefault(f"aqw-run-traces-{mode}", " ".join(f"{k}={v}" for k, v in env.items()) + " " +
+    kind = label.rsplit("-", 1)[0]
+    b.commands.setdefault(f"aqw-run-{kind}", " ".join(f"{k}={v}" for k, v in env.items()) + " " +
                           b.show(cmd, subs(r, app_dir)))
-    exported_before = http.counts.get("/v1/traces", [0, 0])[:]
     proc = b.proc(cmd, label, env=env)
     done_at = None
     started = time.monotonic()
@@ -600,11 +592,27 @@ def traces_run(b, mode, rep, http):
     res = stop_aqw_run(b, proc, label)
     b.cleanup_run(r)
     if done_at is None:
-        b.fail(f"(g) traces {mode}: {n} completed jobs not seen: {proc.tail()}")
+        b.fail(f"{label}: {n} completed jobs not seen: {proc.tail()}")
+        return None
+    res.update(n=n, rps=n / max(done_at - started, 1e-9), cpu_ms=res["cpu"] * 1000 / n)
+    return res
+
+
+def traces_run(b, mode, rep, http):
+    """(g) with trace export `mode`; CPU of the aqw process per message."""
+    n = b.sizes["traces"]
+    log(f"(g) traces {mode} rep {rep + 1}/{b.reps}: {n} keyed jobs through aqw run")
+    env = {"OTEL_BSP_SCHEDULE_DELAY": "200"}
+    if mode == "otlp":
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = http.url
+    elif mode == "otlp-down":
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"  # nothing listens
+    exported_before = http.counts.get("/v1/traces", [0, 0])[:]
+    res = http_run(b, f"traces-{mode}-{rep}", n, http, env=env)
+    if res is None:
         return None
     exported = http.counts.get("/v1/traces", [0, 0])
-    res.update(n=n, mode=mode, rps=n / max(done_at - started, 1e-9), cpu_ms=res["cpu"] * 1000 / n,
-               exports=exported[0] - exported_before[0], export_bytes=exported[1] - exported_before[1])
+    res.update(mode=mode, exports=exported[0] - exported_before[0], export_bytes=exported[1] - exported_before[1])
     if mode == "otlp" and res["exports"] == 0:
         b.fail("(g) traces otlp: the collector received no export")
     return res
@@ -619,6 +627,36 @@ def traces(b):
             random.shuffle(order)
             for mode in order:
                 out[mode].append(traces_run(b, mode, rep, http))
+    finally:
+        http.close()
+    return out
+
+
+# ---------------------------------------------------------------------------
+# (h) breaker: the happy path with the circuit breaker on (the default) and off
+# ---------------------------------------------------------------------------
+
+BREAKER_MODES = ("on", "off")
+
+
+def breaker(b):
+    """(h): the same keyed jobs through `aqw run` and an HTTP handler that
+    always answers 200, with the breaker on (default settings) and off
+    (`"breaker": false`), in random order per repetition."""
+    http = LocalHttp()
+    out = {m: [] for m in BREAKER_MODES}
+    n = b.sizes["breaker"]
+    try:
+        for rep in range(b.reps):
+            order = list(BREAKER_MODES)
+            random.shuffle(order)
+            for mode in order:
+                log(f"(h) breaker {mode} rep {rep + 1}/{b.reps}: {n} keyed jobs through aqw run")
+                res = http_run(b, f"breaker-{mode}-{rep}", n, http,
+                               breaker=None if mode == "on" else False)
+                if res is not None:
+                    res.update(mode=mode)
+                out[mode].append(res)
     finally:
         http.close()
     return out

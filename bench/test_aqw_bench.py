@@ -53,6 +53,15 @@ class Flags(unittest.TestCase):
                     self.parse(*argv)
                 self.assertEqual(str(cm.exception), msg)
 
+    def test_only_runs_one_scenario(self):
+        self.assertEqual(self.parse("--smoke", "--only", "breaker")["only"], "breaker")
+        self.assertNotIn("only", self.parse("--smoke"))
+        for argv in (["--only"], ["--only", "nope"]):
+            with self.subTest(argv=argv):
+                with self.assertRaises(aqw_bench.Usage) as cm:
+                    self.parse(*argv)
+                self.assertEqual(str(cm.exception), "--only takes one of: breaker")
+
     def test_needs_setup(self):
         def status(*argv):
             with contextlib.redirect_stderr(io.StringIO()):
@@ -298,3 +307,21 @@ class Report(unittest.TestCase):
         in_memory = dict(data, f={int(k): v for k, v in data["f"].items()})
         _, text, _ = self.rerender(data)
         self.assertEqual(report.render(in_memory, "full-20260102-030405") + "\n", text)
+
+
+class BreakerBench(unittest.TestCase):
+    def test_the_connection_follows_the_azurite_ports(self):
+        from harness import storage_connection
+        self.assertEqual(storage_connection({}), "UseDevelopmentStorage=true")
+        c = storage_connection({"AQW_AZURITE_QUEUE_PORT": "21001", "AQW_AZURITE_TABLE_PORT": "21002"})
+        self.assertIn("QueueEndpoint=http://127.0.0.1:21001/devstoreaccount1;", c)
+        self.assertIn("TableEndpoint=http://127.0.0.1:21002/devstoreaccount1;", c)
+
+    def test_the_breaker_section_gives_the_on_off_ratio(self):
+        import report
+        run = lambda cpu: dict(cpu_ms=cpu, rps=100.0)
+        h = {"on": [run(1.1), run(1.0)], "off": [run(1.0), run(1.0)]}
+        text = "\n".join(report.breaker_section(h, {"breaker": 40}))
+        self.assertIn("## (h) Circuit breaker: 40 keyed jobs", text)
+        self.assertIn("breaker on / off: 1.05", text)
+        self.assertEqual(report.breaker_section({}, {}), [])

@@ -4,7 +4,9 @@
 //! ([`crate::serve::serve`]) both start from here.
 
 use crate::config::{AppConfig, FunctionConfig};
+use crate::control::ControlStore;
 use crate::decide::Policy;
+use crate::gate::Gate;
 use crate::handlers::{Handler, Registry};
 use crate::idempotency::KeyStore;
 use crate::poison::PoisonSink;
@@ -30,6 +32,8 @@ pub struct FunctionRuntime {
     pub heartbeats: crate::heartbeat::HeartbeatStore,
     /// Unique per process: lease owners are `<worker_id>/<message id>/<dequeue count>`.
     pub worker_id: String,
+    /// The operator's pause and the circuit breaker, asked before receiving.
+    pub gate: Arc<Gate>,
 }
 
 impl FunctionRuntime {
@@ -48,8 +52,17 @@ impl FunctionRuntime {
             records: storage.table(&app.poison_table),
             encoding: app.message_encoding,
             ttl: app.poison_ttl,
-            alerts,
+            alerts: alerts.clone(),
         };
+        let worker_id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
+        let control = ControlStore::new(storage.table(&app.control_table));
+        let gate = Gate::new(
+            &function.name,
+            &worker_id,
+            function.breaker,
+            control,
+            alerts,
+        );
         Self {
             policy: Policy::from_config(&app),
             keys: KeyStore::new(storage.table(&app.keys_table)),
@@ -57,7 +70,8 @@ impl FunctionRuntime {
             source,
             poison,
             handler,
-            worker_id: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
+            worker_id,
+            gate: Arc::new(gate),
             function,
             app,
         }

@@ -12,11 +12,14 @@
 //!
 //! | rule | file |
 //! |---|---|
-//! | host.json / function.json / environment and `local.settings.json` → a validated config, exit 2 before any I/O | `src/config/` (`mod.rs` the ready `AppConfig` and `load`, `raw.rs` serde shapes, `settings.rs` environment, `local.settings.json` and `%name%`, `timespan.rs`, `validate.rs` raw → validated values, `alert.rs` the alert's format, dashboard link and signing secret, `functions.rs` discovery and per-function config, `show.rs` the effective configuration for `aqw config show`, secrets masked, each setting's source) |
+//! | host.json / function.json / environment and `local.settings.json` → a validated config, exit 2 before any I/O | `src/config/` (`mod.rs` the ready `AppConfig` and `load`, `raw.rs` serde shapes, `breaker.rs` the breaker settings and their per-function override, `settings.rs` environment, `local.settings.json` and `%name%`, `timespan.rs`, `validate.rs` raw → validated values, `alert.rs` the alert's format, dashboard link and signing secret, `functions.rs` discovery and per-function config, `show.rs` the effective configuration for `aqw config show`, secrets masked, each setting's source) |
 //! | wiring: one runtime per function, storage connected once per setting, queues and tables created | `src/app.rs` |
 //! | the fate of a message as a pure function of its facts, in two typed stages (`next_step` → `NextStep`: claim, run, or settle `WithoutRunning`; `fate` → `Fate` after the attempt; `Policy` from config); the message-life tables as unit tests | `src/decide.rs` |
 //! | the pipeline for one message, for `aqw run` and `aqw serve`: `process` gathers the facts and carries out each stage (`Settle`, the single poison exit), runs the handler (lease renewal, `functionTimeout`, hard stop), one outcome line and counters (`Outcome`) | `src/job/` (`mod.rs` `process`, `settle.rs`, `handler.rs`, `outcome.rs`) |
 //! | `aqw run`: a poll loop per function, permits before receive, back-off, drain on shutdown | `src/worker.rs` |
+//! | the circuit breaker of one function as a pure state machine (closed → open → half-open), what counts toward it, its settings and defaults | `src/breaker.rs` |
+//! | the control row of each function in `aqwcontrol`: pause / resume by an operator, the breaker state a worker publishes; `ControlStore` | `src/control.rs` |
+//! | what the poll loop asks before receiving: the pause and the breaker, watched and published per function (`Gate`) | `src/gate.rs` |
 //! | retry delay (exponential + jitter, or fixed) and the Functions polling back-off, as pure values | `src/retry.rs` |
 //! | idempotency: the key table's layout (RowKey = SHA-256 of the key) and the module's exports | `src/idempotency/mod.rs` |
 //! | the key from business facts (template / `idempotencyKey` / `none`), `IdempotencyKey` | `src/idempotency/key.rs` |
@@ -29,12 +32,12 @@
 //! | `PoisonStore`: every read and write of poison records (list, find, close as replayed / replaced / discarded, the replay crash marker) and the crash-safe write order (record → copy → copy named) | `src/poison/store.rs` |
 //! | the `<queue>-poison` copies: the scan that imports host copies and deletes strays, release, delete | `src/poison/copies.rs` |
 //! | the worker's one poison call (record built, written through the store, alert raised) | `src/poison/sink.rs` |
-//! | the operator's commands, one file each, returning data, as procedures over `KeyStore` and `PoisonStore`: list, show, replay, fix, discard, status, enqueue, keys | `src/ops/` (`mod.rs`, `list.rs`, `show.rs`, `replay.rs`, `fix.rs`, `discard.rs`, `rehearse.rs` (the dry runs of fix and discard), `status.rs`, `enqueue.rs`, `keys.rs`) |
+//! | the operator's commands, one file each, returning data, as procedures over `KeyStore`, `PoisonStore` and `ControlStore`: list, show, replay, fix, discard, status, enqueue, keys, pause / resume | `src/ops/` (`mod.rs`, `control.rs`, `list.rs`, `show.rs`, `replay.rs`, `fix.rs`, `discard.rs`, `rehearse.rs` (the dry runs of fix and discard), `status.rs`, `enqueue.rs`, `keys.rs`) |
 //! | `Handler` with typed results (retryable, uncertain, permanent); built-in `http` and `exec` | `src/handlers/` (`mod.rs`, `http.rs`, `exec.rs`) |
 //! | Functions custom handler (`aqw serve`): invocations read as the host encodes them, the same `job::process` with a host-side `Settle`, outcomes answered as status codes | `src/serve.rs` |
 //! | `/healthz`, `/readyz`, `/metrics`, and the sampler that refreshes the health gauges every `aqw.http.metricsInterval` | `src/http.rs` |
 //! | poll heartbeats: a worker's last poll per queue, written once a minute, read by `aqw status` | `src/heartbeat.rs` |
-//! | `aqw dashboard`: status, poison list grouped as in the alert, one record, replay/discard/fix through `ops`; token (server-side sessions) or guarded platform-principal auth, CSRF, read-only, `Host` check, back-off on wrong tokens; its own listener, not the ops port | `src/dashboard/` (`mod.rs` router, headers and `/healthz`, `auth.rs`, `guard.rs` (`Host`, principal guard), `throttle.rs`, `handlers.rs`, `progress.rs`, `views.rs` (maud), `chart.rs` (the poisons-per-hour SVG), `payload.rs`, `assets/`) |
+//! | `aqw dashboard`: status, poison list grouped as in the alert, one record, replay/discard/fix and pause/resume through `ops`; token (server-side sessions) or guarded platform-principal auth, CSRF, read-only, `Host` check, back-off on wrong tokens; its own listener, not the ops port | `src/dashboard/` (`mod.rs` router, headers and `/healthz`, `auth.rs`, `control.rs` pause / resume and the status page's receiving column, `guard.rs` (`Host`, principal guard), `throttle.rs`, `handlers.rs`, `progress.rs`, `views.rs` (maud), `chart.rs` (the poisons-per-hour SVG), `payload.rs`, `assets/`) |
 //! | logs (text/JSON, secrets scrubbed), metrics | `src/telemetry/mod.rs` |
 //! | the poison alert: one line per record, one webhook POST per queue and window, grouped by cause, in the receiver's format, HMAC-signed | `src/telemetry/alerts.rs` |
 //! | the alert as a Slack Block Kit message or a Teams Adaptive Card | `src/telemetry/chat.rs` |
@@ -57,10 +60,13 @@
 //! `CancellationToken` passed into [`worker::run`].
 
 pub mod app;
+pub mod breaker;
 pub mod config;
+pub mod control;
 pub mod dashboard;
 pub mod decide;
 pub mod failpoint;
+pub mod gate;
 pub mod handlers;
 pub mod heartbeat;
 pub mod http;

@@ -130,6 +130,9 @@ impl Settle for HostSettle {
     fn poisons_failed_last_attempt(&self) -> bool {
         true
     }
+    fn delivers_while_paused(&self) -> bool {
+        true
+    }
 }
 
 /// The body the host reads: only `Outputs`, `Logs` and `ReturnValue` exist
@@ -525,9 +528,11 @@ fn unknown_function(state: &ServeState, function: &str, invocation_id: &str) -> 
 /// host deletes it), 500 or 503 when the host should retry it.
 fn answer(span: &tracing::Span, outcome: &Outcome, log: String) -> Response {
     match outcome {
-        Outcome::Completed | Outcome::Duplicate | Outcome::Poisoned { .. } => {
-            invocation_response(StatusCode::OK, vec![log])
-        }
+        // A parked message lives on as its fresh copy: the host deletes this one.
+        Outcome::Completed
+        | Outcome::Duplicate
+        | Outcome::Poisoned { .. }
+        | Outcome::Parked { .. } => invocation_response(StatusCode::OK, vec![log]),
         Outcome::Retried { .. } | Outcome::Deferred { .. } | Outcome::Released => {
             span.in_scope(|| {
                 warn!(
@@ -584,6 +589,12 @@ pub async fn serve(
         return Ok(());
     }
     health.ready.store(true, Ordering::Relaxed);
+    for rt in &rts {
+        // The host delivers regardless: the pause is honoured per message.
+        rt.gate.refresh().await;
+        let (rt, shutdown) = (rt.clone(), shutdown.clone());
+        tokio::spawn(async move { rt.gate.watch(shutdown).await });
+    }
     let state = ServeState::new(rts);
     let hard_stop = state.hard_stop.clone();
     tracing::info!(

@@ -4,6 +4,7 @@
 //! drains in-flight jobs on shutdown.
 
 use crate::app::{ensure_resources, runtimes, FunctionRuntime};
+use crate::breaker::Admission;
 use crate::config::AppConfig;
 use crate::handlers::Registry;
 use crate::http::Health;
@@ -36,25 +37,23 @@ pub async fn poll_loop(
     let mut failures = 0u32;
     let mut heartbeat = crate::heartbeat::Pacer::default();
     loop {
+        // Paused, or the breaker open: receive nothing (in-flight jobs go on).
+        let Some(want) = admitted(&rt, batch, &shutdown).await else {
+            break;
+        };
         // Take the permits before receiving: poll only when in-flight ≤ newBatchThreshold.
         let mut owned = tokio::select! {
-            p = permits.clone().acquire_many_owned(batch) => p.expect("semaphore never closed"),
+            p = permits.clone().acquire_many_owned(want) => p.expect("semaphore never closed"),
             _ = shutdown.cancelled() => break,
         };
         let received = tokio::select! {
-            r = rt.source.receive(batch as u8, app.lease) => r,
+            r = rt.source.receive(want as u8, app.lease) => r,
             _ = shutdown.cancelled() => break,
         };
         let delay = match received {
             Ok(msgs) => {
                 failures = 0;
-                health
-                    .ready
-                    .store(!health.draining.load(Ordering::Relaxed), Ordering::Relaxed);
-                health.beat();
-                if heartbeat.due(Instant::now()) {
-                    spawn_heartbeat(&rt);
-                }
+                polled(&rt, &health, &mut heartbeat);
                 if msgs.is_empty() {
                     empty_polls += 1;
                     polling_delay(
@@ -82,6 +81,36 @@ pub async fn poll_loop(
         }
     }
 }
+
+/// A receive answered: ready again (unless draining), the liveness beat,
+/// and the poll heartbeat when one is due.
+fn polled(rt: &Arc<FunctionRuntime>, health: &Health, heartbeat: &mut crate::heartbeat::Pacer) {
+    health
+        .ready
+        .store(!health.draining.load(Ordering::Relaxed), Ordering::Relaxed);
+    health.beat();
+    if heartbeat.due(Instant::now()) {
+        spawn_heartbeat(rt);
+    }
+}
+
+/// How many messages the gate lets this loop receive, once it lets any
+/// (None at shutdown).
+async fn admitted(rt: &FunctionRuntime, batch: u32, shutdown: &CancellationToken) -> Option<u32> {
+    loop {
+        match rt.gate.admit(batch) {
+            Admission::Receive(n) => return Some(n),
+            Admission::Wait(d) => tokio::select! {
+                _ = tokio::time::sleep(d.min(GATE_POLL)) => {}
+                _ = shutdown.cancelled() => return None,
+            },
+        }
+    }
+}
+
+/// The longest a gated poll loop sleeps before asking again, so a resume
+/// or the end of a cool-down is noticed at once.
+const GATE_POLL: Duration = Duration::from_millis(500);
 
 /// Write this worker's poll heartbeat without holding up the loop; a failed
 /// write only makes `aqw status` say the queue is not polled.
@@ -180,6 +209,11 @@ pub async fn run(
     );
     let tracker = TaskTracker::new();
     let hard_stop = CancellationToken::new();
+    for rt in &rts {
+        rt.gate.refresh().await;
+        let (rt, shutdown) = (rt.clone(), shutdown.clone());
+        tokio::spawn(async move { rt.gate.watch(shutdown).await });
+    }
     let loops: Vec<_> = rts
         .iter()
         .map(|rt| {

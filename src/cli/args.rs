@@ -66,6 +66,14 @@ pub enum Command {
     /// Depth and poison count per queue; exit 1 while any poison record is open.
     #[command(after_help = "Examples:\n  aqw status\n  aqw status --output json")]
     Status,
+    /// Stop a function receiving (every worker and `aqw serve`, within seconds); in-flight jobs finish.
+    #[command(
+        after_help = "Examples:\n  aqw pause GrantCredits --reason 'ledger maintenance until 14:00'\n  aqw pause GrantCredits --by alice"
+    )]
+    Pause(PauseArgs),
+    /// Let a paused function receive again.
+    #[command(after_help = "Example:\n  aqw resume GrantCredits")]
+    Resume(ResumeArgs),
     /// Inspect, replay and discard poisoned messages.
     #[command(subcommand)]
     Poison(PoisonCmd),
@@ -104,6 +112,27 @@ pub struct EnqueueArgs {
     /// Enqueue even if the worker would poison it at once (no key derivable).
     #[arg(long)]
     pub force: bool,
+}
+
+#[derive(Args)]
+pub struct PauseArgs {
+    /// The function to pause.
+    pub function: String,
+    /// Why, shown by `aqw status` and the dashboard.
+    #[arg(long, default_value = "")]
+    pub reason: String,
+    /// Who is doing it, kept on the control row (default: $USER; needed).
+    #[arg(long, env = "USER")]
+    pub by: String,
+}
+
+#[derive(Args)]
+pub struct ResumeArgs {
+    /// The function to resume.
+    pub function: String,
+    /// Who is doing it, kept on the control row (default: $USER; needed).
+    #[arg(long, env = "USER")]
+    pub by: String,
 }
 
 #[derive(Args)]

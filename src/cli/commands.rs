@@ -3,7 +3,8 @@
 //! and says which exit code that means.
 
 use super::args::{
-    Cli, Command, ConfigCmd, DashboardArgs, EnqueueArgs, KeysCmd, Output, PoisonCmd, StatusFilter,
+    Cli, Command, ConfigCmd, DashboardArgs, EnqueueArgs, KeysCmd, Output, PauseArgs, PoisonCmd,
+    ResumeArgs, StatusFilter,
 };
 use super::exit::{Exit, Failure};
 use super::render;
@@ -27,6 +28,8 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Failure> {
         Command::Enqueue(a) => enqueue(&cli.app, a, output).await,
         Command::Status => status(&cli.app, output).await,
         Command::Poison(cmd) => poison(&cli.app, cmd, output).await,
+        Command::Pause(a) => pause(&cli.app, a, output).await,
+        Command::Resume(a) => resume(&cli.app, a, output).await,
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "aqw", &mut std::io::stdout());
             Ok(Exit::Ok)
@@ -132,7 +135,38 @@ async fn status(app_dir: &Path, output: Output) -> Result<Exit, Failure> {
     }
     let open: usize = lines.iter().map(|l| l.open_records).sum();
     render::status(&lines, open, output);
-    Ok(Exit::needs_a_person_if(open > 0))
+    render::status_control(&lines, output);
+    let held = lines.iter().any(|l| l.held());
+    Ok(Exit::needs_a_person_if(open > 0 || held))
+}
+
+async fn pause(app_dir: &Path, a: PauseArgs, output: Output) -> Result<Exit, Failure> {
+    let app = load(app_dir)?;
+    let storage = function_storage(&app, &a.function)?;
+    let store = ops::control_store(&app, &a.function, &storage)?;
+    let row = ops::pause(&store, &a.function, &a.by, &a.reason).await?;
+    render::control(&a.function, &row, output);
+    Ok(Exit::Ok)
+}
+
+async fn resume(app_dir: &Path, a: ResumeArgs, output: Output) -> Result<Exit, Failure> {
+    let app = load(app_dir)?;
+    let storage = function_storage(&app, &a.function)?;
+    let store = ops::control_store(&app, &a.function, &storage)?;
+    let row = ops::resume(&store, &a.function, &a.by).await?;
+    render::control(&a.function, &row, output);
+    Ok(Exit::Ok)
+}
+
+/// The storage account of `function` (a usage error when it is unknown).
+fn function_storage(
+    app: &AppConfig,
+    function: &str,
+) -> Result<aqw::storage::AzureStorage, Failure> {
+    let f = app
+        .function(function)
+        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
+    aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))
 }
 
 /// `config show`: the effective configuration, secrets masked.

@@ -65,6 +65,50 @@ pub fn status(lines: &[QueueStatus], open: usize, output: Output) {
     }
 }
 
+/// Under the status table: each paused function and each breaker not
+/// closed, with who, when and why (in JSON they are on each queue's line).
+pub fn status_control(lines: &[QueueStatus], output: Output) {
+    if output == Output::Json {
+        return;
+    }
+    for l in lines {
+        if let Some(p) = &l.control.pause {
+            let why = if p.reason.is_empty() {
+                "no reason given"
+            } else {
+                p.reason.as_str()
+            };
+            println!("PAUSED   {} by {} at {}: {why}", l.function, p.by, p.at);
+        }
+        if let Some(b) = l.control.breaker.as_ref().filter(|b| b.state != "closed") {
+            println!(
+                "BREAKER  {} {} since {} (worker {}): {}",
+                l.function, b.state, b.at, b.worker, b.reason
+            );
+        }
+    }
+}
+
+/// `pause` / `resume`: the function's control row as it now reads.
+pub fn control(function: &str, row: &aqw::control::Control, output: Output) {
+    if output == Output::Json {
+        print_json(&serde_json::json!({"function": function, "control": row}));
+        return;
+    }
+    match &row.pause {
+        Some(p) => println!(
+            "{function} paused by {} at {}; workers stop receiving within {}s (in-flight jobs finish)",
+            p.by,
+            p.at,
+            aqw::control::WATCH_INTERVAL.as_secs()
+        ),
+        None => println!(
+            "{function} resumed; workers receive again within {}s",
+            aqw::control::WATCH_INTERVAL.as_secs()
+        ),
+    }
+}
+
 /// `poison list`.
 pub fn poison_list(queue: &str, records: &[PoisonRecord], open: usize, output: Output) {
     if output == Output::Json {

@@ -2,7 +2,7 @@
 //! `aqw.functions` entries, each made one [`FunctionConfig`] (or skipped,
 //! with the reason).
 
-use super::raw::{RawAqw, RawFunction, RawFunctionJson, RawHandler};
+use super::raw::{RawAqw, RawBreaker, RawFunction, RawFunctionJson, RawHandler};
 use super::settings::{disabled_by_setting, resolve_app_settings, resolve_connection, truthy, Env};
 use super::timespan::opt_timespan;
 use super::validate::{parse_http_url, validate_function_name, validate_queue_name};
@@ -52,7 +52,14 @@ pub(super) fn functions(
         }
         let raw = raw_aqw.functions.get(&name).unwrap_or(&empty);
         let folder = folder_functions.get(&name);
-        functions.push(function_config(name, raw, folder, host_file, env)?);
+        let app_breaker = raw_aqw.breaker.as_ref();
+        functions.push(function_config(
+            name,
+            raw,
+            folder,
+            (host_file, app_breaker),
+            env,
+        )?);
     }
     let mut seen = std::collections::BTreeSet::new();
     for func in &functions {
@@ -135,7 +142,7 @@ fn function_config(
     name: String,
     raw: &RawFunction,
     folder: Option<&FolderBinding>,
-    host_file: &str,
+    (host_file, app_breaker): (&str, Option<&RawBreaker>),
     env: &dyn Env,
 ) -> Result<FunctionConfig, ConfigError> {
     let f = |field: &str, msg: String| ConfigError::new(host_file, field, msg);
@@ -158,6 +165,7 @@ fn function_config(
         }
     };
     let handler = handler_spec(raw.handler.as_ref(), host_file, &path)?;
+    let breaker = super::breaker::breaker_for(host_file, app_breaker, raw.breaker.as_ref(), &name)?;
     Ok(FunctionConfig {
         name,
         queue: binding.queue,
@@ -166,6 +174,7 @@ fn function_config(
         handler,
         binding_name: binding.binding_name,
         binary_data: binding.binary_data,
+        breaker,
     })
 }
 

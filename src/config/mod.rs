@@ -19,6 +19,7 @@
 //! Connection strings are parsed in [`crate::storage::connection`].
 
 mod alert;
+mod breaker;
 mod functions;
 mod raw;
 mod settings;
@@ -86,6 +87,8 @@ pub struct FunctionConfig {
     /// bytes base64-encoded in `Data` and merges no payload fields into
     /// `Metadata` (see src/serve.rs).
     pub binary_data: bool,
+    /// The function's circuit breaker; None when turned off.
+    pub breaker: Option<crate::breaker::BreakerSettings>,
 }
 
 impl FunctionConfig {
@@ -109,6 +112,8 @@ pub struct AppConfig {
     pub retry: RetryStrategy,
     pub keys_table: String,
     pub poison_table: String,
+    /// `aqw.tables.control`: pause and breaker state per function.
+    pub control_table: String,
     /// Poll heartbeats (`aqw.tables.heartbeats`), read by `aqw status`.
     pub heartbeat_table: String,
     /// TTL of poison queue messages; `None` = never expires.
@@ -197,6 +202,7 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
         retry: a.retry,
         keys_table: a.keys_table,
         poison_table: a.poison_table,
+        control_table: a.control_table,
         heartbeat_table: a.heartbeat_table,
         poison_ttl: a.poison_ttl,
         alert_webhook: a.alert_webhook,

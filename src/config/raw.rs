@@ -93,6 +93,7 @@ pub(super) struct RawAqw {
     pub(super) http: Option<RawHttp>,
     pub(super) tracing: Option<RawTracing>,
     pub(super) shutdown_timeout: Option<String>,
+    pub(super) breaker: Option<RawBreaker>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -107,6 +108,7 @@ pub(super) struct RawTracing {
 pub(super) struct RawTables {
     pub(super) keys: Option<String>,
     pub(super) poison: Option<String>,
+    pub(super) control: Option<String>,
     /// The poll heartbeats `aqw status` reads (default `aqwheartbeats`).
     pub(super) heartbeats: Option<String>,
 }
@@ -138,6 +140,27 @@ pub(super) struct RawHttp {
     pub(super) metrics_interval: Option<String>,
 }
 
+/// `aqw.breaker` / `aqw.functions.<Name>.breaker`: `false`, `true`, or
+/// settings (each one overrides the `aqw.breaker` value of the same name).
+#[derive(Debug, Deserialize, Clone)]
+#[serde(untagged)]
+pub(super) enum RawBreaker {
+    Switch(bool),
+    Settings(RawBreakerSettings),
+}
+
+#[derive(Debug, Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawBreakerSettings {
+    pub(super) enabled: Option<bool>,
+    pub(super) failure_ratio: Option<f64>,
+    pub(super) minimum_attempts: Option<i64>,
+    pub(super) window: Option<String>,
+    pub(super) cool_down: Option<String>,
+    pub(super) max_cool_down: Option<String>,
+    pub(super) probes: Option<i64>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub(super) enum RawRetry {
@@ -160,6 +183,7 @@ pub(super) struct RawFunction {
     pub(super) connection: Option<String>,
     pub(super) key: Option<String>,
     pub(super) handler: Option<RawHandler>,
+    pub(super) breaker: Option<RawBreaker>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -127,6 +127,7 @@ pub(super) struct AqwSettings {
     pub(super) retry: RetryStrategy,
     pub(super) keys_table: String,
     pub(super) poison_table: String,
+    pub(super) control_table: String,
     pub(super) heartbeat_table: String,
     pub(super) poison_ttl: Option<Duration>,
     pub(super) alert_webhook: Option<url::Url>,
@@ -150,6 +151,7 @@ impl AqwSettings {
         }
         let retry = retry_setting(host_file, raw_aqw, visibility_timeout)?;
         let (keys_table, poison_table) = tables(host_file, raw_aqw)?;
+        let control_table = control_table(host_file, raw_aqw, [&keys_table, &poison_table])?;
         let heartbeat_table = heartbeat_table(host_file, raw_aqw, [&keys_table, &poison_table])?;
         let poison_ttl = poison_ttl(host_file, raw_aqw)?;
         let (alert_webhook, alert_window) = alert(host_file, raw_aqw)?;
@@ -163,6 +165,7 @@ impl AqwSettings {
             retry,
             keys_table,
             poison_table,
+            control_table,
             heartbeat_table,
             poison_ttl,
             alert_webhook,
@@ -193,6 +196,26 @@ fn tables(host_file: &str, raw_aqw: &RawAqw) -> Result<(String, String), ConfigE
         return Err(f("aqw.tables", "keys and poison tables must differ".into()));
     }
     Ok((keys_table, poison_table))
+}
+
+/// `aqw.tables.control`: the pause and breaker rows (`aqwcontrol`), a
+/// table of its own so no key or poison query ever meets them.
+fn control_table(
+    host_file: &str,
+    raw_aqw: &RawAqw,
+    others: [&String; 2],
+) -> Result<String, ConfigError> {
+    let name = raw_aqw
+        .tables
+        .control
+        .clone()
+        .unwrap_or_else(|| "aqwcontrol".into());
+    let f = |msg: String| ConfigError::new(host_file, "aqw.tables.control", msg);
+    validate_table_name(&name).map_err(f)?;
+    if others.iter().any(|o| o.eq_ignore_ascii_case(&name)) {
+        return Err(f("must differ from the keys and poison tables".into()));
+    }
+    Ok(name)
 }
 
 /// `aqw.tables.heartbeats`: a valid name, distinct from the other two.

@@ -27,7 +27,7 @@ pub(super) fn pairs(s: &[u8]) -> Pairs {
     url::form_urlencoded::parse(s).into_owned().collect()
 }
 
-fn get<'a>(p: &'a Pairs, k: &str) -> Option<&'a str> {
+pub(super) fn get<'a>(p: &'a Pairs, k: &str) -> Option<&'a str> {
     p.iter()
         .find(|(n, _)| n == k)
         .map(|(_, v)| v.as_str())
@@ -115,7 +115,11 @@ impl Dashboard {
 
     /// Who may act: an authenticated principal whose form carries its own
     /// CSRF token, on a dashboard that is not read-only.
-    fn actor(&self, headers: &HeaderMap, form: &Pairs) -> Result<(Viewer, Principal), Refused> {
+    pub(super) fn actor(
+        &self,
+        headers: &HeaderMap,
+        form: &Pairs,
+    ) -> Result<(Viewer, Principal), Refused> {
         if self.read_only {
             return Err(Box::new(
                 self.refuse(StatusCode::FORBIDDEN, "This dashboard is read-only."),
@@ -201,7 +205,7 @@ pub async fn status(State(d): S, headers: HeaderMap) -> Response {
             status: s.map_err(|e| format!("{e}")),
         })
         .collect();
-    let body = views::status_page(&rows, d.app.alert_webhook.is_some());
+    let body = views::status_page(&rows, d.app.alert_webhook.is_some(), &v);
     page(StatusCode::OK, "Status", &v, Some(30), body)
 }
 

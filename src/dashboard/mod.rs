@@ -34,6 +34,7 @@
 
 mod auth;
 mod chart;
+mod control;
 mod guard;
 mod handlers;
 mod payload;
@@ -199,6 +200,8 @@ pub fn app(state: Arc<Dashboard>) -> Router {
         .route("/q/{queue}/replay", post(handlers::replay))
         .route("/q/{queue}/discard", post(handlers::discard))
         .route("/q/{queue}/fix", post(handlers::fix))
+        .route("/q/{queue}/pause", post(control::pause))
+        .route("/q/{queue}/resume", post(control::resume))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             throttle::limit,

@@ -95,7 +95,7 @@ fn nav(v: &Viewer) -> Markup {
     }
 }
 
-fn csrf_field(v: &Viewer) -> Markup {
+pub(super) fn csrf_field(v: &Viewer) -> Markup {
     html! { @if let Some(c) = &v.csrf { input type="hidden" name="csrf" value=(c); } }
 }
 
@@ -106,7 +106,7 @@ pub struct StatusRow {
     pub status: Result<QueueStatus, String>,
 }
 
-pub fn status_page(rows: &[StatusRow], webhook: bool) -> Markup {
+pub fn status_page(rows: &[StatusRow], webhook: bool, v: &Viewer) -> Markup {
     let open: usize = rows
         .iter()
         .filter_map(|r| r.status.as_ref().ok())
@@ -122,13 +122,13 @@ pub fn status_page(rows: &[StatusRow], webhook: bool) -> Markup {
             ". The alert fires on the first open record of a queue; " code { "aqw status" } " exits 1 while any is open." }
         table #status {
             thead { tr { th { "function" } th { "queue" } th { "depth" } th { "poison depth" }
-                th { "open records" } th { "oldest open" } th { "alert" } } }
-            tbody { @for r in rows { (status_row(r)) } }
+                th { "open records" } th { "oldest open" } th { "alert" } th { "receiving" } } }
+            tbody { @for r in rows { (status_row(r, v)) } }
         }
     }
 }
 
-fn status_row(r: &StatusRow) -> Markup {
+fn status_row(r: &StatusRow, v: &Viewer) -> Markup {
     let n = |v: Option<u64>| v.map(|n| n.to_string()).unwrap_or_else(|| "?".into());
     html! {
         tr {
@@ -140,8 +140,9 @@ fn status_row(r: &StatusRow) -> Markup {
                     td.num { a href={ "/q/" (enc(&r.queue)) "?status=open" } { (s.open_records) } }
                     td { (s.oldest_open.as_deref().unwrap_or("-")) }
                     td { @if s.open_records > 0 { span.badge.bad { "firing" } } @else { span.badge.good { "ok" } } }
+                    td { (super::control::receiving(&r.queue, &s.control, v)) }
                 }
-                Err(e) => { td.error colspan="5" { "cannot read: " (scrub(e)) } }
+                Err(e) => { td.error colspan="6" { "cannot read: " (scrub(e)) } }
             }
         }
     }

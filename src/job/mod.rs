@@ -18,6 +18,7 @@ pub use outcome::{record_outcome, Outcome};
 pub use settle::{QueueSettle, Settle};
 
 use crate::app::FunctionRuntime;
+use crate::breaker::{Admission, Attempt as BreakerAttempt};
 use crate::config::KeySpec;
 use crate::decide::{fate, next_step, AttemptResult, Facts, KeyState, NextStep, Policy};
 use crate::failpoint;
@@ -70,6 +71,9 @@ pub async fn process(
         first_attempt: None,
         trace,
     };
+    if let Some(after) = held_by_gate(rt, settle) {
+        return ctx.park(after).await;
+    }
     // Over the cap, the key's record decides first (see `decide`).
     let over_cap_record = match &key {
         Some(k) if msg.dequeue_count > policy.max_dequeue_count => {
@@ -155,8 +159,47 @@ async fn run_and_settle(
         }
         HandlerRun::Finished(Err(e)) => failed_attempt(e),
     };
+    tell_breaker(ctx.rt, &attempt, facts.dequeue_count);
     let fate = fate(facts, &attempt, policy, jitter);
     ctx.by_fate(fate, success).await
+}
+
+/// How long to park a message the gate does not let run, if so: while the
+/// breaker is open (a message received before the trip); in serve mode,
+/// where the host delivers regardless, also while paused or between probes.
+fn held_by_gate(rt: &FunctionRuntime, settle: &dyn Settle) -> Option<std::time::Duration> {
+    if !settle.delivers_while_paused() {
+        return rt.gate.holds();
+    }
+    match rt.gate.admit(1) {
+        Admission::Receive(_) => None,
+        Admission::Wait(_) if rt.gate.paused() => Some(PAUSED_PARK),
+        Admission::Wait(_) => Some(rt.gate.holds().unwrap_or(PAUSED_PARK)),
+    }
+}
+
+/// How long a message delivered to a paused function in serve mode is
+/// parked: long enough that a pause costs one put and one delete per
+/// message per minute, short enough that a resume drains within one.
+const PAUSED_PARK: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Count the attempt toward the breaker: successes, and retryable failures
+/// (a timeout too), noting whether it was the message's first attempt.
+fn tell_breaker(rt: &FunctionRuntime, attempt: &AttemptResult<'_>, dequeue_count: u32) {
+    match attempt {
+        AttemptResult::Succeeded => rt.gate.record(BreakerAttempt::Succeeded, None),
+        AttemptResult::Failed {
+            kind: ErrorKind::Retryable | ErrorKind::Timeout,
+            message,
+            ..
+        } => rt.gate.record(
+            BreakerAttempt::FailedRetryable {
+                first: dequeue_count <= 1,
+            },
+            Some(message),
+        ),
+        _ => {}
+    }
 }
 
 /// The job's key, or why none could be derived (nothing for an

@@ -23,6 +23,10 @@ pub enum Outcome {
     Released,
     /// Storage failed mid-way; the message reappears when its lease ends.
     Abandoned { error: String },
+    /// The breaker is open (or, in serve mode, the function is paused): a
+    /// fresh copy visible after `after` replaced the message, which did not
+    /// count toward the cap.
+    Parked { after: Duration },
 }
 
 impl Outcome {
@@ -35,6 +39,7 @@ impl Outcome {
             Outcome::Poisoned { .. } => "poisoned",
             Outcome::Released => "released",
             Outcome::Abandoned { .. } => "abandoned",
+            Outcome::Parked { .. } => "parked",
         }
     }
 }
@@ -93,7 +98,18 @@ pub fn record_outcome(function: &str, outcome: &Outcome, elapsed: Duration, trac
             "storage failed mid-way; the message returns when its lease ends",
             error = error.as_deref().unwrap_or_default()
         ),
+        Outcome::Parked { after } => line!(
+            info,
+            "aqw.job.parked",
+            "breaker open or function paused; a fresh copy returns later",
+            park_ms = after.as_millis() as u64
+        ),
     }
+    count_by_kind(function, outcome);
+}
+
+/// The counters of a duplicate and a poison, beside `aqw_messages_total`.
+fn count_by_kind(function: &str, outcome: &Outcome) {
     if matches!(outcome, Outcome::Duplicate) {
         metrics::counter!("aqw_duplicates_total", "function" => function.to_string()).increment(1);
     }

@@ -9,7 +9,7 @@ use crate::failpoint;
 use crate::handlers::Success;
 use crate::idempotency::{ClaimedKey, FinishError, IdempotencyKey, NextAction};
 use crate::message::ErrorInfo;
-use crate::storage::{QueueStore, ReceivedMessage, StorageError, StorageResult};
+use crate::storage::{QueueStore, ReceivedMessage, StorageError, StorageResult, Ttl};
 use crate::traces::JobTrace;
 use async_trait::async_trait;
 use std::sync::{Arc, Mutex};
@@ -32,6 +32,12 @@ pub trait Settle: Send + Sync {
     /// that in serve mode. [`super::process`] then writes its own record instead of
     /// deferring at the last attempt.
     fn poisons_failed_last_attempt(&self) -> bool {
+        false
+    }
+    /// True when messages arrive whatever the pause and the breaker say (the
+    /// Functions host in `aqw serve`): [`super::process`] then asks the gate
+    /// itself, and parks what it may not run.
+    fn delivers_while_paused(&self) -> bool {
         false
     }
 }
@@ -220,7 +226,7 @@ impl Settling<'_> {
     }
 
     /// A failed attempt below the cap: note it on the key, then hide the
-    /// message until `after`.
+    /// message until `after` (or, while the breaker is open, park it).
     async fn retry(&self, after: Duration, message: &str, uncertain: bool) -> Outcome {
         let rt = self.rt;
         if let Some(c) = &self.claim {
@@ -229,6 +235,9 @@ impl Settling<'_> {
             {
                 return abandoned(e);
             }
+        }
+        if let Some(cool_down) = rt.gate.holds() {
+            return self.park(cool_down).await;
         }
         warn!(event = "aqw.job.retry", error = %crate::telemetry::scrub(message), retry_in_s = after.as_secs_f64(), "attempt failed; will retry");
         metrics::counter!("aqw_retries_total", "function" => rt.function.name.clone()).increment(1);
@@ -239,6 +248,27 @@ impl Settling<'_> {
             .await
         {
             Ok(()) => Outcome::Retried { after },
+            Err(e) => abandoned(e),
+        }
+    }
+
+    /// Replace the message by a fresh copy visible after `after`, then
+    /// delete it: the copy starts at DequeueCount 0, so the receives the
+    /// breaker wasted do not count toward `maxDequeueCount`. A crash between
+    /// the two leaves both; the key makes the second a duplicate.
+    pub(super) async fn park(&self, after: Duration) -> Outcome {
+        let span = settle_span("park");
+        let put = self
+            .rt
+            .source
+            .put(&self.msg.text, after, Ttl::Default)
+            .instrument(span.clone())
+            .await;
+        if let Err(e) = put {
+            return abandoned(e);
+        }
+        match self.settle.delete().instrument(span).await {
+            Ok(()) => Outcome::Parked { after },
             Err(e) => abandoned(e),
         }
     }

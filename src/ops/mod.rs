@@ -12,6 +12,7 @@
 //! by a scan of the poison queue ([`PoisonStore::scan`]) and imported as
 //! records (origin `host`), so they are listed and replayed like aqw's own.
 
+mod control;
 mod discard;
 mod enqueue;
 mod fix;
@@ -22,6 +23,7 @@ mod replay;
 mod show;
 mod status;
 
+pub use control::{control_store, pause, resume};
 pub use discard::discard;
 pub use enqueue::{enqueue, prepare_enqueue, with_trace_context, Enqueued, PreparedEnqueue};
 pub use fix::{fix, FixAction, FixReport};
@@ -64,6 +66,8 @@ pub struct QueueOps {
     /// The queue's poison records and their `<queue>-poison` copies.
     pub poison: PoisonStore,
     pub keys: KeyStore,
+    /// The function's pause and published breaker state.
+    pub control: crate::control::ControlStore,
     /// The workers' poll heartbeats.
     pub heartbeats: crate::heartbeat::HeartbeatStore,
 }
@@ -87,6 +91,7 @@ impl QueueOps {
             source: storage.queue(queue),
             poison,
             keys: KeyStore::new(storage.table(&app.keys_table)),
+            control: crate::control::ControlStore::new(storage.table(&app.control_table)),
             heartbeats: crate::heartbeat::HeartbeatStore::new(storage.table(&app.heartbeat_table)),
             app,
         }

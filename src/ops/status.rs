@@ -18,6 +18,15 @@ pub struct QueueStatus {
     pub last_poll: Option<String>,
     /// Workers whose heartbeat is recent (see `crate::heartbeat`).
     pub polling_workers: usize,
+    /// The operator's pause and the breaker state a worker published.
+    pub control: crate::control::Control,
+}
+
+impl QueueStatus {
+    /// Paused, or a breaker not closed: `aqw status` exits 1.
+    pub fn held(&self) -> bool {
+        self.control.pause.is_some() || self.control.breaker_open()
+    }
 }
 
 pub async fn status(ops: &QueueOps) -> OpsResult<QueueStatus> {
@@ -36,6 +45,10 @@ pub async fn status(ops: &QueueOps) -> OpsResult<QueueStatus> {
         .filter(|r| r.status == RecordStatus::Open)
         .collect();
     let oldest_open = open.iter().map(|r| r.poisoned_at.clone()).min();
+    let control = match &ops.function {
+        Some(f) => ops.control.get(&f.name).await?,
+        None => Default::default(),
+    };
     let beats = ops.heartbeats.last_polls(&ops.queue).await?;
     let now = time::OffsetDateTime::now_utc();
     let polling_workers = beats
@@ -53,6 +66,7 @@ pub async fn status(ops: &QueueOps) -> OpsResult<QueueStatus> {
         poison_depth,
         open_records: open.len(),
         oldest_open,
+        control,
         last_poll: beats.first().map(|b| b.last_poll.clone()),
         polling_workers,
     })

@@ -286,11 +286,16 @@ pub fn sign(secret: &SigningSecret, timestamp: u64, body: &[u8]) -> String {
 #[derive(Clone)]
 pub struct Alerts {
     tx: Option<mpsc::UnboundedSender<PoisonAlert>>,
+    /// Where breaker events go at once (they are rare: no window).
+    webhook: Option<(reqwest::Client, Webhook)>,
 }
 
 impl Alerts {
     pub fn disabled() -> Self {
-        Self { tx: None }
+        Self {
+            tx: None,
+            webhook: None,
+        }
     }
 
     /// Start the sender task (needs a tokio runtime).
@@ -298,8 +303,33 @@ impl Alerts {
     /// without a webhook.
     pub fn start(webhook: Option<Webhook>, window: Duration) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap_or_default();
+        let direct = webhook.clone().map(|u| (client, u));
         tokio::spawn(alert_loop(webhook, window, rx));
-        Self { tx: Some(tx) }
+        Self {
+            tx: Some(tx),
+            webhook: direct,
+        }
+    }
+
+    /// A breaker changed state: one POST of its own event
+    /// (`aqw.breaker.open`, `aqw.breaker.closed`, ...), retried like the
+    /// poison alert; the log line is the caller's.
+    pub fn breaker(&self, body: serde_json::Value) {
+        if let Some((client, webhook)) = &self.webhook {
+            // Slack and Teams take their own shapes: the event's summary as
+            // one line of text there, aqw's JSON as it is otherwise.
+            let summary = body["summary"].as_str().unwrap_or_default();
+            let body = match webhook.format {
+                AlertFormat::Generic => body.clone(),
+                AlertFormat::Slack => super::chat::slack_text(summary),
+                AlertFormat::Teams => super::chat::teams_text(summary),
+            };
+            tokio::spawn(post_with_backoff(client.clone(), webhook.clone(), body));
+        }
     }
 
     /// Log the stable ERROR event and queue the webhook POST.

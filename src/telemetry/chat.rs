@@ -115,6 +115,28 @@ pub(super) fn slack_body(queue: &str, batch: &[PoisonAlert], dashboard: Option<&
     json!({"text": headline(queue, batch), "blocks": blocks})
 }
 
+/// A one-line Slack message (a breaker event).
+pub(super) fn slack_text(text: &str) -> Value {
+    json!({"text": mrkdwn(text)})
+}
+
+/// A one-line Teams message (a breaker event): one Adaptive Card.
+pub(super) fn teams_text(text: &str) -> Value {
+    json!({
+        "type": "message",
+        "attachments": [{
+            "contentType": "application/vnd.microsoft.card.adaptive",
+            "contentUrl": null,
+            "content": {
+                "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
+                "type": "AdaptiveCard",
+                "version": "1.4",
+                "body": [{"type": "TextBlock", "text": text, "wrap": true}],
+            },
+        }],
+    })
+}
+
 /// One group of the Teams card: headline, error text, first record and
 /// the command that shows it.
 fn teams_group(queue: &str, g: &AlertGroup) -> Value {

@@ -56,6 +56,8 @@ pub struct TestApp {
     pub queue: String,
     pub keys_table: String,
     pub poison_table: String,
+    /// Pause and breaker rows: a table per test, so no test sees another's pause.
+    pub control_table: String,
     pub config: Arc<AppConfig>,
 }
 
@@ -73,11 +75,12 @@ impl TestApp {
         let queue = random_name("q");
         let keys_table = random_name("k");
         let poison_table = random_name("p");
+        let control_table = random_name("c");
         let mut f = function;
         f["queue"] = json!(queue);
         let mut aqw = json!({
             "functions": { "Job": f },
-            "tables": { "keys": keys_table, "poison": poison_table },
+            "tables": { "keys": keys_table, "poison": poison_table, "control": control_table },
             "retry": { "strategy": "exponential", "initialDelay": "00:00:00.100", "maxDelay": "00:00:00.300" },
             "shutdownTimeout": "00:00:05"
         });
@@ -107,6 +110,7 @@ impl TestApp {
             queue,
             keys_table,
             poison_table,
+            control_table,
             config,
         }
     }
@@ -214,6 +218,7 @@ impl TestApp {
             .await;
         let _ = s.table(&self.keys_table).delete_table().await;
         let _ = s.table(&self.poison_table).delete_table().await;
+        let _ = s.table(&self.control_table).delete_table().await;
     }
 }
 
