@@ -8,6 +8,10 @@ cd "$root"
 bash scripts/azurite.sh start
 # Debian's chromium + chromium-driver for the dashboard's browser test (no-op when present).
 bash scripts/browser.sh install
+# promtool (Debian's prometheus package) for the shipped alert rules: checked
+# and unit-tested before the Rust tests.
+bash scripts/promtool.sh install
+bash scripts/promtool.sh test
 # failpoints: test-only crash points (compiled out of release builds).
 cargo test --features failpoints "$@"
 # The benchmark program's own unit tests (stdlib Python, no Azurite).

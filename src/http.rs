@@ -1,6 +1,8 @@
 //! The worker's operations endpoints: `/healthz`, `/readyz`, `/metrics`.
 
 use crate::app::FunctionRuntime;
+use crate::storage::{StorageError, StorageResult};
+use crate::telemetry::gauges;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
@@ -70,7 +72,7 @@ async fn readyz(State(s): State<OpsState>) -> (StatusCode, &'static str) {
 }
 
 async fn metrics_text() -> String {
-    crate::telemetry::metrics_handle().render()
+    crate::telemetry::render_metrics()
 }
 
 /// Bind the ops server and start it plus the queue-depth sampler.
@@ -94,28 +96,60 @@ pub async fn serve_ops(
     });
     let sampler_stop = shutdown.clone();
     tokio::spawn(async move {
-        // Depth is sampled, not counted per message: 2 metadata calls per queue per minute.
-        let mut tick = tokio::time::interval(Duration::from_secs(60));
+        // Sampled, not counted per message: a few calls per queue per interval.
+        let every = rts
+            .first()
+            .map(|r| r.app.metrics_interval)
+            .unwrap_or(Duration::from_secs(60));
+        let mut tick = tokio::time::interval(every);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = sampler_stop.cancelled() => return,
             }
             for rt in &rts {
-                if let Ok(n) = rt.source.approximate_count().await {
-                    metrics::gauge!("aqw_queue_depth", "queue" => rt.function.queue.clone())
-                        .set(n as f64);
-                }
-                if let Ok(n) = rt.poison.poison_queue.approximate_count().await {
-                    metrics::gauge!("aqw_poison_depth", "queue" => rt.function.queue.clone())
-                        .set(n as f64);
-                }
+                sample_queue(rt).await;
             }
         }
     });
     Ok(tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;
     }))
+}
+
+/// Refresh one function's health gauges: the source and poison queue
+/// depths, the age of the oldest visible message, and its open poison
+/// records by error group. A failed call leaves that gauge as it was.
+async fn sample_queue(rt: &FunctionRuntime) {
+    let queue = rt.function.queue.clone();
+    // A queue that does not exist yet (the poison queue is created by the
+    // first poisoning) holds nothing: 0, so the gauge is there from the start.
+    let depth = |r: StorageResult<u64>| match r {
+        Ok(n) => Some(n as f64),
+        Err(StorageError::NotFound) => Some(0.0),
+        Err(_) => None,
+    };
+    if let Some(n) = depth(rt.source.approximate_count().await) {
+        metrics::gauge!("aqw_queue_depth", "queue" => queue.clone()).set(n);
+    }
+    if let Some(n) = depth(rt.poison.poison_queue.approximate_count().await) {
+        metrics::gauge!("aqw_poison_depth", "queue" => queue.clone()).set(n);
+    }
+    // A retried message becomes visible again behind newer ones, so the
+    // front of the queue is not always its oldest: look at the most one
+    // peek returns (32).
+    if let Ok(peeked) = rt.source.peek(32).await {
+        let age = gauges::oldest_age_seconds(
+            time::OffsetDateTime::now_utc(),
+            peeked.iter().map(|m| m.insertion_time),
+        );
+        metrics::gauge!("aqw_queue_oldest_age_seconds", "queue" => queue.clone()).set(age);
+    }
+    if let Ok(errors) = rt.poison.store().open_errors().await {
+        let groups =
+            gauges::open_groups(errors.iter().map(|e| (e.kind.as_str(), e.message.as_str())));
+        gauges::set_open_groups(&queue, groups);
+    }
 }
 
 #[cfg(test)]

@@ -569,7 +569,7 @@ pub async fn serve(
     port: u16,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let alerts = Alerts::start(app.alert_webhook.clone(), app.alert_window);
+    let alerts = Alerts::start(app.alert_target(), app.alert_window);
     let rts = runtimes(&app, &registry, &alerts)?;
     // Bind first: the host waits (60 s) for the port to open.
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))

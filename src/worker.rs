@@ -187,7 +187,7 @@ pub async fn run(
     registry: Registry,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let alerts = Alerts::start(app.alert_webhook.clone(), app.alert_window);
+    let alerts = Alerts::start(app.alert_target(), app.alert_window);
     let rts = runtimes(&app, &registry, &alerts)?;
     for s in &app.skipped {
         warn!(event = "aqw.function.skipped", function = %s.name, reason = %s.reason, "function not run");

@@ -12,12 +12,14 @@
 //! * `settings.rs`: the environment over `local.settings.json`, `%name%` resolution;
 //! * `timespan.rs`: Functions timespans;
 //! * `validate.rs`: the raw sections checked and defaulted (exit 2 on error);
+//! * `alert.rs`: the alert's format, dashboard link and signing secret;
 //! * `functions.rs`: function discovery and each function's config;
 //! * `retention.rs`: `aqw.retention`, checked against the key-purge safety floor;
 //! * `mod.rs`: the ready types and [`load`], which runs the steps in order.
 //!
 //! Connection strings are parsed in [`crate::storage::connection`].
 
+mod alert;
 mod breaker;
 mod functions;
 mod raw;
@@ -130,7 +132,15 @@ pub struct AppConfig {
     pub poison_format: crate::poison::PoisonFormat,
     pub alert_webhook: Option<url::Url>,
     pub alert_window: Duration,
+    /// `aqw.alert.format`: the webhook body's shape.
+    pub alert_format: crate::telemetry::AlertFormat,
+    /// `aqw.alert.dashboardUrl`: linked from every alert (`{queue}` filled in).
+    pub alert_dashboard_url: Option<url::Url>,
+    /// `aqw.alert.secret`, resolved: signs each webhook body.
+    pub alert_secret: Option<crate::telemetry::SigningSecret>,
     pub http_port: Option<u16>,
+    /// `aqw.http.metricsInterval`: how often the health gauges are refreshed.
+    pub metrics_interval: Duration,
     /// `aqw.tracing.parent`: where a JSON payload carries its producer's
     /// trace context (RFC 6901 pointer). Queue messages have no headers, so
     /// nothing is read or written there unless this is set.
@@ -154,6 +164,18 @@ pub struct SkippedFunction {
 impl AppConfig {
     pub fn function(&self, name: &str) -> Option<&FunctionConfig> {
         self.functions.iter().find(|f| f.name == name)
+    }
+
+    /// Where and how poison alerts are posted, when a webhook is set.
+    pub fn alert_target(&self) -> Option<crate::telemetry::Webhook> {
+        self.alert_webhook
+            .clone()
+            .map(|url| crate::telemetry::Webhook {
+                url,
+                format: self.alert_format,
+                dashboard_url: self.alert_dashboard_url.clone(),
+                secret: self.alert_secret.clone(),
+            })
     }
 
     /// Functions consuming `queue` (the source queue of a poison record).
@@ -180,6 +202,8 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
     let q = QueueSettings::validate(host_file, &raw.queues)?;
     let a = AqwSettings::validate(host_file, &raw.aqw, q.visibility_timeout)?;
     let retention = retention::validate(host_file, raw.aqw.retention.as_ref())?;
+    let delivery = alert::AlertDelivery::validate(host_file, &raw.aqw, env)?;
+    let metrics_interval = validate::metrics_interval(host_file, &raw.aqw)?;
     let (functions, skipped) = functions::functions(app_dir, host_file, &raw.aqw, env)?;
     Ok(AppConfig {
         app_dir: app_dir.to_path_buf(),
@@ -199,7 +223,11 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
         poison_format: a.poison_format,
         alert_webhook: a.alert_webhook,
         alert_window: a.alert_window,
+        alert_format: delivery.format,
+        alert_dashboard_url: delivery.dashboard_url,
+        alert_secret: delivery.secret,
         http_port: a.http_port,
+        metrics_interval,
         trace_parent: a.trace_parent,
         shutdown_timeout: a.shutdown_timeout,
         retention,

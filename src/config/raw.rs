@@ -149,12 +149,19 @@ pub(super) struct RawPoison {
 pub(super) struct RawAlert {
     pub(super) webhook: Option<String>,
     pub(super) window: Option<String>,
+    /// `generic` (aqw's JSON), `slack` or `teams`.
+    pub(super) format: Option<crate::telemetry::AlertFormat>,
+    pub(super) dashboard_url: Option<String>,
+    /// A `%SETTING%` reference to the HMAC signing secret.
+    pub(super) secret: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(super) struct RawHttp {
     pub(super) port: Option<u16>,
+    /// How often the health gauges are refreshed (a timespan).
+    pub(super) metrics_interval: Option<String>,
 }
 
 /// `aqw.breaker` / `aqw.functions.<Name>.breaker`: `false`, `true`, or

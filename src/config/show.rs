@@ -146,16 +146,44 @@ pub fn effective(app: &AppConfig, look: &Lookup) -> Vec<Setting> {
     );
     let port = app.http_port.map_or("off".into(), |p| p.to_string());
     row("http.port", port, look.host("/aqw/http/port"));
-    let webhook = app
-        .alert_webhook
-        .as_ref()
-        .map_or("off".into(), |u| safe_url(u.as_str()));
-    row("alert.webhook", webhook, look.host("/aqw/alert/webhook"));
+    delivery_rows(app, look, &mut row);
     environment_rows(look, &mut row);
     for f in &app.functions {
         function_rows(f, look, &mut row);
     }
     out
+}
+
+/// The alert's delivery and the gauges' refresh; the signing secret only
+/// as set or not.
+fn delivery_rows(app: &AppConfig, look: &Lookup, row: &mut impl FnMut(&str, String, Source)) {
+    let webhook = app
+        .alert_webhook
+        .as_ref()
+        .map_or("off".into(), |u| safe_url(u.as_str()));
+    row("alert.webhook", webhook, look.host("/aqw/alert/webhook"));
+    let format = format!("{:?}", app.alert_format).to_lowercase();
+    row("alert.format", format, look.host("/aqw/alert/format"));
+    let dashboard = app
+        .alert_dashboard_url
+        .as_ref()
+        .map_or("off".into(), |u| safe_url(u.as_str()));
+    row(
+        "alert.dashboardUrl",
+        dashboard,
+        look.host("/aqw/alert/dashboardUrl"),
+    );
+    let secret = match &app.alert_secret {
+        Some(_) => "(set, not shown)".to_string(),
+        None => "off".to_string(),
+    };
+    row("alert.secret", secret, look.host("/aqw/alert/secret"));
+    let interval = secs(app.metrics_interval);
+    row(
+        "http.metricsInterval",
+        interval,
+        look.host("/aqw/http/metricsInterval"),
+    );
 }
 
 /// The rows read from the environment: ports, the dashboard, exporters.

@@ -278,6 +278,27 @@ fn alert(host_file: &str, raw_aqw: &RawAqw) -> Result<(Option<url::Url>, Duratio
     Ok((url, window))
 }
 
+/// `aqw.http.metricsInterval`: how often the health gauges (queue depth,
+/// oldest message, open poison records) are refreshed; 1 minute by default
+/// (each refresh is one peek, 2 metadata calls and one narrow table query per
+/// function), at least 1 second.
+pub(super) fn metrics_interval(host_file: &str, raw_aqw: &RawAqw) -> Result<Duration, ConfigError> {
+    let field = "aqw.http.metricsInterval";
+    let raw = raw_aqw
+        .http
+        .as_ref()
+        .and_then(|h| h.metrics_interval.clone());
+    let interval = opt_timespan(host_file, field, &raw)?.unwrap_or(Duration::from_secs(60));
+    if interval < Duration::from_secs(1) {
+        return Err(ConfigError::new(
+            host_file,
+            field,
+            "must be at least 00:00:01",
+        ));
+    }
+    Ok(interval)
+}
+
 /// `aqw.tracing.parent`: a JSON pointer, if set.
 fn trace_parent(host_file: &str, raw_aqw: &RawAqw) -> Result<Option<String>, ConfigError> {
     let trace_parent = raw_aqw.tracing.as_ref().and_then(|t| t.parent.clone());

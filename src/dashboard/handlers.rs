@@ -3,6 +3,7 @@
 //! authenticated principal.
 
 use super::auth::{self, Principal, Via};
+use super::chart;
 use super::payload::PayloadView;
 use super::progress::{plausible_id, progress_url};
 use super::views::{self, Group, ListPage, RecordPage, StatusRow, Viewer};
@@ -285,10 +286,32 @@ fn groups(queue: &str, records: &[PoisonRecord]) -> Vec<Group> {
 
 /// The filter form's fields as asked (status open by default).
 fn filter_form(params: &Pairs) -> Vec<(&'static str, String)> {
-    let keep = ["status", "since", "until", "function", "error", "group"];
+    let keep = [
+        "status", "since", "until", "function", "error", "search", "group",
+    ];
     let default = |k: &str| if k == "status" { "open" } else { "" };
     keep.iter()
         .map(|k| (*k, get(params, k).unwrap_or(default(k)).to_string()))
+        .collect()
+}
+
+/// The records whose id is `text`, or whose key or decoded payload contains
+/// it (case-insensitively): how an operator finds the record behind a
+/// customer's complaint, by order number or account.
+fn search(records: Vec<PoisonRecord>, text: Option<&str>) -> Vec<PoisonRecord> {
+    let Some(needle) = text.map(|t| t.trim().to_lowercase()) else {
+        return records;
+    };
+    let contains = |hay: &str| hay.to_lowercase().contains(&needle);
+    records
+        .into_iter()
+        .filter(|r| {
+            r.message_id.eq_ignore_ascii_case(&needle)
+                || r.key.as_deref().is_some_and(contains)
+                || crate::message::decode(&r.message, r.encoding)
+                    .map(|p| contains(&p))
+                    .unwrap_or_else(|_| contains(&r.message))
+        })
         .collect()
 }
 
@@ -306,10 +329,11 @@ pub async fn list(
         Err(m) => return refusal(StatusCode::BAD_REQUEST, "Bad filter", &v, &m),
     };
     let records = match ops::list(ops, &filter).await {
-        Ok(r) => r,
+        Ok(r) => search(r, get(&params, "search")),
         Err(e) => return d.ops_error(&v, e),
     };
     let groups = groups(&queue, &records);
+    let chart = chart::poisons_chart(&records, time::OffsetDateTime::now_utc(), &|r| cause(r).1);
     let records: Vec<PoisonRecord> = match get(&params, "group") {
         Some(g) => records.into_iter().filter(|r| group_id(r) == g).collect(),
         None => records,
@@ -334,6 +358,7 @@ pub async fn list(
         pages,
         query,
         form: &form,
+        chart,
     };
     let body = views::list_page(&p, &v, |r| cause(r).1);
     page(
@@ -582,4 +607,36 @@ pub async fn logout(State(d): S, headers: HeaderMap, body: Bytes) -> Response {
     r.headers_mut()
         .append(header::SET_COOKIE, c.parse().expect("static"));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: &str, key: Option<&str>, payload: &str) -> PoisonRecord {
+        let mut r = PoisonRecord::from_entity(&Default::default());
+        r.message_id = id.into();
+        r.key = key.map(|k| crate::idempotency::IdempotencyKey::new(k).unwrap());
+        r.encoding = crate::message::MessageEncoding::Base64;
+        r.message = crate::message::encode(payload, r.encoding);
+        r
+    }
+
+    #[test]
+    fn search_finds_a_record_by_id_key_or_payload_text() {
+        let records = || {
+            vec![
+                record("6f1c-aa", Some("receipt:o-1001"), r#"{"orderId":"o-1001"}"#),
+                record("9b2e-bb", None, r#"{"customer":"Ada Lovelace"}"#),
+            ]
+        };
+        let ids = |found: Vec<PoisonRecord>| -> Vec<String> {
+            found.into_iter().map(|r| r.message_id).collect()
+        };
+        assert_eq!(ids(search(records(), Some("6F1C-AA"))), ["6f1c-aa"]);
+        assert_eq!(ids(search(records(), Some("o-1001"))), ["6f1c-aa"]);
+        assert_eq!(ids(search(records(), Some("lovelace"))), ["9b2e-bb"]);
+        assert!(search(records(), Some("nobody")).is_empty());
+        assert_eq!(search(records(), None).len(), 2);
+    }
 }

@@ -33,6 +33,7 @@
 //! confirmed done, so no script is needed at all.
 
 mod auth;
+mod chart;
 mod control;
 mod guard;
 mod handlers;

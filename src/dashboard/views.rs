@@ -24,6 +24,29 @@ pub struct Viewer {
     pub queues: Vec<String>,
 }
 
+/// How long before `now` the RFC 3339 time `at` was, coarsely ("45 s ago",
+/// "12 min ago", "3 h ago", "5 d ago"); `at` itself when it does not parse.
+pub fn ago(at: &str, now: time::OffsetDateTime) -> String {
+    use time::format_description::well_known::Rfc3339;
+    let Ok(t) = time::OffsetDateTime::parse(at, &Rfc3339) else {
+        return at.to_string();
+    };
+    let secs = (now - t).whole_seconds();
+    match secs {
+        s if s < 0 => "in the future".to_string(),
+        s if s < 60 => format!("{s} s ago"),
+        s if s < 3600 => format!("{} min ago", s / 60),
+        s if s < 86_400 => format!("{} h ago", s / 3600),
+        s => format!("{} d ago", s / 86_400),
+    }
+}
+
+/// A time shown relative to now, the exact time on hover (`title`) and for
+/// machines (`datetime`); no script needed.
+fn when(at: &str) -> Markup {
+    html! { time datetime=(at) title=(at) { (ago(at, time::OffsetDateTime::now_utc())) } }
+}
+
 /// A query-string component, percent-encoded.
 pub fn enc(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
@@ -144,11 +167,15 @@ pub struct ListPage<'a> {
     /// The filter's query string (without `page`), for links.
     pub query: String,
     pub form: &'a [(&'static str, String)],
+    /// Poisons over time of every matched record (not just this page).
+    pub chart: Markup,
 }
 
 pub fn list_page(p: &ListPage, v: &Viewer, group_of: impl Fn(&PoisonRecord) -> String) -> Markup {
     html! {
         (filter_form(p))
+        h2 { "Poisons per hour, last 24 hours" }
+        (p.chart)
         h2 { "By error cause (as in the alert)" }
         table #groups {
             thead { tr { th { "records" } th { "kind" } th { "error" } } }
@@ -187,6 +214,7 @@ fn filter_form(p: &ListPage) -> Markup {
             label { "until " input name="until" value=(val("until")) placeholder="RFC 3339 or hh:mm:ss ago"; }
             label { "function " input name="function" value=(val("function")); }
             label { "error text " input name="error" value=(val("error")); }
+            label { "search " input name="search" value=(val("search")) placeholder="record id, key or payload text"; }
             @if !val("group").is_empty() { input type="hidden" name="group" value=(val("group")); }
             button type="submit" { "Filter" }
         }
@@ -202,7 +230,7 @@ fn records_table(p: &ListPage, v: &Viewer, group_of: &dyn Fn(&PoisonRecord) -> S
                 td { @if v.can_act && r.status == RecordStatus::Open {
                     input type="checkbox" name="id" value=(r.message_id) aria-label="select";
                 } }
-                td { (r.poisoned_at) }
+                td { (when(&r.poisoned_at)) }
                 td.id { a href=(record_url(p.queue, &r.message_id)) { (r.message_id) } }
                 td.id { (r.key.as_deref().unwrap_or("-")) }
                 td { (r.function) }
@@ -246,7 +274,7 @@ pub fn record_page(p: &RecordPage, v: &Viewer) -> Markup {
             dt { "record id" } dd.id { (r.message_id) }
             dt { "queue / function" } dd { (r.queue) " / " (r.function) }
             dt { "key" } dd.id #record-key { (r.key.as_deref().unwrap_or("-")) }
-            dt { "poisoned at" } dd { (r.poisoned_at) }
+            dt { "poisoned at" } dd { (when(&r.poisoned_at)) " (" (r.poisoned_at) ")" }
             dt { "first attempt / dequeued" } dd { (r.first_attempt_at) " / " (r.dequeue_count) " time(s)" }
             dt { "error (" (r.error.kind.as_str()) ")" } dd { pre.wrap #record-error { (scrub(&r.error.message)) } }
             @if r.uncertain_attempts > 0 {
@@ -455,4 +483,32 @@ pub fn login_page(csrf: &str, error: Option<&str>) -> Markup {
 
 pub fn message(text: &str) -> Markup {
     html! { p #message { (text) } p { a href="/" { "Back to the status page" } } }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_read_as_how_long_ago_with_the_exact_time_kept() {
+        let now = time::OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap();
+        let at = |secs: i64| {
+            (now - time::Duration::seconds(secs))
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap()
+        };
+        assert_eq!(ago(&at(45), now), "45 s ago");
+        assert_eq!(ago(&at(12 * 60 + 5), now), "12 min ago");
+        assert_eq!(ago(&at(3 * 3600), now), "3 h ago");
+        assert_eq!(ago(&at(5 * 86_400), now), "5 d ago");
+        assert_eq!(ago(&at(-10), now), "in the future");
+        assert_eq!(ago("not a time", now), "not a time");
+        let html = when("2026-12-03T10:00:00Z").into_string();
+        assert!(
+            html.starts_with(
+                r#"<time datetime="2026-12-03T10:00:00Z" title="2026-12-03T10:00:00Z">"#
+            ),
+            "{html}"
+        );
+    }
 }

@@ -35,7 +35,7 @@ impl RecordStatus {
             _ => None,
         }
     }
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             RecordStatus::Open => "open",
             RecordStatus::Replayed => "replayed",
@@ -326,6 +326,23 @@ impl PoisonRecord {
             record: None,
             encoding: self.encoding,
         }
+    }
+}
+
+/// The narrow query behind the open-records gauge: the status column and
+/// its open value, and the two error columns it reads.
+pub(super) const OPEN_ERRORS_QUERY: (&str, &str, [&str; 2]) = (
+    col::STATUS,
+    RecordStatus::Open.as_str(),
+    [col::ERROR_KIND, col::ERROR_MESSAGE],
+);
+
+/// The error of a row read by [`OPEN_ERRORS_QUERY`].
+pub(super) fn error_of(e: &Entity) -> ErrorInfo {
+    let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or_default();
+    ErrorInfo {
+        kind: ErrorKind::parse(s(col::ERROR_KIND)),
+        message: s(col::ERROR_MESSAGE).to_string(),
     }
 }
 

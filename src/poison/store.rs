@@ -73,6 +73,26 @@ impl PoisonStore {
         }
     }
 
+    /// The errors of this queue's open records, read with a narrow query
+    /// (two columns, open rows only) so a minute's refresh of the gauges
+    /// never pulls payloads. Empty while the record table does not exist.
+    pub async fn open_errors(&self) -> StorageResult<Vec<crate::message::ErrorInfo>> {
+        let (status, open, columns) = record::OPEN_ERRORS_QUERY;
+        let query = crate::storage::TableQuery {
+            partition: Some(&self.queue),
+            filter: Some(format!(
+                "{status} eq {}",
+                crate::storage::odata_string(open)
+            )),
+            select: &columns,
+        };
+        match self.records.query_where(&query).await {
+            Ok(rows) => Ok(rows.iter().map(|r| record::error_of(&r.entity)).collect()),
+            Err(StorageError::NotFound) => Ok(vec![]),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The record `id`: a source message id, or the id of a host copy's record.
     pub async fn find(&self, id: &str) -> StorageResult<Option<(PoisonRecord, Etag)>> {
         for rk in [id.to_string(), super::host_record_id(id)] {

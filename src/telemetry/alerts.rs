@@ -1,6 +1,8 @@
 //! The poison alert: one ERROR line per new record, and per queue at most
 //! one webhook POST a window, its records grouped by cause (error kind, HTTP
-//! status, the error's first line with what varies masked).
+//! status, the error's first line with what varies masked), in the
+//! receiver's format ([`AlertFormat`]: aqw's JSON, Slack or Teams, the last
+//! two in `chat.rs`), signed with HMAC-SHA256 when a secret is set.
 
 use super::scrub;
 use regex::Regex;
@@ -55,20 +57,21 @@ pub fn error_group(error: &str) -> (Option<u16>, String) {
 static STATUS_MASKED: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"(?i)\b(?:HTTP|status)\W{0,3}#").unwrap());
 
-/// One cause in an alert window: how many records, and a few samples.
-struct AlertGroup<'a> {
-    kind: &'a str,
-    status: Option<u16>,
-    text: String,
-    count: usize,
-    ids: Vec<&'a str>,
-    keys: Vec<&'a str>,
+/// One cause in an alert window: how many records, and a few samples (the
+/// first record first).
+pub(super) struct AlertGroup<'a> {
+    pub(super) kind: &'a str,
+    pub(super) status: Option<u16>,
+    pub(super) text: String,
+    pub(super) count: usize,
+    pub(super) ids: Vec<&'a str>,
+    pub(super) keys: Vec<&'a str>,
     /// Records of the group with an uncertain attempt, all of them named.
-    uncertain_ids: Vec<&'a str>,
+    pub(super) uncertain_ids: Vec<&'a str>,
 }
 
 /// A window's records grouped by cause, the biggest group first.
-fn group_alerts(batch: &[PoisonAlert]) -> Vec<AlertGroup<'_>> {
+pub(super) fn group_alerts(batch: &[PoisonAlert]) -> Vec<AlertGroup<'_>> {
     const SAMPLES: usize = 5;
     let mut groups: Vec<AlertGroup> = Vec::new();
     for a in batch {
@@ -113,7 +116,36 @@ fn group_alerts(batch: &[PoisonAlert]) -> Vec<AlertGroup<'_>> {
 /// counts grouped by error kind and error text, each group with samples and
 /// the command that lists it.
 pub fn alert_body(queue: &str, batch: &[PoisonAlert]) -> serde_json::Value {
-    let groups = group_alerts(batch);
+    generic_body(queue, batch, None)
+}
+
+/// The command that shows one record.
+pub(super) fn show_command(queue: &str, id: &str) -> String {
+    format!("aqw poison show {queue} {id}")
+}
+
+/// The command that lists a queue's open records.
+pub(super) fn list_command(queue: &str) -> String {
+    format!("aqw poison list {queue} --status open")
+}
+
+/// `aqw.alert.dashboardUrl` for one queue: `{queue}` replaced by its name.
+pub(super) fn dashboard_link(dashboard: Option<&url::Url>, queue: &str) -> Option<String> {
+    dashboard.map(|u| {
+        u.as_str()
+            .replace("%7Bqueue%7D", queue)
+            .replace("{queue}", queue)
+    })
+}
+
+/// The window facts every format shows: functions, first and last times.
+pub(super) struct WindowFacts {
+    pub(super) functions: String,
+    pub(super) first: Option<String>,
+    pub(super) last: Option<String>,
+}
+
+pub(super) fn window_facts(batch: &[PoisonAlert]) -> WindowFacts {
     let mut functions: Vec<&str> = batch.iter().map(|a| a.function.as_str()).collect();
     functions.sort();
     functions.dedup();
@@ -121,17 +153,30 @@ pub fn alert_body(queue: &str, batch: &[PoisonAlert]) -> serde_json::Value {
         t.format(&time::format_description::well_known::Rfc3339)
             .unwrap_or_default()
     };
-    let first = batch.iter().map(|a| a.poisoned_at).min();
-    let last = batch.iter().map(|a| a.poisoned_at).max();
+    WindowFacts {
+        functions: functions.join(","),
+        first: batch.iter().map(|a| a.poisoned_at).min().map(fmt),
+        last: batch.iter().map(|a| a.poisoned_at).max().map(fmt),
+    }
+}
+
+/// aqw's own JSON body (`aqw.alert.format` `generic`).
+fn generic_body(
+    queue: &str,
+    batch: &[PoisonAlert],
+    dashboard: Option<String>,
+) -> serde_json::Value {
+    let groups = group_alerts(batch);
+    let facts = window_facts(batch);
     json!({
         "event": "aqw.poison.new",
         "severity": "error",
         "queue": queue,
         "poisonQueue": batch.first().map(|a| a.poison_queue.clone()),
         "count": batch.len(),
-        "function": functions.join(","),
-        "firstPoisonedAt": first.map(fmt),
-        "lastPoisonedAt": last.map(fmt),
+        "function": facts.functions,
+        "firstPoisonedAt": facts.first,
+        "lastPoisonedAt": facts.last,
         "groups": groups.iter().map(|g| json!({
             "count": g.count,
             "errorKind": g.kind,
@@ -140,13 +185,99 @@ pub fn alert_body(queue: &str, batch: &[PoisonAlert]) -> serde_json::Value {
             "messageIds": g.ids,
             "keys": g.keys,
             "mayHaveTakenEffect": g.uncertain_ids,
+            "show": g.ids.first().map(|id| show_command(queue, id)),
         })).collect::<Vec<_>>(),
         "mayHaveTakenEffect": batch.iter().filter(|a| a.uncertain).count(),
-        "next": format!("aqw poison list {queue} --status open"),
+        "next": list_command(queue),
         "hint": format!("read each group with `aqw poison list {queue} --status open`, then `aqw poison show {queue} ID`; replay once the cause is fixed, discard a job that must never run"),
         // The first record, kept for receivers written against the old body.
         "messageId": batch.first().map(|a| a.message_id.clone()),
+        "dashboardUrl": dashboard,
     })
+}
+
+/// The body a receiver in `format` takes, for one queue's window.
+pub fn render_alert(
+    format: AlertFormat,
+    queue: &str,
+    batch: &[PoisonAlert],
+    dashboard: Option<&url::Url>,
+) -> serde_json::Value {
+    let link = dashboard_link(dashboard, queue);
+    match format {
+        AlertFormat::Generic => generic_body(queue, batch, link),
+        AlertFormat::Slack => super::chat::slack_body(queue, batch, link.as_deref()),
+        AlertFormat::Teams => super::chat::teams_body(queue, batch, link.as_deref()),
+    }
+}
+
+/// The shape of the webhook body (`aqw.alert.format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AlertFormat {
+    /// aqw's own JSON (the body documented in the README), for scripts,
+    /// relays and incident tools.
+    #[default]
+    Generic,
+    /// A Slack incoming-webhook message in Block Kit.
+    Slack,
+    /// A Teams incoming webhook or Workflows message: one Adaptive Card.
+    Teams,
+}
+
+/// The HMAC-SHA256 key that signs webhook bodies; never printed.
+#[derive(Clone)]
+pub struct SigningSecret(String);
+
+impl SigningSecret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+}
+
+impl std::fmt::Debug for SigningSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SigningSecret(***)")
+    }
+}
+
+/// Where alerts go and how: the URL, the body format, the dashboard link
+/// and the signing secret.
+#[derive(Clone)]
+pub struct Webhook {
+    pub url: url::Url,
+    pub format: AlertFormat,
+    pub dashboard_url: Option<url::Url>,
+    pub secret: Option<SigningSecret>,
+}
+
+impl std::fmt::Debug for Webhook {
+    // A Slack or Teams webhook URL is itself a credential: only its host.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Webhook")
+            .field("host", &self.url.host_str())
+            .field("format", &self.format)
+            .field("signed", &self.secret.is_some())
+            .finish()
+    }
+}
+
+/// Header names of a signed alert.
+pub const SIGNATURE_HEADER: &str = "X-Aqw-Signature";
+pub const TIMESTAMP_HEADER: &str = "X-Aqw-Timestamp";
+
+/// The signature of `body` sent at `timestamp` (Unix seconds):
+/// `sha256=<hex HMAC-SHA256 of "<timestamp>.<body>">`. The timestamp is
+/// signed with the body so a captured request cannot be replayed later with
+/// a fresh timestamp; receivers reject timestamps older than a few minutes.
+pub fn sign(secret: &SigningSecret, timestamp: u64, body: &[u8]) -> String {
+    use hmac::Mac;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.0.as_bytes())
+        .expect("HMAC takes a key of any length");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
 /// Sends poison alerts to the webhook without ever blocking the worker: at
@@ -156,7 +287,7 @@ pub fn alert_body(queue: &str, batch: &[PoisonAlert]) -> serde_json::Value {
 pub struct Alerts {
     tx: Option<mpsc::UnboundedSender<PoisonAlert>>,
     /// Where breaker events go at once (they are rare: no window).
-    webhook: Option<(reqwest::Client, url::Url)>,
+    webhook: Option<(reqwest::Client, Webhook)>,
 }
 
 impl Alerts {
@@ -170,7 +301,7 @@ impl Alerts {
     /// Start the sender task (needs a tokio runtime).
     /// The window summary is logged (ERROR `aqw.poison.alert`) with or
     /// without a webhook.
-    pub fn start(webhook: Option<url::Url>, window: Duration) -> Self {
+    pub fn start(webhook: Option<Webhook>, window: Duration) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
@@ -188,8 +319,16 @@ impl Alerts {
     /// (`aqw.breaker.open`, `aqw.breaker.closed`, ...), retried like the
     /// poison alert; the log line is the caller's.
     pub fn breaker(&self, body: serde_json::Value) {
-        if let Some((client, url)) = &self.webhook {
-            tokio::spawn(post_with_backoff(client.clone(), url.clone(), body));
+        if let Some((client, webhook)) = &self.webhook {
+            // Slack and Teams take their own shapes: the event's summary as
+            // one line of text there, aqw's JSON as it is otherwise.
+            let summary = body["summary"].as_str().unwrap_or_default();
+            let body = match webhook.format {
+                AlertFormat::Generic => body.clone(),
+                AlertFormat::Slack => super::chat::slack_text(summary),
+                AlertFormat::Teams => super::chat::teams_text(summary),
+            };
+            tokio::spawn(post_with_backoff(client.clone(), webhook.clone(), body));
         }
     }
 
@@ -218,7 +357,7 @@ struct QueueWindow {
 }
 
 async fn alert_loop(
-    webhook: Option<url::Url>,
+    webhook: Option<Webhook>,
     window: Duration,
     mut rx: mpsc::UnboundedReceiver<PoisonAlert>,
 ) {
@@ -258,6 +397,12 @@ async fn alert_loop(
                 batch.len()
             );
             if let (Some(webhook), Some(client)) = (webhook.clone(), client.clone()) {
+                let body = render_alert(
+                    webhook.format,
+                    queue,
+                    &batch,
+                    webhook.dashboard_url.as_ref(),
+                );
                 tokio::spawn(post_with_backoff(client, webhook, body));
             }
         }
@@ -265,11 +410,26 @@ async fn alert_loop(
 }
 
 /// POST one alert, retried with backoff (0.5 s doubling to 30 s, 6 tries);
-/// a failure is a warning, never a worker error.
-async fn post_with_backoff(client: reqwest::Client, url: url::Url, body: serde_json::Value) {
+/// a failure is a warning, never a worker error. The body is serialized
+/// once, so the signature covers the exact bytes sent; each try is signed
+/// with its own timestamp.
+async fn post_with_backoff(client: reqwest::Client, webhook: Webhook, body: serde_json::Value) {
+    let body = serde_json::to_vec(&body).unwrap_or_default();
     let mut delay = Duration::from_millis(500);
     for attempt in 1..=6 {
-        match client.post(url.clone()).json(&body).send().await {
+        let mut request = client
+            .post(webhook.url.clone())
+            .header(reqwest::header::CONTENT_TYPE, "application/json");
+        if let Some(secret) = &webhook.secret {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs();
+            request = request
+                .header(TIMESTAMP_HEADER, now.to_string())
+                .header(SIGNATURE_HEADER, sign(secret, now, &body));
+        }
+        match request.body(body.clone()).send().await {
             Ok(r) if r.status().is_success() => return,
             Ok(r) => tracing::warn!(
                 event = "aqw.alert.failed",
@@ -382,6 +542,36 @@ mod tests {
             .unwrap();
         assert_eq!(missing["keys"], json!([]));
         assert_eq!(missing["messageIds"], json!(["m5"]));
+    }
+
+    #[test]
+    fn the_signature_covers_timestamp_and_body_and_debug_hides_credentials() {
+        let secret = SigningSecret::new("0123456789abcdef");
+        let sig = sign(&secret, 1_800_000_000, br#"{"a":1}"#);
+        assert!(sig.starts_with("sha256=") && sig.len() == 7 + 64, "{sig}");
+        assert_ne!(
+            sig,
+            sign(&secret, 1_800_000_001, br#"{"a":1}"#),
+            "timestamp signed"
+        );
+        assert_ne!(
+            sig,
+            sign(&secret, 1_800_000_000, br#"{"a":2}"#),
+            "body signed"
+        );
+        let hook = Webhook {
+            url: "https://hooks.slack.com/services/T0/B0/tokenpart"
+                .parse()
+                .unwrap(),
+            format: AlertFormat::Slack,
+            dashboard_url: None,
+            secret: Some(secret),
+        };
+        let shown = format!("{hook:?}");
+        assert!(
+            !shown.contains("tokenpart") && !shown.contains("0123456789abcdef"),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Logs, metrics and (in [`alerts`]) the poison alert webhook.
+//! Logs, metrics (the health gauges in [`gauges`]) and (in [`alerts`], chat
+//! formats in `chat.rs`) the poison alert webhook.
 //!
 //! Secrets never reach a log line: [`scrub`] removes account keys, SAS
 //! signatures, `Authorization` values and bearer tokens, and the log writer
@@ -9,7 +10,12 @@ use std::io::Write;
 use std::sync::OnceLock;
 
 pub mod alerts;
-pub use alerts::{alert_body, error_group, Alerts, PoisonAlert};
+mod chat;
+pub mod gauges;
+pub use alerts::{
+    alert_body, error_group, AlertFormat, Alerts, PoisonAlert, SigningSecret, Webhook,
+};
+pub use gauges::render_metrics;
 
 /// What [`scrub`] removes: (pattern, replacement).
 const SECRET_PATTERNS: &[(&str, &str)] = &[
@@ -153,6 +159,13 @@ pub fn init_logging(
         .try_init();
 }
 
+/// Handler latency buckets, in seconds: jobs run from milliseconds (an HTTP
+/// call) to minutes (a report, an export), so the buckets reach 10 minutes,
+/// the Functions default `functionTimeout` ceiling on a Consumption plan.
+pub const HANDLER_BUCKETS: &[f64] = &[
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
 /// The process-wide Prometheus recorder (installed on first use).
 pub fn metrics_handle() -> &'static metrics_exporter_prometheus::PrometheusHandle {
     static H: OnceLock<metrics_exporter_prometheus::PrometheusHandle> = OnceLock::new();
@@ -160,9 +173,7 @@ pub fn metrics_handle() -> &'static metrics_exporter_prometheus::PrometheusHandl
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
             .set_buckets_for_metric(
                 metrics_exporter_prometheus::Matcher::Full("aqw_handler_duration_seconds".into()),
-                &[
-                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-                ],
+                HANDLER_BUCKETS,
             )
             .expect("static buckets")
             .build_recorder();
