@@ -2,7 +2,7 @@
 //! operator (the control row, read every [`WATCH_INTERVAL`]), and what does
 //! its circuit breaker ([`crate::breaker`]) allow. The [`Gate`] also hears
 //! how each attempt ended, and makes every breaker transition visible: one
-//! log line, the `aqw_breaker_state` gauge and `aqw_breaker_transitions_total`
+//! log line, the `aqw_function_paused` and `aqw_breaker_state` gauges and `aqw_breaker_transitions_total`
 //! counter, an alert webhook event, and the state on the control row where
 //! `aqw status` reads it.
 
@@ -46,6 +46,7 @@ impl Gate {
         if settings.is_some() {
             metrics::gauge!("aqw_breaker_state", "function" => function.to_string()).set(0.0);
         }
+        metrics::gauge!("aqw_function_paused", "function" => function.to_string()).set(0.0);
         Self {
             function: function.to_string(),
             worker_id: worker_id.to_string(),
@@ -164,6 +165,8 @@ impl Gate {
         if self.paused.swap(paused, Ordering::Relaxed) == paused {
             return;
         }
+        metrics::gauge!("aqw_function_paused", "function" => self.function.clone())
+            .set(if paused { 1.0 } else { 0.0 });
         match &c.pause {
             Some(p) => {
                 info!(event = "aqw.function.paused", function = %self.function, by = %p.by, reason = %scrub(&p.reason), "paused by an operator: receiving nothing")
