@@ -3,43 +3,11 @@
 //! its two actions, under the same authentication and CSRF rules as replay,
 //! through the same `crate::ops` procedures as `aqw pause` / `aqw resume`.
 
-use super::handlers::{get, pairs, see_other, tri, S};
-use super::views::{csrf_field, enc, Viewer};
-use crate::control::Control;
+use super::request::{get, pairs, see_other, tri, S};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use maud::{html, Markup};
-
-/// The status page's cell: what the control row says, and the action.
-pub(super) fn receiving(queue: &str, c: &Control, v: &Viewer) -> Markup {
-    html! {
-        @if let Some(p) = &c.pause {
-            span.badge.bad { "paused" } " by " (p.by) " at " (p.at)
-            @if !p.reason.is_empty() { ": " (p.reason) }
-        } @else {
-            span.badge.good { "yes" }
-        }
-        @if let Some(b) = c.breaker.as_ref().filter(|_| c.breaker_open()) {
-            " " span.badge.bad { "breaker " (b.state) } " " (b.reason)
-        }
-        @if v.can_act {
-            @if c.pause.is_some() {
-                form method="post" action={ "/q/" (enc(queue)) "/resume" } {
-                    (csrf_field(v))
-                    button type="submit" { "Resume" }
-                }
-            } @else {
-                form method="post" action={ "/q/" (enc(queue)) "/pause" } {
-                    (csrf_field(v))
-                    input type="text" name="reason" placeholder="reason" maxlength="200";
-                    button type="submit" { "Pause" }
-                }
-            }
-        }
-    }
-}
 
 pub async fn pause(
     State(d): S,

@@ -6,6 +6,7 @@ use super::auth::{self, Principal, Via};
 use super::chart;
 use super::payload::PayloadView;
 use super::progress::{plausible_id, progress_url};
+use super::request::{all, get, page, pairs, see_other, tri, Pairs, Refused, S};
 use super::views::{self, Group, ListPage, RecordPage, StatusRow, Viewer};
 use super::{Dashboard, MAX_SELECTION, PAGE_SIZE};
 use crate::ops::{self, Filter, FixAction, OpsError, QueueOps, ReplayAction, ReplayOptions};
@@ -14,51 +15,11 @@ use crate::telemetry::{alert_body, error_group, scrub, PoisonAlert};
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::{Html, IntoResponse, Redirect, Response};
-use maud::Markup;
-use std::sync::Arc;
-
-pub(super) type S = State<Arc<Dashboard>>;
-pub(super) type Pairs = Vec<(String, String)>;
-/// A response instead of what was asked (boxed: responses are large).
-pub(super) type Refused = Box<Response>;
-
-pub(super) fn pairs(s: &[u8]) -> Pairs {
-    url::form_urlencoded::parse(s).into_owned().collect()
-}
-
-pub(super) fn get<'a>(p: &'a Pairs, k: &str) -> Option<&'a str> {
-    p.iter()
-        .find(|(n, _)| n == k)
-        .map(|(_, v)| v.as_str())
-        .filter(|v| !v.trim().is_empty())
-}
-
-pub(super) fn all(p: &Pairs, k: &str) -> Vec<String> {
-    p.iter()
-        .filter(|(n, v)| n == k && !v.is_empty())
-        .map(|(_, v)| v.clone())
-        .collect()
-}
-
-pub(super) fn page(
-    status: StatusCode,
-    title: &str,
-    v: &Viewer,
-    refresh: Option<u32>,
-    body: Markup,
-) -> Response {
-    let html = views::layout(title, v, refresh, body).into_string();
-    (status, Html(html)).into_response()
-}
+use axum::response::Response;
 
 /// A page that only says why the request was not carried out.
 fn refusal(status: StatusCode, title: &str, v: &Viewer, message: &str) -> Response {
     page(status, title, v, None, views::message(message))
-}
-
-pub(super) fn see_other(to: &str) -> Response {
-    Redirect::to(to).into_response()
 }
 
 impl Dashboard {
@@ -177,16 +138,6 @@ fn no_such_record(v: &Viewer, id: &str) -> Result<(), Refused> {
         m,
     )))
 }
-
-macro_rules! tri {
-    ($e:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(r) => return *r,
-        }
-    };
-}
-pub(super) use tri;
 
 pub async fn status(State(d): S, headers: HeaderMap) -> Response {
     let v = tri!(d.gate(&headers));

@@ -39,6 +39,7 @@ mod guard;
 mod handlers;
 mod payload;
 mod progress;
+mod request;
 mod throttle;
 mod views;
 

@@ -4,7 +4,7 @@
 //! [`PROGRESS_DEADLINE`] has passed since the action, so a tab left open
 //! does not poll storage every second forever.
 
-use super::handlers::{all, page, pairs, see_other, tri, S};
+use super::request::{all, page, pairs, see_other, tri, S};
 use super::views::{self, enc, Progress};
 use super::MAX_SELECTION;
 use crate::ops::{OpsError, QueueOps};

@@ -140,7 +140,7 @@ fn status_row(r: &StatusRow, v: &Viewer) -> Markup {
                     td.num { a href={ "/q/" (enc(&r.queue)) "?status=open" } { (s.open_records) } }
                     td { (s.oldest_open.as_deref().unwrap_or("-")) }
                     td { @if s.open_records > 0 { span.badge.bad { "firing" } } @else { span.badge.good { "ok" } } }
-                    td { (super::control::receiving(&r.queue, &s.control, v)) }
+                    td { (receiving(&r.queue, &s.control, v)) }
                 }
                 Err(e) => { td.error colspan="6" { "cannot read: " (scrub(e)) } }
             }
@@ -483,6 +483,35 @@ pub fn login_page(csrf: &str, error: Option<&str>) -> Markup {
 
 pub fn message(text: &str) -> Markup {
     html! { p #message { (text) } p { a href="/" { "Back to the status page" } } }
+}
+
+/// The status page's cell: what the control row says, and the action.
+pub(super) fn receiving(queue: &str, c: &crate::control::Control, v: &Viewer) -> Markup {
+    html! {
+        @if let Some(p) = &c.pause {
+            span.badge.bad { "paused" } " by " (p.by) " at " (p.at)
+            @if !p.reason.is_empty() { ": " (p.reason) }
+        } @else {
+            span.badge.good { "yes" }
+        }
+        @if let Some(b) = c.breaker.as_ref().filter(|_| c.breaker_open()) {
+            " " span.badge.bad { "breaker " (b.state) } " " (b.reason)
+        }
+        @if v.can_act {
+            @if c.pause.is_some() {
+                form method="post" action={ "/q/" (enc(queue)) "/resume" } {
+                    (csrf_field(v))
+                    button type="submit" { "Resume" }
+                }
+            } @else {
+                form method="post" action={ "/q/" (enc(queue)) "/pause" } {
+                    (csrf_field(v))
+                    input type="text" name="reason" placeholder="reason" maxlength="200";
+                    button type="submit" { "Pause" }
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

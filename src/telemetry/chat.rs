@@ -17,7 +17,7 @@
 //!   <AdaptiveCard>}]}`, the card at version 1.4 (adaptivecards.io schema:
 //!   `TextBlock`, `FactSet`, `Container`, `Action.OpenUrl`).
 
-use super::alerts::{
+use super::groups::{
     group_alerts, list_command, show_command, window_facts, AlertGroup, PoisonAlert,
 };
 use serde_json::{json, Value};

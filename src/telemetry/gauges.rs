@@ -8,7 +8,7 @@
 //! process. Rendering the last snapshot means a closed group disappears and
 //! the series count stays at most [`OPEN_GROUPS_EXPORTED`] + 1 per queue.
 
-use super::alerts::error_group;
+use super::groups::error_group;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;

@@ -12,10 +12,10 @@ use std::sync::OnceLock;
 pub mod alerts;
 mod chat;
 pub mod gauges;
-pub use alerts::{
-    alert_body, error_group, AlertFormat, Alerts, PoisonAlert, SigningSecret, Webhook,
-};
+mod groups;
+pub use alerts::{alert_body, AlertFormat, Alerts, SigningSecret, Webhook};
 pub use gauges::render_metrics;
+pub use groups::{error_group, PoisonAlert};
 
 /// What [`scrub`] removes: (pattern, replacement).
 const SECRET_PATTERNS: &[(&str, &str)] = &[
