@@ -630,3 +630,185 @@ async fn sign_in_needs_the_token_and_its_own_form() {
     assert!(!status.body.contains(TOKEN));
     app.cleanup().await;
 }
+
+/// Open records of two error groups, inserted as rows: three "ledger down"
+/// 503s and two "order not found" 404s.
+async fn two_groups(app: &TestApp) -> (Vec<String>, Vec<String>) {
+    app.records().create_if_missing().await.unwrap();
+    app.source().create_if_missing().await.unwrap();
+    let down: Vec<String> = (0..3).map(|i| format!("down-{i}")).collect();
+    let gone: Vec<String> = (0..2).map(|i| format!("gone-{i}")).collect();
+    for id in &down {
+        let payload = format!(r#"{{"orderId":"{id}"}}"#);
+        insert_record(
+            app,
+            id,
+            &payload,
+            MessageEncoding::None,
+            "HTTP 503 ledger down",
+        )
+        .await;
+    }
+    for id in &gone {
+        let payload = format!(r#"{{"orderId":"{id}"}}"#);
+        insert_record(
+            app,
+            id,
+            &payload,
+            MessageEncoding::None,
+            "HTTP 404 order not found",
+        )
+        .await;
+    }
+    (down, gone)
+}
+
+async fn statuses(app: &TestApp, ids: &[String]) -> Vec<RecordStatus> {
+    let mut out = vec![];
+    for id in ids {
+        out.push(poison_record(app, id).await.status);
+    }
+    out
+}
+
+/// The value of the hidden `reviewed` field on a review page.
+fn reviewed_of(page: &str) -> String {
+    let re = regex::Regex::new(r#"name="reviewed" value="([0-9a-f]+)""#).unwrap();
+    re.captures(page).expect("a review form")[1].to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_replay_touches_only_that_group_and_only_what_its_dry_run_showed() {
+    let app = keyed_app(json!({}));
+    let (down, gone) = two_groups(&app).await;
+    let r = dashboard(&app, false);
+    let q = &app.queue;
+    let group = enc("retryable|HTTP 503 ledger down");
+    let list = bget(&r, &format!("/q/{q}?group={group}")).await;
+    assert!(
+        list.body.contains("Replay all 3 (dry run first)"),
+        "{}",
+        list.body
+    );
+    let csrf = csrf_of(&list.body);
+    let query = format!("csrf={csrf}&group={group}");
+    // The dry run shows the group's three records and changes nothing.
+    let dry = bpost(
+        &r,
+        &format!("/q/{q}/group/replay"),
+        &format!("{query}&mode=dry-run"),
+    )
+    .await;
+    assert_eq!(dry.status, StatusCode::OK, "{}", dry.body);
+    assert_eq!(dry.body.matches("would-replay").count(), 3, "{}", dry.body);
+    assert!(gone.iter().all(|id| !dry.body.contains(id.as_str())));
+    assert_eq!(statuses(&app, &down).await, [RecordStatus::Open; 3]);
+    let reviewed = reviewed_of(&dry.body);
+    // A real action without the dry run's fingerprint, or with a stale one, does nothing.
+    for stale in ["", "&reviewed=0123456789abcdef01234567"] {
+        let no = bpost(
+            &r,
+            &format!("/q/{q}/group/replay"),
+            &format!("{query}&mode=real{stale}"),
+        )
+        .await;
+        assert_eq!(no.status, StatusCode::CONFLICT, "{}", no.body);
+        assert!(no.body.contains("Nothing was changed"), "{}", no.body);
+    }
+    assert_eq!(statuses(&app, &down).await, [RecordStatus::Open; 3]);
+    // The real one replays exactly that group, by the principal.
+    let real = bpost(
+        &r,
+        &format!("/q/{q}/group/replay"),
+        &format!("{query}&mode=real&reviewed={reviewed}"),
+    )
+    .await;
+    assert_eq!(real.status, StatusCode::OK, "{}", real.body);
+    assert!(real.body.contains("Replayed 3 of 3"), "{}", real.body);
+    assert_eq!(statuses(&app, &down).await, [RecordStatus::Replayed; 3]);
+    assert_eq!(statuses(&app, &gone).await, [RecordStatus::Open; 2]);
+    for id in &down {
+        assert_eq!(
+            poison_record(&app, id).await.replayed_by.as_deref(),
+            Some("oncall")
+        );
+    }
+    assert_eq!(
+        app.source_count().await,
+        3,
+        "one re-put per record of the group"
+    );
+    // The group is now empty: a second real action finds nothing.
+    let again = bpost(
+        &r,
+        &format!("/q/{q}/group/replay"),
+        &format!("{query}&mode=real&reviewed={reviewed}"),
+    )
+    .await;
+    assert_eq!(again.status, StatusCode::CONFLICT, "{}", again.body);
+    assert_eq!(app.source_count().await, 3);
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_discard_is_reviewed_needs_a_reason_and_closes_keys_when_asked() {
+    let app = keyed_app(json!({}));
+    let (down, gone) = two_groups(&app).await;
+    let r = dashboard(&app, false);
+    let q = &app.queue;
+    let csrf = csrf_of(&bget(&r, &format!("/q/{q}")).await.body);
+    let query = format!("csrf={csrf}&error=not+found");
+    let review = bpost(
+        &r,
+        &format!("/q/{q}/group/discard"),
+        &format!("{query}&mode=dry-run"),
+    )
+    .await;
+    assert_eq!(review.status, StatusCode::OK, "{}", review.body);
+    assert!(review.body.contains("2 open record(s)"), "{}", review.body);
+    assert_eq!(statuses(&app, &gone).await, [RecordStatus::Open; 2]);
+    let reviewed = reviewed_of(&review.body);
+    // Without a reason the real action shows the review again and changes nothing.
+    let no_reason = bpost(
+        &r,
+        &format!("/q/{q}/group/discard"),
+        &format!("{query}&mode=real&reviewed={reviewed}"),
+    )
+    .await;
+    assert!(no_reason.body.contains("Review of a group discard"));
+    assert_eq!(statuses(&app, &gone).await, [RecordStatus::Open; 2]);
+    let done = bpost(
+        &r,
+        &format!("/q/{q}/group/discard"),
+        &format!("{query}&mode=real&reviewed={reviewed}&reason=orders+deleted&close_key=1"),
+    )
+    .await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    assert!(done.body.contains("Discarded 2 of 2"), "{}", done.body);
+    for id in &gone {
+        let rec = poison_record(&app, id).await;
+        assert_eq!(
+            (
+                rec.status,
+                rec.discarded_by.as_deref(),
+                rec.discard_reason.as_deref()
+            ),
+            (
+                RecordStatus::Discarded,
+                Some("oncall"),
+                Some("orders deleted")
+            )
+        );
+    }
+    assert_eq!(statuses(&app, &down).await, [RecordStatus::Open; 3]);
+    // Unauthenticated or forged group actions are refused like the others.
+    assert_refused(
+        &r,
+        &format!("/q/{q}/group/discard"),
+        "mode=real&reason=x",
+        &csrf,
+    )
+    .await;
+    assert_refused(&r, &format!("/q/{q}/group/replay"), "mode=real", &csrf).await;
+    app.cleanup().await;
+}

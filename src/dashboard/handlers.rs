@@ -7,18 +7,18 @@ use super::chart;
 use super::payload::PayloadView;
 use super::progress::{plausible_id, progress_url};
 use super::request::{all, get, page, pairs, see_other, tri, Pairs, Refused, S};
-use super::views::{self, Group, ListPage, RecordPage, StatusRow, Viewer};
+use super::selection::{self, cause, SelectError, Selection};
+use super::views::{self, ListPage, RecordPage, StatusRow, Viewer};
 use super::{Dashboard, MAX_SELECTION, PAGE_SIZE};
 use crate::ops::{self, Filter, FixAction, OpsError, QueueOps, ReplayAction, ReplayOptions};
-use crate::poison::{PoisonRecord, RecordStatus};
-use crate::telemetry::{alert_body, error_group, scrub, PoisonAlert};
+use crate::telemetry::scrub;
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 
 /// A page that only says why the request was not carried out.
-fn refusal(status: StatusCode, title: &str, v: &Viewer, message: &str) -> Response {
+pub(super) fn refusal(status: StatusCode, title: &str, v: &Viewer, message: &str) -> Response {
     page(status, title, v, None, views::message(message))
 }
 
@@ -160,112 +160,6 @@ pub async fn status(State(d): S, headers: HeaderMap) -> Response {
     page(StatusCode::OK, "Status", &v, Some(30), body)
 }
 
-/// The list filter from the query string (status open by default).
-fn list_filter(p: &Pairs) -> Result<Filter, String> {
-    let status = match get(p, "status").unwrap_or("open") {
-        "all" => None,
-        s => Some(RecordStatus::parse(s).ok_or_else(|| format!("unknown status {s:?}"))?),
-    };
-    let time = |k: &str| {
-        get(p, k)
-            .map(|s| ops::parse_time(s).map_err(|e| format!("{k}: {e}")))
-            .transpose()
-    };
-    let error = get(p, "error")
-        .map(|e| {
-            regex::RegexBuilder::new(&regex::escape(e))
-                .case_insensitive(true)
-                .build()
-                .map_err(|e| format!("error: {e}"))
-        })
-        .transpose()?;
-    Ok(Filter {
-        status,
-        since: time("since")?,
-        until: time("until")?,
-        function: get(p, "function").map(str::to_string),
-        error,
-        ids: vec![],
-    })
-}
-
-/// The alert's grouping of a record: kind and masked first line.
-fn cause(r: &PoisonRecord) -> (String, String) {
-    (
-        r.error.kind.as_str().to_string(),
-        error_group(&r.error.message).1,
-    )
-}
-
-fn group_id(r: &PoisonRecord) -> String {
-    let (k, t) = cause(r);
-    format!("{k}|{t}")
-}
-
-/// The groups of `records`, exactly as the alert webhook would report them.
-fn groups(queue: &str, records: &[PoisonRecord]) -> Vec<Group> {
-    let alerts: Vec<PoisonAlert> = records
-        .iter()
-        .map(|r| PoisonAlert {
-            queue: r.queue.clone(),
-            poison_queue: crate::poison::poison_queue_name(&r.queue),
-            function: r.function.clone(),
-            message_id: r.message_id.clone(),
-            key: r.key.as_deref().map(str::to_string),
-            error_kind: r.error.kind.as_str().to_string(),
-            error: r.error.message.clone(),
-            poisoned_at: time::OffsetDateTime::UNIX_EPOCH,
-            uncertain: r.uncertain_attempts > 0,
-        })
-        .collect();
-    let body = alert_body(queue, &alerts);
-    let s = |g: &serde_json::Value, k: &str| g[k].as_str().unwrap_or_default().to_string();
-    body["groups"]
-        .as_array()
-        .map(|gs| {
-            gs.iter()
-                .map(|g| Group {
-                    id: format!("{}|{}", s(g, "errorKind"), s(g, "error")),
-                    kind: s(g, "errorKind"),
-                    text: s(g, "error"),
-                    count: g["count"].as_u64().unwrap_or(0) as usize,
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The filter form's fields as asked (status open by default).
-fn filter_form(params: &Pairs) -> Vec<(&'static str, String)> {
-    let keep = [
-        "status", "since", "until", "function", "error", "search", "group",
-    ];
-    let default = |k: &str| if k == "status" { "open" } else { "" };
-    keep.iter()
-        .map(|k| (*k, get(params, k).unwrap_or(default(k)).to_string()))
-        .collect()
-}
-
-/// The records whose id is `text`, or whose key or decoded payload contains
-/// it (case-insensitively): how an operator finds the record behind a
-/// customer's complaint, by order number or account.
-fn search(records: Vec<PoisonRecord>, text: Option<&str>) -> Vec<PoisonRecord> {
-    let Some(needle) = text.map(|t| t.trim().to_lowercase()) else {
-        return records;
-    };
-    let contains = |hay: &str| hay.to_lowercase().contains(&needle);
-    records
-        .into_iter()
-        .filter(|r| {
-            r.message_id.eq_ignore_ascii_case(&needle)
-                || r.key.as_deref().is_some_and(contains)
-                || crate::message::decode(&r.message, r.encoding)
-                    .map(|p| contains(&p))
-                    .unwrap_or_else(|_| contains(&r.message))
-        })
-        .collect()
-}
-
 pub async fn list(
     State(d): S,
     Path(queue): Path<String>,
@@ -275,28 +169,22 @@ pub async fn list(
     let v = tri!(d.gate(&headers));
     let ops = tri!(d.queue_ops(&queue));
     let params = pairs(q.unwrap_or_default().as_bytes());
-    let filter = match list_filter(&params) {
-        Ok(f) => f,
-        Err(m) => return refusal(StatusCode::BAD_REQUEST, "Bad filter", &v, &m),
+    let Selection { matching, chosen } = match selection::select(ops, &params).await {
+        Ok(s) => s,
+        Err(SelectError::BadFilter(m)) => {
+            return refusal(StatusCode::BAD_REQUEST, "Bad filter", &v, &m)
+        }
+        Err(SelectError::Ops(e)) => return d.ops_error(&v, e),
     };
-    let records = match ops::list(ops, &filter).await {
-        Ok(r) => search(r, get(&params, "search")),
-        Err(e) => return d.ops_error(&v, e),
-    };
-    let groups = groups(&queue, &records);
-    let chart = chart::poisons_chart(&records, time::OffsetDateTime::now_utc(), &|r| cause(r).1);
-    let records: Vec<PoisonRecord> = match get(&params, "group") {
-        Some(g) => records.into_iter().filter(|r| group_id(r) == g).collect(),
-        None => records,
-    };
-    let pages = records.len().div_ceil(PAGE_SIZE).max(1);
+    let groups = selection::groups(&queue, &matching);
+    let chart = chart::poisons_chart(&matching, time::OffsetDateTime::now_utc(), &|r| cause(r).1);
+    let pages = chosen.len().div_ceil(PAGE_SIZE).max(1);
     let n = get(&params, "page")
         .and_then(|p| p.parse::<usize>().ok())
         .unwrap_or(1)
         .clamp(1, pages);
-    let shown =
-        &records[((n - 1) * PAGE_SIZE).min(records.len())..(n * PAGE_SIZE).min(records.len())];
-    let form = filter_form(&params);
+    let shown = &chosen[((n - 1) * PAGE_SIZE).min(chosen.len())..(n * PAGE_SIZE).min(chosen.len())];
+    let form = selection::filter_form(&params);
     let query = url::form_urlencoded::Serializer::new(String::new())
         .extend_pairs(form.iter().filter(|(k, v)| !v.is_empty() && *k != "group"))
         .finish();
@@ -304,7 +192,7 @@ pub async fn list(
         queue: &queue,
         records: shown,
         groups: &groups,
-        total: records.len(),
+        total: chosen.len(),
         page: n,
         pages,
         query,
@@ -558,36 +446,4 @@ pub async fn logout(State(d): S, headers: HeaderMap, body: Bytes) -> Response {
     r.headers_mut()
         .append(header::SET_COOKIE, c.parse().expect("static"));
     r
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn record(id: &str, key: Option<&str>, payload: &str) -> PoisonRecord {
-        let mut r = PoisonRecord::from_entity(&Default::default());
-        r.message_id = id.into();
-        r.key = key.map(|k| crate::idempotency::IdempotencyKey::new(k).unwrap());
-        r.encoding = crate::message::MessageEncoding::Base64;
-        r.message = crate::message::encode(payload, r.encoding);
-        r
-    }
-
-    #[test]
-    fn search_finds_a_record_by_id_key_or_payload_text() {
-        let records = || {
-            vec![
-                record("6f1c-aa", Some("receipt:o-1001"), r#"{"orderId":"o-1001"}"#),
-                record("9b2e-bb", None, r#"{"customer":"Ada Lovelace"}"#),
-            ]
-        };
-        let ids = |found: Vec<PoisonRecord>| -> Vec<String> {
-            found.into_iter().map(|r| r.message_id).collect()
-        };
-        assert_eq!(ids(search(records(), Some("6F1C-AA"))), ["6f1c-aa"]);
-        assert_eq!(ids(search(records(), Some("o-1001"))), ["6f1c-aa"]);
-        assert_eq!(ids(search(records(), Some("lovelace"))), ["9b2e-bb"]);
-        assert!(search(records(), Some("nobody")).is_empty());
-        assert_eq!(search(records(), None).len(), 2);
-    }
 }

@@ -1,7 +1,9 @@
 //! `aqw dashboard`: the operator's procedure in a browser — status, the
 //! poison list grouped by error cause, one record, and the actions (replay
 //! with a dry run first, discard with a reason, fix a payload, close a key),
-//! each through the same [`crate::ops`] function as its CLI command.
+//! each through the same [`crate::ops`] function as its CLI command; and
+//! the same actions on every open record a filter or an error group selects
+//! (`bulk.rs`: a dry run or review first, at most 500 records, rate-limited).
 //!
 //! Why its own command, not a `/ui` on the worker's ops port: the ops port
 //! (`/healthz`, `/readyz`, `/metrics`) is what the Functions host and the
@@ -33,6 +35,7 @@
 //! confirmed done, so no script is needed at all.
 
 mod auth;
+mod bulk;
 mod chart;
 mod control;
 mod guard;
@@ -40,6 +43,7 @@ mod handlers;
 mod payload;
 mod progress;
 mod request;
+mod selection;
 mod throttle;
 mod views;
 
@@ -158,6 +162,8 @@ pub struct Dashboard {
     throttle: throttle::Throttle,
     mode: &'static str,
     warnings: Vec<String>,
+    /// Held by a group action while it runs: one at a time (`bulk.rs`).
+    bulk: tokio::sync::Mutex<()>,
 }
 
 impl Dashboard {
@@ -183,6 +189,7 @@ impl Dashboard {
             warnings: options.warnings(),
             auth: auth::Auth::new(options.auth),
             read_only: options.read_only,
+            bulk: tokio::sync::Mutex::new(()),
         })
     }
 }
@@ -201,6 +208,8 @@ pub fn app(state: Arc<Dashboard>) -> Router {
         .route("/q/{queue}/replay", post(handlers::replay))
         .route("/q/{queue}/discard", post(handlers::discard))
         .route("/q/{queue}/fix", post(handlers::fix))
+        .route("/q/{queue}/group/replay", post(bulk::replay))
+        .route("/q/{queue}/group/discard", post(bulk::discard))
         .route("/q/{queue}/pause", post(control::pause))
         .route("/q/{queue}/resume", post(control::resume))
         .layer(axum::middleware::from_fn_with_state(

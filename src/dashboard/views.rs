@@ -192,6 +192,41 @@ pub fn list_page(p: &ListPage, v: &Viewer, group_of: impl Fn(&PoisonRecord) -> S
             @if v.can_act { button #replay-selected type="submit" { "Replay selected (dry run first)" } }
         }
         (pager(p))
+        @if v.can_act && p.total > 0 && field(p, "status") == "open" { (group_actions(p, v)) }
+    }
+}
+
+fn field<'a>(p: &'a ListPage, k: &str) -> &'a str {
+    p.form
+        .iter()
+        .find(|(n, _)| *n == k)
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("")
+}
+
+/// Replay or discard every open record this page's query selects (all
+/// pages, the chosen group only): each shows a dry run or review first.
+fn group_actions(p: &ListPage, v: &Viewer) -> Markup {
+    let query = html! {
+        (csrf_field(v))
+        input type="hidden" name="mode" value="dry-run";
+        @for (k, val) in p.form.iter().filter(|(k, val)| *k != "status" && !val.is_empty()) {
+            input type="hidden" name=(k) value=(val);
+        }
+    };
+    html! {
+        section #group-actions {
+            h2 { "Act on all " (p.total) " matching open record(s)" }
+            form.inline method="post" action={ "/q/" (enc(p.queue)) "/group/replay" } {
+                (query)
+                button #group-replay type="submit" { "Replay all " (p.total) " (dry run first)" }
+            }
+            " "
+            form.inline method="post" action={ "/q/" (enc(p.queue)) "/group/discard" } {
+                (query)
+                button #group-discard type="submit" { "Discard all " (p.total) " (review first)" }
+            }
+        }
     }
 }
 
@@ -409,17 +444,24 @@ fn actions(p: &RecordPage, v: &Viewer) -> Markup {
     }
 }
 
-pub fn dry_run_page(queue: &str, r: &ReplayReport, v: &Viewer) -> Markup {
+/// What a replay did, or would do, with each record.
+pub fn dry_run_table(queue: &str, r: &ReplayReport) -> Markup {
     html! {
-        p { "Dry run: nothing has changed yet. " (r.selected) " open record(s) selected." }
         table #dry-run {
-            thead { tr { th { "id" } th { "key" } th { "would" } th { "detail" } } }
+            thead { tr { th { "id" } th { "key" } th { (if r.dry_run { "would" } else { "did" }) } th { "detail" } } }
             tbody { @for i in &r.items { tr {
                 td.id { a href=(record_url(queue, &i.id)) { (i.id) } }
                 td.id { (i.key.as_deref().unwrap_or("-")) }
                 td { (i.action.as_str()) } td { (i.detail.as_deref().unwrap_or("")) }
             } } }
         }
+    }
+}
+
+pub fn dry_run_page(queue: &str, r: &ReplayReport, v: &Viewer) -> Markup {
+    html! {
+        p { "Dry run: nothing has changed yet. " (r.selected) " open record(s) selected." }
+        (dry_run_table(queue, r))
         @if v.can_act && !r.items.is_empty() {
             form method="post" action={ "/q/" (enc(queue)) "/replay" } {
                 (csrf_field(v))

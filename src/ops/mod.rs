@@ -30,7 +30,7 @@ pub use discard::discard;
 pub use enqueue::{enqueue, prepare_enqueue, with_trace_context, Enqueued, PreparedEnqueue};
 pub use fix::{fix, FixAction, FixReport};
 pub use keys::key_record;
-pub use list::list;
+pub use list::{list, list_summaries};
 pub use purge::{purge_keys, purge_records, PurgeOptions};
 pub use rehearse::{payload_diff, rehearse_discard, rehearse_fix, DiscardRehearsal, FixRehearsal};
 pub use replay::{

@@ -337,6 +337,47 @@ pub(super) const OPEN_ERRORS_QUERY: (&str, &str, [&str; 2]) = (
     [col::ERROR_KIND, col::ERROR_MESSAGE],
 );
 
+/// Every column but the payload's parts (`Message0`…): what a list view
+/// reads, so a page over 10,000 records never pulls 10,000 payloads.
+pub(super) const SUMMARY_COLUMNS: [&str; 36] = [
+    col::COPY_FORMAT,
+    col::DEQUEUE_COUNT,
+    col::DISCARD_REASON,
+    col::DISCARDED_AT,
+    col::DISCARDED_BY,
+    col::ENCODING,
+    col::ERROR_KIND,
+    col::ERROR_MESSAGE,
+    col::FIRST_ATTEMPT_AT,
+    col::FUNCTION,
+    col::INSERTED_AT,
+    col::KEY,
+    col::MESSAGE_ID,
+    col::MESSAGE_PARTS,
+    col::ORIGIN,
+    col::PAST_PROVIDER_WINDOW_AT,
+    col::PAST_PROVIDER_WINDOW_BY,
+    col::PAST_PROVIDER_WINDOW_NOTE,
+    col::POISON_MESSAGE_ID,
+    col::POISON_POP_RECEIPT,
+    col::POISONED_AT,
+    col::QUEUE,
+    col::REPLACED_AT,
+    col::REPLACED_BY,
+    col::REPLACEMENT_KEY,
+    col::REPLACEMENT_MESSAGE_ID,
+    col::REPLACEMENT_SIZE_DIFF,
+    col::REPLAY_COUNT,
+    col::REPLAY_MESSAGE_ID,
+    col::REPLAY_NOTE,
+    col::REPLAY_STARTED_AT,
+    col::REPLAYED_AT,
+    col::REPLAYED_BY,
+    col::STATUS,
+    col::TRACE_PARENT,
+    col::UNCERTAIN_ATTEMPTS,
+];
+
 /// The error of a row read by [`OPEN_ERRORS_QUERY`].
 pub(super) fn error_of(e: &Entity) -> ErrorInfo {
     let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or_default();

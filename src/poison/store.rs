@@ -73,6 +73,26 @@ impl PoisonStore {
         }
     }
 
+    /// Every record of this queue without its payload (`message` is empty):
+    /// what a list view needs, read with `$select` so a page over 10,000
+    /// records never pulls their payloads. For views only: an action
+    /// re-reads the record it changes.
+    pub async fn list_summaries(&self) -> StorageResult<Vec<PoisonRecord>> {
+        let query = crate::storage::TableQuery {
+            partition: Some(&self.queue),
+            filter: None,
+            select: &record::SUMMARY_COLUMNS,
+        };
+        match self.records.query_where(&query).await {
+            Ok(rows) => Ok(rows
+                .iter()
+                .map(|r| PoisonRecord::from_entity(&r.entity))
+                .collect()),
+            Err(StorageError::NotFound) => Ok(vec![]),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The errors of this queue's open records, read with a narrow query
     /// (two columns, open rows only) so a minute's refresh of the gauges
     /// never pulls payloads. Empty while the record table does not exist.

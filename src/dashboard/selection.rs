@@ -1,0 +1,208 @@
+//! Which records a list page shows and a group action touches: the filter
+//! form's fields, the search, and the alert's grouping. Both go through
+//! [`select`], so a group action covers exactly the records its page listed.
+
+use super::request::{get, Pairs};
+use super::views::Group;
+use crate::ops::{self, Filter, OpsError, QueueOps};
+use crate::poison::{PoisonRecord, RecordStatus};
+use crate::telemetry::{alert_body, error_group, PoisonAlert};
+
+/// The records a page's query selects.
+pub(super) struct Selection {
+    /// Matching the filter and the search (what the groups and the chart count).
+    pub matching: Vec<PoisonRecord>,
+    /// Of those, the ones in the chosen group (all of them without `group`).
+    pub chosen: Vec<PoisonRecord>,
+}
+
+/// Why a query selects nothing it could show.
+pub(super) enum SelectError {
+    /// The filter itself is wrong (a 400, with the reason).
+    BadFilter(String),
+    Ops(OpsError),
+}
+
+/// The records `params` selects, newest first. Without a search no payload
+/// is read (the list shows none, and must stay fast at 10,000 records); a
+/// search reads the payloads of the records the filter leaves, since it
+/// looks inside them.
+pub(super) async fn select(ops: &QueueOps, params: &Pairs) -> Result<Selection, SelectError> {
+    let filter = list_filter(params).map_err(SelectError::BadFilter)?;
+    let text = get(params, "search");
+    let records = match text {
+        Some(_) => ops::list(ops, &filter).await,
+        None => ops::list_summaries(ops, &filter).await,
+    }
+    .map_err(SelectError::Ops)?;
+    let matching = search(records, text);
+    let chosen = match get(params, "group") {
+        Some(g) => matching
+            .iter()
+            .filter(|r| group_id(r) == g)
+            .cloned()
+            .collect(),
+        None => matching.clone(),
+    };
+    Ok(Selection { matching, chosen })
+}
+
+/// A short fingerprint of a set of record ids (order does not matter): a
+/// group action's dry run carries it, and the real action refuses when the
+/// same query now selects other records.
+pub(super) fn fingerprint(ids: &[String]) -> String {
+    use sha2::Digest;
+    let mut sorted: Vec<&str> = ids.iter().map(String::as_str).collect();
+    sorted.sort_unstable();
+    let digest = sha2::Sha256::digest(sorted.join("\n").as_bytes());
+    hex::encode(&digest[..12])
+}
+
+/// The list filter from the query string (status open by default).
+fn list_filter(p: &Pairs) -> Result<Filter, String> {
+    let status = match get(p, "status").unwrap_or("open") {
+        "all" => None,
+        s => Some(RecordStatus::parse(s).ok_or_else(|| format!("unknown status {s:?}"))?),
+    };
+    let time = |k: &str| {
+        get(p, k)
+            .map(|s| ops::parse_time(s).map_err(|e| format!("{k}: {e}")))
+            .transpose()
+    };
+    let error = get(p, "error")
+        .map(|e| {
+            regex::RegexBuilder::new(&regex::escape(e))
+                .case_insensitive(true)
+                .build()
+                .map_err(|e| format!("error: {e}"))
+        })
+        .transpose()?;
+    Ok(Filter {
+        status,
+        since: time("since")?,
+        until: time("until")?,
+        function: get(p, "function").map(str::to_string),
+        error,
+        ids: vec![],
+    })
+}
+
+/// The alert's grouping of a record: kind and masked first line.
+pub(super) fn cause(r: &PoisonRecord) -> (String, String) {
+    (
+        r.error.kind.as_str().to_string(),
+        error_group(&r.error.message).1,
+    )
+}
+
+fn group_id(r: &PoisonRecord) -> String {
+    let (k, t) = cause(r);
+    format!("{k}|{t}")
+}
+
+/// The groups of `records`, exactly as the alert webhook would report them.
+pub(super) fn groups(queue: &str, records: &[PoisonRecord]) -> Vec<Group> {
+    let alerts: Vec<PoisonAlert> = records
+        .iter()
+        .map(|r| PoisonAlert {
+            queue: r.queue.clone(),
+            poison_queue: crate::poison::poison_queue_name(&r.queue),
+            function: r.function.clone(),
+            message_id: r.message_id.clone(),
+            key: r.key.as_deref().map(str::to_string),
+            error_kind: r.error.kind.as_str().to_string(),
+            error: r.error.message.clone(),
+            poisoned_at: time::OffsetDateTime::UNIX_EPOCH,
+            uncertain: r.uncertain_attempts > 0,
+        })
+        .collect();
+    let body = alert_body(queue, &alerts);
+    let s = |g: &serde_json::Value, k: &str| g[k].as_str().unwrap_or_default().to_string();
+    body["groups"]
+        .as_array()
+        .map(|gs| {
+            gs.iter()
+                .map(|g| Group {
+                    id: format!("{}|{}", s(g, "errorKind"), s(g, "error")),
+                    kind: s(g, "errorKind"),
+                    text: s(g, "error"),
+                    count: g["count"].as_u64().unwrap_or(0) as usize,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The filter form's fields as asked (status open by default).
+pub(super) fn filter_form(params: &Pairs) -> Vec<(&'static str, String)> {
+    let keep = [
+        "status", "since", "until", "function", "error", "search", "group",
+    ];
+    let default = |k: &str| if k == "status" { "open" } else { "" };
+    keep.iter()
+        .map(|k| (*k, get(params, k).unwrap_or(default(k)).to_string()))
+        .collect()
+}
+
+/// The records whose id is `text`, or whose key or decoded payload contains
+/// it (case-insensitively): how an operator finds the record behind a
+/// customer's complaint, by order number or account.
+fn search(records: Vec<PoisonRecord>, text: Option<&str>) -> Vec<PoisonRecord> {
+    let Some(needle) = text.map(|t| t.trim().to_lowercase()) else {
+        return records;
+    };
+    let contains = |hay: &str| hay.to_lowercase().contains(&needle);
+    records
+        .into_iter()
+        .filter(|r| {
+            r.message_id.eq_ignore_ascii_case(&needle)
+                || r.key.as_deref().is_some_and(contains)
+                || crate::message::decode(&r.message, r.encoding)
+                    .map(|p| contains(&p))
+                    .unwrap_or_else(|_| contains(&r.message))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: &str, key: Option<&str>, payload: &str) -> PoisonRecord {
+        let mut r = PoisonRecord::from_entity(&Default::default());
+        r.message_id = id.into();
+        r.key = key.map(|k| crate::idempotency::IdempotencyKey::new(k).unwrap());
+        r.encoding = crate::message::MessageEncoding::Base64;
+        r.message = crate::message::encode(payload, r.encoding);
+        r
+    }
+
+    #[test]
+    fn search_finds_a_record_by_id_key_or_payload_text() {
+        let records = || {
+            vec![
+                record("6f1c-aa", Some("receipt:o-1001"), r#"{"orderId":"o-1001"}"#),
+                record("9b2e-bb", None, r#"{"customer":"Ada Lovelace"}"#),
+            ]
+        };
+        let ids = |found: Vec<PoisonRecord>| -> Vec<String> {
+            found.into_iter().map(|r| r.message_id).collect()
+        };
+        assert_eq!(ids(search(records(), Some("6F1C-AA"))), ["6f1c-aa"]);
+        assert_eq!(ids(search(records(), Some("o-1001"))), ["6f1c-aa"]);
+        assert_eq!(ids(search(records(), Some("lovelace"))), ["9b2e-bb"]);
+        assert!(search(records(), Some("nobody")).is_empty());
+        assert_eq!(search(records(), None).len(), 2);
+    }
+
+    #[test]
+    fn a_fingerprint_ignores_order_and_tells_sets_apart() {
+        let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            fingerprint(&ids(&["a", "b"])),
+            fingerprint(&ids(&["b", "a"]))
+        );
+        assert_ne!(fingerprint(&ids(&["a", "b"])), fingerprint(&ids(&["a"])));
+        assert_ne!(fingerprint(&ids(&["ab"])), fingerprint(&ids(&["a", "b"])));
+    }
+}
