@@ -241,3 +241,113 @@ async fn the_operators_procedure_in_headless_chromium() {
     worker.stop().await;
     app.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_replay_and_a_search_in_headless_chromium() {
+    let sink = Sink::start().await;
+    sink.fail_with(503);
+    let app = TestApp::new(
+        json!({"key": "order:{/orderId}", "handler": {"type": "http", "url": format!("{}/effects", sink.url), "timeout": "00:00:05"}}),
+        json!({"maxDequeueCount": 2}),
+        json!({}),
+    );
+    let worker = app.start_configured_worker();
+    let mut down = vec![];
+    for n in 1..=3 {
+        down.push(
+            app.enqueue(&format!(r#"{{"orderId":"o-g{n}","amount":{n}}}"#))
+                .await,
+        );
+    }
+    let typo = app.enqueue(r#"{"orderID":"o-typo","amount":5}"#).await;
+    eventually("four poison records", DEADLINE, || async {
+        (app.poison_messages().await.len() == 4).then_some(())
+    })
+    .await;
+    let dash = start_dashboard(&app);
+    let driver = webdriver::Driver::start().await;
+    let profile = tempfile::tempdir().unwrap();
+    let b = driver.session(profile.path()).await;
+    let shots = screenshots();
+    let base = &dash.url;
+    let q = &app.queue;
+    b.goto(&format!("{base}/login")).await;
+    b.find("#token").await.send_keys(TOKEN).await;
+    b.find("#login").await.click().await;
+    b.wait_text("#alert-state", DEADLINE, |t| t.contains("ALERT"))
+        .await;
+
+    // The list with its chart of poisons per hour, by error group.
+    b.goto(&format!("{base}/q/{q}")).await;
+    assert!(b.try_find("svg").await.is_some(), "the chart is there");
+    b.screenshot(&shots.join("8-chart.png")).await;
+
+    // Search by payload text finds the one record.
+    b.find("input[name=search]").await.send_keys("o-g2").await;
+    b.find("form.filters button").await.click().await;
+    let found = b
+        .wait_text("#total", DEADLINE, |t| t.starts_with("1 record(s)"))
+        .await;
+    assert!(found.contains("page 1 of 1"), "{found}");
+    let rows = b.find("#records").await.text().await;
+    assert!(
+        rows.contains(down[1].as_str()) && !rows.contains(typo.as_str()),
+        "{rows}"
+    );
+    b.screenshot(&shots.join("9-search.png")).await;
+
+    // The 503 group (the larger one, listed first), then its group replay.
+    b.goto(&format!("{base}/q/{q}")).await;
+    b.find("#groups tbody tr:first-child a").await.click().await;
+    b.wait_text("#group-replay", DEADLINE, |t| t.contains("Replay all 3"))
+        .await;
+    b.find("#group-replay").await.click().await;
+    let review = b
+        .wait_text("#group-review", DEADLINE, |t| {
+            t.contains("3 open record(s)")
+        })
+        .await;
+    assert!(review.contains("group="), "{review}");
+    let dry = b.find("#dry-run").await.text().await;
+    assert_eq!(dry.matches("would-replay").count(), 3, "{dry}");
+    assert!(!dry.contains(typo.as_str()), "{dry}");
+    for id in down.iter().chain([&typo]) {
+        assert_eq!(
+            record_status(&app, id).await,
+            RecordStatus::Open,
+            "a dry run changes nothing"
+        );
+    }
+    b.screenshot(&shots.join("10-group-dry-run.png")).await;
+    sink.fail_with(200);
+    b.find("#group-replay-real").await.click().await;
+    b.wait_text("#group-done", DEADLINE, |t| t.contains("Replayed 3 of 3"))
+        .await;
+    b.screenshot(&shots.join("11-group-replayed.png")).await;
+    for id in &down {
+        assert_eq!(record_status(&app, id).await, RecordStatus::Replayed);
+    }
+    assert_eq!(
+        record_status(&app, &typo).await,
+        RecordStatus::Open,
+        "only that group"
+    );
+    eventually("each replayed order applied once", DEADLINE, || async {
+        let applied = sink.applied_effects("/effects");
+        let once = (1..=3).all(|n| {
+            applied
+                .iter()
+                .filter(|r| r.body.contains(&format!("\"o-g{n}\"")))
+                .count()
+                == 1
+        });
+        once.then_some(())
+    })
+    .await;
+
+    b.close().await;
+    drop(driver);
+    drop(dash);
+    worker.stop().await;
+    app.cleanup().await;
+}

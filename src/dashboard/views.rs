@@ -184,7 +184,7 @@ pub fn list_page(p: &ListPage, v: &Viewer, group_of: impl Fn(&PoisonRecord) -> S
                 td { (g.kind) } td.wrap { (g.text) }
             } } }
         }
-        h2 { (p.total) " record(s) · page " (p.page) " of " (p.pages) }
+        h2 #total { (p.total) " record(s) · page " (p.page) " of " (p.pages) }
         form method="post" action={ "/q/" (enc(p.queue)) "/replay" } {
             (csrf_field(v))
             input type="hidden" name="mode" value="dry-run";
