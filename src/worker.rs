@@ -47,6 +47,11 @@ pub async fn poll_loop(
             p = permits.clone().acquire_many_owned(want) => p.expect("semaphore never closed"),
             _ = shutdown.cancelled() => break,
         };
+        // Waiting for permits can outlast a pause taking hold: ask again
+        // (nothing is received once a pause is visible).
+        if rt.gate.paused() {
+            continue;
+        }
         let received = tokio::select! {
             r = rt.source.receive(want as u8, app.lease) => r,
             _ = shutdown.cancelled() => break,

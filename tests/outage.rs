@@ -258,6 +258,10 @@ impl Worker {
     fn paused(&self) -> bool {
         self.rts.iter().all(|r| r.gate.paused())
     }
+    /// No job of this worker is in flight (received and not yet settled).
+    fn idle(&self) -> bool {
+        self.tracker.is_empty()
+    }
     async fn stop(self) {
         self.shutdown.cancel();
         self.tracker.close();
@@ -290,13 +294,16 @@ async fn pause_and_watch(app: &TestApp, provider: &Provider, fleet: &[Worker]) {
         || async { fleet.iter().all(Worker::paused).then_some(()) },
     )
     .await;
-    // In-flight jobs finish: every started call ends.
+    // In-flight jobs finish: every received job is settled (a message
+    // received as the pause took hold is parked, not run), every started
+    // call has ended.
     eventually(
         "in-flight jobs finished",
         Duration::from_secs(30),
         || async {
             let s = provider.started.load(Ordering::SeqCst);
-            (s == provider.finished.load(Ordering::SeqCst)).then_some(s)
+            let ended = s == provider.finished.load(Ordering::SeqCst);
+            (ended && fleet.iter().all(Worker::idle)).then_some(s)
         },
     )
     .await;

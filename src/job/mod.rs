@@ -165,10 +165,15 @@ async fn run_and_settle(
 }
 
 /// How long to park a message the gate does not let run, if so: while the
-/// breaker is open (a message received before the trip); in serve mode,
-/// where the host delivers regardless, also while paused or between probes.
+/// breaker is open (a message received before the trip); while paused (a
+/// message received in the instant the pause took hold: a pause means no
+/// handler call starts once it is visible); in serve mode, where the host
+/// delivers regardless, also between probes.
 fn held_by_gate(rt: &FunctionRuntime, settle: &dyn Settle) -> Option<std::time::Duration> {
     if !settle.delivers_while_paused() {
+        if rt.gate.paused() {
+            return Some(RECEIVED_AS_PAUSED_PARK);
+        }
         return rt.gate.holds();
     }
     match rt.gate.admit(1) {
@@ -177,6 +182,11 @@ fn held_by_gate(rt: &FunctionRuntime, settle: &dyn Settle) -> Option<std::time::
         Admission::Wait(_) => Some(rt.gate.holds().unwrap_or(PAUSED_PARK)),
     }
 }
+
+/// How long a message the poll loop received just as a pause took hold is
+/// parked: the loop receives nothing more while paused, so this only sets
+/// how soon after a resume the message runs.
+const RECEIVED_AS_PAUSED_PARK: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How long a message delivered to a paused function in serve mode is
 /// parked: long enough that a pause costs one put and one delete per
