@@ -30,11 +30,15 @@ Scenarios:
       collector down: CPU per message.
   (h) breaker: the same, with the circuit breaker on (default) and off:
       CPU per message, as a ratio (the breaker's cost on the happy path).
+  (i) purge: N done keys, then one `aqw keys purge`: storage requests and
+      CPU per purged key, against a naive one-DELETE-per-key purge.
+  (j) dashboard: the poison list of `aqw dashboard --read-only` at 100 and
+      at 10,000 open records (rows by examples/seed_poison): its time as a
+      ratio, and a search (which reads every payload) against it.
+--only breaker|purge|dashboard runs one of (h), (i), (j) by itself.
 Azurite: the default ports, or AQW_AZURITE_QUEUE_PORT / AQW_AZURITE_TABLE_PORT /
 AQW_AZURITE_BLOB_PORT (with AQW_AZURITE_STATE) for an instance of one's own;
 the workers connect to the same ports.
-  (i) purge: N done keys, then one `aqw keys purge`: storage requests and
-      CPU per purged key, against a naive one-DELETE-per-key purge.
 
 Every run uses a fresh random queue and fresh tables (deleted afterwards),
 and queues are fed in waves that keep them under ~900 messages (Azurite
@@ -107,7 +111,7 @@ def parse_args(argv):
 
 
 # Scenarios `--only` runs by themselves (without the background probes).
-ONLY = ("breaker", "purge")
+ONLY = ("breaker", "purge", "dashboard")
 
 
 def target_dir():
@@ -144,6 +148,7 @@ def run_all(b):
     g = scenarios.traces(b)
     h = scenarios.breaker(b)
     i = [scenarios.purge_run(b, rep) for rep in range(b.reps)]
+    j = scenarios.dashboard(b)
     # A probe failing must not lose the whole run's figures.
     try:
         e["idle"] = idle_latency.finish(b.sizes["latency_idle_samples"])
@@ -156,13 +161,15 @@ def run_all(b):
         b.fail(f"(c) idle probe: {ex!r}")
         c = None
     b.azurite("stop", b.probe_azurite)
-    return dict(a=a, b=rb, c=c, d=d, e=e, f=scale, g=g, h=h, i=i)
+    return dict(a=a, b=rb, c=c, d=d, e=e, f=scale, g=g, h=h, i=i, j=j)
 
 
 def run_only(b, only):
     """One scenario by itself (`--only`)."""
     if only == "purge":
         return dict(i=[scenarios.purge_run(b, rep) for rep in range(b.reps)])
+    if only == "dashboard":
+        return dict(j=scenarios.dashboard(b))
     assert only == "breaker"
     return dict(h=scenarios.breaker(b))
 
@@ -178,7 +185,7 @@ def bench(mode, reps, only=None):
     started = time.monotonic()
     m = report.machine(ROOT)
     prune_runs(b.state)
-    for exe in (b.aqw, b.bench_worker, b.ceiling_exe):
+    for exe in (b.aqw, b.bench_worker, b.ceiling_exe, b.seed_exe):
         if not os.access(exe, os.X_OK):
             log(f"missing {exe}: build it with cargo build --release --examples --bin aqw")
             return 3

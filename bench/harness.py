@@ -34,6 +34,8 @@ def sizes(smoke):
         traces=40 if smoke else 500,
         breaker=40 if smoke else 500,
         purge=30 if smoke else 2000,
+        dashboard_small=10 if smoke else 100,
+        dashboard_large=200 if smoke else 10000,
     )
 
 
@@ -56,6 +58,7 @@ class Bench:
         self.aqw = os.path.join(target, "aqw")
         self.bench_worker = os.path.join(target, "examples", "bench_worker")
         self.ceiling_exe = os.path.join(target, "examples", "ceiling")
+        self.seed_exe = os.path.join(target, "examples", "seed_poison")
         self.python = sys.executable
         self.py_worker = os.path.join(root, "bench", "python_worker.py")
         self.azurite_sh = os.path.join(root, "scripts", "azurite.sh")

@@ -246,6 +246,7 @@ def render(data, run_name):
     lines += traces_section(data.get("g") or {}, N)
     lines += breaker_section(data.get("h") or {}, N)
     lines += purge_section(data.get("i") or [], N)
+    lines += dashboard_section(data.get("j") or {}, N)
 
     lines += ["## Commands", "", "```sh", f"bash scripts/bench.sh{' --smoke' if SMOKE else ''}" +
               (f" --reps {REPS}" if not SMOKE and REPS != 3 else ""), "```", "",
@@ -318,6 +319,8 @@ def render_only(data, run_name):
              "", f"Measured {m['date']} on {m['nproc']} cores; aqw commit {m['commit']}; "
              f"{data['reps']} repetition(s). Raw data: `.bench/{run_name}/results.json`.", ""]
     lines += breaker_section(data.get("h") or {}, N)
+    lines += purge_section(data.get("i") or [], N)
+    lines += dashboard_section(data.get("j") or {}, N)
     if data.get("errors"):
         lines += ["## Errors", ""] + [f"- {e}" for e in data["errors"]] + [""]
     return "\n".join(lines)
@@ -342,6 +345,33 @@ def purge_section(h, N):
               "A naive purge makes the same scans and one DELETE per key. The scans are a fixed cost "
               "(257 requests per function), so the ratio falls as the number of keys grows; CPU is the `aqw` "
               "process's rusage, start-up included.", ""]
+    return lines
+
+
+def dashboard_section(j, N):
+    """(j): the dashboard's poison list at 100 and at 10,000 open records."""
+    runs = {k: [x for x in j.get(k, []) if x] for k in ("small", "large")}
+    if not runs["small"] or not runs["large"]:
+        return []
+    small, large = N.get("dashboard_small"), N.get("dashboard_large")
+    med = {k: {p: median([x[p] for x in xs]) for p in ("list_ms", "search_ms")} for k, xs in runs.items()}
+    lines = [f"## (j) Dashboard: the poison list at {small} and at {large} open records", ""]
+    lines += ["| records | page | median | min | max | unit |", "|---|---|---|---|---|---|"]
+    for k, n in (("small", small), ("large", large)):
+        lines.append(row(f"{n} | list (page 1 of {-(-n // 50)}, no payload read)", [x["list_ms"] for x in runs[k]],
+                         "ms", 1))
+        lines.append(row(f"{n} | search by payload text (every payload read)", [x["search_ms"] for x in runs[k]],
+                         "ms", 1))
+    lines += ["", f"List page at {large} records / at {small}: "
+              f"{fmt(ratio(med['large']['list_ms'], med['small']['list_ms']))} for "
+              f"{large // max(small, 1)}× the records; the search at {large} / the list at {large}: "
+              f"{fmt(ratio(med['large']['search_ms'], med['large']['list_ms']))}.", "",
+              "Each figure is the median wall time of " + str(5) + " GETs from the bench process to the release "
+              "`aqw dashboard --read-only` (no auth, loopback), after the records were written as rows by "
+              "`examples/seed_poison` in aqw's own format (`PoisonRecord::open(..).to_entity()`, ~1 KiB payload "
+              "each, two error groups). The list reads every record of the queue with `$select` of every column "
+              "but the payload, then sorts, groups, charts and renders 50; the page is a few tens of KiB "
+              "whatever the count. Azurite answers 1,000 rows a page, so 10,000 records are 10 table requests.", ""]
     return lines
 
 

@@ -705,3 +705,79 @@ def purge_run(b, rep):
         b.fail(f"(i) purge: deleted {report['deleted']} of {n} done keys")
     return dict(n=n, deleted=report["deleted"], requests=report["requests"], cpu=res["cpu"],
                 wall=res["wall"])
+
+
+# ---------------------------------------------------------------------------
+# (j) the dashboard's poison list at 10,000 open records
+# ---------------------------------------------------------------------------
+
+# GETs of each page per size; the figure is their median.
+DASHBOARD_GETS = 5
+
+
+def get_page(url):
+    """GET url: (seconds, body). The dashboard answers 200 or this raises."""
+    import urllib.request
+    t0 = time.monotonic()
+    with urllib.request.urlopen(url, timeout=120) as r:
+        body = r.read().decode("utf-8", "replace")
+    return time.monotonic() - t0, body
+
+
+def dashboard_run(b, n, rep):
+    """n open records (rows written by `examples/seed_poison`, ~1 KiB payload
+    each), then the release `aqw dashboard --read-only`: the wall time of its
+    list page (no payload read) and of a search (reads every payload)."""
+    r = b.fresh()
+    label = f"dash-{n}-{rep}"
+    app_dir = os.path.join(b.work, label)
+    write_app(app_dir, r["queue"], r["keys"], r["poison"])
+    seed = [b.seed_exe, "--app", app_dir, "--count", str(n)]
+    b.commands.setdefault("seed N open poison records", b.show(seed, subs(r, app_dir)))
+    if b.run(seed, f"{label}-seed", timeout=600) is None:
+        b.cleanup_run(r)
+        return None
+    port = free_port()
+    cmd = [b.aqw, "dashboard", "--read-only", "--listen", f"127.0.0.1:{port}", "--app", app_dir]
+    b.commands.setdefault("aqw-dashboard", b.show(cmd, subs(r, app_dir)).replace(str(port), "$PORT"))
+    proc = b.proc(cmd, label)
+    base = f"http://127.0.0.1:{port}"
+    out = None
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not proc.exited():
+            try:
+                get_page(base + "/healthz")
+                break
+            except OSError:
+                time.sleep(0.1)
+        figures = {}
+        for page, query in (("list", ""), ("search", "?search=o-000001")):
+            times = []
+            for _ in range(DASHBOARD_GETS):
+                t, body = get_page(f"{base}/q/{r['queue']}{query}")
+                times.append(t)
+            want = f"{n} record(s)" if page == "list" else "1 record(s)"
+            if want not in body:
+                b.fail(f"(j) {label} {page}: {want!r} not on the page")
+                return None
+            figures[page + "_ms"] = statistics.median(times) * 1000
+        out = dict(n=n, **figures)
+    except OSError as ex:
+        b.fail(f"(j) {label}: {ex!r}: {proc.tail()}")
+    finally:
+        proc.signal(signal.SIGTERM)
+        proc.wait()
+        b.cleanup_run(r)
+    return out
+
+
+def dashboard(b):
+    """(j): the list page at 100 and at 10,000 open records, per repetition."""
+    out = dict(small=[], large=[])
+    for rep in range(b.reps):
+        for size in ("small", "large"):
+            n = b.sizes[f"dashboard_{size}"]
+            log(f"(j) dashboard rep {rep + 1}/{b.reps}: the poison list at {n} open records")
+            out[size].append(dashboard_run(b, n, rep))
+    return out

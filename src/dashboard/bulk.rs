@@ -12,6 +12,7 @@
 //!   record is audited as from the CLI (by = the signed-in principal), plus
 //!   one log event per action naming the query and the fingerprint.
 
+use super::auth::Principal;
 use super::handlers::refusal;
 use super::request::{get, page, pairs, tri, Pairs, Refused, S};
 use super::selection::{self, fingerprint, SelectError};
@@ -25,6 +26,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use maud::{html, Markup};
 use std::time::Duration;
+use tokio::sync::MutexGuard;
 
 /// Records one group action may touch; more must be narrowed (or done with
 /// `aqw poison replay`, which has no cap).
@@ -126,14 +128,53 @@ impl Dashboard {
     }
 }
 
-/// The answer while another group action holds the dashboard's one slot.
-fn busy(v: &Viewer) -> Response {
-    refusal(
-        StatusCode::TOO_MANY_REQUESTS,
-        "Busy",
-        v,
-        "Another group action is running on this dashboard; try again when it has finished. Nothing was changed.",
-    )
+/// A group action that may go ahead: who asks, on which queue, and the
+/// records its query selects.
+struct Begun<'a> {
+    form: Pairs,
+    v: Viewer,
+    p: Principal,
+    ops: &'a QueueOps,
+    query: Pairs,
+    chosen: Vec<PoisonRecord>,
+    ids: Vec<String>,
+}
+
+impl Dashboard {
+    /// What both group actions check first: an actor with its CSRF token,
+    /// a queue of this app, the one group-action slot (held until the
+    /// returned guard drops), and a selection that may be acted on.
+    async fn begin<'a>(
+        &'a self,
+        queue: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<(Begun<'a>, MutexGuard<'a, ()>), Refused> {
+        let form = pairs(body);
+        let (v, p) = self.actor(headers, &form)?;
+        let ops = self.queue_ops(queue)?;
+        let Ok(slot) = self.bulk.try_lock() else {
+            let m = "Another group action is running on this dashboard; try again when it has finished. Nothing was changed.";
+            return Err(Box::new(refusal(
+                StatusCode::TOO_MANY_REQUESTS,
+                "Busy",
+                &v,
+                m,
+            )));
+        };
+        let (query, chosen) = self.bulk_selection(&v, ops, &form).await?;
+        let ids = chosen.iter().map(|r| r.message_id.clone()).collect();
+        let begun = Begun {
+            form,
+            v,
+            p,
+            ops,
+            query,
+            chosen,
+            ids,
+        };
+        Ok((begun, slot))
+    }
 }
 
 pub async fn replay(
@@ -142,14 +183,16 @@ pub async fn replay(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let form = pairs(&body);
-    let (v, p) = tri!(d.actor(&headers, &form));
-    let ops = tri!(d.queue_ops(&queue));
-    let Ok(_slot) = d.bulk.try_lock() else {
-        return busy(&v);
-    };
-    let (query, chosen) = tri!(d.bulk_selection(&v, ops, &form).await);
-    let ids: Vec<String> = chosen.iter().map(|r| r.message_id.clone()).collect();
+    let (b, _slot) = tri!(d.begin(&queue, &headers, &body).await);
+    let Begun {
+        form,
+        v,
+        p,
+        ops,
+        query,
+        ids,
+        ..
+    } = b;
     let dry_run = get(&form, "mode") != Some("real");
     let opts = ReplayOptions {
         filter: Filter {
@@ -193,14 +236,16 @@ pub async fn discard(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let form = pairs(&body);
-    let (v, p) = tri!(d.actor(&headers, &form));
-    let ops = tri!(d.queue_ops(&queue));
-    let Ok(_slot) = d.bulk.try_lock() else {
-        return busy(&v);
-    };
-    let (query, chosen) = tri!(d.bulk_selection(&v, ops, &form).await);
-    let ids: Vec<String> = chosen.iter().map(|r| r.message_id.clone()).collect();
+    let (b, _slot) = tri!(d.begin(&queue, &headers, &body).await);
+    let Begun {
+        form,
+        v,
+        p,
+        ops,
+        query,
+        chosen,
+        ids,
+    } = b;
     let reason = get(&form, "reason").map(str::trim);
     let close_key = get(&form, "close_key").is_some();
     let Some(reason) = reason.filter(|_| get(&form, "mode") == Some("real")) else {
