@@ -34,6 +34,7 @@
 //! | the `<queue>-poison` copies: the scan that imports host copies and deletes strays, release, delete | `src/poison/copies.rs` |
 //! | the worker's one poison call (record built, written through the store, alert raised) | `src/poison/sink.rs` |
 //! | what retention may read of the record table: the keys open records refer to, closed records older than a cutoff | `src/poison/purge.rs` |
+//! | redaction: the `redact` pointers masked wherever a person sees a payload (`poison show`, the dashboard), restored in a fix; the stored payload stays exact | `src/redact.rs` |
 //! | retention: the purge's guards (filter, open records, `If-Match` batches of 100), counts, the request pacer | `src/retention/mod.rs` |
 //! | the background sweep of `aqw run`: one sweeper per account by a lease row, bounded rate | `src/retention/sweep.rs` |
 //! | the operator's commands, one file each, returning data, as procedures over `KeyStore`, `PoisonStore` and `ControlStore`: list, show, replay, fix, discard, status, enqueue, keys, pause / resume, purge; the provider's key window that replay and fix check | `src/ops/` (`mod.rs`, `control.rs`, `list.rs`, `show.rs`, `replay.rs`, `fix.rs`, `discard.rs`, `rehearse.rs` (the dry runs of fix and discard), `status.rs`, `enqueue.rs`, `keys.rs`, `purge.rs`, `window.rs`) |
@@ -81,6 +82,7 @@ pub mod job;
 pub mod message;
 pub mod ops;
 pub mod poison;
+pub mod redact;
 pub mod retention;
 pub mod retry;
 pub mod serve;

@@ -18,7 +18,7 @@ use rand::Rng;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn, Instrument};
@@ -69,10 +69,7 @@ pub async fn poll_loop(
                     )
                 } else {
                     empty_polls = 0;
-                    for msg in msgs {
-                        let permit = owned.split(1).expect("one permit per received message");
-                        spawn_job(&tracker, rt.clone(), msg, permit, hard_stop.clone());
-                    }
+                    spawn_jobs(&tracker, &rt, msgs, &mut owned, &hard_stop);
                     Duration::ZERO
                 }
             }
@@ -85,6 +82,20 @@ pub async fn poll_loop(
                 _ = shutdown.cancelled() => break,
             }
         }
+    }
+}
+
+/// Each received message on the tracker, with one of the loop's permits.
+fn spawn_jobs(
+    tracker: &TaskTracker,
+    rt: &Arc<FunctionRuntime>,
+    msgs: Vec<ReceivedMessage>,
+    owned: &mut OwnedSemaphorePermit,
+    hard_stop: &CancellationToken,
+) {
+    for msg in msgs {
+        let permit = owned.split(1).expect("one permit per received message");
+        spawn_job(tracker, rt.clone(), msg, permit, hard_stop.clone());
     }
 }
 

@@ -210,12 +210,20 @@ pub fn poison_show(report: &ShowReport, pretty: bool, output: Output) {
             report.key_record.as_ref().map_or("-", |k| k.provider_key.as_str())
         );
     }
+    if let Some(note) = &report.redacted {
+        println!("redacted:      {note}");
+    }
+    let exact = if report.redacted.is_some() {
+        "redacted"
+    } else {
+        "exact text"
+    };
     match (&report.payload, &report.payload_text, &report.decode_error) {
         (Some(v), _, _) if pretty => println!(
             "payload (indented with --pretty; the exact text is in --output json's payloadText):\n{}",
             serde_json::to_string_pretty(v).unwrap_or_default()
         ),
-        (Some(_), Some(t), _) => println!("payload (exact text):\n{t}"),
+        (Some(_), Some(t), _) => println!("payload ({exact}):\n{t}"),
         (None, Some(t), _) => println!("payload (not JSON):\n{t}"),
         (_, _, Some(e)) => println!(
             "payload:       undecodable: {e}\nraw text:      {}",

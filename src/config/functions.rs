@@ -167,6 +167,8 @@ fn function_config(
     let handler = handler_spec(raw.handler.as_ref(), host_file, &path)?;
     let provider_key_window = provider_key_window(raw, host_file, &path)?;
     let breaker = super::breaker::breaker_for(host_file, app_breaker, raw.breaker.as_ref(), &name)?;
+    let redact = crate::redact::Redaction::parse(raw.redact.as_deref().unwrap_or_default())
+        .map_err(|m| f(&format!("{path}.redact"), m))?;
     Ok(FunctionConfig {
         name,
         queue: binding.queue,
@@ -177,6 +179,7 @@ fn function_config(
         binary_data: binding.binary_data,
         provider_key_window,
         breaker,
+        redact,
     })
 }
 

@@ -98,6 +98,8 @@ pub struct FunctionConfig {
     pub provider_key_window: Option<Duration>,
     /// The function's circuit breaker; None when turned off.
     pub breaker: Option<crate::breaker::BreakerSettings>,
+    /// `redact`: payload fields masked wherever a person sees a payload.
+    pub redact: crate::redact::Redaction,
 }
 
 impl FunctionConfig {

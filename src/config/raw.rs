@@ -210,6 +210,8 @@ pub(super) struct RawFunction {
     /// How long the provider remembers an idempotency key (a timespan).
     pub(super) provider_key_window: Option<String>,
     pub(super) breaker: Option<RawBreaker>,
+    /// JSON pointers whose values are masked wherever a payload is shown.
+    pub(super) redact: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -267,6 +267,13 @@ fn function_rows(
         key,
         look.host(&format!("/aqw/functions/{}/key", f.name)),
     );
+    if !f.redact.is_empty() {
+        row(
+            &at("redact"),
+            f.redact.pointers().join(", "),
+            look.host(&format!("/aqw/functions/{}/redact", f.name)),
+        );
+    }
 }
 
 /// The value of a setting from its source (environment or local.settings.json).

@@ -71,58 +71,33 @@ impl Dashboard {
         ops: &QueueOps,
         form: &Pairs,
     ) -> Result<(Pairs, Vec<PoisonRecord>), Refused> {
+        let no = |status, title, m: &str| Box::new(refusal(status, title, v, m));
         let query = open_query(form);
         let chosen = match selection::select(ops, &query).await {
             Ok(s) => s.chosen,
             Err(SelectError::BadFilter(m)) => {
-                return Err(Box::new(refusal(
-                    StatusCode::BAD_REQUEST,
-                    "Bad filter",
-                    v,
-                    &m,
-                )))
+                return Err(no(StatusCode::BAD_REQUEST, "Bad filter", &m))
             }
             Err(SelectError::Ops(e)) => return Err(Box::new(self.ops_error(v, e))),
         };
-        if chosen.is_empty() {
-            let m = format!(
-                "No open record matches ({}). Nothing was changed.",
-                describe(&query)
-            );
-            return Err(Box::new(refusal(
-                StatusCode::CONFLICT,
-                "Nothing matches",
-                v,
-                &m,
-            )));
+        let (n, what) = (chosen.len(), describe(&query));
+        if n == 0 {
+            let m = format!("No open record matches ({what}). Nothing was changed.");
+            return Err(no(StatusCode::CONFLICT, "Nothing matches", &m));
         }
-        if chosen.len() > BULK_LIMIT {
+        if n > BULK_LIMIT {
             let m = format!(
-                "{} open records match ({}); a group action from the dashboard takes at most {BULK_LIMIT}. Narrow the filter, or use `aqw poison replay {} --since … --error …`, which has no cap. Nothing was changed.",
-                chosen.len(),
-                describe(&query),
+                "{n} open records match ({what}); a group action from the dashboard takes at most {BULK_LIMIT}. Narrow the filter, or use `aqw poison replay {} --since … --error …`, which has no cap. Nothing was changed.",
                 ops.queue
             );
-            return Err(Box::new(refusal(
-                StatusCode::BAD_REQUEST,
-                "Too many records",
-                v,
-                &m,
-            )));
+            return Err(no(StatusCode::BAD_REQUEST, "Too many records", &m));
         }
         let ids: Vec<String> = chosen.iter().map(|r| r.message_id.clone()).collect();
         if get(form, "mode") == Some("real") && get(form, "reviewed") != Some(&fingerprint(&ids)) {
             let m = format!(
-                "The records this query selects changed since your review ({} now match: {}). Nothing was changed: go back to the list and review again.",
-                ids.len(),
-                describe(&query)
+                "The records this query selects changed since your review ({n} now match: {what}). Nothing was changed: go back to the list and review again."
             );
-            return Err(Box::new(refusal(
-                StatusCode::CONFLICT,
-                "Changed since the review",
-                v,
-                &m,
-            )));
+            return Err(no(StatusCode::CONFLICT, "Changed since the review", &m));
         }
         Ok((query, chosen))
     }

@@ -236,6 +236,7 @@ pub async fn record(
         payload: &payload,
         editable: &editable,
         window: report.provider_window.as_ref(),
+        redacted: report.redacted.as_deref(),
     };
     page(
         StatusCode::OK,

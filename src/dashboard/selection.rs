@@ -6,6 +6,7 @@ use super::request::{get, Pairs};
 use super::views::Group;
 use crate::ops::{self, Filter, OpsError, QueueOps};
 use crate::poison::{PoisonRecord, RecordStatus};
+use crate::redact::Redaction;
 use crate::telemetry::{alert_body, error_group, PoisonAlert};
 
 /// The records a page's query selects.
@@ -35,7 +36,9 @@ pub(super) async fn select(ops: &QueueOps, params: &Pairs) -> Result<Selection, 
         None => ops::list_summaries(ops, &filter).await,
     }
     .map_err(SelectError::Ops)?;
-    let matching = search(records, text);
+    let none = Redaction::default();
+    let redact = ops.function.as_ref().map_or(&none, |f| &f.redact);
+    let matching = search(records, text, redact);
     let chosen = match get(params, "group") {
         Some(g) => matching
             .iter()
@@ -147,7 +150,9 @@ pub(super) fn filter_form(params: &Pairs) -> Vec<(&'static str, String)> {
 /// The records whose id is `text`, or whose key or decoded payload contains
 /// it (case-insensitively): how an operator finds the record behind a
 /// customer's complaint, by order number or account.
-fn search(records: Vec<PoisonRecord>, text: Option<&str>) -> Vec<PoisonRecord> {
+/// The payload text is searched as a person would see it: with the
+/// function's `redact` fields masked, so a search cannot probe for them.
+fn search(records: Vec<PoisonRecord>, text: Option<&str>, redact: &Redaction) -> Vec<PoisonRecord> {
     let Some(needle) = text.map(|t| t.trim().to_lowercase()) else {
         return records;
     };
@@ -157,9 +162,10 @@ fn search(records: Vec<PoisonRecord>, text: Option<&str>) -> Vec<PoisonRecord> {
         .filter(|r| {
             r.message_id.eq_ignore_ascii_case(&needle)
                 || r.key.as_deref().is_some_and(contains)
-                || crate::message::decode(&r.message, r.encoding)
-                    .map(|p| contains(&p))
-                    .unwrap_or_else(|_| contains(&r.message))
+                || match crate::message::decode(&r.message, r.encoding) {
+                    Ok(p) => contains(redact.mask(&p).text()),
+                    Err(_) => redact.is_empty() && contains(&r.message),
+                }
         })
         .collect()
 }
@@ -188,11 +194,16 @@ mod tests {
         let ids = |found: Vec<PoisonRecord>| -> Vec<String> {
             found.into_iter().map(|r| r.message_id).collect()
         };
-        assert_eq!(ids(search(records(), Some("6F1C-AA"))), ["6f1c-aa"]);
-        assert_eq!(ids(search(records(), Some("o-1001"))), ["6f1c-aa"]);
-        assert_eq!(ids(search(records(), Some("lovelace"))), ["9b2e-bb"]);
-        assert!(search(records(), Some("nobody")).is_empty());
-        assert_eq!(search(records(), None).len(), 2);
+        let none = Redaction::default();
+        assert_eq!(ids(search(records(), Some("6F1C-AA"), &none)), ["6f1c-aa"]);
+        assert_eq!(ids(search(records(), Some("o-1001"), &none)), ["6f1c-aa"]);
+        assert_eq!(ids(search(records(), Some("lovelace"), &none)), ["9b2e-bb"]);
+        assert!(search(records(), Some("nobody"), &none).is_empty());
+        assert_eq!(search(records(), None, &none).len(), 2);
+        // A redacted field cannot be probed by search; the rest still can.
+        let names = Redaction::parse(&["/customer".into()]).unwrap();
+        assert!(search(records(), Some("lovelace"), &names).is_empty());
+        assert_eq!(ids(search(records(), Some("o-1001"), &names)), ["6f1c-aa"]);
     }
 
     #[test]

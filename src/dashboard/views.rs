@@ -299,6 +299,8 @@ pub struct RecordPage<'a> {
     pub editable: &'a str,
     /// The provider key's age against the function's `providerKeyWindow`.
     pub window: Option<&'a ProviderWindow>,
+    /// What the function's `redact` masked in the payload shown, if anything.
+    pub redacted: Option<&'a str>,
 }
 
 pub fn record_page(p: &RecordPage, v: &Viewer) -> Markup {
@@ -318,6 +320,9 @@ pub fn record_page(p: &RecordPage, v: &Viewer) -> Markup {
             dt { "origin / encoding / poison copy" } dd { (r.origin) " / " (r.encoding.as_str()) " / " (r.copy_format.as_str()) }
         }
         h2 { "Payload" }
+        @if let Some(note) = p.redacted {
+            p.warn #payload-redacted { (note) ". A fix that leaves a masked value as " code { (crate::redact::MASK) } " keeps its stored value." }
+        }
         (payload(p.payload))
         h2 { "Key state" }
         (key_state(p.key))

@@ -94,6 +94,15 @@ async fn fix_record(
 ) -> OpsResult<FixReport> {
     let (rec, mut etag) = ops.open_record(id).await?;
     crate::traces::link_to(&tracing::Span::current(), rec.trace_parent.as_deref());
+    // A payload written from a redacted view gets its masked values back.
+    let restored = match (
+        &ops.function,
+        crate::message::decode(&rec.message, rec.encoding),
+    ) {
+        (Some(f), Ok(original)) => f.redact.restore(payload, &original).into_owned(),
+        _ => payload.to_string(),
+    };
+    let payload = restored.as_str();
     let (f, key, text) = corrected(ops, payload)?;
     let mut report = new_report(&rec, id, payload, key);
     let note = past_window_note(ops, &rec, report.new_key.as_ref(), past_provider_window).await?;

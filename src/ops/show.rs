@@ -2,7 +2,7 @@
 
 use super::{OpsError, OpsResult, ProviderWindow, QueueOps};
 use crate::idempotency::KeyRecord;
-use crate::message::decode;
+use crate::message::{decode, encode};
 use crate::poison::PoisonRecord;
 
 /// `aqw poison show`: the record, its key state and the decoded payload.
@@ -17,6 +17,10 @@ pub struct ShowReport {
     /// The provider key's age against the function's `providerKeyWindow`
     /// (when it declares one and the key has a record).
     pub provider_window: Option<ProviderWindow>,
+    /// What the function's `redact` masked in `payload`, `payloadText` and
+    /// `record.message` (None when nothing was): they are then not the
+    /// exact text, which stays stored and is what a replay sends.
+    pub redacted: Option<String>,
 }
 
 pub async fn show(ops: &QueueOps, id: &str) -> OpsResult<ShowReport> {
@@ -34,10 +38,33 @@ pub async fn show(ops: &QueueOps, id: &str) -> OpsResult<ShowReport> {
     let provider_window = key_record
         .as_ref()
         .and_then(|k| ProviderWindow::of(window, k, time::OffsetDateTime::now_utc()));
-    let (payload, payload_text, decode_error) = match decode(&record.message, record.encoding) {
-        Ok(text) => (serde_json::from_str(&text).ok(), Some(text), None),
-        Err(e) => (None, None, Some(e.to_string())),
-    };
+    let mut record = record;
+    let redaction = ops.function.as_ref().map(|f| &f.redact);
+    let (payload, payload_text, decode_error, redacted) =
+        match decode(&record.message, record.encoding) {
+            Ok(text) => {
+                let masked = redaction.map(|r| r.mask(&text));
+                let note = masked.as_ref().and_then(|m| m.note());
+                let text = match (&masked, &note) {
+                    (Some(m), Some(_)) => m.text().to_string(),
+                    _ => text,
+                };
+                if note.is_some() {
+                    record.message = encode(&text, record.encoding);
+                }
+                (serde_json::from_str(&text).ok(), Some(text), None, note)
+            }
+            Err(e) => {
+                // Undecodable: only its raw text could be shown, and a
+                // redacted value could be anywhere in it.
+                let note = redaction.filter(|r| !r.is_empty()).map(|_| {
+                    record.message = crate::redact::MASK.into();
+                    "redacted (undecodable, wholly hidden); replay sends the exact stored text"
+                        .to_string()
+                });
+                (None, None, Some(e.to_string()), note)
+            }
+        };
     Ok(ShowReport {
         record,
         key_record,
@@ -45,5 +72,6 @@ pub async fn show(ops: &QueueOps, id: &str) -> OpsResult<ShowReport> {
         payload_text,
         decode_error,
         provider_window,
+        redacted,
     })
 }
