@@ -209,7 +209,23 @@ def render(data, run_name):
     lines.append(row("aqw replay rate", [N["replay"] / v for v in replay_aqw], "records/s"))
     lines.append(row("raw loop rate", [N["replay"] / v for v in replay_raw], "messages/s"))
     lines += ["",
-              "aqw's replay runs 8 records at a time by default (`--concurrency`), each step idempotent so an interrupted replay can be run again: per record it reads the key, re-puts the message, closes the record (conditional on the ETag the listing returned), deletes the poison queue copy and counts the replay on the key (conditional on the ETag just read): 5 requests, asserted in `tests/recovery.rs`; keyless jobs also get a crash marker first. Before that, one scan of the poison queue and one listing of the records. The raw loop only moves messages, one at a time.", ""]
+              "aqw's replay runs 8 records at a time by default (`--concurrency`), each step idempotent so an interrupted replay can be run again: per record it reads the key, re-puts the message, closes the record (conditional on the ETag the listing returned), deletes the poison queue copy and counts the replay on the key (conditional on the ETag just read): 5 requests, asserted in `tests/recovery.rs`; keyless jobs also get a crash marker first. Before that, one scan of the poison queue and one listing of the records. The raw loop only moves messages, one at a time.", "",
+              "What each of the 3 requests beyond the raw loop's put + delete buys (none can go without "
+              "reopening a double effect or losing the audit trail):", "",
+              "| request | without it |", "|---|---|",
+              "| read the key first | a job whose key is already `done` (it completed through a resend, or a "
+              "first attempt the provider applied) would be re-put and run again; with the read it is closed as "
+              "`already done` and nothing is put. It is also where `providerKeyWindow` is checked, before anything "
+              "is touched. |",
+              "| close the record, If-Match the listed ETag | two operators (or a rerun after a crash) replaying the "
+              "same record would both re-put it: the conditional merge lets exactly one close it, and the other is "
+              "told it was closed meanwhile. It is also the audit trail (`replayed by`, when, the new message id). |",
+              "| count the replay on the key | `keys show` and the attempt history would not say the job was "
+              "replayed; it runs concurrently with the close and the delete (3 round trips after the put, not 4), "
+              "and is best effort. |", "",
+              "So a replay makes 5 requests where the loop makes 2: one at a time it would run at 0.4× the loop. "
+              "Running 8 records at once, it makes more requests per second than the loop does, and Azurite (one "
+              "Node.js process on these 2 cores) becomes the limit; 0.8× would need fewer requests per record.", ""]
 
     busy = [x for x in lat.get("busy", []) if x]
     idle_lat = lat.get("idle", [])

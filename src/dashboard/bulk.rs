@@ -74,7 +74,7 @@ impl Dashboard {
         let no = |status, title, m: &str| Box::new(refusal(status, title, v, m));
         let query = open_query(form);
         let chosen = match selection::select(ops, &query).await {
-            Ok(s) => s.chosen,
+            Ok(s) => s.into_chosen(),
             Err(SelectError::BadFilter(m)) => {
                 return Err(no(StatusCode::BAD_REQUEST, "Bad filter", &m))
             }

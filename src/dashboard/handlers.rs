@@ -7,7 +7,7 @@ use super::chart;
 use super::payload::PayloadView;
 use super::progress::{plausible_id, progress_url};
 use super::request::{all, get, page, pairs, see_other, tri, Pairs, Refused, S};
-use super::selection::{self, cause, SelectError, Selection};
+use super::selection::{self, cause, SelectError};
 use super::views::{self, ListPage, RecordPage, StatusRow, Viewer};
 use super::{Dashboard, MAX_SELECTION, PAGE_SIZE};
 use crate::ops::{self, Filter, FixAction, OpsError, QueueOps, ReplayAction, ReplayOptions};
@@ -169,15 +169,17 @@ pub async fn list(
     let v = tri!(d.gate(&headers));
     let ops = tri!(d.queue_ops(&queue));
     let params = pairs(q.unwrap_or_default().as_bytes());
-    let Selection { matching, chosen } = match selection::select(ops, &params).await {
+    let selected = match selection::select(ops, &params).await {
         Ok(s) => s,
         Err(SelectError::BadFilter(m)) => {
             return refusal(StatusCode::BAD_REQUEST, "Bad filter", &v, &m)
         }
         Err(SelectError::Ops(e)) => return d.ops_error(&v, e),
     };
-    let groups = selection::groups(&queue, &matching);
-    let chart = chart::poisons_chart(&matching, time::OffsetDateTime::now_utc(), &|r| cause(r).1);
+    let chosen = selected.chosen();
+    let matching = &selected.matching;
+    let groups = selection::groups(&queue, matching);
+    let chart = chart::poisons_chart(matching, time::OffsetDateTime::now_utc(), &|r| cause(r).1);
     let pages = chosen.len().div_ceil(PAGE_SIZE).max(1);
     let n = get(&params, "page")
         .and_then(|p| p.parse::<usize>().ok())

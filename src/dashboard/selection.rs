@@ -13,8 +13,27 @@ use crate::telemetry::{alert_body, error_group, PoisonAlert};
 pub(super) struct Selection {
     /// Matching the filter and the search (what the groups and the chart count).
     pub matching: Vec<PoisonRecord>,
-    /// Of those, the ones in the chosen group (all of them without `group`).
-    pub chosen: Vec<PoisonRecord>,
+    /// The error group the page is narrowed to, if any.
+    group: Option<String>,
+}
+
+impl Selection {
+    /// The records of the chosen group (all of them without `group`).
+    pub fn chosen(&self) -> Vec<&PoisonRecord> {
+        self.matching
+            .iter()
+            .filter(|r| self.group.as_ref().is_none_or(|g| &group_id(r) == g))
+            .collect()
+    }
+
+    /// [`Selection::chosen`], owned.
+    pub fn into_chosen(self) -> Vec<PoisonRecord> {
+        let group = self.group;
+        self.matching
+            .into_iter()
+            .filter(|r| group.as_ref().is_none_or(|g| &group_id(r) == g))
+            .collect()
+    }
 }
 
 /// Why a query selects nothing it could show.
@@ -38,16 +57,10 @@ pub(super) async fn select(ops: &QueueOps, params: &Pairs) -> Result<Selection, 
     .map_err(SelectError::Ops)?;
     let none = Redaction::default();
     let redact = ops.function.as_ref().map_or(&none, |f| &f.redact);
-    let matching = search(records, text, redact);
-    let chosen = match get(params, "group") {
-        Some(g) => matching
-            .iter()
-            .filter(|r| group_id(r) == g)
-            .cloned()
-            .collect(),
-        None => matching.clone(),
-    };
-    Ok(Selection { matching, chosen })
+    Ok(Selection {
+        matching: search(records, text, redact),
+        group: get(params, "group").map(str::to_string),
+    })
 }
 
 /// A short fingerprint of a set of record ids (order does not matter): a

@@ -159,7 +159,7 @@ pub struct Group {
 /// The list page's data.
 pub struct ListPage<'a> {
     pub queue: &'a str,
-    pub records: &'a [PoisonRecord],
+    pub records: &'a [&'a PoisonRecord],
     pub groups: &'a [Group],
     pub total: usize,
     pub page: usize,
