@@ -237,7 +237,7 @@ pub async fn discard(
         tokio::time::sleep_until(started + pace).await;
     }
     let what = describe(&query);
-    tracing::info!(event = "aqw.dashboard.group_discard", queue = %queue, by = %p.name, query = %what, selection = %fingerprint(&ids), selected = ids.len(), failed = failed.len(), close_key, reason = %reason, "group discarded from the dashboard");
+    tracing::info!(event = "aqw.dashboard.group_discard", queue = %queue, by = %p.name, query = %what, selection = %fingerprint(&ids), selected = ids.len(), failed = failed.len(), close_key, "group discarded from the dashboard (the reason is on each record)");
     let status = if failed.is_empty() {
         StatusCode::OK
     } else {
