@@ -5,6 +5,8 @@
   bash scripts/bench.sh --reps 5   full run with 5 repetitions
   bash scripts/bench.sh --smoke --only breaker
                                    only scenario (h), report in .bench/only-breaker.md
+  bash scripts/bench.sh --only users
+                                   only scenario (k), report in .bench/only-users.md
   bash scripts/bench.sh --report .bench/full-YYYYMMDD-HHMMSS
                                    re-render a run's report from its results.json
 
@@ -27,7 +29,8 @@ Scenarios:
   (f) scale-out: 1, 2 and 4 worker processes on 2,000 jobs: throughput and
       Azurite's CPU (is the storage the limit?).
   (g) traces: `aqw run` with an HTTP handler, trace export off / OTLP on /
-      collector down: CPU per message.
+      collector down: CPU per message (completion read from aqw's own log
+      lines, no ops port: nothing scraped).
   (h) breaker: the same, with the circuit breaker on (default) and off:
       CPU per message, as a ratio (the breaker's cost on the happy path).
   (i) purge: N done keys, then one `aqw keys purge`: storage requests and
@@ -35,7 +38,14 @@ Scenarios:
   (j) dashboard: the poison list of `aqw dashboard --read-only` at 100 and
       at 10,000 open records (rows by examples/seed_poison): its time as a
       ratio, and a search (which reads every payload) against it.
---only breaker|purge|dashboard runs one of (h), (i), (j) by itself.
+  (k) as users run it: 800 keyed jobs (all enqueued first) through the
+      release `aqw --log-format json run` calling an HTTP handler (a loopback
+      server in the bench process), with RUST_BACKTRACE unset and =1, against
+      the Python worker (--handler-url) calling the same handler: CPU per
+      message of the worker process (start-up included; completion read from
+      aqw's own log lines, nothing scraped), the ratios, at least 5
+      repetitions in a full run.
+--only breaker|purge|dashboard|users runs one of (h), (i), (j), (k) by itself.
 Azurite: the default ports, or AQW_AZURITE_QUEUE_PORT / AQW_AZURITE_TABLE_PORT /
 AQW_AZURITE_BLOB_PORT (with AQW_AZURITE_STATE) for an instance of one's own;
 the workers connect to the same ports.
@@ -53,7 +63,7 @@ Scratch: .bench/ (venv, per-run logs and raw results; the last 5 runs kept).
 # scripts/bench.sh starts Azurite, makes the venv and builds the binaries,
 # then runs this with the same flags; --help and --report need none of that
 # (this program is stdlib only: the venv is for bench/python_worker.py).
-# Modules: harness.py (processes, Azurite, feeder), scenarios.py (a)–(f),
+# Modules: harness.py (processes, Azurite, feeder), scenarios.py (a)–(k),
 # figures.py (the arithmetic and the targets), report.py (the Markdown).
 import json
 import os
@@ -111,7 +121,7 @@ def parse_args(argv):
 
 
 # Scenarios `--only` runs by themselves (without the background probes).
-ONLY = ("breaker", "purge", "dashboard")
+ONLY = ("breaker", "purge", "dashboard", "users")
 
 
 def target_dir():
@@ -149,6 +159,7 @@ def run_all(b):
     h = scenarios.breaker(b)
     i = [scenarios.purge_run(b, rep) for rep in range(b.reps)]
     j = scenarios.dashboard(b)
+    k = scenarios.users(b)
     # A probe failing must not lose the whole run's figures.
     try:
         e["idle"] = idle_latency.finish(b.sizes["latency_idle_samples"])
@@ -161,7 +172,7 @@ def run_all(b):
         b.fail(f"(c) idle probe: {ex!r}")
         c = None
     b.azurite("stop", b.probe_azurite)
-    return dict(a=a, b=rb, c=c, d=d, e=e, f=scale, g=g, h=h, i=i, j=j)
+    return dict(a=a, b=rb, c=c, d=d, e=e, f=scale, g=g, h=h, i=i, j=j, k=k)
 
 
 def run_only(b, only):
@@ -170,6 +181,8 @@ def run_only(b, only):
         return dict(i=[scenarios.purge_run(b, rep) for rep in range(b.reps)])
     if only == "dashboard":
         return dict(j=scenarios.dashboard(b))
+    if only == "users":
+        return dict(k=scenarios.users(b))
     assert only == "breaker"
     return dict(h=scenarios.breaker(b))
 

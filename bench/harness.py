@@ -1,5 +1,6 @@
 """The bench's machinery: one run's context, child processes with their
-rusage, Azurite, app folders, the queue feeder and /metrics scraping."""
+rusage, Azurite, app folders, the queue feeder, reading a worker's log lines
+and /metrics scraping."""
 import json
 import os
 import random
@@ -32,6 +33,7 @@ def sizes(smoke):
         latency_idle_samples=0 if smoke else 5,
         scale=40 if smoke else 2000,
         traces=40 if smoke else 500,
+        users=40 if smoke else 800,
         breaker=40 if smoke else 500,
         purge=30 if smoke else 2000,
         dashboard_small=10 if smoke else 100,
@@ -292,7 +294,8 @@ class Proc:
         self.p.returncode = os.waitstatus_to_exitcode(status)
         self.out.close()
         self.err.close()
-        data = last_json(open(self.out_path).read())
+        with open(self.out_path) as f:
+            data = last_json(f.read())
         self.result = dict(
             rc=self.p.returncode, wall=wall, cpu=ru.ru_utime + ru.ru_stime,
             rss_mb=self.hwm_kb / 1024.0, json=data, timed_out=self.timed_out,
@@ -304,6 +307,50 @@ class Proc:
             return open(self.err_path).read()[-1500:]
         except OSError:
             return ""
+
+
+class LogTail:
+    """Counts the lines of a growing log file (a process's stderr, as Proc
+    writes it) that contain `needle`, reading only what was appended since the
+    last look. A line still being written is held back until its newline.
+    Reading the file costs the process that writes it nothing."""
+
+    def __init__(self, path, needle):
+        self.path = path
+        self.needle = needle.encode()
+        self.count = 0
+        self.offset = 0
+        self.partial = b""
+
+    def poll(self):
+        """Read what was appended; the count so far."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
+            return self.count
+        self.offset += len(chunk)
+        lines = (self.partial + chunk).split(b"\n")
+        self.partial = lines.pop()
+        self.count += sum(1 for line in lines if self.needle in line)
+        return self.count
+
+
+def wait_log_count(proc, needle, n, seconds, every=0.02):
+    """Until `n` lines of proc's stderr contain `needle` (read every `every`
+    seconds): the monotonic time the n-th was seen, or None (the process
+    exited, or `seconds` passed first)."""
+    tail = LogTail(proc.err_path, needle)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        exited = proc.exited()
+        if tail.poll() >= n:
+            return time.monotonic()
+        if exited:
+            return None
+        time.sleep(every)
+    return None
 
 
 def write_app(app_dir, queue, keys, poison, key="bench:{/id}", handler=None, queues=None, http_port=None,

@@ -7,6 +7,7 @@ while in-flight <= threshold, so at most batch + threshold jobs run), and per
 message:
 
     create_entity(key record, pending)   ResourceExistsError -> duplicate: delete
+    [--handler-url: POST the payload to the handler, non-2xx is a failure]
     update_entity(MERGE, If-Match) to done
     delete_message
 
@@ -14,7 +15,12 @@ Messages are base64 JSON {"id": "..."}; the key is "bench:{id}" (RowKey =
 SHA-256 hex, PartitionKey = "Bench-" + first hash byte, like aqw).
 
     python bench/python_worker.py --queue Q --table T [--batch 16]
-        [--threshold 16] [--expect N] [--idle-exit 1.0]
+        [--threshold 16] [--expect N] [--idle-exit 1.0] [--handler-url URL]
+
+With --handler-url, each claimed job's decoded payload is POSTed to URL
+(content-type application/json, `Idempotency-Key: <ProviderKey>`, as aqw's
+HTTP handler sends it) through one shared aiohttp session; without it no
+handler is called.
 
 Stops when --expect messages are settled (or at --timeout), or, without
 --expect, when the queue stayed empty for --idle-exit seconds. A failed
@@ -63,9 +69,11 @@ def cpu_seconds() -> float:
 
 
 class Worker:
-    def __init__(self, queue, table, batch, threshold):
+    def __init__(self, queue, table, batch, threshold, handler=None):
         self.queue = queue
         self.table = table
+        # (aiohttp session, url) of the HTTP handler, or None.
+        self.handler = handler
         self.batch = batch
         self.threshold = threshold
         self.in_flight = 0
@@ -100,6 +108,8 @@ class Worker:
                 duplicate = True
             else:
                 duplicate = False
+                if self.handler is not None:
+                    await self.call_handler(msg.content, entity["ProviderKey"])
                 await self.table.update_entity(
                     entity={
                         "PartitionKey": entity["PartitionKey"],
@@ -128,6 +138,17 @@ class Worker:
             async with self.changed:
                 self.in_flight -= 1
                 self.changed.notify_all()
+
+    async def call_handler(self, payload, provider_key):
+        session, url = self.handler
+        async with session.post(
+            url,
+            data=payload.encode(),
+            headers={"content-type": "application/json", "Idempotency-Key": provider_key},
+        ) as resp:
+            await resp.read()
+            if not 200 <= resp.status < 300:
+                raise RuntimeError(f"handler answered {resp.status}")
 
     def settled(self):
         return self.completed + self.duplicates
@@ -202,16 +223,27 @@ async def main():
     p.add_argument("--expect", type=int)
     p.add_argument("--idle-exit", type=float, default=1.0)
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--handler-url")
     a = p.parse_args()
     conn = connection_string()
     queue = QueueClient.from_connection_string(
         conn, a.queue, message_decode_policy=TextBase64DecodePolicy()
     )
     table = TableClient.from_connection_string(conn, table_name=a.table)
-    async with queue, table:
-        result = await Worker(queue, table, a.batch, a.threshold).run(
-            a.expect, a.idle_exit, a.timeout
-        )
+    session = None
+    if a.handler_url:
+        import aiohttp  # only then: without the flag the worker is as it always was
+
+        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+    try:
+        async with queue, table:
+            handler = (session, a.handler_url) if session is not None else None
+            result = await Worker(queue, table, a.batch, a.threshold, handler).run(
+                a.expect, a.idle_exit, a.timeout
+            )
+    finally:
+        if session is not None:
+            await session.close()
     print(json.dumps(result), flush=True)
     if a.expect is not None and result["messages"] < a.expect:
         print(

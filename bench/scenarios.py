@@ -1,4 +1,4 @@
-"""The bench's scenarios (a)–(f): each runs its contenders against Azurite,
+"""The bench's scenarios (a)–(k): each runs its contenders against Azurite,
 checks the counts (a mismatch is an error, never a slow run) and returns the
 raw figures results.json keeps."""
 import os
@@ -10,12 +10,13 @@ import time
 
 from figures import percentile
 from harness import (DEFAULT_THRESHOLD, PROBE_ENV, Feeder, free_port, log, metric_by, rand, scrape, subs,
-                     wait_http, write_app)
+                     wait_http, wait_log_count, write_app)
 
 TUNED = {"batchSize": 32, "newBatchThreshold": 32}
 # aqw-backtrace is aqw-default as many container images run it: with
-# RUST_BACKTRACE=1 (the bench unsets it for everyone else).
-CONTENDER_ENV = {"aqw-backtrace": {"RUST_BACKTRACE": "1"}}
+# RUST_BACKTRACE=1 (the bench unsets it for everyone else); aqw-run-backtrace
+# is the same for `aqw run` in (k).
+CONTENDER_ENV = {"aqw-backtrace": {"RUST_BACKTRACE": "1"}, "aqw-run-backtrace": {"RUST_BACKTRACE": "1"}}
 
 
 # ---------------------------------------------------------------------------
@@ -567,39 +568,45 @@ class LocalHttp:
 TRACE_MODES = ("off", "otlp", "otlp-down")
 
 
-def http_run(b, label, n, http, env=None, breaker=None):
-    """n keyed jobs through `aqw run` (release binary, JSON logs at info, as
-    deployed) to the HTTP handler; the aqw process's figures, or None."""
+# The `event` of the one log line `aqw run` writes per completed job
+# (src/job/outcome.rs), as it appears in a --log-format json line.
+COMPLETED_EVENT = '"aqw.job.completed"'
+
+
+def show_env(b, cmd, subs_, env=None):
+    """A command as the report prints it, with the environment it adds."""
+    return " ".join([*(f"{k}={v}" for k, v in (env or {}).items()), b.show(cmd, subs_)])
+
+
+def http_run(b, label, n, http, env=None, breaker=None, command=None):
+    """n keyed jobs (all on the queue before the worker starts) through `aqw
+    run` (release binary, JSON logs at info, one line per job, as deployed) to
+    the HTTP handler; the aqw process's figures, or None. No ops port: the
+    jobs are seen complete in aqw's own log lines (its stderr file, read every
+    20 ms), so nothing is scraped and the bench adds no work to aqw; SIGTERM
+    after the n-th completed line, and aqw must exit 0."""
     r = b.fresh()
     app_dir = os.path.join(b.work, label)
-    port = free_port()
     write_app(app_dir, r["queue"], r["keys"], r["poison"],
-              handler={"type": "http", "url": http.url + "/effects"}, http_port=port, breaker=breaker)
+              handler={"type": "http", "url": http.url + "/effects"}, breaker=breaker)
     if not b.ceiling("enqueue", "--queue", r["queue"], "--count", str(n), "--tag", r["tag"],
                      name=f"{label}-enqueue"):
         return None
     env = env or {}
     cmd = [b.aqw, "--log-format", "json", "run", "--app", app_dir]
-    kind = label.rsplit("-", 1)[0]
-    b.commands.setdefault(f"aqw-run-{kind}", " ".join(f"{k}={v}" for k, v in env.items()) + " " +
-                          b.show(cmd, subs(r, app_dir)))
+    b.commands.setdefault(command or f"aqw-run-{label.rsplit('-', 1)[0]}",
+                          show_env(b, cmd, subs(r, app_dir), env))
     proc = b.proc(cmd, label, env=env)
-    done_at = None
-    started = time.monotonic()
-    if wait_http(port, proc):
-        started = time.monotonic()
-        deadline = started + (120 if b.smoke else 600)
-        while time.monotonic() < deadline and not proc.exited():
-            if metric_by(scrape(port), "aqw_messages_total", "outcome").get("completed", 0) >= n:
-                done_at = time.monotonic()
-                break
-            time.sleep(0.05)
+    done_at = wait_log_count(proc, COMPLETED_EVENT, n, 120 if b.smoke else 600)
     res = stop_aqw_run(b, proc, label)
     b.cleanup_run(r)
     if done_at is None:
-        b.fail(f"{label}: {n} completed jobs not seen: {proc.tail()}")
+        b.fail(f"{label}: {n} completed jobs not seen in aqw's log lines: {proc.tail()}")
         return None
-    res.update(n=n, rps=n / max(done_at - started, 1e-9), cpu_ms=res["cpu"] * 1000 / n)
+    if res["rc"] != 0:
+        return None  # stop_aqw_run reported it
+    seconds = done_at - proc.t0
+    res.update(n=n, seconds=seconds, rps=n / max(seconds, 1e-9), cpu_ms=res["cpu"] * 1000 / n)
     return res
 
 
@@ -780,4 +787,84 @@ def dashboard(b):
             n = b.sizes[f"dashboard_{size}"]
             log(f"(j) dashboard rep {rep + 1}/{b.reps}: the poison list at {n} open records")
             out[size].append(dashboard_run(b, n, rep))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# (k) as users run it: `aqw run` + an HTTP handler against the Python peer +
+# the same handler
+# ---------------------------------------------------------------------------
+
+USERS_KINDS = ("aqw-run", "aqw-run-backtrace", "python-http")
+
+
+def users_reps(b):
+    """Repetitions of (k): CPU ratios on 2 cores drift ±15 % between runs, so
+    a full run takes at least 5; --smoke takes 1."""
+    return 1 if b.smoke else max(b.reps, 5)
+
+
+def python_http_run(b, label, n, http):
+    """n keyed jobs (all on the queue first) through bench/python_worker.py
+    calling the same HTTP handler; the Python process's figures, or None."""
+    r = b.fresh()
+    if not b.ceiling("enqueue", "--queue", r["queue"], "--count", str(n), "--tag", r["tag"],
+                     name=f"{label}-enqueue"):
+        b.cleanup_run(r)
+        return None
+    cmd = [*worker_cmd(b, "python", r, None, n), "--handler-url", http.url + "/effects"]
+    b.commands.setdefault("python-http", b.show(cmd, subs(r, **{http.url: "$HANDLER"})))
+    p = b.proc(cmd, label)
+    res = p.wait()
+    b.cleanup_run(r)
+    if res["rc"] != 0 or res["timed_out"] or res["json"] is None:
+        b.fail(f"{label}: python worker exited {res['rc']}{' (timed out)' if res['timed_out'] else ''}: "
+               f"{p.tail()}")
+        return None
+    j = res["json"]
+    if j.get("completed") != n or j.get("failed"):
+        b.fail(f"{label}: completed {j.get('completed')} of {n}, failed {j.get('failed')}")
+        return None
+    # It exits by itself once the n-th job settled: start to exit.
+    res.update(n=n, seconds=res["wall"], rps=n / max(res["wall"], 1e-9), cpu_ms=res["cpu"] * 1000 / n)
+    return res
+
+
+def users_run(b, kind, n, rep, http):
+    """One contender of (k) on a fresh queue; its figures plus the handler
+    calls it made (which must be n), or None."""
+    label = f"users-{kind}-{rep}"
+    before = http.counts.get("/effects", [0, 0])[0]
+    if kind == "python-http":
+        res = python_http_run(b, label, n, http)
+    else:
+        res = http_run(b, label, n, http, env=CONTENDER_ENV.get(kind), command=kind)
+    calls = http.counts.get("/effects", [0, 0])[0] - before
+    if res is None:
+        return None
+    res.update(kind=kind, handler_calls=calls)
+    if calls != n:
+        b.fail(f"(k) {label}: the handler was called {calls} times for {n} jobs")
+        return None
+    return res
+
+
+def users(b):
+    """(k): N keyed jobs through the binary as users run it (`aqw run`, JSON
+    logs, an HTTP handler), with RUST_BACKTRACE unset and =1, against the
+    Python peer calling the same handler; the contenders in random order per
+    repetition. {kind: [figures or None per repetition]}."""
+    http = LocalHttp()
+    n = b.sizes["users"]
+    reps = users_reps(b)
+    out = {k: [] for k in USERS_KINDS}
+    try:
+        for rep in range(reps):
+            order = list(USERS_KINDS)
+            random.shuffle(order)
+            for kind in order:
+                log(f"(k) {kind} rep {rep + 1}/{reps}: {n} keyed jobs through an HTTP handler")
+                out[kind].append(users_run(b, kind, n, rep, http))
+    finally:
+        http.close()
     return out

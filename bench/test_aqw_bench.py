@@ -60,7 +60,7 @@ class Flags(unittest.TestCase):
             with self.subTest(argv=argv):
                 with self.assertRaises(aqw_bench.Usage) as cm:
                     self.parse(*argv)
-                self.assertEqual(str(cm.exception), "--only takes one of: breaker, purge, dashboard")
+                self.assertEqual(str(cm.exception), "--only takes one of: breaker, purge, dashboard, users")
 
     def test_needs_setup(self):
         def status(*argv):
@@ -170,6 +170,21 @@ def worker(n, seconds, cpu, rss, requests, **extra):
                 json=dict(seconds=seconds, cpu_s=cpu * 0.9, requests=requests, **extra))
 
 
+def users_run(kind, cpu_ms, n=800):
+    return dict(rc=0, wall=9.0, cpu=cpu_ms * n / 1000, rss_mb=15.0, json=None, timed_out=False, n=n,
+                seconds=8.0, rps=n / 8.0, cpu_ms=cpu_ms, kind=kind, handler_calls=n)
+
+
+def users_results():
+    """(k) over three repetitions: medians 0.5 (aqw run), 0.6 (RUST_BACKTRACE=1)
+    and 10 ms (Python) per message, but per repetition RUST_BACKTRACE=1 ÷
+    unset is 1.05, 1.2, 1.05: the paired median (1.05) and the ratio of the
+    medians (1.2) differ."""
+    return {"aqw-run": [users_run("aqw-run", c) for c in (0.4, 0.5, 0.8)],
+            "aqw-run-backtrace": [users_run("aqw-run-backtrace", c) for c in (0.42, 0.6, 0.84)],
+            "python-http": [users_run("python-http", c) for c in (8.0, 10.0, 12.0)]}
+
+
 def synthetic(mode="full", errors=()):
     """A one-repetition results.json with round numbers."""
     n, nk, nd = 100, 50, 50
@@ -204,13 +219,14 @@ def synthetic(mode="full", errors=()):
     g = {m: [dict(rc=0, wall=5.0, cpu=c * 100 / 1000, rss_mb=14.0, json=None, timed_out=False, n=100, mode=m,
                   rps=50.0, cpu_ms=c, exports=e, export_bytes=e * 1000)]
          for m, c, e in (("off", 1.0, 0), ("otlp", 1.2, 9), ("otlp-down", 1.1, 0))}
+    k = users_results()
     sizes = harness.sizes(mode == "smoke")
-    sizes.update(throughput=n, keyless=nk, duplicates=nd, poisoned=2, replay=20)
+    sizes.update(throughput=n, keyless=nk, duplicates=nd, poisoned=2, replay=20, users=800)
     machine = dict(nproc="2", model="Test CPU", mem_gib=4.0, kernel="Linux 6.0", rustc="rustc 1.90.0",
                    python="3.11.7", node="v20.0.0", azurite="3.35.0", commit="abc1234",
                    date="2026-01-02 03:04 UTC")
     commands = {"aqw-default": "target/release/examples/bench_worker --app $APP --expect 100"}
-    return dict(mode=mode, reps=1, sizes=sizes, a=a, b=b, c=c, d=d, e=e, f=f, g=g, errors=list(errors),
+    return dict(mode=mode, reps=1, sizes=sizes, a=a, b=b, c=c, d=d, e=e, f=f, g=g, k=k, errors=list(errors),
                 commands=commands, machine=machine, total_seconds=123.4)
 
 
@@ -218,9 +234,16 @@ class Targets(unittest.TestCase):
     def test_targets_from_synthetic_results(self):
         data = synthetic()
         got = {t: (v, ok) for t, v, ok in figures.targets(figures.derive(data), data["c"])}
-        self.assertEqual(len(got), 11)
-        # CPU: aqw 0.5 ms / Python 10 ms per message.
-        self.assertEqual(got["worker CPU per message ≤ 0.1× the Python worker's"], ("0.05", True))
+        self.assertEqual(len(got), 13)
+        # (k), the binary as users run it: 0.5 ms / 10 ms per message; the
+        # backtrace target reads the paired median, 1.05 (medians: 0.6 / 0.5).
+        self.assertEqual(got["CPU per keyed message, `aqw run` + HTTP handler ÷ Python peer + same handler "
+                             "≤ 0.08× (stretch 0.05×)"], ("0.050 (stretch 0.05×: met)", True))
+        self.assertEqual(got["RUST_BACKTRACE=1 ÷ unset < 1.10 on `aqw run` (CPU per message, median of the "
+                             "paired repetitions)"], ("1.05 (ratio of medians 1.20)", True))
+        # The in-process harness (a): aqw 0.5 ms / Python 10 ms per message.
+        self.assertEqual(got["in-process harness (a): worker CPU per message ≤ 0.1× the Python worker's "
+                             "(no handler in either)"], ("0.05", True))
         self.assertEqual(got["throughput ≥ 0.9× the ceiling loop's (default settings)"], ("1.00", True))
         # 3 data-plane requests per keyed message (the admin call left out).
         self.assertEqual(got["≤ 3.05 storage requests per keyed message, default settings (batchSize 16)"],
@@ -232,16 +255,21 @@ class Targets(unittest.TestCase):
                          ("14.0 MiB", True))
         self.assertEqual(got["replay ≥ 0.8× the raw put+delete loop (records/s ÷ messages/s)"], ("0.50", False))
         # CPU with RUST_BACKTRACE=1: 0.54 ms / 0.5 ms; traces: 1.2 ms / 1.0 ms per message.
-        self.assertEqual(got["CPU per message with RUST_BACKTRACE=1 within 10 % of unset (ratio ≤ 1.10)"],
-                         ("1.08", True))
+        self.assertEqual(got["in-process harness (a): CPU per message with RUST_BACKTRACE=1 within 10 % of "
+                             "unset (ratio ≤ 1.10)"], ("1.08", True))
         self.assertEqual(got["`aqw run` CPU per message, trace export OTLP on ≤ 1.15× off"], ("1.20", False))
 
     def test_missing_figures_are_not_applicable(self):
         data = synthetic()
         data["a"] = {k: [] for k in data["a"]}
         data["d"] = [None]
+        del data["k"]  # results from before (k) existed
         rows = figures.targets(figures.derive(data), None)
-        self.assertEqual(rows[0], ("worker CPU per message ≤ 0.1× the Python worker's", "n/a", None))
+        self.assertEqual(rows[0], ("CPU per keyed message, `aqw run` + HTTP handler ÷ Python peer + same handler "
+                                   "≤ 0.08× (stretch 0.05×)", "n/a", None))
+        self.assertEqual(rows[1][1:], ("n/a", None))
+        self.assertEqual(rows[2], ("in-process harness (a): worker CPU per message ≤ 0.1× the Python worker's "
+                                   "(no handler in either)", "n/a", None))
         self.assertEqual(figures.verdict(None), "n/a")
         self.assertEqual(figures.verdict(True), "met")
         self.assertEqual(figures.verdict(False), "**missed**")
@@ -288,6 +316,8 @@ class Report(unittest.TestCase):
             "## (e) Pickup latency: enqueue → handler start (aqw default settings)",
             "## (f) Scale-out: 2000 keyed jobs, 1, 2 and 4 worker processes on one queue",
             "## (g) Traces: 500 keyed jobs through `aqw run` and an HTTP handler",
+            "## (k) As users run it: 800 keyed jobs through `aqw run` and an HTTP handler, against the Python "
+            "peer calling the same handler",
             "## Commands",
             "# aqw-default",
         ])
@@ -295,7 +325,12 @@ class Report(unittest.TestCase):
                       "rustc 1.90.0; Python 3.11.7; Node v20.0.0, Azurite 3.35.0 (in-memory, on the same "
                       "machine); aqw commit abc1234. 1 repetition(s) per figure: median, min and max. "
                       "Total bench time 123 s.", text)
-        self.assertIn("| worker CPU per message ≤ 0.1× the Python worker's | 0.05 | met |", text)
+        self.assertIn("| in-process harness (a): worker CPU per message ≤ 0.1× the Python worker's (no handler in "
+                      "either) | 0.05 | met |", text)
+        self.assertIn("| CPU per keyed message, `aqw run` + HTTP handler ÷ Python peer + same handler ≤ 0.08× "
+                      "(stretch 0.05×) | 0.050 (stretch 0.05×: met) | met |", text)
+        self.assertIn("| `aqw run` + HTTP handler / Python peer + same handler, CPU per message (k) | 0.050 |", text)
+        self.assertIn("| `aqw run`, RUST_BACKTRACE=1 / unset, CPU per message (k; paired median) | 1.05 |", text)
         self.assertIn("| replay ≥ 0.8× the raw put+delete loop (records/s ÷ messages/s) | 0.50 | **missed** |", text)
         self.assertIn("| aqw / ceiling throughput (default settings) | 1.00 |", text)
         self.assertIn("| storage requests per keyed message, default / tuned (batchSize 16 / 32) | 3.10 / 3.10 |",
@@ -349,3 +384,109 @@ class BreakerBench(unittest.TestCase):
         self.assertIn("## (h) Circuit breaker: 40 keyed jobs", text)
         self.assertIn("breaker on / off: 1.05", text)
         self.assertEqual(report.breaker_section({}, {}), [])
+
+
+class UsersBench(unittest.TestCase):
+    """(k): `aqw run` + an HTTP handler against the Python peer + the same handler."""
+
+    def test_only_users(self):
+        self.assertEqual(aqw_bench.parse_args(["--smoke", "--only", "users"])["only"], "users")
+
+    def test_figures_are_medians_ratios_and_paired_ratios(self):
+        f = figures.users_figures(users_results())
+        self.assertEqual(f["cpu_ms"], {"aqw-run": 0.5, "aqw-run-backtrace": 0.6, "python-http": 10.0})
+        self.assertEqual(f["rps"]["aqw-run"], 100.0)
+        self.assertAlmostEqual(f["aqw_vs_python"], 0.05)
+        self.assertAlmostEqual(f["backtrace_vs_python"], 0.06)
+        self.assertAlmostEqual(f["backtrace_vs_unset"], 1.2)
+        for got, want in zip(f["paired_backtrace"], (1.05, 1.2, 1.05)):
+            self.assertAlmostEqual(got, want)
+        self.assertAlmostEqual(f["paired_backtrace_median"], 1.05)
+        self.assertAlmostEqual(f["paired_python_median"], 0.05)
+        self.assertIsNone(figures.users_figures(None))
+        self.assertIsNone(figures.users_figures({}))
+
+    def test_pairs_skip_failed_repetitions(self):
+        run = lambda c: dict(cpu_ms=c)  # noqa: E731
+        self.assertEqual(figures.paired_ratios([run(2.0), None, run(3.0)], [run(1.0), run(1.0), None]), [2.0])
+        self.assertEqual(figures.paired_ratios([run(2.0)], [run(0.0)]), [])
+        # A contender that never ran: no medians, no ratios.
+        f = figures.users_figures({"aqw-run": [run(1.0) | dict(rps=1.0)], "python-http": [None]})
+        self.assertIsNone(f["aqw_vs_python"])
+        self.assertIsNone(f["paired_backtrace_median"])
+
+    def test_backtrace_target_is_strictly_below_1_10(self):
+        data = synthetic()
+        # Per repetition 1.05, 1.1 (exactly, in floating point) and 1.125.
+        data["k"]["aqw-run-backtrace"] = [users_run("aqw-run-backtrace", c) for c in (0.42, 0.55, 0.9)]
+        rows = {t: (v, ok) for t, v, ok in figures.targets(figures.derive(data), data["c"])}
+        v, ok = rows["RUST_BACKTRACE=1 ÷ unset < 1.10 on `aqw run` (CPU per message, median of the paired "
+                     "repetitions)"]
+        self.assertEqual((v, ok), ("1.10 (ratio of medians 1.10)", False))
+
+    def test_the_section_says_what_was_measured(self):
+        text = "\n".join(report.users_section(users_results(), {"users": 800}))
+        self.assertIn("| `aqw run`, RUST_BACKTRACE unset | CPU per message, worker process | 0.500 | 0.400 | 0.800 | ms |",
+                      text)
+        self.assertIn("| Python peer (official async SDKs) + the same handler | throughput | 100 | 100 | 100 | msg/s |",
+                      text)
+        self.assertIn("| `aqw run` ÷ Python peer | 0.050 | 0.050 | 0.050, 0.050, 0.067 |", text)
+        self.assertIn("| `aqw run` RUST_BACKTRACE=1 ÷ unset | 1.20 | 1.05 | 1.05, 1.20, 1.05 |", text)
+        self.assertIn("3 repetition(s)", text)
+        for phrase in ("`aqw --log-format json run --app APP`", "no ops port", "CPU is the kernel's rusage of the "
+                       "worker process only", "start-up", "`aqw.job.completed`", "called exactly once per job"):
+            self.assertIn(phrase, text)
+        self.assertEqual(report.users_section({}, {}), [])
+
+    def test_only_users_renders_its_section(self):
+        data = dict(synthetic(mode="smoke"), only="users")
+        text = report.render_only(data, "smoke-x")
+        self.assertTrue(text.startswith("# aqw benchmarks, only (users) (smoke run: tiny sizes)"))
+        self.assertIn("## (k) As users run it: 800 keyed jobs", text)
+
+    def test_python_peer_is_told_the_handler(self):
+        class B:
+            python, py_worker = "py", "bench/python_worker.py"
+        cmd = scenarios.worker_cmd(B, "python", dict(queue="q", keys="t"), None, 5)
+        self.assertEqual(cmd[:2], ["py", "bench/python_worker.py"])
+        self.assertEqual(scenarios.CONTENDER_ENV["aqw-run-backtrace"], {"RUST_BACKTRACE": "1"})
+        self.assertNotIn("aqw-run", scenarios.CONTENDER_ENV)
+
+    def test_reps_are_at_least_five_in_a_full_run(self):
+        class B:
+            smoke, reps = False, 3
+        self.assertEqual(scenarios.users_reps(B), 5)
+        B.reps = 7
+        self.assertEqual(scenarios.users_reps(B), 7)
+        B.smoke = True
+        self.assertEqual(scenarios.users_reps(B), 1)
+
+
+class LogLines(unittest.TestCase):
+    """Completion is read from a worker's own log lines (its stderr file)."""
+
+    def test_counts_only_whole_lines_with_the_event(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "w.err")
+            tail = harness.LogTail(path, scenarios.COMPLETED_EVENT)
+            self.assertEqual(tail.poll(), 0)  # no file yet
+            with open(path, "w") as f:
+                f.write('{"level":"INFO","event":"aqw.job.completed","outcome":"completed"}\n'
+                        '{"level":"INFO","event":"aqw.job.poisoned"}\n'
+                        '{"level":"INFO","event":"aqw.job.comp')
+            self.assertEqual(tail.poll(), 1)
+            with open(path, "a") as f:
+                f.write('leted"}\n{"event":"aqw.job.completed"}\n')
+            self.assertEqual(tail.poll(), 3)
+            self.assertEqual(tail.poll(), 3)  # nothing new
+
+    def test_wait_log_count_gives_up_when_the_process_exits(self):
+        import time
+        with tempfile.TemporaryDirectory() as d:
+            p = harness.Proc([sys.executable, "-c", "import sys; [print('\"aqw.job.completed\"', "
+                              "file=sys.stderr) for _ in range(3)]"], os.path.join(d, "p"), "p", 30)
+            self.assertIsNotNone(harness.wait_log_count(p, scenarios.COMPLETED_EVENT, 3, 20))
+            p.wait()
+            t0 = time.monotonic()
+            self.assertIsNone(harness.wait_log_count(p, scenarios.COMPLETED_EVENT, 4, 20))
+            self.assertLess(time.monotonic() - t0, 5)
