@@ -7,6 +7,12 @@
 #   scripts/profile.sh stat  [N]          instructions per message, RUST_BACKTRACE unset and =1
 #   scripts/profile.sh record [N]         perf.data + the top of the report (self cost)
 #   scripts/profile.sh allocs [N]         heap allocations per message
+#   AQW_PROFILE_WORKLOAD=run scripts/profile.sh stat|record|allocs [N]
+#                                         the same, on `aqw run` (the release
+#                                         binary as users run it, JSON logs)
+#                                         with a loopback HTTP handler
+#   scripts/profile.sh traces [N]         `aqw run`: instructions with OTLP
+#                                         export off and on (a local collector)
 #
 # The workload: N (default 800) keyed no-op jobs put on a fresh queue by
 # `ceiling enqueue`, then `bench_worker --expect N` (aqw's real worker loop
@@ -53,6 +59,13 @@ if [ -z "$bins" ]; then
 fi
 worker="$bins/bench_worker"
 ceiling="$bins/ceiling"
+aqw="${AQW_PROFILE_AQW:-$root/target/release/aqw}"
+workload="${AQW_PROFILE_WORKLOAD:-worker}"
+if [ "$cmd" = traces ]; then workload=run; fi
+if [ "$workload" = run ] && [ -z "${AQW_PROFILE_AQW:-}" ]; then
+  (cd "$root" && cargo build --release --quiet --bin aqw)
+fi
+port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 bash "$root/scripts/azurite.sh" start >/dev/null
 
 # One fresh queue and tables per run, so every run does the same work.
@@ -61,12 +74,30 @@ prepare() {
   app="$out/app-$tag"
   queue="prof$tag"
   mkdir -p "$app"
+  local handler=""
+  if [ "$workload" = run ]; then
+    handler=", \"handler\": {\"type\": \"http\", \"url\": \"http://127.0.0.1:$port/effects\"}"
+  fi
   cat >"$app/host.json" <<EOF
 {"version": "2.0", "extensions": {"queues": {"messageEncoding": "base64"}},
- "aqw": {"functions": {"Bench": {"queue": "$queue", "key": "bench:{/id}"}},
+ "aqw": {"functions": {"Bench": {"queue": "$queue", "key": "bench:{/id}"$handler}},
          "tables": {"keys": "k$tag", "poison": "x$tag"}}}
 EOF
   "$ceiling" enqueue --queue "$queue" --count "$n" --tag "$tag" --max-depth "$n" >/dev/null
+}
+# The measured command, under an optional wrapper ($@: valgrind, perf,
+# heaptrack and their flags). `aqw run` goes through bench/run_driver.py,
+# which serves its handler (and, with OTLP=1, a collector) and stops it with
+# SIGTERM after N completed jobs, read from its own log lines.
+measured() {
+  if [ "$workload" = run ]; then
+    local otlp=()
+    if [ "${OTLP:-0}" = 1 ]; then otlp=(--otlp); fi
+    python3 "$root/bench/run_driver.py" --expect "$n" --port "$port" "${otlp[@]}" -- \
+      "$@" "$aqw" --log-format json run --app "$app"
+  else
+    "$@" "$worker" --app "$app" --expect "$n"
+  fi
 }
 cleanup() { "$ceiling" cleanup --queue "$queue" --queue "$queue-poison" --table "k$tag" --table "x$tag" >/dev/null 2>&1 || true; }
 
@@ -77,8 +108,12 @@ instructions() { # $1: label; rest: env assignments
   local label="$1"; shift
   local file="$out/callgrind.$label.out"
   prepare
-  env "$@" valgrind --tool=callgrind --callgrind-out-file="$file" \
-    "$worker" --app "$app" --expect "$n" >"$out/worker.json" 2>"$out/valgrind.$label.log"
+  ( # the rest of the arguments: VAR=value to set, -u VAR to unset
+    while [ $# -gt 0 ]; do
+      if [ "$1" = -u ]; then unset "$2"; shift 2; else export "${1?}"; shift; fi
+    done
+    measured valgrind --tool=callgrind --callgrind-out-file="$file"
+  ) >"$out/worker.json" 2>"$out/valgrind.$label.log"
   cleanup
   callgrind_annotate --inclusive=no "$file" 2>/dev/null | head -40 >"$out/top-$label.txt" || true
   local ins
@@ -92,17 +127,21 @@ case "$cmd" in
     instructions backtrace-unset -u RUST_BACKTRACE
     instructions backtrace-1 RUST_BACKTRACE=1
     ;;
+  traces)
+    instructions traces-off -u OTEL_EXPORTER_OTLP_ENDPOINT OTEL_BSP_SCHEDULE_DELAY=200
+    instructions traces-otlp OTLP=1 OTEL_BSP_SCHEDULE_DELAY=200
+    ;;
   record)
     prepare
-    perf record -e cpu-clock -g --call-graph dwarf,16384 -F 2000 -o "$out/perf.data" \
-      "$worker" --app "$app" --expect "$n" >"$out/worker.json" 2>/dev/null
+    measured perf record -e cpu-clock -g --call-graph dwarf,16384 -F 2000 -o "$out/perf.data" \
+      >"$out/worker.json" 2>/dev/null
     cleanup
     perf report -i "$out/perf.data" --no-children -g none --sort dso,symbol --stdio 2>/dev/null \
       | grep -v '^$' | grep '%' | head -40 | tee "$out/top.txt"
     ;;
   allocs)
     prepare
-    heaptrack -o "$out/heaptrack" "$worker" --app "$app" --expect "$n" >"$out/worker.json" 2>/dev/null
+    measured heaptrack -o "$out/heaptrack" >"$out/worker.json" 2>/dev/null
     cleanup
     heaptrack_print "$(ls -t "$out"/heaptrack*.zst "$out"/heaptrack*.gz 2>/dev/null | head -1)" \
       >"$out/heaptrack.txt" 2>/dev/null || true
@@ -110,7 +149,7 @@ case "$cmd" in
     python3 -c "import sys; c=int(sys.argv[1]); print(f'{c} allocations, {c/int(sys.argv[2]):.0f} per message')" "$calls" "$n"
     ;;
   *)
-    echo "usage: scripts/profile.sh install|stat|record|allocs [N]" >&2
+    echo "usage: [AQW_PROFILE_WORKLOAD=run] scripts/profile.sh install|stat|record|allocs|traces [N]" >&2
     exit 2
     ;;
 esac

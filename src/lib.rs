@@ -40,6 +40,7 @@
 //! | the operator's commands, one file each, returning data, as procedures over `KeyStore`, `PoisonStore` and `ControlStore`: list, show, replay, fix, discard, status, enqueue, keys, pause / resume, purge; the provider's key window that replay and fix check | `src/ops/` (`mod.rs`, `control.rs`, `list.rs`, `show.rs`, `replay.rs`, `fix.rs`, `discard.rs`, `rehearse.rs` (the dry runs of fix and discard), `status.rs`, `enqueue.rs`, `keys.rs`, `purge.rs`, `window.rs`) |
 //! | `Handler` with typed results (retryable, uncertain, permanent); built-in `http` and `exec` | `src/handlers/` (`mod.rs`, `http.rs`, `exec.rs`) |
 //! | Functions custom handler (`aqw serve`): invocations read as the host encodes them, the same `job::process` with a host-side `Settle`, outcomes answered as status codes | `src/serve.rs` |
+//! | one TLS client configuration (roots loaded once) shared by every HTTP client | `src/tls.rs` |
 //! | `/healthz`, `/readyz`, `/metrics`, and the sampler that refreshes the health gauges every `aqw.http.metricsInterval` | `src/http.rs` |
 //! | poll heartbeats: a worker's last poll per queue, written once a minute, read by `aqw status` | `src/heartbeat.rs` |
 //! | `aqw dashboard`: status, poison list grouped as in the alert (paged, searchable), one record, replay/discard/fix, group replay/discard and pause/resume through `ops`; token (server-side sessions) or guarded platform-principal auth, CSRF, read-only, `Host` check, back-off on wrong tokens; its own listener, not the ops port | `src/dashboard/` (`mod.rs` router, headers and `/healthz`, `auth.rs`, `control.rs` pause / resume and the status page's receiving column, `guard.rs` (`Host`, principal guard), `throttle.rs`, `handlers.rs`, `selection.rs` (which records a list page shows and a group action touches: filter, search, alert group; no payloads without a search), `bulk.rs` (group replay / discard: dry run or review first, fingerprinted selection, one at a time, rate-limited), `request.rs` (what every route shares: extractor, pairs, page, `tri!`), `progress.rs`, `views.rs` (maud), `chart.rs` (the poisons-per-hour SVG), `payload.rs`, `assets/`) |
@@ -88,6 +89,7 @@ pub mod retry;
 pub mod serve;
 pub mod storage;
 pub mod telemetry;
+pub mod tls;
 pub mod traces;
 pub mod worker;
 

@@ -51,7 +51,7 @@ pub fn body_excerpt(body: &str) -> String {
 
 impl HttpHandler {
     pub fn new(url: url::Url, timeout: Duration) -> Result<Self, String> {
-        let client = reqwest::Client::builder()
+        let client = crate::tls::client_builder()
             .connect_timeout(Duration::from_secs(5).min(timeout))
             .timeout(timeout)
             .pool_idle_timeout(Duration::from_secs(60))

@@ -73,7 +73,7 @@ impl CountingTransport {
 }
 
 fn build_client() -> Result<reqwest::Client, String> {
-    reqwest::Client::builder()
+    crate::tls::client_builder()
         .connect_timeout(Duration::from_secs(5))
         .timeout(Duration::from_secs(30))
         // Below Node's 5 s keep-alive (Azurite) so a pooled connection is

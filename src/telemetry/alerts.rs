@@ -162,11 +162,14 @@ impl Alerts {
     /// without a webhook.
     pub fn start(webhook: Option<Webhook>, window: Duration) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .unwrap_or_default();
-        let direct = webhook.clone().map(|u| (client, u));
+        // Only a webhook needs a client.
+        let direct = webhook.clone().map(|u| {
+            let client = crate::tls::client_builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap_or_default();
+            (client, u)
+        });
         tokio::spawn(alert_loop(webhook, window, rx));
         Self {
             tx: Some(tx),
@@ -220,10 +223,9 @@ async fn alert_loop(
     window: Duration,
     mut rx: mpsc::UnboundedReceiver<PoisonAlert>,
 ) {
-    // Only a webhook needs a client: building one loads the system's root
-    // certificates (some 19 M instructions).
+    // Only a webhook needs a client.
     let client = webhook.as_ref().map(|_| {
-        reqwest::Client::builder()
+        crate::tls::client_builder()
             .timeout(Duration::from_secs(10))
             .build()
             .unwrap_or_default()

@@ -286,7 +286,7 @@ impl ExportClient {
     fn new(target: &'static str, timeout: Duration) -> Result<Self, String> {
         // reqwest's blocking client owns a runtime: build it off any async one.
         let client = std::thread::spawn(move || {
-            reqwest::blocking::Client::builder()
+            crate::tls::blocking_client_builder()
                 .connect_timeout(Duration::from_secs(2).min(timeout))
                 .timeout(timeout)
                 .build()
