@@ -66,7 +66,8 @@ def render(data, run_name):
         f"Measured {m['date']} on {m['nproc']} cores ({m['model']}), {m['mem_gib']:.1f} GiB memory, "
         f"{m['kernel']}; {m['rustc']}; Python {m['python']}; Node {m['node']}, Azurite {m['azurite']} "
         f"(in-memory, on the same machine); aqw commit {m['commit']}. "
-        f"{REPS} repetition(s) per figure: median, min and max. Total bench time {fmt(total_seconds, 0)} s.",
+        f"{REPS} repetition(s) per figure{users_reps_note(data.get('k'), REPS)}: median, min and max. "
+        f"Total bench time {fmt(total_seconds, 0)} s.",
         "",
         "Azurite runs on the same 2 cores as the workers and is the bottleneck for every contender, so "
         "absolute rates are Azurite's; the ratios and the per-message CPU and request counts are what carry "
@@ -346,6 +347,13 @@ USERS_NAMES = {
 }
 
 
+def users_reps_note(k, reps):
+    """(k) runs at least 5 repetitions in a full run: say so where the
+    report gives the run's repetitions."""
+    got = max((len(v or []) for v in (k or {}).values()), default=0)
+    return f" ((k): {got})" if k and got != reps else ""
+
+
 def users_section(k, N):
     """(k): the binary as users run it, against the Python peer calling the same handler."""
     f = users_figures(k)
@@ -397,7 +405,8 @@ def render_only(data, run_name):
     m = data["machine"]
     lines = [f"# aqw benchmarks, only ({data['only']})" + (" (smoke run: tiny sizes)" if data["mode"] == "smoke" else ""),
              "", f"Measured {m['date']} on {m['nproc']} cores; aqw commit {m['commit']}; "
-             f"{data['reps']} repetition(s). Raw data: `.bench/{run_name}/results.json`.", ""]
+             f"{data['reps']} repetition(s){users_reps_note(data.get('k'), data['reps'])}. "
+             f"Raw data: `.bench/{run_name}/results.json`.", ""]
     lines += breaker_section(data.get("h") or {}, N)
     lines += purge_section(data.get("i") or [], N)
     lines += dashboard_section(data.get("j") or {}, N)

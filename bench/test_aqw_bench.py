@@ -323,7 +323,7 @@ class Report(unittest.TestCase):
         ])
         self.assertIn("Measured 2026-01-02 03:04 UTC on 2 cores (Test CPU), 4.0 GiB memory, Linux 6.0; "
                       "rustc 1.90.0; Python 3.11.7; Node v20.0.0, Azurite 3.35.0 (in-memory, on the same "
-                      "machine); aqw commit abc1234. 1 repetition(s) per figure: median, min and max. "
+                      "machine); aqw commit abc1234. 1 repetition(s) per figure ((k): 3): median, min and max. "
                       "Total bench time 123 s.", text)
         self.assertIn("| in-process harness (a): worker CPU per message ≤ 0.1× the Python worker's (no handler in "
                       "either) | 0.05 | met |", text)
@@ -443,6 +443,9 @@ class UsersBench(unittest.TestCase):
         text = report.render_only(data, "smoke-x")
         self.assertTrue(text.startswith("# aqw benchmarks, only (users) (smoke run: tiny sizes)"))
         self.assertIn("## (k) As users run it: 800 keyed jobs", text)
+        self.assertIn("; 1 repetition(s) ((k): 3). Raw data:", text)
+        self.assertEqual(report.users_reps_note(dict(k=[None] * 5), 5), "")
+        self.assertEqual(report.users_reps_note(None, 3), "")
 
     def test_python_peer_is_told_the_handler(self):
         class B:
