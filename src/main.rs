@@ -15,7 +15,11 @@ fn main() -> ExitCode {
     // APPLICATIONINSIGHTS_CONNECTION_STRING); the guard flushes them at exit.
     let traces = match traces::export::targets_from_env(|k| std::env::var(k).ok())
         .and_then(|t| traces::export::install(&t))
-    {
+        .and_then(|guard| {
+            traces::export::storage_spans_from_env(|k| std::env::var(k).ok())
+                .map(|on| traces::set_storage_spans(on))
+                .map(|()| guard)
+        }) {
         Ok(guard) => guard,
         Err(e) => {
             eprintln!("aqw: {}", telemetry::scrub(&e));

@@ -290,7 +290,15 @@ async fn otlp_sees_three_attempts_in_the_producers_trace_and_the_handler_its_spa
     );
     let enqueue_span = enqueue_tp.split('-').nth(2).unwrap().to_string();
 
-    let worker = Worker::start(&app, &[("OTEL_EXPORTER_OTLP_ENDPOINT", &rx_url)]);
+    // Storage request spans are asked for (AQW_TRACE_STORAGE), so the
+    // claim's table request shows beneath it.
+    let worker = Worker::start(
+        &app,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &rx_url),
+            ("AQW_TRACE_STORAGE", "true"),
+        ],
+    );
     let jobs = eventually("three aqw.job spans", Duration::from_secs(60), || async {
         let jobs = rx.named("aqw.job");
         (jobs.len() >= 3).then_some(jobs)
@@ -427,6 +435,17 @@ async fn app_insights_gets_the_job_as_a_request_with_its_dependencies() {
     for d in &deps {
         assert_eq!(d["tags"]["ai.operation.id"], PRODUCER_TRACE);
     }
+    // Without AQW_TRACE_STORAGE the steps carry no storage request spans:
+    // every dependency is one of aqw's own steps.
+    let all_deps: Vec<&str> = envelopes
+        .iter()
+        .filter(|e| e["data"]["baseType"] == "RemoteDependencyData")
+        .filter_map(|e| e["data"]["baseData"]["name"].as_str())
+        .collect();
+    assert!(
+        all_deps.iter().all(|n| n.starts_with("aqw.")),
+        "no storage request spans unless asked for: {all_deps:?}"
+    );
     app.cleanup().await;
 }
 

@@ -215,6 +215,10 @@ fn environment_rows(look: &Lookup, row: &mut impl FnMut(&str, String, Source)) {
         Err(e) => format!("invalid: {e}"),
     };
     row("exporters", exporters, Source::Environment);
+    if let Some(src) = look.setting("AQW_TRACE_STORAGE") {
+        let value = setting_value(look, "AQW_TRACE_STORAGE", src);
+        row("AQW_TRACE_STORAGE", value, src);
+    }
 }
 
 /// The rows of one function: queue, connection, handler, key, cap.

@@ -139,7 +139,7 @@ pub(crate) fn operation_name(method: Method, url: &url::Url) -> &'static str {
 /// One storage request as a client span (OpenTelemetry HTTP conventions),
 /// only while traces are exported. The URL loses its query: a SAS lives there.
 fn storage_span(method: Method, op: &'static str, url: &url::Url) -> tracing::Span {
-    if !crate::traces::enabled() {
+    if !crate::traces::storage_spans() {
         return tracing::Span::none();
     }
     let mut shown = url.clone();

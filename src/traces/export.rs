@@ -205,6 +205,17 @@ impl Drop for TracesGuard {
     }
 }
 
+/// `AQW_TRACE_STORAGE`: whether storage requests get spans of their own
+/// (see [`super::storage_spans`]). Unset: no.
+pub fn storage_spans_from_env(get: impl Fn(&str) -> Option<String>) -> Result<bool, String> {
+    match get("AQW_TRACE_STORAGE").as_deref().map(str::trim) {
+        None | Some("") => Ok(false),
+        Some(v) if v.eq_ignore_ascii_case("true") || v == "1" => Ok(true),
+        Some(v) if v.eq_ignore_ascii_case("false") || v == "0" => Ok(false),
+        Some(v) => Err(format!("AQW_TRACE_STORAGE={v:?}: expected true or false")),
+    }
+}
+
 /// Build the tracer provider for `targets` (none: off, nothing built).
 pub fn install(targets: &[ExportTarget]) -> Result<TracesGuard, String> {
     if targets.is_empty() {
@@ -373,6 +384,22 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         targets_from_env(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn storage_spans_are_asked_for_by_name() {
+        let with = |v: Option<&str>| {
+            storage_spans_from_env(|k| {
+                (k == "AQW_TRACE_STORAGE")
+                    .then(|| v.map(String::from))
+                    .flatten()
+            })
+        };
+        assert_eq!(with(None), Ok(false));
+        assert_eq!(with(Some("true")), Ok(true));
+        assert_eq!(with(Some("1")), Ok(true));
+        assert_eq!(with(Some("FALSE")), Ok(false));
+        assert!(with(Some("yes")).unwrap_err().contains("AQW_TRACE_STORAGE"));
     }
 
     #[test]

@@ -34,6 +34,24 @@ pub(crate) fn set_enabled(on: bool) {
     ENABLED.store(on, Ordering::Relaxed);
 }
 
+static STORAGE_SPANS: AtomicBool = AtomicBool::new(false);
+
+/// Whether each storage request gets its own `aqw.storage` client span
+/// (`AQW_TRACE_STORAGE=true`, while exporting). Off by default: a keyed job
+/// makes three storage requests, each inside a step span (`aqw.key.claim`,
+/// `aqw.key.done`, `aqw.settle`) that already times it and carries its
+/// error, so the request spans doubled those steps: 3 of a job's 8 spans,
+/// and with them some 40 % of what exporting costs per job (callgrind,
+/// BENCHMARKS.md "Traces"). Turn them on to see the storage's own status
+/// codes, and the SDK's retries, one span per request.
+pub fn storage_spans() -> bool {
+    STORAGE_SPANS.load(Ordering::Relaxed) && enabled()
+}
+
+pub fn set_storage_spans(on: bool) {
+    STORAGE_SPANS.store(on, Ordering::Relaxed);
+}
+
 /// A W3C trace context as it travels: `traceparent` and, when there is one,
 /// `tracestate` (<https://www.w3.org/TR/trace-context/>).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -224,7 +242,8 @@ pub fn job_span(
     message_id: &str,
     dequeue_count: u32,
 ) -> tracing::Span {
-    let span = tracing::info_span!(
+    let on = enabled();
+    tracing::info_span!(
         "aqw.job",
         otel.kind = "consumer",
         function = %function,
@@ -237,20 +256,15 @@ pub fn job_span(
         duration_ms = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
         otel.status_message = tracing::field::Empty,
-        messaging.system = tracing::field::Empty,
-        messaging.operation.type = tracing::field::Empty,
-        messaging.destination.name = tracing::field::Empty,
-        messaging.message.id = tracing::field::Empty,
-    );
-    // The OpenTelemetry messaging conventions, only where spans are
-    // exported (log lines already carry the same facts by their short names).
-    if enabled() {
-        span.record("messaging.system", MESSAGING_SYSTEM);
-        span.record("messaging.operation.type", "process");
-        span.record("messaging.destination.name", queue);
-        span.record("messaging.message.id", message_id);
-    }
-    span
+        // The OpenTelemetry messaging conventions, only where spans are
+        // exported (log lines already carry the same facts by their short
+        // names). Given at creation (`None` records nothing): a record
+        // after it costs a visit of every layer per field.
+        messaging.system = on.then_some(MESSAGING_SYSTEM),
+        messaging.operation.type = on.then_some("process"),
+        messaging.destination.name = on.then_some(queue),
+        messaging.message.id = on.then_some(message_id),
+    )
 }
 
 /// `messaging.system` of Azure Queue Storage: the conventions list no value
