@@ -86,7 +86,8 @@ def main():
     killer.cancel()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    out = {"rc": rc, "completed": completed, "cpu": cpu, "cpu_ms_per_job": cpu * 1000 / max(completed, 1),
+    out = {"rc": rc, "completed": completed, "cpu": cpu, "user": after.ru_utime - before.ru_utime,
+           "sys": after.ru_stime - before.ru_stime, "cpu_ms_per_job": cpu * 1000 / max(completed, 1),
            "seconds": (done_at or time.monotonic()) - started, "handler_calls": srv.counts.get("/effects", 0),
            "exports": srv.counts.get("/v1/traces", 0), "warnings": other[:5]}
     print(json.dumps(out))

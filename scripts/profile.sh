@@ -11,6 +11,8 @@
 #                                         the same, on `aqw run` (the release
 #                                         binary as users run it, JSON logs)
 #                                         with a loopback HTTP handler
+#   AQW_PROFILE_WORKLOAD=run scripts/profile.sh cpu [N]
+#                                         one plain run: CPU, user and system
 #   scripts/profile.sh traces [N]         `aqw run`: instructions with OTLP
 #                                         export off and on (a local collector)
 #
@@ -131,6 +133,13 @@ case "$cmd" in
     instructions traces-off -u OTEL_EXPORTER_OTLP_ENDPOINT OTEL_BSP_SCHEDULE_DELAY=200
     instructions traces-otlp OTLP=1 OTEL_BSP_SCHEDULE_DELAY=200
     ;;
+  cpu)
+    # No profiler: the run's own CPU (user and system apart) from
+    # bench/run_driver.py's rusage; with the run workload only.
+    prepare
+    measured
+    cleanup
+    ;;
   record)
     prepare
     measured perf record -e cpu-clock -g --call-graph dwarf,16384 -F 2000 -o "$out/perf.data" \
@@ -149,7 +158,7 @@ case "$cmd" in
     python3 -c "import sys; c=int(sys.argv[1]); print(f'{c} allocations, {c/int(sys.argv[2]):.0f} per message')" "$calls" "$n"
     ;;
   *)
-    echo "usage: [AQW_PROFILE_WORKLOAD=run] scripts/profile.sh install|stat|record|allocs|traces [N]" >&2
+    echo "usage: [AQW_PROFILE_WORKLOAD=run] scripts/profile.sh install|stat|cpu|record|allocs|traces [N]" >&2
     exit 2
     ;;
 esac
