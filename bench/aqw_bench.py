@@ -45,7 +45,7 @@ Scenarios:
       message of the worker process (start-up included; completion read from
       aqw's own log lines, nothing scraped), the ratios, at least 5
       repetitions in a full run.
---only breaker|purge|dashboard|users runs one of (h), (i), (j), (k) by itself.
+--only breaker|purge|dashboard|users|traces runs one of (h), (i), (j), (k), (g) by itself.
 Azurite: the default ports, or AQW_AZURITE_QUEUE_PORT / AQW_AZURITE_TABLE_PORT /
 AQW_AZURITE_BLOB_PORT (with AQW_AZURITE_STATE) for an instance of one's own;
 the workers connect to the same ports.
@@ -121,7 +121,7 @@ def parse_args(argv):
 
 
 # Scenarios `--only` runs by themselves (without the background probes).
-ONLY = ("breaker", "purge", "dashboard", "users")
+ONLY = ("breaker", "purge", "dashboard", "users", "traces")
 
 
 def target_dir():
@@ -183,6 +183,8 @@ def run_only(b, only):
         return dict(j=scenarios.dashboard(b))
     if only == "users":
         return dict(k=scenarios.users(b))
+    if only == "traces":
+        return dict(g=scenarios.traces(b))
     assert only == "breaker"
     return dict(h=scenarios.breaker(b))
 

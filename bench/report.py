@@ -407,6 +407,7 @@ def render_only(data, run_name):
              "", f"Measured {m['date']} on {m['nproc']} cores; aqw commit {m['commit']}; "
              f"{data['reps']} repetition(s){users_reps_note(data.get('k'), data['reps'])}. "
              f"Raw data: `.bench/{run_name}/results.json`.", ""]
+    lines += traces_section(data.get("g") or {}, N)
     lines += breaker_section(data.get("h") or {}, N)
     lines += purge_section(data.get("i") or [], N)
     lines += dashboard_section(data.get("j") or {}, N)
