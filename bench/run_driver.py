@@ -10,10 +10,9 @@ the child: user + system, all threads), completions, handler calls, exports.
 The handler is http://127.0.0.1:P/effects (the app's host.json names it, see
 scripts/profile.sh); with --otlp, OTEL_EXPORTER_OTLP_ENDPOINT points at
 http://127.0.0.1:P.
-Stdlib only.
+Stdlib only (the handler is the bench's own `scenarios.LocalHttp`).
 """
 import argparse
-import http.server
 import json
 import os
 import resource
@@ -23,33 +22,8 @@ import sys
 import threading
 import time
 
-
-class LocalHttp:
-    """Answers every POST with 200 and counts requests by path."""
-
-    def __init__(self, port=0):
-        counts = self.counts = {}
-        lock = threading.Lock()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self):  # noqa: N802 (the stdlib's name)
-                n = int(self.headers.get("content-length") or 0)
-                self.rfile.read(n)
-                with lock:
-                    counts[self.path] = counts.get(self.path, 0) + 1
-                self.send_response(200)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from scenarios import LocalHttp  # noqa: E402 (the bench's own handler and collector)
 
 
 def main():
@@ -88,8 +62,8 @@ def main():
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     out = {"rc": rc, "completed": completed, "cpu": cpu, "user": after.ru_utime - before.ru_utime,
            "sys": after.ru_stime - before.ru_stime, "cpu_ms_per_job": cpu * 1000 / max(completed, 1),
-           "seconds": (done_at or time.monotonic()) - started, "handler_calls": srv.counts.get("/effects", 0),
-           "exports": srv.counts.get("/v1/traces", 0), "warnings": other[:5]}
+           "seconds": (done_at or time.monotonic()) - started, "handler_calls": srv.counts.get("/effects", [0])[0],
+           "exports": srv.counts.get("/v1/traces", [0])[0], "warnings": other[:5]}
     print(json.dumps(out))
     return 0 if rc == 0 and completed == a.expect else 1
 

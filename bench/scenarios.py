@@ -533,7 +533,7 @@ class LocalHttp:
     at once. Counts requests and bytes by path; its CPU is the bench's, not
     the worker's."""
 
-    def __init__(self):
+    def __init__(self, port=0):
         import http.server
         counts = self.counts = {}
         lock = threading.Lock()
@@ -555,7 +555,7 @@ class LocalHttp:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
