@@ -17,7 +17,7 @@ fn main() -> ExitCode {
         .and_then(|t| traces::export::install(&t))
         .and_then(|guard| {
             traces::export::storage_spans_from_env(|k| std::env::var(k).ok())
-                .map(|on| traces::set_storage_spans(on))
+                .map(traces::set_storage_spans)
                 .map(|()| guard)
         }) {
         Ok(guard) => guard,
