@@ -211,7 +211,7 @@ pub fn init_logging(
     use tracing_subscriber::filter::FilterExt as _;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    use tracing_subscriber::{filter::Targets, EnvFilter, Layer, Registry};
+    use tracing_subscriber::{filter::Targets, EnvFilter, Layer};
     // An explicit AQW_LOG / RUST_LOG is taken as is (the SDK's own debug lines
     // included: the scrubbing writer still guards them); the default keeps the
     // SDK at warn.
@@ -219,25 +219,7 @@ pub fn init_logging(
         Ok(f) => EnvFilter::try_new(f).unwrap_or_else(|_| EnvFilter::new("info")),
         Err(_) => EnvFilter::new("info,azure_core=warn,azure_identity=warn,azure_storage_queue=warn,typespec_client_core=warn,reqwest=warn,hyper=warn"),
     };
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(|| ScrubbingStderr)
-        .with_target(false);
-    let fmt: Box<dyn Layer<Registry> + Send + Sync> = match format {
-        LogFormat::Json => fmt
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(false)
-            .fmt_fields(AppendJsonFields)
-            .boxed(),
-        // https://no-color.org: any non-empty NO_COLOR turns colour off.
-        LogFormat::Text => fmt
-            .with_ansi(
-                std::io::IsTerminal::is_terminal(&std::io::stderr())
-                    && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
-            )
-            .boxed(),
-    };
+    let fmt = fmt_layer(format);
     // The step spans (`aqw.key.claim`, `aqw.storage`, ...) exist only while
     // exporting, for the exporter: the log lines stay as they are with export
     // off, and the fmt layer does not format every step's fields.
@@ -268,6 +250,32 @@ pub fn init_logging(
         Some(otel) => registry.with(otel).try_init(),
         None => registry.try_init(),
     };
+}
+
+/// The log lines' layer: the format asked for, written through the scrubber.
+fn fmt_layer(
+    format: LogFormat,
+) -> Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync> {
+    use tracing_subscriber::Layer;
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(|| ScrubbingStderr)
+        .with_target(false);
+    match format {
+        LogFormat::Json => fmt
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .fmt_fields(AppendJsonFields)
+            .boxed(),
+        // https://no-color.org: any non-empty NO_COLOR turns colour off.
+        LogFormat::Text => fmt
+            .with_ansi(
+                std::io::IsTerminal::is_terminal(&std::io::stderr())
+                    && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+            )
+            .boxed(),
+    }
 }
 
 /// Handler latency buckets, in seconds: jobs run from milliseconds (an HTTP
