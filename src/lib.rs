@@ -56,6 +56,7 @@
 //! | queues on `azure_storage_queue` 1.x | `src/storage/azure.rs` |
 //! | our Tables client on the `azure_core` 1.x pipeline | `src/storage/tables.rs` |
 //! | SharedKey / SAS / bearer signing, retries and timeouts in the pipeline | `src/storage/pipeline.rs` |
+//! | how a storage request reaches the wire: hyper directly, reqwest behind a proxy; pool and request timeouts | `src/storage/transport.rs` |
 //! | SharedKey signing of each try (string to sign, HMAC) | `src/storage/shared_key.rs` |
 //! | which identity signs (workload, managed, developer tools) | `src/storage/identity.rs` |
 //! | test-only crash points, compiled out of release builds | `src/failpoint.rs` |

@@ -20,6 +20,7 @@ pub mod identity;
 pub mod pipeline;
 pub mod shared_key;
 pub mod tables;
+pub(crate) mod transport;
 
 pub mod connection;
 use async_trait::async_trait;

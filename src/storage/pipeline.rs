@@ -1,10 +1,10 @@
 //! The `azure_core` 1.x pipeline aqw's queue and table clients share:
 //! transport, retry options and the account-key / SAS authorization policies.
 //!
-//! * [`CountingTransport`]: the pipeline's `HttpClient`, one pooled reqwest
-//!   client (rustls on ring, as before; `azure_core`'s own reqwest 0.13
-//!   transport would pull in aws-lc) that counts every request by operation
-//!   and status.
+//! * [`CountingTransport`]: the pipeline's `HttpClient`, one pooled client
+//!   ([`super::transport`]: hyper, or reqwest behind a proxy; rustls on
+//!   ring, where `azure_core`'s own reqwest 0.13 transport would pull in
+//!   aws-lc) that counts every request by operation and status.
 //! * [`SharedKeyPolicy`] (in [`super::shared_key`]): `azure_storage_queue` 1.x takes only Entra ID tokens
 //!   or a SAS in the URL, and there is no 1.x Tables crate, so account keys are
 //!   signed here, per try (after the retry policy, so every retry carries a
@@ -30,6 +30,7 @@
 //! `Authorization` header and every query parameter outside its allow-list
 //! (`sig` is not on it).
 
+use super::transport::{Incoming, Outgoing, SendError, Transport};
 use super::{Secret, StorageError};
 use async_trait::async_trait;
 use azure_core::error::{Error, ErrorKind};
@@ -38,19 +39,18 @@ use azure_core::http::policies::{Policy, PolicyResult};
 use azure_core::http::{AsyncRawResponse, Body, Context, HttpClient, Method, Request};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 use tracing::Instrument;
 
 pub use super::shared_key::{Service, SharedKeyPolicy};
 
-/// Counts requests by operation and status, then hands them to reqwest.
+/// Counts requests by operation and status, then hands them to the wire
+/// ([`super::transport`]).
 #[derive(Debug)]
 pub struct CountingTransport {
-    /// Built on the first request: building a client loads the system's root
-    /// certificates (measured: 19 M instructions, as much as some 25 keyed
-    /// messages), and a connection that is only validated (`aqw run`'s
-    /// preflight, `--dry-run`s, a bench probe) never sends anything.
-    client: OnceLock<reqwest::Client>,
+    /// Built on the first request: a connection that is only validated
+    /// (`aqw run`'s preflight, `--dry-run`s, a bench probe) never sends
+    /// anything, and the TLS roots load on the first client built.
+    client: OnceLock<Transport>,
     counts: Arc<Mutex<BTreeMap<String, u64>>>,
 }
 
@@ -63,29 +63,13 @@ impl CountingTransport {
     }
 
     /// The pooled client, built on first use.
-    fn http(&self) -> azure_core::Result<&reqwest::Client> {
+    fn http(&self) -> azure_core::Result<&Transport> {
         if let Some(c) = self.client.get() {
             return Ok(c);
         }
-        let built = build_client().map_err(|e| Error::with_message(ErrorKind::Io, e))?;
+        let built = Transport::from_env().map_err(|e| Error::with_message(ErrorKind::Io, e))?;
         Ok(self.client.get_or_init(|| built))
     }
-}
-
-fn build_client() -> Result<reqwest::Client, String> {
-    crate::tls::client_builder()
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(30))
-        // Below Node's 5 s keep-alive (Azurite) so a pooled connection is
-        // never reused just as the server closes it (a request lost as
-        // "connection closed before message completed").
-        .pool_idle_timeout(Duration::from_secs(4))
-        .pool_max_idle_per_host(64)
-        // Storage never redirects. Following one would re-send a signed
-        // request to a URL the account did not name: surface it as an error.
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .map_err(|e| format!("cannot build HTTP client: {e}"))
 }
 
 pub(crate) fn operation_name(method: Method, url: &url::Url) -> &'static str {
@@ -144,7 +128,7 @@ fn storage_span(method: Method, op: &'static str, url: &url::Url) -> tracing::Sp
     }
     let mut shown = url.clone();
     shown.set_query(None);
-    let method = reqwest_method(method);
+    let method = http_method(method);
     crate::traces::step_span!(
         "aqw.storage",
         otel.kind = "client",
@@ -160,15 +144,15 @@ fn storage_span(method: Method, op: &'static str, url: &url::Url) -> tracing::Sp
     )
 }
 
-fn reqwest_method(m: Method) -> reqwest::Method {
+fn http_method(m: Method) -> http::Method {
     match m {
-        Method::Delete => reqwest::Method::DELETE,
-        Method::Get => reqwest::Method::GET,
-        Method::Head => reqwest::Method::HEAD,
-        Method::Patch => reqwest::Method::PATCH,
-        Method::Post => reqwest::Method::POST,
-        Method::Put => reqwest::Method::PUT,
-        _ => reqwest::Method::GET,
+        Method::Delete => http::Method::DELETE,
+        Method::Get => http::Method::GET,
+        Method::Head => http::Method::HEAD,
+        Method::Patch => http::Method::PATCH,
+        Method::Post => http::Method::POST,
+        Method::Put => http::Method::PUT,
+        _ => http::Method::GET,
     }
 }
 
@@ -176,70 +160,83 @@ fn reqwest_method(m: Method) -> reqwest::Method {
 impl HttpClient for CountingTransport {
     async fn execute_request(&self, request: &Request) -> azure_core::Result<AsyncRawResponse> {
         let op = operation_name(request.method(), request.url());
-        let req = self.reqwest_request(request)?;
+        let outgoing = outgoing(request)?;
+        let http = self.http()?;
         let span = storage_span(request.method(), op, request.url());
-        let result = req.send().instrument(span.clone()).await;
-        self.record_outcome(op, &span, &result);
-        let rsp = result.map_err(|e| {
-            // reqwest's error text names the URL, which can carry a SAS:
-            // keep the cause chain without it.
-            let kind = if e.is_connect() {
-                ErrorKind::Connection
-            } else {
-                ErrorKind::Io
-            };
-            let e = e.without_url();
-            Error::with_message(kind, crate::telemetry::scrub(&error_chain(&e)))
-        })?;
-        read_response(rsp).await
+        let result = http.send(outgoing).instrument(span.clone()).await;
+        self.record_outcome(op, &span, result.as_ref().map(|r| r.status).ok());
+        match result {
+            Ok(rsp) => Ok(raw_response(rsp)),
+            Err(SendError::Connect(text)) => Err(Error::with_message(
+                ErrorKind::Connection,
+                crate::telemetry::scrub(&text),
+            )),
+            Err(SendError::Io(text)) => Err(Error::with_message(
+                ErrorKind::Io,
+                crate::telemetry::scrub(&text),
+            )),
+            Err(SendError::Invalid(text)) => Err(Error::with_message(ErrorKind::Other, text)),
+        }
     }
 }
 
-impl CountingTransport {
-    /// The pipeline's request as a reqwest request: method, URL, headers, body.
-    fn reqwest_request(&self, request: &Request) -> azure_core::Result<reqwest::RequestBuilder> {
-        let mut req = self
-            .http()?
-            .request(reqwest_method(request.method()), request.url().clone());
-        for (name, value) in request.headers().iter() {
-            req = req.header(name.as_str(), value.as_str());
-        }
-        match request.body() {
-            Body::Bytes(b) => Ok(req.body(b.clone())),
-            #[allow(unreachable_patterns)]
-            _ => Err(Error::with_message(
+/// The pipeline's request as the wire's: method, URL, headers, body. A
+/// header that is not valid HTTP is named, its value never (it could be
+/// the `Authorization`).
+fn outgoing(request: &Request) -> azure_core::Result<Outgoing<'_>> {
+    let mut headers = http::HeaderMap::with_capacity(16);
+    for (name, value) in request.headers().iter() {
+        let invalid = || {
+            Error::with_message(
+                ErrorKind::Other,
+                format!("request header {} is not valid HTTP", name.as_str()),
+            )
+        };
+        let name = http::HeaderName::from_bytes(name.as_str().as_bytes()).map_err(|_| invalid())?;
+        let value = http::HeaderValue::from_str(value.as_str()).map_err(|_| invalid())?;
+        headers.append(name, value);
+    }
+    let body = match request.body() {
+        Body::Bytes(b) => b.clone(),
+        #[allow(unreachable_patterns)]
+        _ => {
+            return Err(Error::with_message(
                 ErrorKind::Other,
                 "streamed request bodies are not used by aqw",
-            )),
+            ))
         }
-    }
+    };
+    Ok(Outgoing {
+        method: http_method(request.method()),
+        url: request.url().as_str(),
+        headers,
+        body,
+    })
+}
 
-    /// One sent request on its span, in the metrics and in the per-operation counts.
-    fn record_outcome(
-        &self,
-        op: &'static str,
-        span: &tracing::Span,
-        result: &Result<reqwest::Response, reqwest::Error>,
-    ) {
-        let status = match result {
-            Ok(r) => status_label(r.status().as_u16()),
-            Err(_) => "error".into(),
+impl CountingTransport {
+    /// One sent request on its span, in the metrics and in the
+    /// per-operation counts; `status` is `None` when no response came.
+    fn record_outcome(&self, op: &'static str, span: &tracing::Span, status: Option<u16>) {
+        let label = match status {
+            Some(s) => status_label(s),
+            None => "error".into(),
         };
         if !span.is_none() {
-            match result {
-                Ok(r) => {
-                    span.record("http.response.status_code", r.status().as_u16());
-                    if r.status().as_u16() >= 400 {
+            match status {
+                Some(s) => {
+                    span.record("http.response.status_code", s);
+                    if s >= 400 {
                         span.record("otel.status_code", "error");
                     }
                 }
-                Err(_) => {
+                None => {
                     span.record("error.type", "transport");
                     span.record("otel.status_code", "error");
                 }
             }
         }
-        metrics::counter!("aqw_storage_requests_total", "operation" => op, "status" => status)
+        metrics::counter!("aqw_storage_requests_total", "operation" => op, "status" => label)
             .increment(1);
         let mut counts = self.counts.lock().unwrap();
         match counts.get_mut(op) {
@@ -303,11 +300,10 @@ fn response_header_name(name: &str) -> HeaderName {
     }
 }
 
-/// A reqwest response as the pipeline's: status, the headers that are text, the body.
-async fn read_response(rsp: reqwest::Response) -> azure_core::Result<AsyncRawResponse> {
-    let status = rsp.status().as_u16();
-    let mut headers = HashMap::with_capacity(rsp.headers().len());
-    for (k, v) in rsp.headers() {
+/// A response as the pipeline's: status, the headers that are text, the body.
+fn raw_response(rsp: Incoming) -> AsyncRawResponse {
+    let mut headers = HashMap::with_capacity(rsp.headers.len());
+    for (k, v) in &rsp.headers {
         if let Ok(v) = v.to_str() {
             headers.insert(
                 response_header_name(k.as_str()),
@@ -315,17 +311,7 @@ async fn read_response(rsp: reqwest::Response) -> azure_core::Result<AsyncRawRes
             );
         }
     }
-    // Storage answers are small (at most 32 messages of 64 KiB): read
-    // the whole body here, where a read error still counts as I/O.
-    let body = rsp.bytes().await.map_err(|e| {
-        let e = e.without_url();
-        Error::with_message(ErrorKind::Io, crate::telemetry::scrub(&error_chain(&e)))
-    })?;
-    Ok(AsyncRawResponse::from_bytes(
-        status.into(),
-        Headers::from(headers),
-        body,
-    ))
+    AsyncRawResponse::from_bytes(rsp.status.into(), Headers::from(headers), rsp.body)
 }
 
 pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {

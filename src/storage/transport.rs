@@ -1,0 +1,326 @@
+//! How a storage request reaches the wire: hyper's pooled HTTP/1.1 client
+//! (hyper-util's, TLS by hyper-rustls on the process's one rustls
+//! configuration, `crate::tls`), or reqwest when the environment names a
+//! proxy.
+//!
+//! Why not reqwest for everything, as before: reqwest is a layer over the
+//! same hyper-util client, and on every request it re-parsed the URL
+//! (`url::Parser`, ~2–4 % of `aqw run`'s instructions, bench/profile.md),
+//! cloned the header map for its redirect handling (which storage must not
+//! follow anyway), merged default headers and boxed a timeout and a URL per
+//! response. The pipeline already hands us a finished request (method, URL,
+//! headers, bytes), so the direct path converts it once and sends it.
+//!
+//! Why reqwest stays for proxies: `HTTPS_PROXY` / `HTTP_PROXY` /
+//! `ALL_PROXY` with `NO_PROXY` (CONNECT tunnels, proxy authorization) is
+//! reqwest's, tested there; writing it again here would be a second, less
+//! tried implementation of the same thing.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::time::Duration;
+
+/// Every storage request, response body included, ends within this.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Below Node's 5 s keep-alive (Azurite) so a pooled connection is never
+/// reused just as the server closes it (a request lost as "connection
+/// closed before message completed").
+const POOL_IDLE: Duration = Duration::from_secs(4);
+const POOL_MAX_IDLE_PER_HOST: usize = 64;
+
+/// A request as the pipeline finished it.
+pub(crate) struct Outgoing<'a> {
+    pub method: http::Method,
+    pub url: &'a str,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+/// A whole response: storage answers are small (at most 32 messages of
+/// 64 KiB), so the body is read here, where a read error is still I/O.
+pub(crate) struct Incoming {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+/// Why a request got no response. The text never names the URL (a SAS
+/// lives in its query).
+#[derive(Debug)]
+pub(crate) enum SendError {
+    /// No connection: DNS, refused, TLS handshake, connect timeout.
+    Connect(String),
+    /// The connection failed or timed out mid-request.
+    Io(String),
+    /// The request could not be built (a header the pipeline produced is
+    /// not valid HTTP).
+    Invalid(String),
+}
+
+/// The pooled client.
+#[derive(Debug)]
+pub(crate) enum Transport {
+    Direct(Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>),
+    Proxied(reqwest::Client),
+}
+
+impl Transport {
+    /// Direct unless a proxy variable is set (and not empty).
+    pub fn from_env() -> Result<Self, String> {
+        if proxy_configured(|name| std::env::var_os(name)) {
+            return proxied().map(Self::Proxied);
+        }
+        Ok(Self::Direct(direct()))
+    }
+
+    pub async fn send(&self, req: Outgoing<'_>) -> Result<Incoming, SendError> {
+        match self {
+            Self::Direct(client) => send_direct(client, req, REQUEST_TIMEOUT).await,
+            Self::Proxied(client) => send_proxied(client, req).await,
+        }
+    }
+}
+
+/// reqwest's own list of proxy variables (`reqwest::Proxy::system`).
+fn proxy_configured(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> bool {
+    [
+        "HTTPS_PROXY",
+        "https_proxy",
+        "HTTP_PROXY",
+        "http_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ]
+    .iter()
+    .any(|name| var(name).is_some_and(|v| !v.is_empty()))
+}
+
+fn direct() -> Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+    // As reqwest did: requests are small and latency-bound.
+    http.set_nodelay(true);
+    // hyper-rustls sets ALPN itself from the versions enabled (HTTP/1.1).
+    let mut tls = crate::tls::client_config();
+    tls.alpn_protocols.clear();
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(POOL_IDLE)
+        .pool_max_idle_per_host(POOL_MAX_IDLE_PER_HOST)
+        .build(https)
+}
+
+fn proxied() -> Result<reqwest::Client, String> {
+    crate::tls::client_builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(REQUEST_TIMEOUT)
+        .pool_idle_timeout(POOL_IDLE)
+        .pool_max_idle_per_host(POOL_MAX_IDLE_PER_HOST)
+        // Storage never redirects. Following one would re-send a signed
+        // request to a URL the account did not name: surface it as an error.
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| format!("cannot build HTTP client: {e}"))
+}
+
+async fn send_direct(
+    client: &Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    req: Outgoing<'_>,
+    timeout: Duration,
+) -> Result<Incoming, SendError> {
+    let uri: http::Uri = req
+        .url
+        .parse()
+        .map_err(|e| SendError::Invalid(format!("request URL is not a valid URI: {e}")))?;
+    let mut request = http::Request::new(Full::new(req.body));
+    *request.method_mut() = req.method;
+    *request.uri_mut() = uri;
+    *request.headers_mut() = req.headers;
+    let exchange = async {
+        let rsp = client.request(request).await.map_err(|e| {
+            let text = super::pipeline::error_chain(&e);
+            if e.is_connect() {
+                SendError::Connect(text)
+            } else {
+                SendError::Io(text)
+            }
+        })?;
+        let (parts, body) = rsp.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map_err(|e| SendError::Io(super::pipeline::error_chain(&e)))?
+            .to_bytes();
+        Ok(Incoming {
+            status: parts.status.as_u16(),
+            headers: parts.headers,
+            body,
+        })
+    };
+    match tokio::time::timeout(timeout, exchange).await {
+        Ok(result) => result,
+        Err(_) => Err(SendError::Io(format!(
+            "no complete response within {:?}",
+            timeout
+        ))),
+    }
+}
+
+async fn send_proxied(client: &reqwest::Client, req: Outgoing<'_>) -> Result<Incoming, SendError> {
+    let rsp = client
+        .request(req.method, req.url)
+        .headers(req.headers)
+        .body(req.body)
+        .send()
+        .await
+        .map_err(|e| {
+            // reqwest's error text names the URL: keep the chain without it.
+            let connect = e.is_connect();
+            let text = super::pipeline::error_chain(&e.without_url());
+            if connect {
+                SendError::Connect(text)
+            } else {
+                SendError::Io(text)
+            }
+        })?;
+    let status = rsp.status().as_u16();
+    let headers = rsp.headers().clone();
+    let body = rsp
+        .bytes()
+        .await
+        .map_err(|e| SendError::Io(super::pipeline::error_chain(&e.without_url())))?;
+    Ok(Incoming {
+        status,
+        headers,
+        body,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+
+    #[test]
+    fn a_proxy_variable_selects_reqwest() {
+        let none = |_: &str| None::<OsString>;
+        assert!(!proxy_configured(none));
+        let empty = |_: &str| Some(OsString::new());
+        assert!(!proxy_configured(empty), "an empty variable names no proxy");
+        for name in ["HTTPS_PROXY", "http_proxy", "ALL_PROXY"] {
+            let one = |n: &str| (n == name).then(|| OsString::from("http://proxy:3128"));
+            assert!(proxy_configured(one), "{name}");
+        }
+        let unrelated = |n: &str| (n == "NO_PROXY").then(|| OsString::from("*"));
+        assert!(!proxy_configured(unrelated));
+    }
+
+    /// A server that accepts and never answers: the direct path gives up
+    /// with an I/O error at its timeout instead of hanging (a short one
+    /// here; `send` uses [`REQUEST_TIMEOUT`]).
+    #[tokio::test]
+    async fn a_silent_server_is_an_io_error() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hold = tokio::spawn(async move {
+            let (_sock, _) = listener.accept().await.unwrap();
+            std::future::pending::<()>().await;
+        });
+        let url = format!("http://{addr}/acct/q/messages?sig=c2VjcmV0");
+        let req = Outgoing {
+            method: http::Method::GET,
+            url: &url,
+            headers: http::HeaderMap::new(),
+            body: Bytes::new(),
+        };
+        let out = send_direct(&direct(), req, Duration::from_millis(300)).await;
+        match out {
+            Err(SendError::Io(text)) => assert!(!text.contains("c2VjcmV0"), "{text}"),
+            other => panic!("expected an I/O error, got {:?}", other.map(|r| r.status)),
+        }
+        hold.abort();
+    }
+
+    /// Both paths carry method, headers and body out, and status, headers
+    /// and body back, the same way.
+    #[tokio::test]
+    async fn both_paths_carry_a_request_and_its_answer() {
+        let app = axum::Router::new().route(
+            "/acct/q/messages",
+            axum::routing::post(|headers: axum::http::HeaderMap, body: Bytes| async move {
+                let seen = headers
+                    .get("x-ms-version")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("none")
+                    .to_string();
+                (
+                    axum::http::StatusCode::CREATED,
+                    [
+                        ("x-ms-request-id", "r-1".to_string()),
+                        ("x-seen-version", seen),
+                    ],
+                    [body.as_ref(), b"!"].concat(),
+                )
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let url = format!("http://{addr}/acct/q/messages?timeout=30");
+        for t in [
+            Transport::Direct(direct()),
+            Transport::Proxied(proxied().unwrap()),
+        ] {
+            let mut headers = http::HeaderMap::new();
+            headers.insert("x-ms-version", http::HeaderValue::from_static("2018-03-28"));
+            let rsp = t
+                .send(Outgoing {
+                    method: http::Method::POST,
+                    url: &url,
+                    headers,
+                    body: Bytes::from_static(b"<QueueMessage/>"),
+                })
+                .await
+                .unwrap_or_else(|e| panic!("{t:?}: {e:?}"));
+            assert_eq!(rsp.status, 201);
+            assert_eq!(rsp.headers["x-ms-request-id"], "r-1");
+            assert_eq!(rsp.headers["x-seen-version"], "2018-03-28");
+            assert_eq!(rsp.body.as_ref(), b"<QueueMessage/>!");
+        }
+    }
+
+    #[tokio::test]
+    async fn nothing_listening_is_a_connect_error() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let t = Transport::Direct(direct());
+        let url = format!("http://127.0.0.1:{port}/acct/q?sig=c2VjcmV0");
+        match t
+            .send(Outgoing {
+                method: http::Method::PUT,
+                url: &url,
+                headers: http::HeaderMap::new(),
+                body: Bytes::new(),
+            })
+            .await
+        {
+            Err(SendError::Connect(text)) => assert!(!text.contains("c2VjcmV0"), "{text}"),
+            other => panic!(
+                "expected a connect error, got {:?}",
+                other.map(|r| r.status)
+            ),
+        }
+    }
+}
