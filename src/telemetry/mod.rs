@@ -131,11 +131,11 @@ impl Write for ScrubbingStderr {
 /// The JSON log format's span fields, grown by appending. tracing-subscriber's
 /// `JsonFields` parses a span's fields back into a map and re-serializes all
 /// of them on every `span.record(..)`; the `aqw.job` span is recorded on
-/// several times per job (key, invocation id, outcome, duration, and the
-/// messaging fields when exporting), which callgrind put at 4-11 % of `aqw
-/// run`'s instructions. The object is kept valid JSON; a field recorded twice
-/// appears twice, and the formatter, which parses the span's fields when it
-/// writes a line, keeps the last one, as `JsonFields` does.
+/// several times per job (key, invocation id, outcome, duration), which
+/// callgrind put at 4-11 % of `aqw run`'s instructions. The object is kept
+/// valid JSON; a field recorded twice appears twice, and the formatter, which
+/// parses the span's fields when it writes a line, keeps the last one, as
+/// `JsonFields` does. Fields for the exporter only ([`for_logs`]) are left out.
 pub(crate) struct AppendJsonFields;
 
 impl<'w> tracing_subscriber::fmt::FormatFields<'w> for AppendJsonFields {
@@ -144,7 +144,11 @@ impl<'w> tracing_subscriber::fmt::FormatFields<'w> for AppendJsonFields {
         writer: tracing_subscriber::fmt::format::Writer<'w>,
         fields: R,
     ) -> std::fmt::Result {
-        tracing_subscriber::fmt::format::JsonFields::new().format_fields(writer, fields)
+        use tracing_subscriber::field::VisitOutput;
+        let mut writer = writer;
+        let mut json = tracing_subscriber::fmt::format::JsonVisitor::new(&mut writer);
+        fields.record(&mut LogFieldsOnly(&mut json));
+        json.finish()
     }
 
     fn add_fields(
@@ -153,12 +157,96 @@ impl<'w> tracing_subscriber::fmt::FormatFields<'w> for AppendJsonFields {
         fields: &tracing::span::Record<'_>,
     ) -> std::fmt::Result {
         let mut added = String::new();
-        tracing_subscriber::fmt::format::JsonFields::new().format_fields(
+        self.format_fields(
             tracing_subscriber::fmt::format::Writer::new(&mut added),
             fields,
         )?;
         append_json_object(&mut current.fields, &added);
         Ok(())
+    }
+}
+
+/// The text log format's fields: tracing-subscriber's own, without the
+/// exporter-only ones ([`for_logs`]).
+pub(crate) struct TextFields;
+
+impl<'w> tracing_subscriber::fmt::FormatFields<'w> for TextFields {
+    fn format_fields<R: tracing_subscriber::field::RecordFields>(
+        &self,
+        writer: tracing_subscriber::fmt::format::Writer<'w>,
+        fields: R,
+    ) -> std::fmt::Result {
+        use tracing_subscriber::field::VisitOutput;
+        let mut text = tracing_subscriber::fmt::format::DefaultVisitor::new(writer, true);
+        fields.record(&mut LogFieldsOnly(&mut text));
+        text.finish()
+    }
+}
+
+/// Whether a field belongs on a log line. The OpenTelemetry messaging fields
+/// (`messaging.*`) are given to the job span only while exporting, for the
+/// exporter; the log line already has the same facts under its short names
+/// (`queue`, `message_id`). Leaving them out keeps a line the same with
+/// export on or off, and saved some 30 k instructions per job with it on
+/// (formatting them into the span, then parsing and writing them again on
+/// every line).
+fn for_logs(field: &tracing::field::Field) -> bool {
+    !field.name().starts_with("messaging.")
+}
+
+/// A visitor that passes on only the fields [`for_logs`] keeps.
+struct LogFieldsOnly<'v, V>(&'v mut V);
+
+impl<V: tracing::field::Visit> tracing::field::Visit for LogFieldsOnly<'_, V> {
+    fn record_f64(&mut self, f: &tracing::field::Field, v: f64) {
+        if for_logs(f) {
+            self.0.record_f64(f, v)
+        }
+    }
+    fn record_i64(&mut self, f: &tracing::field::Field, v: i64) {
+        if for_logs(f) {
+            self.0.record_i64(f, v)
+        }
+    }
+    fn record_u64(&mut self, f: &tracing::field::Field, v: u64) {
+        if for_logs(f) {
+            self.0.record_u64(f, v)
+        }
+    }
+    fn record_i128(&mut self, f: &tracing::field::Field, v: i128) {
+        if for_logs(f) {
+            self.0.record_i128(f, v)
+        }
+    }
+    fn record_u128(&mut self, f: &tracing::field::Field, v: u128) {
+        if for_logs(f) {
+            self.0.record_u128(f, v)
+        }
+    }
+    fn record_bool(&mut self, f: &tracing::field::Field, v: bool) {
+        if for_logs(f) {
+            self.0.record_bool(f, v)
+        }
+    }
+    fn record_str(&mut self, f: &tracing::field::Field, v: &str) {
+        if for_logs(f) {
+            self.0.record_str(f, v)
+        }
+    }
+    fn record_bytes(&mut self, f: &tracing::field::Field, v: &[u8]) {
+        if for_logs(f) {
+            self.0.record_bytes(f, v)
+        }
+    }
+    fn record_error(&mut self, f: &tracing::field::Field, v: &(dyn std::error::Error + 'static)) {
+        if for_logs(f) {
+            self.0.record_error(f, v)
+        }
+    }
+    fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+        if for_logs(f) {
+            self.0.record_debug(f, v)
+        }
     }
 }
 
@@ -236,7 +324,11 @@ pub fn init_logging(
             .with_tracked_inactivity(false)
             .with_threads(false)
             .with_location(false)
-            .with_filter(Targets::new().with_target("aqw", tracing::Level::INFO))
+            .with_filter(
+                Targets::new()
+                    .with_target("aqw", tracing::Level::INFO)
+                    .and(spans_and_warnings()),
+            )
     });
     let registry =
         tracing_subscriber::registry().with(fmt.with_filter(filter.and(without_step_spans)));
@@ -250,6 +342,16 @@ pub fn init_logging(
         Some(otel) => registry.with(otel).try_init(),
         None => registry.try_init(),
     };
+}
+
+/// What the OpenTelemetry layer takes besides aqw's spans: warnings and
+/// errors (a retry's cause, storage trouble), which become events on the span
+/// they happen in. An info line, above all the one outcome line per job,
+/// repeats what its span already carries (outcome, duration, ids): as a span
+/// event it was one more thing to convert and encode for every job
+/// (callgrind, bench/profile.md "Traces").
+fn spans_and_warnings() -> tracing_subscriber::filter::FilterFn {
+    tracing_subscriber::filter::filter_fn(|m| m.is_span() || *m.level() <= tracing::Level::WARN)
 }
 
 /// The log lines' layer: the format asked for, written through the scrubber.
@@ -274,6 +376,7 @@ fn fmt_layer(
                 std::io::IsTerminal::is_terminal(&std::io::stderr())
                     && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
             )
+            .fmt_fields(TextFields)
             .boxed(),
     }
 }
@@ -348,22 +451,117 @@ mod tests {
         assert_eq!(v["b"], "x}");
     }
 
+    #[derive(Clone, Default)]
+    struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A job span as it is made while exporting (the messaging fields given)
+    /// and one line in it, in both formats: the line has the short names,
+    /// never the exporter's `messaging.*` ones.
+    #[test]
+    fn exporter_only_fields_stay_off_log_lines() {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        for json in [true, false] {
+            let buf = Buf::default();
+            let writer = buf.clone();
+            let fmt = tracing_subscriber::fmt::layer()
+                .with_writer(move || writer.clone())
+                .with_ansi(false);
+            let layer = if json {
+                fmt.json()
+                    .flatten_event(true)
+                    .with_current_span(true)
+                    .with_span_list(false)
+                    .fmt_fields(AppendJsonFields)
+                    .boxed()
+            } else {
+                fmt.fmt_fields(TextFields).boxed()
+            };
+            use tracing_subscriber::Layer as _;
+            let subscriber = tracing_subscriber::registry().with(layer);
+            tracing::subscriber::with_default(subscriber, || {
+                let span = tracing::info_span!(
+                    "aqw.job",
+                    queue = "orders",
+                    dequeue_count = 2u32,
+                    outcome = tracing::field::Empty,
+                    messaging.system = Some("azure_queue_storage"),
+                    messaging.destination.name = Some("orders"),
+                );
+                span.record("outcome", "completed");
+                let _g = span.enter();
+                tracing::info!(event = "aqw.job.completed", "job completed");
+            });
+            let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+            assert!(!out.contains("messaging"), "{out}");
+            assert!(out.contains("orders") && out.contains("completed"), "{out}");
+            if json {
+                let line: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+                assert_eq!(line["span"]["queue"], "orders", "{out}");
+                assert_eq!(line["span"]["dequeue_count"], 2, "{out}");
+            } else {
+                assert!(out.contains("queue=\"orders\""), "{out}");
+            }
+        }
+    }
+
+    /// The exporter's layer sees spans, warnings and errors, not info lines.
+    #[test]
+    fn the_exporter_layer_takes_spans_and_warnings() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tracing_subscriber::layer::SubscriberExt as _;
+        use tracing_subscriber::Layer;
+        #[derive(Clone, Default)]
+        struct Seen(std::sync::Arc<(AtomicUsize, AtomicUsize)>);
+        impl<S: tracing::Subscriber> Layer<S> for Seen {
+            fn on_new_span(
+                &self,
+                _: &tracing::span::Attributes<'_>,
+                _: &tracing::span::Id,
+                _: tracing_subscriber::layer::Context<'_, S>,
+            ) {
+                self.0 .0.fetch_add(1, Ordering::SeqCst);
+            }
+            fn on_event(
+                &self,
+                _: &tracing::Event<'_>,
+                _: tracing_subscriber::layer::Context<'_, S>,
+            ) {
+                self.0 .1.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let seen = Seen::default();
+        let subscriber =
+            tracing_subscriber::registry().with(seen.clone().with_filter(spans_and_warnings()));
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("aqw.job");
+            let _g = span.enter();
+            tracing::info!(event = "aqw.job.completed", "job completed");
+            tracing::debug!("detail");
+            tracing::warn!(event = "aqw.job.retried", "attempt failed; will retry");
+            tracing::error!("storage down");
+        });
+        assert_eq!(seen.0 .0.load(Ordering::SeqCst), 1, "spans");
+        assert_eq!(
+            seen.0 .1.load(Ordering::SeqCst),
+            2,
+            "events: the warning and the error"
+        );
+    }
+
     /// A JSON log line inside a span that was recorded on carries the
     /// span's fields, the recorded ones included, the last value winning.
     #[test]
     fn recorded_span_fields_reach_the_json_line() {
         use tracing_subscriber::layer::SubscriberExt as _;
-        #[derive(Clone, Default)]
-        struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-        impl Write for Buf {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
         let buf = Buf::default();
         let writer = buf.clone();
         let layer = tracing_subscriber::fmt::layer()

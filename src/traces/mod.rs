@@ -257,9 +257,10 @@ pub fn job_span(
         otel.status_code = tracing::field::Empty,
         otel.status_message = tracing::field::Empty,
         // The OpenTelemetry messaging conventions, only where spans are
-        // exported (log lines already carry the same facts by their short
-        // names). Given at creation (`None` records nothing): a record
-        // after it costs a visit of every layer per field.
+        // exported: log lines carry the same facts by their short names and
+        // leave these out (`telemetry::for_logs`). Given at creation (`None`
+        // records nothing): a record after it costs a visit of every layer
+        // per field.
         messaging.system = on.then_some(MESSAGING_SYSTEM),
         messaging.operation.type = on.then_some("process"),
         messaging.destination.name = on.then_some(queue),
