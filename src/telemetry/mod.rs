@@ -324,6 +324,17 @@ pub fn init_logging(
             .with_tracked_inactivity(false)
             .with_threads(false)
             .with_location(false)
+            // No OpenTelemetry `Context` attached to the thread on every
+            // poll of an instrumented future (a context clone and a
+            // thread-local push at each enter, a pop at each exit): aqw
+            // reads a span's context through the registry
+            // (`OpenTelemetrySpanExt::context`), never `Context::current()`,
+            // and a step span still finds its parent as tracing's current
+            // span (tests/traces.rs checks the tree).
+            .with_context_activation(false)
+            // No `target` attribute (the Rust module path) on every span:
+            // the span's name already says which step it is.
+            .with_target(false)
             .with_filter(
                 Targets::new()
                     .with_target("aqw", tracing::Level::INFO)
