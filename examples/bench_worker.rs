@@ -45,11 +45,6 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// The allocator `aqw` itself runs on (src/main.rs), so the harness measures
-/// the same process.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 

@@ -8,16 +8,6 @@ use aqw::{telemetry, traces};
 use clap::Parser;
 use std::process::ExitCode;
 
-/// mimalloc instead of glibc's malloc. A keyed job is some 3 storage
-/// requests through the SDK's pipeline plus a handler call, each a burst of
-/// small allocations (header maps, URLs, strings) that tokio's workers often
-/// free on another thread than the one that allocated them; glibc pays for
-/// that in arena locks and `malloc_consolidate`: malloc, free and realloc
-/// were ~14 % of `aqw run`'s CPU samples (perf, bench/profile.md "Round
-/// four"). mimalloc keeps free lists per thread.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
     aqw::storage::quiet_library_backtraces();
     let args = cli::Cli::parse();
