@@ -175,8 +175,9 @@ mod tests {
 
     #[test]
     fn an_untrusted_certificate_is_refused_by_the_webpki_verifier() {
-        // A syntactically valid but unknown certificate: the lazy verifier
-        // loads the roots, then refuses it as rustls's own verifier does.
+        // Bytes that no root vouches for: the lazy verifier loads the roots
+        // on this first check, then refuses them as rustls's own verifier
+        // does.
         let verifier = LazyRoots {
             provider: Arc::new(rustls::crypto::ring::default_provider()),
             verifier: OnceLock::new(),
