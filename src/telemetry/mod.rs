@@ -295,11 +295,10 @@ pub fn init_logging(
     format: LogFormat,
     traces: Option<&opentelemetry_sdk::trace::SdkTracerProvider>,
 ) {
-    use opentelemetry::trace::TracerProvider as _;
     use tracing_subscriber::filter::FilterExt as _;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    use tracing_subscriber::{filter::Targets, EnvFilter, Layer};
+    use tracing_subscriber::{EnvFilter, Layer};
     // An explicit AQW_LOG / RUST_LOG is taken as is (the SDK's own debug lines
     // included: the scrubbing writer still guards them); the default keeps the
     // SDK at warn.
@@ -314,33 +313,7 @@ pub fn init_logging(
     let without_step_spans = tracing_subscriber::filter::filter_fn(|m| {
         !m.is_span() || m.name() == "aqw.job" || !m.name().starts_with("aqw.")
     });
-    let otel = traces.map(|p| {
-        // No per-span busy/idle timing (it costs a clock read at every poll
-        // of an instrumented future), thread or source-location attributes:
-        // each is work on every span of every job that nobody reads in a
-        // job trace (bench (g) measures the rest).
-        tracing_opentelemetry::layer()
-            .with_tracer(p.tracer("aqw"))
-            .with_tracked_inactivity(false)
-            .with_threads(false)
-            .with_location(false)
-            // No OpenTelemetry `Context` attached to the thread on every
-            // poll of an instrumented future (a context clone and a
-            // thread-local push at each enter, a pop at each exit): aqw
-            // reads a span's context through the registry
-            // (`OpenTelemetrySpanExt::context`), never `Context::current()`,
-            // and a step span still finds its parent as tracing's current
-            // span (tests/traces.rs checks the tree).
-            .with_context_activation(false)
-            // No `target` attribute (the Rust module path) on every span:
-            // the span's name already says which step it is.
-            .with_target(false)
-            .with_filter(
-                Targets::new()
-                    .with_target("aqw", tracing::Level::INFO)
-                    .and(spans_and_warnings()),
-            )
-    });
+    let otel = traces.map(otel_layer);
     let registry =
         tracing_subscriber::registry().with(fmt.with_filter(filter.and(without_step_spans)));
     // No exporter: no OpenTelemetry layer at all. An `Option` layer that is
@@ -353,6 +326,44 @@ pub fn init_logging(
         Some(otel) => registry.with(otel).try_init(),
         None => registry.try_init(),
     };
+}
+
+/// The OpenTelemetry layer: aqw's own spans (target `aqw`, info and up)
+/// plus warnings and errors, to the exporters' `provider`.
+fn otel_layer<S>(
+    p: &opentelemetry_sdk::trace::SdkTracerProvider,
+) -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::filter::FilterExt as _;
+    use tracing_subscriber::{filter::Targets, Layer};
+    // No per-span busy/idle timing (it costs a clock read at every poll
+    // of an instrumented future), thread or source-location attributes:
+    // each is work on every span of every job that nobody reads in a
+    // job trace (bench (g) measures the rest).
+    tracing_opentelemetry::layer()
+        .with_tracer(p.tracer("aqw"))
+        .with_tracked_inactivity(false)
+        .with_threads(false)
+        .with_location(false)
+        // No OpenTelemetry `Context` attached to the thread on every
+        // poll of an instrumented future (a context clone and a
+        // thread-local push at each enter, a pop at each exit): aqw
+        // reads a span's context through the registry
+        // (`OpenTelemetrySpanExt::context`), never `Context::current()`,
+        // and a step span still finds its parent as tracing's current
+        // span (tests/traces.rs checks the tree).
+        .with_context_activation(false)
+        // No `target` attribute (the Rust module path) on every span:
+        // the span's name already says which step it is.
+        .with_target(false)
+        .with_filter(
+            Targets::new()
+                .with_target("aqw", tracing::Level::INFO)
+                .and(spans_and_warnings()),
+        )
 }
 
 /// What the OpenTelemetry layer takes besides aqw's spans: warnings and
