@@ -63,7 +63,10 @@ def main():
     out = {"rc": rc, "completed": completed, "cpu": cpu, "user": after.ru_utime - before.ru_utime,
            "sys": after.ru_stime - before.ru_stime, "cpu_ms_per_job": cpu * 1000 / max(completed, 1),
            "seconds": (done_at or time.monotonic()) - started, "handler_calls": srv.counts.get("/effects", [0])[0],
-           "exports": srv.counts.get("/v1/traces", [0])[0], "warnings": other[:5]}
+           "exports": srv.counts.get("/v1/traces", [0])[0],
+           # context switches: a wait for the network (voluntary) or a preemption
+           "csw_per_job": ((after.ru_nvcsw - before.ru_nvcsw) + (after.ru_nivcsw - before.ru_nivcsw))
+           / max(completed, 1), "warnings": other[:5]}
     print(json.dumps(out))
     return 0 if rc == 0 and completed == a.expect else 1
 

@@ -27,20 +27,11 @@ fn main() -> ExitCode {
         }
     };
     telemetry::init_logging(args.log_format, traces.provider());
-    let exit = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => match runtime.block_on(cli::run(args)) {
-            Ok(exit) => exit,
-            Err(f) => {
-                eprintln!("aqw: {}", telemetry::scrub(&f.message));
-                f.exit
-            }
-        },
-        Err(e) => {
-            eprintln!("aqw: cannot start the async runtime: {e}");
-            cli::Exit::Runtime
+    let exit = match cli::runtime(&args).and_then(|rt| rt.block_on(cli::run(args))) {
+        Ok(exit) => exit,
+        Err(f) => {
+            eprintln!("aqw: {}", telemetry::scrub(&f.message));
+            f.exit
         }
     };
     drop(traces);

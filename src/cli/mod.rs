@@ -11,7 +11,77 @@ mod render;
 pub use args::Cli;
 pub use exit::{Exit, Failure};
 
+/// The async runtime a command runs on.
+///
+/// `run` and `serve` get one worker thread unless `TOKIO_WORKER_THREADS`
+/// (tokio's own setting) says otherwise. Their jobs wait on the network;
+/// with a worker per core, tokio's idle worker wakes and searches for
+/// work each time one job's response lands, and on this 2-core machine
+/// that cost about a tenth of `aqw run`'s CPU per job at the same
+/// throughput (bench/profile.md, round five). One thread carries thousands
+/// of jobs a second at ~0.3 ms of CPU each; nothing CPU-bound shares it
+/// (the dashboard is its own command and keeps a thread per core).
+pub fn runtime(cli: &Cli) -> Result<tokio::runtime::Runtime, Failure> {
+    let setting = std::env::var("TOKIO_WORKER_THREADS").ok();
+    let threads = worker_threads(&cli.command, setting.as_deref()).map_err(Failure::usage)?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if let Some(n) = threads {
+        builder.worker_threads(n);
+    }
+    builder
+        .build()
+        .map_err(|e| Failure::runtime(format!("cannot start the async runtime: {e}")))
+}
+
+/// Worker threads for `command` (`None`: tokio's default, one per core).
+/// A setting tokio would panic on is a usage error here.
+fn worker_threads(command: &args::Command, setting: Option<&str>) -> Result<Option<usize>, String> {
+    use args::Command as C;
+    match (setting, command) {
+        (Some(text), _) => match text.trim().parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(Some(n)),
+            _ => Err(format!(
+                "TOKIO_WORKER_THREADS must be a whole number of threads, 1 or more (got {text:?})"
+            )),
+        },
+        (None, C::Run | C::Serve) => Ok(Some(1)),
+        (None, _) => Ok(None),
+    }
+}
+
 /// Run one parsed command line.
 pub async fn run(cli: Cli) -> Result<Exit, Failure> {
     commands::dispatch(cli).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn threads(line: &[&str], setting: Option<&str>) -> Result<Option<usize>, String> {
+        worker_threads(&Cli::parse_from(line).command, setting)
+    }
+
+    #[test]
+    fn the_job_loops_get_one_worker_thread_unless_tokio_worker_threads_is_set() {
+        assert_eq!(threads(&["aqw", "run"], None), Ok(Some(1)));
+        assert_eq!(threads(&["aqw", "serve"], None), Ok(Some(1)));
+        assert_eq!(threads(&["aqw", "run"], Some("4")), Ok(Some(4)));
+        assert_eq!(threads(&["aqw", "status"], Some(" 2 ")), Ok(Some(2)));
+        assert_eq!(
+            threads(&["aqw", "dashboard", "--read-only"], None),
+            Ok(None)
+        );
+        assert_eq!(threads(&["aqw", "status"], None), Ok(None));
+    }
+
+    #[test]
+    fn a_worker_thread_count_tokio_would_panic_on_is_a_usage_error() {
+        for bad in ["0", "", "two", "-1"] {
+            let e = threads(&["aqw", "run"], Some(bad)).unwrap_err();
+            assert!(e.contains("TOKIO_WORKER_THREADS"), "{e}");
+        }
+    }
 }
