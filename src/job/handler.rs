@@ -7,7 +7,7 @@ use crate::handlers::{HandlerError, Job, Success};
 use crate::idempotency::ClaimedKey;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-use tracing::{warn, Instrument};
+use tracing::warn;
 
 /// How the handler's attempt ended, before it is read as an
 /// [`crate::decide::AttemptResult`].
@@ -42,9 +42,8 @@ impl Settling<'_> {
             trace: Some(self.trace.context_within(&span)),
         };
         let started = Instant::now();
-        let run = run_handler(rt, &job, self.settle, self.claim.as_mut(), hard_stop)
-            .instrument(span.clone())
-            .await;
+        let handler = run_handler(rt, &job, self.settle, self.claim.as_mut(), hard_stop);
+        let run = crate::traces::in_step(span.clone(), handler).await;
         match &run {
             HandlerRun::Finished(Err(e)) => crate::traces::fail_step(&span, &e.to_string()),
             HandlerRun::TimedOut(_) => crate::traces::fail_step(&span, "functionTimeout exceeded"),

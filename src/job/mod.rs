@@ -33,7 +33,6 @@ use rand::Rng;
 use settle::Settling;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 /// Decide and carry out one message's fate. The only way into the poison
 /// queue. The decisions are [`crate::decide`]'s; this function gathers the
@@ -124,7 +123,7 @@ async fn claim(ctx: &mut Settling<'_>, policy: &Policy) -> Result<KeyState<'stat
         otel.status_code = tracing::field::Empty,
         otel.status_message = tracing::field::Empty
     );
-    match ctx.claim(policy.lease).instrument(claim_span.clone()).await {
+    match crate::traces::in_step(claim_span.clone(), ctx.claim(policy.lease)).await {
         Ok(state) => Ok(state),
         Err(e) => {
             crate::traces::fail_step(&claim_span, &e.to_string());

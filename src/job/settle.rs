@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use time::OffsetDateTime;
-use tracing::{warn, Instrument};
+use tracing::warn;
 
 /// How a message is settled: on the queue (`aqw run`) or by the Functions
 /// host (`aqw serve`), so one [`super::process`] serves both modes.
@@ -159,12 +159,13 @@ impl Settling<'_> {
     async fn complete(&self, success: Success) -> Outcome {
         failpoint::hit("effect.after");
         if let Some(c) = &self.claim {
-            let done = self
-                .rt
-                .keys
-                .complete_answered(c, success.same_store_effects, success.provider)
-                .instrument(crate::traces::step_span!("aqw.key.done"))
-                .await;
+            let done = crate::traces::in_step(
+                crate::traces::step_span!("aqw.key.done"),
+                self.rt
+                    .keys
+                    .complete_answered(c, success.same_store_effects, success.provider),
+            )
+            .await;
             if let Err(e) = done {
                 return match e {
                     FinishError::Storage(e) => abandoned(e),
@@ -177,7 +178,7 @@ impl Settling<'_> {
             warn!("handler returned same-store effects for a function without keys; they were not written");
         }
         failpoint::hit("done.after");
-        match self.settle.delete().instrument(settle_span("delete")).await {
+        match crate::traces::in_step(settle_span("delete"), self.settle.delete()).await {
             Ok(()) => Outcome::Completed,
             Err(e) => abandoned(e),
         }
@@ -185,7 +186,7 @@ impl Settling<'_> {
 
     /// The key is already settled: delete the message without running.
     async fn duplicate(&self) -> Outcome {
-        match self.settle.delete().instrument(settle_span("delete")).await {
+        match crate::traces::in_step(settle_span("delete"), self.settle.delete()).await {
             Ok(()) => Outcome::Duplicate,
             Err(e) => abandoned(e),
         }
@@ -193,12 +194,8 @@ impl Settling<'_> {
 
     /// Another attempt holds the key: hide the message for a short while.
     async fn defer(&self, until: OffsetDateTime) -> Outcome {
-        match self
-            .settle
-            .retry_after(defer_delay(until))
-            .instrument(settle_span("defer"))
-            .await
-        {
+        let defer = self.settle.retry_after(defer_delay(until));
+        match crate::traces::in_step(settle_span("defer"), defer).await {
             Ok(()) => Outcome::Deferred { until },
             Err(e) => abandoned(e),
         }
@@ -214,12 +211,8 @@ impl Settling<'_> {
                 .record_failure_as(c, "released", "interrupted by shutdown", true)
                 .await;
         }
-        match self
-            .settle
-            .retry_after(Duration::ZERO)
-            .instrument(settle_span("release"))
-            .await
-        {
+        let release = self.settle.retry_after(Duration::ZERO);
+        match crate::traces::in_step(settle_span("release"), release).await {
             Ok(()) => Outcome::Released,
             Err(e) => abandoned(e),
         }
@@ -241,12 +234,8 @@ impl Settling<'_> {
         }
         warn!(event = "aqw.job.retry", error = %crate::telemetry::scrub(message), retry_in_s = after.as_secs_f64(), "attempt failed; will retry");
         metrics::counter!("aqw_retries_total", "function" => rt.function.name.clone()).increment(1);
-        match self
-            .settle
-            .retry_after(after)
-            .instrument(settle_span("retry"))
-            .await
-        {
+        let retry = self.settle.retry_after(after);
+        match crate::traces::in_step(settle_span("retry"), retry).await {
             Ok(()) => Outcome::Retried { after },
             Err(e) => abandoned(e),
         }
@@ -258,16 +247,12 @@ impl Settling<'_> {
     /// the two leaves both; the key makes the second a duplicate.
     pub(super) async fn park(&self, after: Duration) -> Outcome {
         let span = settle_span("park");
-        let put = self
-            .rt
-            .source
-            .put(&self.msg.text, after, Ttl::Default)
-            .instrument(span.clone())
-            .await;
+        let put = self.rt.source.put(&self.msg.text, after, Ttl::Default);
+        let put = crate::traces::in_step(span.clone(), put).await;
         if let Err(e) = put {
             return abandoned(e);
         }
-        match self.settle.delete().instrument(span).await {
+        match crate::traces::in_step(span, self.settle.delete()).await {
             Ok(()) => Outcome::Parked { after },
             Err(e) => abandoned(e),
         }
@@ -276,9 +261,7 @@ impl Settling<'_> {
     /// The single poison exit: record + envelope, key marked poisoned, source
     /// deleted, all under one `poison` settle span.
     async fn poison(&self, case: PoisonCase) -> Outcome {
-        self.write_poison(case)
-            .instrument(settle_span("poison"))
-            .await
+        crate::traces::in_step(settle_span("poison"), self.write_poison(case)).await
     }
 
     async fn write_poison(&self, case: PoisonCase) -> Outcome {

@@ -307,6 +307,34 @@ macro_rules! step_span {
 }
 pub(crate) use step_span;
 
+/// Await `work` as the step `span`'s. The span is entered on every poll
+/// only while storage spans are exported: they are the only spans a step
+/// holds, and each finds its parent as the current span. Otherwise the
+/// span is just held open around the await, which gives it the same start,
+/// end and parent without the registry's enter and exit on every poll
+/// (some 20 k instructions per exported job, bench/profile.md round five);
+/// a warning logged inside the step then lands on the job span.
+///
+/// A plain function over `Either`, not an `async fn`: an `async fn` keeps
+/// `work` and the future awaiting it side by side in its state, doubling
+/// the job future at every step, and `tokio::spawn` copies the job future
+/// (callgrind: +110 k instructions per job in `memcpy`).
+pub(crate) fn in_step<F: std::future::Future>(
+    span: tracing::Span,
+    work: F,
+) -> impl std::future::Future<Output = F::Output> {
+    use futures::future::{Either, FutureExt};
+    use tracing::Instrument;
+    if storage_spans() {
+        Either::Left(work.instrument(span))
+    } else {
+        Either::Right(work.map(move |out| {
+            drop(span);
+            out
+        }))
+    }
+}
+
 /// The producer span of `aqw enqueue` (only when exporting).
 pub fn enqueue_span(queue: &str) -> tracing::Span {
     step_span!("aqw.enqueue", otel.kind = "producer", queue = %queue)
