@@ -12,14 +12,23 @@
 //! 503, and the function's `refusedStatuses`) did not apply the request.
 //! The answer (status, a short scrubbed body excerpt, the provider's replay
 //! header) goes into the key's attempt history.
+//!
+//! The POST goes out on the transport storage requests use
+//! (`crate::storage::transport`: hyper's pooled client, reqwest behind a
+//! proxy), with this handler's own limits. A redirect is not followed: it
+//! is the provider's answer (a 3xx, permanent), because re-sending a job to
+//! a URL nobody configured (and, for 301-303, as a GET without its body) is
+//! not something to do behind the operator's back.
 
 use super::{Handler, HandlerError, Job, ProviderAnswer, Success};
+use crate::storage::transport::{Limits, Outgoing, SendError, Transport};
 use async_trait::async_trait;
+use http::{HeaderMap, HeaderName, HeaderValue};
 use std::time::Duration;
 
 pub struct HttpHandler {
     url: url::Url,
-    client: reqwest::Client,
+    transport: Transport,
     answers: ProviderAnswers,
 }
 
@@ -51,15 +60,15 @@ pub fn body_excerpt(body: &str) -> String {
 
 impl HttpHandler {
     pub fn new(url: url::Url, timeout: Duration) -> Result<Self, String> {
-        let client = crate::tls::client_builder()
-            .connect_timeout(Duration::from_secs(5).min(timeout))
-            .timeout(timeout)
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build()
-            .map_err(|e| format!("cannot build HTTP client: {e}"))?;
+        let transport = Transport::from_env(Limits {
+            connect: Duration::from_secs(5).min(timeout),
+            request: timeout,
+            pool_idle: Duration::from_secs(60),
+        })
+        .map_err(|e| format!("cannot build HTTP client: {e}"))?;
         Ok(Self {
             url,
-            client,
+            transport,
             answers: ProviderAnswers::default(),
         })
     }
@@ -134,7 +143,7 @@ pub fn is_refusal(status: u16, refused: &[u16]) -> bool {
 }
 
 /// Whether the answer carries the replay signal (`true`, any case).
-fn replay_signalled(headers: &reqwest::header::HeaderMap, name: Option<&str>) -> bool {
+fn replay_signalled(headers: &HeaderMap, name: Option<&str>) -> bool {
     name.and_then(|n| headers.get(n))
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
@@ -144,18 +153,23 @@ fn replay_signalled(headers: &reqwest::header::HeaderMap, name: Option<&str>) ->
 impl Handler for HttpHandler {
     async fn handle(&self, job: &Job) -> Result<Success, HandlerError> {
         let resp = self
-            .request(job)
-            .send()
+            .transport
+            .send(Outgoing {
+                method: http::Method::POST,
+                url: self.url.as_str(),
+                headers: self.headers(job)?,
+                body: bytes::Bytes::from(job.payload.clone()),
+            })
             .await
-            .map_err(|e| self.send_error(&e))?;
-        let status = resp.status().as_u16();
+            .map_err(|e| self.send_error(e))?;
+        let status = resp.status;
         let retry_after = resp
-            .headers()
+            .headers
             .get("retry-after")
             .and_then(|v| v.to_str().ok())
             .and_then(parse_retry_after);
-        let replayed = replay_signalled(resp.headers(), self.answers.replay_header.as_deref());
-        let body = resp.text().await.unwrap_or_default();
+        let replayed = replay_signalled(&resp.headers, self.answers.replay_header.as_deref());
+        let body = String::from_utf8_lossy(&resp.body);
         let tail: String = body.chars().take(512).collect();
         match classify_with(
             status,
@@ -174,56 +188,57 @@ impl Handler for HttpHandler {
 }
 
 impl HttpHandler {
-    /// The POST of one attempt, with aqw's headers.
-    fn request(&self, job: &Job) -> reqwest::RequestBuilder {
-        let mut req = self
-            .client
-            .post(self.url.clone())
-            .header("content-type", "application/json")
-            .header("aqw-message-id", &job.message_id)
-            .header("aqw-dequeue-count", job.dequeue_count.to_string())
-            .header(
-                "aqw-previously-pending",
-                if job.previously_pending {
-                    "true"
-                } else {
-                    "false"
-                },
-            )
-            .body(job.payload.clone());
+    /// aqw's headers on one attempt's POST. A value that is not valid HTTP
+    /// fails the attempt for good (it would on every try), except
+    /// `tracestate`, which comes from the payload and, invalid, is dropped
+    /// as W3C Trace Context says.
+    fn headers(&self, job: &Job) -> Result<HeaderMap, HandlerError> {
+        let mut headers = HeaderMap::with_capacity(12);
+        let mut put = |name: &'static str, value: &str| -> Result<(), HandlerError> {
+            let value = HeaderValue::from_str(value)
+                .map_err(|_| HandlerError::permanent(format!("header {name} is not valid HTTP")))?;
+            headers.insert(HeaderName::from_static(name), value);
+            Ok(())
+        };
+        put("content-type", "application/json")?;
+        put("accept", "*/*")?;
+        put("aqw-message-id", &job.message_id)?;
+        put("aqw-dequeue-count", &job.dequeue_count.to_string())?;
+        let previously = if job.previously_pending {
+            "true"
+        } else {
+            "false"
+        };
+        put("aqw-previously-pending", previously)?;
         if let Some(pk) = &job.provider_key {
-            req = req.header("idempotency-key", pk);
+            put("idempotency-key", pk)?;
         }
         if let Some(k) = &job.key {
-            req = req.header("aqw-key", header_safe(k));
+            put("aqw-key", &header_safe(k))?;
         }
         if let Some(t) = &job.trace {
-            req = req.header("traceparent", t.traceparent());
+            put("traceparent", &t.traceparent())?;
             if let Some(state) = &t.tracestate {
-                req = req.header("tracestate", state);
+                let _ = put("tracestate", state);
             }
         }
-        req
+        Ok(headers)
     }
 
-    /// A request that got no answer: uncertain unless it never connected.
-    fn send_error(&self, e: &reqwest::Error) -> HandlerError {
-        let (what, sent) = if e.is_timeout() {
-            ("timed out", true)
-        } else if e.is_connect() {
-            ("cannot connect", false)
-        } else {
-            ("request failed", true)
-        };
+    /// A request that got no answer: uncertain unless it never left.
+    fn send_error(&self, e: SendError) -> HandlerError {
         // The URL is the operator's own config: keep host and path, drop the query.
         let mut shown = self.url.clone();
         shown.set_query(None);
-        let message = format!("POST {shown}: {what}");
-        // Not connected: the provider never saw it. Otherwise it may have.
-        if sent {
-            HandlerError::uncertain(message)
-        } else {
-            HandlerError::retryable(message)
+        match e {
+            // Not connected: the provider never saw it.
+            SendError::Connect(_) => {
+                HandlerError::retryable(format!("POST {shown}: cannot connect"))
+            }
+            SendError::TimedOut(_) => HandlerError::uncertain(format!("POST {shown}: timed out")),
+            // The connection broke after the request went out: it may have acted.
+            SendError::Io(_) => HandlerError::uncertain(format!("POST {shown}: request failed")),
+            SendError::Invalid(text) => HandlerError::permanent(format!("POST {shown}: {text}")),
         }
     }
 }
@@ -307,5 +322,159 @@ mod tests {
     fn keys_become_header_safe() {
         let h = header_safe("receipt:42/é #?\"😀");
         assert!(h.bytes().all(|b| b.is_ascii_graphic()), "{h}");
+    }
+
+    fn job(tracestate: Option<&str>) -> Job {
+        let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        Job {
+            function: "Grant".into(),
+            message_id: "m-1".into(),
+            dequeue_count: 2,
+            payload: r#"{"orderId":"o-1"}"#.into(),
+            key: None,
+            provider_key: Some("pk-1".into()),
+            previously_pending: true,
+            key_partition: None,
+            trace: crate::traces::TraceContext::parse(tp, None).map(|mut t| {
+                t.tracestate = tracestate.map(str::to_string);
+                t
+            }),
+        }
+    }
+
+    /// A local provider answering every POST with `status`, `headers` and
+    /// the request's headers and body echoed as its own body.
+    async fn provider(status: u16, headers: &'static [(&'static str, &'static str)]) -> url::Url {
+        let app = axum::Router::new().route(
+            "/effects",
+            axum::routing::post(move |h: axum::http::HeaderMap, body: String| async move {
+                // Values only, in this order: the excerpt kept is 200 bytes.
+                let seen: Vec<&str> = [
+                    "aqw-message-id",
+                    "aqw-dequeue-count",
+                    "aqw-previously-pending",
+                    "idempotency-key",
+                    "content-type",
+                    "traceparent",
+                    "tracestate",
+                ]
+                .iter()
+                .map(|n| h.get(*n).and_then(|v| v.to_str().ok()).unwrap_or("-"))
+                .collect();
+                let status = axum::http::StatusCode::from_u16(status).unwrap();
+                let mut rsp = axum::http::HeaderMap::new();
+                for (k, v) in headers {
+                    rsp.insert(*k, axum::http::HeaderValue::from_static(v));
+                }
+                (status, rsp, format!("{}|{body}", seen.join("|")))
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        url::Url::parse(&format!("http://{addr}/effects")).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_post_carries_aqws_headers_and_the_payload() {
+        let url = provider(200, &[("idempotent-replayed", "true")]).await;
+        let answers = ProviderAnswers {
+            replay_header: Some("Idempotent-Replayed".into()),
+            refused_statuses: vec![],
+        };
+        let h = HttpHandler::new(url, Duration::from_secs(5))
+            .unwrap()
+            .reading_answers(answers);
+        let answer = h
+            .handle(&job(Some("vendor=a1")))
+            .await
+            .unwrap()
+            .provider
+            .unwrap();
+        assert_eq!(answer.status, 200);
+        assert!(
+            answer.replayed,
+            "the replay header is read by name, any case"
+        );
+        let expected = "m-1|2|true|pk-1|application/json|\
+            00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01|vendor=a1|{\"orderId\":\"o-1\"}";
+        assert_eq!(answer.body, expected);
+    }
+
+    #[tokio::test]
+    async fn an_invalid_tracestate_is_dropped_not_the_job() {
+        let url = provider(200, &[]).await;
+        let h = HttpHandler::new(url, Duration::from_secs(5)).unwrap();
+        let answer = h
+            .handle(&job(Some("a=1\nb=2")))
+            .await
+            .unwrap()
+            .provider
+            .unwrap();
+        assert!(
+            answer.body.ends_with(r#"-01|-|{"orderId":"o-1"}"#),
+            "{}",
+            answer.body
+        );
+    }
+
+    #[tokio::test]
+    async fn a_redirect_is_the_providers_answer_not_followed() {
+        let url = provider(307, &[("location", "http://127.0.0.1:9/elsewhere")]).await;
+        let h = HttpHandler::new(url, Duration::from_secs(5)).unwrap();
+        match h.handle(&job(None)).await {
+            Err(HandlerError::Permanent { message }) => {
+                assert!(message.starts_with("HTTP 307"), "{message}")
+            }
+            other => panic!("expected a permanent failure, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn no_connection_did_not_apply_and_silence_may_have() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = url::Url::parse(&format!("http://127.0.0.1:{port}/effects?code=s3cret")).unwrap();
+        let refused = HttpHandler::new(url, Duration::from_secs(5))
+            .unwrap()
+            .handle(&job(None))
+            .await;
+        let Err(HandlerError::Retryable {
+            message,
+            may_have_taken_effect: false,
+            ..
+        }) = refused
+        else {
+            panic!("expected a retryable failure that did not apply, got {refused:?}");
+        };
+        assert!(
+            message.contains("cannot connect") && !message.contains("s3cret"),
+            "{message}"
+        );
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hold = tokio::spawn(async move {
+            let (_sock, _) = listener.accept().await.unwrap();
+            std::future::pending::<()>().await;
+        });
+        let url = url::Url::parse(&format!("http://{addr}/effects")).unwrap();
+        let silent = HttpHandler::new(url, Duration::from_millis(300))
+            .unwrap()
+            .handle(&job(None))
+            .await;
+        let Err(HandlerError::Retryable {
+            message,
+            may_have_taken_effect: true,
+            ..
+        }) = silent
+        else {
+            panic!("expected an uncertain failure, got {silent:?}");
+        };
+        assert!(message.ends_with("timed out"), "{message}");
+        hold.abort();
     }
 }

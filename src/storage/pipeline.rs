@@ -67,7 +67,8 @@ impl CountingTransport {
         if let Some(c) = self.client.get() {
             return Ok(c);
         }
-        let built = Transport::from_env().map_err(|e| Error::with_message(ErrorKind::Io, e))?;
+        let built = Transport::from_env(super::transport::STORAGE)
+            .map_err(|e| Error::with_message(ErrorKind::Io, e))?;
         Ok(self.client.get_or_init(|| built))
     }
 }
@@ -174,6 +175,10 @@ impl HttpClient for CountingTransport {
             Err(SendError::Io(text)) => Err(Error::with_message(
                 ErrorKind::Io,
                 crate::telemetry::scrub(&text),
+            )),
+            Err(SendError::TimedOut(after)) => Err(Error::with_message(
+                ErrorKind::Io,
+                format!("no complete response within {after:?}"),
             )),
             Err(SendError::Invalid(text)) => Err(Error::with_message(ErrorKind::Other, text)),
         }

@@ -1,7 +1,9 @@
-//! How a storage request reaches the wire: hyper's pooled HTTP/1.1 client
+//! How aqw's HTTP requests reach the wire (storage requests, and the `http`
+//! handler's POSTs, `crate::handlers::http`): hyper's pooled HTTP/1.1 client
 //! (hyper-util's, TLS by hyper-rustls on the process's one rustls
 //! configuration, `crate::tls`), or reqwest when the environment names a
-//! proxy.
+//! proxy. Neither path follows a redirect: storage never sends one, and a
+//! job POSTed to a handler must not be re-sent to a URL nobody configured.
 //!
 //! Why not reqwest for everything, as before: reqwest is a layer over the
 //! same hyper-util client, and on every request it re-parsed the URL
@@ -23,13 +25,24 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::time::Duration;
 
-/// Every storage request, response body included, ends within this.
-pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Below Node's 5 s keep-alive (Azurite) so a pooled connection is never
-/// reused just as the server closes it (a request lost as "connection
-/// closed before message completed").
-const POOL_IDLE: Duration = Duration::from_secs(4);
+/// How long a client waits, and how long it keeps an idle connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limits {
+    pub connect: Duration,
+    /// The whole exchange, response body included.
+    pub request: Duration,
+    pub pool_idle: Duration,
+}
+
+/// Storage requests: 5 s to connect, 30 s for the exchange; idle
+/// connections kept 4 s, below Node's 5 s keep-alive (Azurite), so a pooled
+/// connection is never reused just as the server closes it (a request lost
+/// as "connection closed before message completed").
+pub(crate) const STORAGE: Limits = Limits {
+    connect: Duration::from_secs(5),
+    request: Duration::from_secs(30),
+    pool_idle: Duration::from_secs(4),
+};
 const POOL_MAX_IDLE_PER_HOST: usize = 64;
 
 /// A request as the pipeline finished it.
@@ -54,8 +67,10 @@ pub(crate) struct Incoming {
 pub(crate) enum SendError {
     /// No connection: DNS, refused, TLS handshake, connect timeout.
     Connect(String),
-    /// The connection failed or timed out mid-request.
+    /// The connection failed mid-request.
     Io(String),
+    /// No complete response within the exchange's time limit.
+    TimedOut(Duration),
     /// The request could not be built (a header the pipeline produced is
     /// not valid HTTP).
     Invalid(String),
@@ -63,24 +78,32 @@ pub(crate) enum SendError {
 
 /// The pooled client.
 #[derive(Debug)]
-pub(crate) enum Transport {
+pub(crate) struct Transport {
+    wire: Wire,
+    limits: Limits,
+}
+
+#[derive(Debug)]
+enum Wire {
     Direct(Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>),
     Proxied(reqwest::Client),
 }
 
 impl Transport {
     /// Direct unless a proxy variable is set (and not empty).
-    pub fn from_env() -> Result<Self, String> {
-        if proxy_configured(|name| std::env::var_os(name)) {
-            return proxied().map(Self::Proxied);
-        }
-        Ok(Self::Direct(direct()))
+    pub fn from_env(limits: Limits) -> Result<Self, String> {
+        let wire = if proxy_configured(|name| std::env::var_os(name)) {
+            Wire::Proxied(proxied(limits)?)
+        } else {
+            Wire::Direct(direct(limits))
+        };
+        Ok(Self { wire, limits })
     }
 
     pub async fn send(&self, req: Outgoing<'_>) -> Result<Incoming, SendError> {
-        match self {
-            Self::Direct(client) => send_direct(client, req, REQUEST_TIMEOUT).await,
-            Self::Proxied(client) => send_proxied(client, req).await,
+        match &self.wire {
+            Wire::Direct(client) => send_direct(client, req, self.limits.request).await,
+            Wire::Proxied(client) => send_proxied(client, req, self.limits.request).await,
         }
     }
 }
@@ -99,10 +122,10 @@ fn proxy_configured(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> bool {
     .any(|name| var(name).is_some_and(|v| !v.is_empty()))
 }
 
-fn direct() -> Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>> {
+fn direct(limits: Limits) -> Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
-    http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+    http.set_connect_timeout(Some(limits.connect));
     // As reqwest did: requests are small and latency-bound.
     http.set_nodelay(true);
     // hyper-rustls sets ALPN itself from the versions enabled (HTTP/1.1).
@@ -115,19 +138,20 @@ fn direct() -> Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>> 
         .wrap_connector(http);
     Client::builder(TokioExecutor::new())
         .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(POOL_IDLE)
+        .pool_idle_timeout(limits.pool_idle)
         .pool_max_idle_per_host(POOL_MAX_IDLE_PER_HOST)
         .build(https)
 }
 
-fn proxied() -> Result<reqwest::Client, String> {
+fn proxied(limits: Limits) -> Result<reqwest::Client, String> {
     crate::tls::client_builder()
-        .connect_timeout(CONNECT_TIMEOUT)
-        .timeout(REQUEST_TIMEOUT)
-        .pool_idle_timeout(POOL_IDLE)
+        .connect_timeout(limits.connect)
+        .timeout(limits.request)
+        .pool_idle_timeout(limits.pool_idle)
         .pool_max_idle_per_host(POOL_MAX_IDLE_PER_HOST)
-        // Storage never redirects. Following one would re-send a signed
-        // request to a URL the account did not name: surface it as an error.
+        // As the direct path: a redirect is an answer, not followed. For
+        // storage, following one would re-send a signed request to a URL
+        // the account did not name.
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(|e| format!("cannot build HTTP client: {e}"))
@@ -169,36 +193,35 @@ async fn send_direct(
     };
     match tokio::time::timeout(timeout, exchange).await {
         Ok(result) => result,
-        Err(_) => Err(SendError::Io(format!(
-            "no complete response within {:?}",
-            timeout
-        ))),
+        Err(_) => Err(SendError::TimedOut(timeout)),
     }
 }
 
-async fn send_proxied(client: &reqwest::Client, req: Outgoing<'_>) -> Result<Incoming, SendError> {
+async fn send_proxied(
+    client: &reqwest::Client,
+    req: Outgoing<'_>,
+    timeout: Duration,
+) -> Result<Incoming, SendError> {
+    // reqwest's error text names the URL: keep the chain without it.
+    let failed = |e: reqwest::Error| {
+        if e.is_connect() {
+            SendError::Connect(super::pipeline::error_chain(&e.without_url()))
+        } else if e.is_timeout() {
+            SendError::TimedOut(timeout)
+        } else {
+            SendError::Io(super::pipeline::error_chain(&e.without_url()))
+        }
+    };
     let rsp = client
         .request(req.method, req.url)
         .headers(req.headers)
         .body(req.body)
         .send()
         .await
-        .map_err(|e| {
-            // reqwest's error text names the URL: keep the chain without it.
-            let connect = e.is_connect();
-            let text = super::pipeline::error_chain(&e.without_url());
-            if connect {
-                SendError::Connect(text)
-            } else {
-                SendError::Io(text)
-            }
-        })?;
+        .map_err(failed)?;
     let status = rsp.status().as_u16();
     let headers = rsp.headers().clone();
-    let body = rsp
-        .bytes()
-        .await
-        .map_err(|e| SendError::Io(super::pipeline::error_chain(&e.without_url())))?;
+    let body = rsp.bytes().await.map_err(failed)?;
     Ok(Incoming {
         status,
         headers,
@@ -226,10 +249,10 @@ mod tests {
     }
 
     /// A server that accepts and never answers: the direct path gives up
-    /// with an I/O error at its timeout instead of hanging (a short one
-    /// here; `send` uses [`REQUEST_TIMEOUT`]).
+    /// at its timeout instead of hanging (a short one here; `send` uses
+    /// its [`Limits`]).
     #[tokio::test]
-    async fn a_silent_server_is_an_io_error() {
+    async fn a_silent_server_is_a_timeout() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let hold = tokio::spawn(async move {
@@ -243,10 +266,10 @@ mod tests {
             headers: http::HeaderMap::new(),
             body: Bytes::new(),
         };
-        let out = send_direct(&direct(), req, Duration::from_millis(300)).await;
+        let out = send_direct(&direct(STORAGE), req, Duration::from_millis(300)).await;
         match out {
-            Err(SendError::Io(text)) => assert!(!text.contains("c2VjcmV0"), "{text}"),
-            other => panic!("expected an I/O error, got {:?}", other.map(|r| r.status)),
+            Err(SendError::TimedOut(after)) => assert_eq!(after, Duration::from_millis(300)),
+            other => panic!("expected a timeout, got {:?}", other.map(|r| r.status)),
         }
         hold.abort();
     }
@@ -277,10 +300,14 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await });
         let url = format!("http://{addr}/acct/q/messages?timeout=30");
-        for t in [
-            Transport::Direct(direct()),
-            Transport::Proxied(proxied().unwrap()),
+        for wire in [
+            Wire::Direct(direct(STORAGE)),
+            Wire::Proxied(proxied(STORAGE).unwrap()),
         ] {
+            let t = Transport {
+                wire,
+                limits: STORAGE,
+            };
             let mut headers = http::HeaderMap::new();
             headers.insert("x-ms-version", http::HeaderValue::from_static("2018-03-28"));
             let rsp = t
@@ -305,7 +332,10 @@ mod tests {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
         };
-        let t = Transport::Direct(direct());
+        let t = Transport {
+            wire: Wire::Direct(direct(STORAGE)),
+            limits: STORAGE,
+        };
         let url = format!("http://127.0.0.1:{port}/acct/q?sig=c2VjcmV0");
         match t
             .send(Outgoing {
