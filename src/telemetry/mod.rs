@@ -13,6 +13,7 @@ pub mod alerts;
 mod chat;
 pub mod gauges;
 mod groups;
+mod json_line;
 pub use alerts::{alert_body, AlertFormat, Alerts, SigningSecret, Webhook};
 pub use gauges::render_metrics;
 pub use groups::{error_group, PoisonAlert};
@@ -133,22 +134,23 @@ impl Write for ScrubbingStderr {
 /// of them on every `span.record(..)`; the `aqw.job` span is recorded on
 /// several times per job (key, invocation id, outcome, duration), which
 /// callgrind put at 4-11 % of `aqw run`'s instructions. The object is kept
-/// valid JSON; a field recorded twice appears twice, and the formatter, which
-/// parses the span's fields when it writes a line, keeps the last one, as
-/// `JsonFields` does. Fields for the exporter only ([`for_logs`]) are left out.
+/// valid JSON with no key twice (a field recorded again rewrites the
+/// object, which aqw's spans never need), so the line formatter
+/// ([`json_line`]) copies it as is. Fields for the exporter only
+/// ([`for_logs`]) are left out.
 pub(crate) struct AppendJsonFields;
 
 impl<'w> tracing_subscriber::fmt::FormatFields<'w> for AppendJsonFields {
     fn format_fields<R: tracing_subscriber::field::RecordFields>(
         &self,
-        writer: tracing_subscriber::fmt::format::Writer<'w>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'w>,
         fields: R,
     ) -> std::fmt::Result {
-        use tracing_subscriber::field::VisitOutput;
-        let mut writer = writer;
-        let mut json = tracing_subscriber::fmt::format::JsonVisitor::new(&mut writer);
-        fields.record(&mut LogFieldsOnly(&mut json));
-        json.finish()
+        let mut members = String::new();
+        fields.record(&mut LogFieldsOnly(&mut json_line::Members(&mut members)));
+        writer.write_char('{')?;
+        writer.write_str(members.strip_prefix(',').unwrap_or_default())?;
+        writer.write_char('}')
     }
 
     fn add_fields(
@@ -161,9 +163,42 @@ impl<'w> tracing_subscriber::fmt::FormatFields<'w> for AppendJsonFields {
             tracing_subscriber::fmt::format::Writer::new(&mut added),
             fields,
         )?;
-        append_json_object(&mut current.fields, &added);
+        let mut names = FieldNames::default();
+        fields.record(&mut names);
+        if names.0.iter().any(|n| has_key(&current.fields, n)) {
+            merge_json_objects(&mut current.fields, &added);
+        } else {
+            append_json_object(&mut current.fields, &added);
+        }
         Ok(())
     }
+}
+
+/// The names of the fields a record carries.
+#[derive(Default)]
+struct FieldNames(Vec<&'static str>);
+
+impl tracing::field::Visit for FieldNames {
+    fn record_debug(&mut self, f: &tracing::field::Field, _: &dyn std::fmt::Debug) {
+        self.0.push(f.name());
+    }
+}
+
+/// Whether the object text `object` may already have the key `name` (a
+/// `"name":` anywhere; a false yes only costs the slower merge).
+fn has_key(object: &str, name: &str) -> bool {
+    object
+        .match_indices(name)
+        .any(|(i, _)| object[..i].ends_with('"') && object[i + name.len()..].starts_with("\":"))
+}
+
+/// `current` with `added`'s members, a key in both taking `added`'s value.
+fn merge_json_objects(current: &mut String, added: &str) {
+    use serde_json::{Map, Value};
+    let mut merged: Map<String, Value> = serde_json::from_str(current).unwrap_or_default();
+    let added: Map<String, Value> = serde_json::from_str(added).unwrap_or_default();
+    merged.extend(added);
+    *current = Value::Object(merged).to_string();
 }
 
 /// The text log format's fields: tracing-subscriber's own, without the
@@ -386,10 +421,7 @@ fn fmt_layer(
         .with_target(false);
     match format {
         LogFormat::Json => fmt
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(false)
+            .event_format(json_line::JsonLine)
             .fmt_fields(AppendJsonFields)
             .boxed(),
         // https://no-color.org: any non-empty NO_COLOR turns colour off.
@@ -498,10 +530,7 @@ mod tests {
                 .with_writer(move || writer.clone())
                 .with_ansi(false);
             let layer = if json {
-                fmt.json()
-                    .flatten_event(true)
-                    .with_current_span(true)
-                    .with_span_list(false)
+                fmt.event_format(json_line::JsonLine)
                     .fmt_fields(AppendJsonFields)
                     .boxed()
             } else {
@@ -587,10 +616,7 @@ mod tests {
         let buf = Buf::default();
         let writer = buf.clone();
         let layer = tracing_subscriber::fmt::layer()
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(false)
+            .event_format(json_line::JsonLine)
             .fmt_fields(AppendJsonFields)
             .with_writer(move || writer.clone());
         let subscriber = tracing_subscriber::registry().with(layer);
@@ -613,7 +639,14 @@ mod tests {
         assert_eq!(span["function"], "F", "{out}");
         assert_eq!(span["outcome"], "completed", "{out}");
         assert_eq!(span["duration_ms"], 12, "{out}");
+        assert_eq!(span["name"], "aqw.job", "{out}");
+        assert_eq!(out.matches("\"outcome\"").count(), 1, "no key twice: {out}");
         assert_eq!(line["event"], "aqw.job.completed");
+        assert_eq!(line["level"], "INFO");
+        assert!(
+            line["timestamp"].as_str().is_some_and(|t| t.ends_with('Z')),
+            "{out}"
+        );
     }
 
     /// The cheap pre-test never lets a line through that a pattern would
