@@ -52,6 +52,7 @@
 //! | the health gauges: the oldest message's age, open poison records by error group (capped, rendered from the latest snapshot) | `src/telemetry/gauges.rs` |
 //! | traces: the `aqw.job` span and its steps, W3C context in (`aqw.tracing.parent`, the host's `traceparent`) and out (handlers, `aqw enqueue`), ids on outcome lines | `src/traces/mod.rs` |
 //! | trace exporters chosen by the environment (OTLP/HTTP, Application Insights), bounded and never blocking a job | `src/traces/export.rs` |
+//! | OTLP/HTTP protobuf encoded straight from the SDK's span data (no copy of the batch), headers from `OTEL_EXPORTER_OTLP_[TRACES_]HEADERS` | `src/traces/otlp.rs` |
 //! | every Azure import, behind `QueueStore` / `TableStore`; the 7-day visibility limit | `src/storage/mod.rs` |
 //! | the connection types; connection strings and identity-based settings → a `Connection` | `src/storage/connection.rs` |
 //! | queues on `azure_storage_queue` 1.x | `src/storage/azure.rs` |

@@ -40,6 +40,10 @@ pub enum ExportTarget {
         /// Scheme, host, port and path (no user info, no query) for messages.
         shown: String,
         timeout: Duration,
+        /// The signal's URL, for aqw's own `http/protobuf` encoder
+        /// ([`super::otlp`]); `None` leaves the export to opentelemetry-otlp
+        /// (`http/json`, or a compression setting).
+        native: Option<String>,
     },
     AppInsights {
         /// Holds the instrumentation key: never printed.
@@ -141,10 +145,14 @@ fn otlp_target(
         })
         .transpose()?
         .unwrap_or(Duration::from_secs(10));
+    let compressed = get("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION")
+        .or_else(|| get("OTEL_EXPORTER_OTLP_COMPRESSION"))
+        .is_some_and(|c| c.trim() != "none");
     Ok(ExportTarget::Otlp {
         json,
         shown: shown(&full),
         timeout,
+        native: (!json && !compressed).then_some(full),
     })
 }
 
@@ -216,6 +224,34 @@ pub fn storage_spans_from_env(get: impl Fn(&str) -> Option<String>) -> Result<bo
     }
 }
 
+/// OTLP/HTTP: aqw's own `http/protobuf` encoder when `native` names the
+/// URL ([`super::otlp`]), else opentelemetry-otlp's exporter.
+fn otlp_exporter(
+    builder: opentelemetry_sdk::trace::TracerProviderBuilder,
+    json: bool,
+    timeout: Duration,
+    native: Option<&str>,
+) -> Result<opentelemetry_sdk::trace::TracerProviderBuilder, String> {
+    use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
+    let client = ExportClient::new("otlp", timeout)?;
+    if let Some(url) = native {
+        let headers = super::otlp::headers_from_env(|k| std::env::var(k).ok())?;
+        let exporter = super::otlp::OtlpProtobuf::new(client, url.to_string(), headers);
+        return Ok(builder.with_batch_exporter(exporter));
+    }
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(if json {
+            Protocol::HttpJson
+        } else {
+            Protocol::HttpBinary
+        })
+        .with_http_client(client)
+        .build()
+        .map_err(|e| format!("cannot set up the OTLP exporter: {e}"))?;
+    Ok(builder.with_batch_exporter(exporter))
+}
+
 /// Build the tracer provider for `targets` (none: off, nothing built).
 pub fn install(targets: &[ExportTarget]) -> Result<TracesGuard, String> {
     if targets.is_empty() {
@@ -224,20 +260,12 @@ pub fn install(targets: &[ExportTarget]) -> Result<TracesGuard, String> {
     let mut builder = SdkTracerProvider::builder().with_resource(resource());
     for t in targets {
         builder = match t {
-            ExportTarget::Otlp { json, timeout, .. } => {
-                use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
-                let exporter = opentelemetry_otlp::SpanExporter::builder()
-                    .with_http()
-                    .with_protocol(if *json {
-                        Protocol::HttpJson
-                    } else {
-                        Protocol::HttpBinary
-                    })
-                    .with_http_client(ExportClient::new("otlp", *timeout)?)
-                    .build()
-                    .map_err(|e| format!("cannot set up the OTLP exporter: {e}"))?;
-                builder.with_batch_exporter(exporter)
-            }
+            ExportTarget::Otlp {
+                json,
+                timeout,
+                native,
+                ..
+            } => otlp_exporter(builder, *json, *timeout, native.as_deref())?,
             ExportTarget::AppInsights {
                 connection_string,
                 loopback_http,
@@ -287,14 +315,14 @@ fn resource() -> Resource {
 /// because the SDK's batch thread runs the export with no async runtime.
 /// Failures are counted and warned about at most once a minute.
 #[derive(Debug)]
-struct ExportClient {
+pub(crate) struct ExportClient {
     client: reqwest::blocking::Client,
     target: &'static str,
     last_warning: Mutex<Option<(Instant, u64)>>,
 }
 
 impl ExportClient {
-    fn new(target: &'static str, timeout: Duration) -> Result<Self, String> {
+    pub(crate) fn new(target: &'static str, timeout: Duration) -> Result<Self, String> {
         // reqwest's blocking client owns a runtime: build it off any async one.
         let client = std::thread::spawn(move || {
             crate::tls::blocking_client_builder()

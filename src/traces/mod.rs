@@ -14,6 +14,7 @@
 //! reads or writes it nowhere else.
 
 pub mod export;
+mod otlp;
 
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use rand::Rng;
