@@ -40,7 +40,13 @@ where
         line.push_str(event.metadata().level().as_str());
         line.push('"');
         event.record(&mut super::LogFieldsOnly(&mut Members(&mut line)));
-        if let Some(span) = ctx.lookup_current() {
+        // The event's own parent when it names one, else the current span,
+        // as tracing-subscriber's JSON format chooses.
+        let span = event
+            .parent()
+            .and_then(|id| ctx.span(id))
+            .or_else(|| ctx.lookup_current());
+        if let Some(span) = span {
             line.push_str(",\"span\":{");
             let ext = span.extensions();
             let stored = ext
@@ -162,6 +168,43 @@ mod tests {
             push_str_value(&mut out, &text);
             let back: String = serde_json::from_str(&out).unwrap();
             prop_assert_eq!(back, text);
+        }
+    }
+
+    /// An event naming its parent span carries that span, not the current one.
+    #[test]
+    fn an_events_own_parent_is_its_span() {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+        let sink = buf.clone();
+        let layer = tracing_subscriber::fmt::layer()
+            .event_format(JsonLine)
+            .fmt_fields(super::super::AppendJsonFields)
+            .with_writer(move || Sink(sink.clone()));
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
+            let job = tracing::info_span!("aqw.job", key = "k-1");
+            let _other = tracing::info_span!("aqw.other").entered();
+            tracing::info!(parent: &job, event = "aqw.job.completed", n = 2u64, "done");
+        });
+        let out = String::from_utf8(buf.lock().unwrap().clone()).unwrap();
+        let line: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(line["span"]["name"], "aqw.job", "{out}");
+        assert_eq!(line["span"]["key"], "k-1", "{out}");
+        assert_eq!(
+            (line["message"].as_str(), line["n"].as_u64()),
+            (Some("done"), Some(2))
+        );
+    }
+
+    struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
         }
     }
 
