@@ -175,18 +175,18 @@ mod tests {
     #[test]
     fn an_events_own_parent_is_its_span() {
         use tracing_subscriber::layer::SubscriberExt as _;
-        let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+        let buf = super::super::tests::Buf::default();
         let sink = buf.clone();
         let layer = tracing_subscriber::fmt::layer()
             .event_format(JsonLine)
             .fmt_fields(super::super::AppendJsonFields)
-            .with_writer(move || Sink(sink.clone()));
+            .with_writer(move || sink.clone());
         tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
             let job = tracing::info_span!("aqw.job", key = "k-1");
             let _other = tracing::info_span!("aqw.other").entered();
             tracing::info!(parent: &job, event = "aqw.job.completed", n = 2u64, "done");
         });
-        let out = String::from_utf8(buf.lock().unwrap().clone()).unwrap();
+        let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
         let line: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
         assert_eq!(line["span"]["name"], "aqw.job", "{out}");
         assert_eq!(line["span"]["key"], "k-1", "{out}");
@@ -194,18 +194,6 @@ mod tests {
             (line["message"].as_str(), line["n"].as_u64()),
             (Some("done"), Some(2))
         );
-    }
-
-    struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Sink {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
     }
 
     #[test]

@@ -506,7 +506,7 @@ mod tests {
     }
 
     #[derive(Clone, Default)]
-    struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    pub(super) struct Buf(pub(super) std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
     impl Write for Buf {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
             self.0.lock().unwrap().extend_from_slice(b);

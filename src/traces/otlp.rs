@@ -65,12 +65,17 @@ impl SpanExporter for OtlpProtobuf {
     }
 
     fn set_resource(&mut self, resource: &Resource) {
-        self.resource = resource
-            .iter()
-            .map(|(k, v)| KeyValue::new(k.clone(), v.clone()))
-            .collect();
-        self.resource_schema = resource.schema_url().unwrap_or_default().to_string();
+        (self.resource, self.resource_schema) = resource_parts(resource);
     }
+}
+
+/// A resource's attributes and schema URL, kept for every export.
+fn resource_parts(resource: &Resource) -> (Vec<KeyValue>, String) {
+    let attrs = resource
+        .iter()
+        .map(|(k, v)| KeyValue::new(k.clone(), v.clone()))
+        .collect();
+    (attrs, resource.schema_url().unwrap_or_default().to_string())
 }
 
 /// `OTEL_EXPORTER_OTLP_HEADERS`, then `OTEL_EXPORTER_OTLP_TRACES_HEADERS`
@@ -589,28 +594,9 @@ mod tests {
     }
 
     fn ours(batch: &[SpanData], resource: &Resource) -> ExportTraceServiceRequest {
-        let mut exporter = OtlpProtobufParts::default();
-        exporter.set(resource);
-        ExportTraceServiceRequest::decode(
-            encode_request(&exporter.attrs, &exporter.schema, batch).as_slice(),
-        )
-        .expect("prost decodes what we encode")
-    }
-
-    #[derive(Default)]
-    struct OtlpProtobufParts {
-        attrs: Vec<KeyValue>,
-        schema: String,
-    }
-
-    impl OtlpProtobufParts {
-        fn set(&mut self, r: &Resource) {
-            self.attrs = r
-                .iter()
-                .map(|(k, v)| KeyValue::new(k.clone(), v.clone()))
-                .collect();
-            self.schema = r.schema_url().unwrap_or_default().to_string();
-        }
+        let (attrs, schema) = resource_parts(resource);
+        ExportTraceServiceRequest::decode(encode_request(&attrs, &schema, batch).as_slice())
+            .expect("prost decodes what we encode")
     }
 
     #[test]
