@@ -7,12 +7,11 @@
 //! formatter parses the span's stored fields back into a map and writes
 //! them again on every line, and sends every piece of the line (each quote,
 //! colon and key) through an `io::Write` adaptor that checks it is UTF-8;
-//! together some 35 k instructions per `aqw run` job, a sixth of all that
-//! is ours (callgrind, bench/profile.md round five). The span's fields are
-//! stored as a JSON object with no key twice ([`super::AppendJsonFields`]),
-//! so they are copied as they are.
+//! together some 35 k instructions per `aqw run` job (callgrind,
+//! bench/profile.md round five). Here each value is escaped by serde_json
+//! straight into the line, and the span's fields, stored as a JSON object
+//! with no key twice ([`super::AppendJsonFields`]), are copied as they are.
 
-use std::fmt::Write as _;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::FormatTime;
@@ -33,12 +32,13 @@ where
         mut writer: Writer<'_>,
         event: &tracing::Event<'_>,
     ) -> std::fmt::Result {
-        let mut line = String::with_capacity(512);
-        line.push_str("{\"timestamp\":\"");
-        tracing_subscriber::fmt::time::SystemTime.format_time(&mut Writer::new(&mut line))?;
-        line.push_str("\",\"level\":\"");
-        line.push_str(event.metadata().level().as_str());
-        line.push('"');
+        let mut stamp = String::with_capacity(32);
+        tracing_subscriber::fmt::time::SystemTime.format_time(&mut Writer::new(&mut stamp))?;
+        let mut line = Vec::with_capacity(512);
+        line.extend_from_slice(b"{\"timestamp\":");
+        value(&mut line, &stamp);
+        line.extend_from_slice(b",\"level\":");
+        value(&mut line, event.metadata().level().as_str());
         event.record(&mut super::LogFieldsOnly(&mut Members(&mut line)));
         // The event's own parent when it names one, else the current span,
         // as tracing-subscriber's JSON format chooses.
@@ -47,7 +47,7 @@ where
             .and_then(|id| ctx.span(id))
             .or_else(|| ctx.lookup_current());
         if let Some(span) = span {
-            line.push_str(",\"span\":{");
+            line.extend_from_slice(b",\"span\":{");
             let ext = span.extensions();
             let stored = ext
                 .get::<FormattedFields<N>>()
@@ -58,20 +58,26 @@ where
                 .and_then(|s| s.strip_suffix('}'))
                 .unwrap_or_default();
             if !members.is_empty() {
-                line.push_str(members);
-                line.push(',');
+                line.extend_from_slice(members.as_bytes());
+                line.push(b',');
             }
-            line.push_str("\"name\":");
-            push_str_value(&mut line, span.name());
-            line.push('}');
+            line.extend_from_slice(b"\"name\":");
+            value(&mut line, span.name());
+            line.push(b'}');
         }
-        line.push_str("}\n");
-        writer.write_str(&line)
+        line.extend_from_slice(b"}\n");
+        writer.write_str(std::str::from_utf8(&line).map_err(|_| std::fmt::Error)?)
     }
 }
 
+/// `v` as JSON, escaped by serde_json. Writing into a `Vec` cannot fail,
+/// and every value given here serializes.
+fn value<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) {
+    let _ = serde_json::to_writer(out, v);
+}
+
 /// Writes each field as `,"name":value`.
-pub(crate) struct Members<'a>(pub &'a mut String);
+pub(crate) struct Members<'a>(pub &'a mut Vec<u8>);
 
 impl Members<'_> {
     fn key(&mut self, field: &Field) -> bool {
@@ -80,80 +86,50 @@ impl Members<'_> {
         if name.starts_with("log.") {
             return false;
         }
-        self.0.push(',');
-        push_str_value(self.0, name.strip_prefix("r#").unwrap_or(name));
-        self.0.push(':');
+        self.0.push(b',');
+        value(self.0, name.strip_prefix("r#").unwrap_or(name));
+        self.0.push(b':');
         true
     }
 }
 
 impl Visit for Members<'_> {
-    fn record_f64(&mut self, field: &Field, value: f64) {
+    fn record_f64(&mut self, field: &Field, v: f64) {
         if self.key(field) {
-            match serde_json::Number::from_f64(value) {
-                Some(n) => write!(self.0, "{n}").unwrap_or_default(),
-                None => self.0.push_str("null"),
-            }
+            // NaN and the infinities become null.
+            value(self.0, &v);
         }
     }
-    fn record_i64(&mut self, field: &Field, value: i64) {
+    fn record_i64(&mut self, field: &Field, v: i64) {
         if self.key(field) {
-            write!(self.0, "{value}").unwrap_or_default();
+            value(self.0, &v);
         }
     }
-    fn record_u64(&mut self, field: &Field, value: u64) {
+    fn record_u64(&mut self, field: &Field, v: u64) {
         if self.key(field) {
-            write!(self.0, "{value}").unwrap_or_default();
+            value(self.0, &v);
         }
     }
-    fn record_bool(&mut self, field: &Field, value: bool) {
+    fn record_bool(&mut self, field: &Field, v: bool) {
         if self.key(field) {
-            self.0.push_str(if value { "true" } else { "false" });
+            value(self.0, &v);
         }
     }
-    fn record_str(&mut self, field: &Field, value: &str) {
+    fn record_str(&mut self, field: &Field, v: &str) {
         if self.key(field) {
-            push_str_value(self.0, value);
+            value(self.0, v);
         }
     }
-    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+    fn record_error(&mut self, field: &Field, v: &(dyn std::error::Error + 'static)) {
         if self.key(field) {
-            push_str_value(self.0, &value.to_string());
+            value(self.0, &format_args!("{v}"));
         }
     }
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+    fn record_debug(&mut self, field: &Field, v: &dyn std::fmt::Debug) {
         if self.key(field) {
-            push_str_value(self.0, &format!("{value:?}"));
+            value(self.0, &format_args!("{v:?}"));
         }
     }
-}
-
-/// `value` as a JSON string (RFC 8259 escaping: `"`, `\` and the control
-/// characters).
-pub(crate) fn push_str_value(out: &mut String, value: &str) {
-    out.reserve(value.len() + 2);
-    out.push('"');
-    let mut start = 0;
-    for (i, b) in value.bytes().enumerate() {
-        let escape = match b {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            b'\n' => "\\n",
-            b'\r' => "\\r",
-            b'\t' => "\\t",
-            0..=0x1f => "",
-            _ => continue,
-        };
-        out.push_str(&value[start..i]);
-        if escape.is_empty() {
-            write!(out, "\\u{b:04x}").unwrap_or_default();
-        } else {
-            out.push_str(escape);
-        }
-        start = i + 1;
-    }
-    out.push_str(&value[start..]);
-    out.push('"');
 }
 
 #[cfg(test)]
@@ -164,9 +140,9 @@ mod tests {
     proptest! {
         #[test]
         fn any_text_is_a_json_string_that_reads_back(text in any::<String>()) {
-            let mut out = String::new();
-            push_str_value(&mut out, &text);
-            let back: String = serde_json::from_str(&out).unwrap();
+            let mut out = Vec::new();
+            value(&mut out, &format_args!("{text}"));
+            let back: String = serde_json::from_slice(&out).unwrap();
             prop_assert_eq!(back, text);
         }
     }
@@ -197,9 +173,10 @@ mod tests {
     }
 
     #[test]
-    fn control_characters_are_escaped() {
-        let mut out = String::new();
-        push_str_value(&mut out, "a\"b\\c\nd\u{1}e");
-        assert_eq!(out, r#""a\"b\\c\nd\u0001e""#);
+    fn floats_that_json_cannot_hold_are_null() {
+        let mut out = Vec::new();
+        value(&mut out, &f64::NAN);
+        value(&mut out, &0.5);
+        assert_eq!(out, b"null0.5");
     }
 }

@@ -146,8 +146,9 @@ impl<'w> tracing_subscriber::fmt::FormatFields<'w> for AppendJsonFields {
         mut writer: tracing_subscriber::fmt::format::Writer<'w>,
         fields: R,
     ) -> std::fmt::Result {
-        let mut members = String::new();
+        let mut members = Vec::new();
         fields.record(&mut LogFieldsOnly(&mut json_line::Members(&mut members)));
+        let members = std::str::from_utf8(&members).map_err(|_| std::fmt::Error)?;
         writer.write_char('{')?;
         writer.write_str(members.strip_prefix(',').unwrap_or_default())?;
         writer.write_char('}')
