@@ -39,7 +39,10 @@ where
         value(&mut line, &stamp);
         line.extend_from_slice(b",\"level\":");
         value(&mut line, event.metadata().level().as_str());
-        event.record(&mut super::LogFieldsOnly(&mut Members(&mut line)));
+        event.record(&mut super::LogFieldsOnly(&mut Members(
+            &mut line,
+            Fields::Event,
+        )));
         // The event's own parent when it names one, else the current span,
         // as tracing-subscriber's JSON format chooses.
         let span = event
@@ -77,13 +80,23 @@ fn value<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) {
 }
 
 /// Writes each field as `,"name":value`.
-pub(crate) struct Members<'a>(pub &'a mut Vec<u8>);
+pub(crate) struct Members<'a>(pub &'a mut Vec<u8>, pub Fields);
+
+/// Whose fields [`Members`] writes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fields {
+    /// An event's: all of them, the `log.*` ones of a `log` crate record
+    /// included (its target, module, file and line), as tracing-subscriber's
+    /// flattened JSON writes them.
+    Event,
+    /// A span's: without `log.*`, as tracing-subscriber's `JsonFields`.
+    Span,
+}
 
 impl Members<'_> {
     fn key(&mut self, field: &Field) -> bool {
         let name = field.name();
-        // Fields of `log` records are the event's metadata, not its data.
-        if name.starts_with("log.") {
+        if self.1 == Fields::Span && name.starts_with("log.") {
             return false;
         }
         self.0.push(b',');
@@ -147,7 +160,8 @@ mod tests {
         }
     }
 
-    /// An event naming its parent span carries that span, not the current one.
+    /// An event naming its parent span carries that span, not the current
+    /// one; an event's `log.*` fields stay on its line.
     #[test]
     fn an_events_own_parent_is_its_span() {
         use tracing_subscriber::layer::SubscriberExt as _;
@@ -160,12 +174,16 @@ mod tests {
         tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
             let job = tracing::info_span!("aqw.job", key = "k-1");
             let _other = tracing::info_span!("aqw.other").entered();
-            tracing::info!(parent: &job, event = "aqw.job.completed", n = 2u64, "done");
+            // As a `log` crate record arrives (tracing-log): its metadata
+            // as `log.*` fields, which the line keeps.
+            tracing::info!(parent: &job, event = "aqw.job.completed", n = 2u64,
+                log.target = "rustls::conn", "done");
         });
         let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
         let line: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
         assert_eq!(line["span"]["name"], "aqw.job", "{out}");
         assert_eq!(line["span"]["key"], "k-1", "{out}");
+        assert_eq!(line["log.target"], "rustls::conn", "{out}");
         assert_eq!(
             (line["message"].as_str(), line["n"].as_u64()),
             (Some("done"), Some(2))

@@ -147,7 +147,8 @@ impl<'w> tracing_subscriber::fmt::FormatFields<'w> for AppendJsonFields {
         fields: R,
     ) -> std::fmt::Result {
         let mut members = Vec::new();
-        fields.record(&mut LogFieldsOnly(&mut json_line::Members(&mut members)));
+        let mut visitor = json_line::Members(&mut members, json_line::Fields::Span);
+        fields.record(&mut LogFieldsOnly(&mut visitor));
         let members = std::str::from_utf8(&members).map_err(|_| std::fmt::Error)?;
         writer.write_char('{')?;
         writer.write_str(members.strip_prefix(',').unwrap_or_default())?;
