@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Lists Rust functions in src/ longer than a limit (default 60 lines).
+"""Lists Rust functions in src/ and crates/*/src/ longer than a limit (default 60 lines).
 
 A function runs from its `fn` line to the line of its matching closing
 brace; braces in strings, chars and comments are skipped. Test modules count
@@ -82,11 +82,13 @@ def main():
     args = sys.argv[1:]
     limit = int(args[args.index("--limit") + 1]) if "--limit" in args else 60
     top = int(args[args.index("--top") + 1]) if "--top" in args else 0
-    root = pathlib.Path(__file__).resolve().parent.parent / "src"
+    repo = pathlib.Path(__file__).resolve().parent.parent
+    trees = [repo / "src"] + sorted(repo.glob("crates/*/src"))
     found = []
-    for p in sorted(root.rglob("*.rs")):
-        for name, line, length in functions(p):
-            found.append((length, f"{p.relative_to(root.parent)}:{line}", name))
+    for tree in trees:
+        for p in sorted(tree.rglob("*.rs")):
+            for name, line, length in functions(p):
+                found.append((length, f"{p.relative_to(repo)}:{line}", name))
     found.sort(reverse=True)
     for length, where, name in found[:top]:
         print(f"{length:5}  {where}  {name}")

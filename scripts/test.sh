@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs the pinned Azurite if needed, starts it (or reuses
 # a running one) on 127.0.0.1, then runs every test, unit and integration.
-# Extra arguments go to `cargo test` (e.g. scripts/test.sh --test worker).
+# Extra arguments go to `cargo test` (e.g. scripts/test.sh --test it worker::,
+# the integration tests of tests/worker.rs: one test binary, tests/it.rs).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -12,8 +13,16 @@ bash scripts/browser.sh install
 # and unit-tested before the Rust tests.
 bash scripts/promtool.sh install
 bash scripts/promtool.sh test
-# failpoints: test-only crash points (compiled out of release builds).
-cargo test --features failpoints "$@"
+# failpoints: test-only crash points (compiled out of release builds). With
+# no arguments, every crate of the workspace: the engine's tests on the
+# in-memory store (crates/aqw-core, seconds, no Azurite) and the one
+# integration target (tests/it.rs) against Azurite. Arguments go to
+# `cargo test` for the aqw package (scripts/test.sh --test it worker::).
+if [ $# -eq 0 ]; then
+  cargo test --workspace --features failpoints
+else
+  cargo test --features failpoints "$@"
+fi
 # The benchmark program's own unit tests (stdlib Python, no Azurite).
 python3 -m unittest discover -s bench -p 'test_*.py'
 # A smoke run of the benchmark script (tiny sizes, one repetition): it fails

@@ -8,29 +8,11 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use std::sync::atomic::Ordering;
-use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// What the ops endpoints report: readiness, draining, the last poll.
-#[derive(Default)]
-pub struct Health {
-    pub ready: AtomicBool,
-    pub draining: AtomicBool,
-    /// Unix millis of the last completed poll (any function).
-    pub last_poll_ms: AtomicU64,
-}
-
-impl Health {
-    pub fn beat(&self) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis() as u64;
-        self.last_poll_ms.store(now, Ordering::Relaxed);
-    }
-}
+pub use aqw_core::worker::Health;
 
 #[derive(Clone)]
 pub struct OpsState {

@@ -51,7 +51,6 @@ use crate::http::Health;
 use crate::job::{process, producer_context, record_outcome, Outcome, Settle};
 use crate::message::encode;
 use crate::storage::{ReceivedMessage, StorageResult};
-use crate::telemetry::Alerts;
 use async_trait::async_trait;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -569,7 +568,7 @@ pub async fn serve(
     port: u16,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let alerts = Alerts::start(app.alert_target(), app.alert_window);
+    let alerts = crate::telemetry::alerts::start(app.alert_target(), app.alert_window);
     let rts = runtimes(&app, &registry, &alerts)?;
     // Bind first: the host waits (60 s) for the port to open.
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))

@@ -1,201 +1,14 @@
-//! `aqw run`: a poll loop per function feeds [`crate::job::process`]
-//! (permits before receiving, so at most `batchSize + newBatchThreshold`
-//! jobs are in flight), backs off on empty polls and storage failures, and
-//! drains in-flight jobs on shutdown. The retention sweep
-//! ([`crate::retention::sweep`]) runs beside the loops at its own low rate.
+//! `aqw run`: the engine's poll loops (`aqw_core::worker`) wired to this
+//! binary's parts: storage connected per connection setting, handlers
+//! resolved (built-in `http` and `exec`, or registered in code), the alert
+//! webhook, and the ops HTTP port.
 
-use crate::app::{ensure_resources, runtimes, FunctionRuntime};
-use crate::breaker::Admission;
 use crate::config::AppConfig;
 use crate::handlers::Registry;
-use crate::http::Health;
-pub use crate::job::QueueSettle;
-use crate::job::{process, producer_context, record_outcome};
-use crate::retry::polling_delay;
-use crate::storage::{ReceivedMessage, StorageError};
-use crate::telemetry::Alerts;
-use rand::Rng;
-use std::sync::atomic::Ordering;
+pub use aqw_core::worker::*;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-use tracing::{info, warn, Instrument};
-
-/// Poll one function's queue until `shutdown`; in-flight jobs run on `tracker`.
-pub async fn poll_loop(
-    rt: Arc<FunctionRuntime>,
-    shutdown: CancellationToken,
-    hard_stop: CancellationToken,
-    tracker: TaskTracker,
-    health: Arc<Health>,
-) {
-    let app = rt.app.clone();
-    let batch = app.batch_size;
-    let permits = Arc::new(Semaphore::new((batch + app.new_batch_threshold) as usize));
-    let mut empty_polls = 0u32;
-    let mut failures = 0u32;
-    let mut heartbeat = crate::heartbeat::Pacer::default();
-    loop {
-        // Paused, or the breaker open: receive nothing (in-flight jobs go on).
-        let Some(want) = admitted(&rt, batch, &shutdown).await else {
-            break;
-        };
-        // Take the permits before receiving: poll only when in-flight ≤ newBatchThreshold.
-        let mut owned = tokio::select! {
-            p = permits.clone().acquire_many_owned(want) => p.expect("semaphore never closed"),
-            _ = shutdown.cancelled() => break,
-        };
-        // Waiting for permits can outlast a pause taking hold: ask again
-        // (nothing is received once a pause is visible).
-        if rt.gate.paused() {
-            continue;
-        }
-        let received = tokio::select! {
-            r = rt.source.receive(want as u8, app.lease) => r,
-            _ = shutdown.cancelled() => break,
-        };
-        let delay = match received {
-            Ok(msgs) => {
-                failures = 0;
-                polled(&rt, &health, &mut heartbeat);
-                if msgs.is_empty() {
-                    empty_polls += 1;
-                    polling_delay(
-                        empty_polls,
-                        app.max_polling_interval,
-                        rand::thread_rng().gen(),
-                    )
-                } else {
-                    empty_polls = 0;
-                    spawn_jobs(&tracker, &rt, msgs, &mut owned, &hard_stop);
-                    Duration::ZERO
-                }
-            }
-            Err(e) => receive_failed(&rt, &health, &mut failures, e).await,
-        };
-        drop(owned);
-        if !delay.is_zero() {
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = shutdown.cancelled() => break,
-            }
-        }
-    }
-}
-
-/// Each received message on the tracker, with one of the loop's permits.
-fn spawn_jobs(
-    tracker: &TaskTracker,
-    rt: &Arc<FunctionRuntime>,
-    msgs: Vec<ReceivedMessage>,
-    owned: &mut OwnedSemaphorePermit,
-    hard_stop: &CancellationToken,
-) {
-    for msg in msgs {
-        let permit = owned.split(1).expect("one permit per received message");
-        spawn_job(tracker, rt.clone(), msg, permit, hard_stop.clone());
-    }
-}
-
-/// A receive answered: ready again (unless draining), the liveness beat,
-/// and the poll heartbeat when one is due.
-fn polled(rt: &Arc<FunctionRuntime>, health: &Health, heartbeat: &mut crate::heartbeat::Pacer) {
-    health
-        .ready
-        .store(!health.draining.load(Ordering::Relaxed), Ordering::Relaxed);
-    health.beat();
-    if heartbeat.due(Instant::now()) {
-        spawn_heartbeat(rt);
-    }
-}
-
-/// How many messages the gate lets this loop receive, once it lets any
-/// (None at shutdown).
-async fn admitted(rt: &FunctionRuntime, batch: u32, shutdown: &CancellationToken) -> Option<u32> {
-    loop {
-        match rt.gate.admit(batch) {
-            Admission::Receive(n) => return Some(n),
-            Admission::Wait(d) => tokio::select! {
-                _ = tokio::time::sleep(d.min(GATE_POLL)) => {}
-                _ = shutdown.cancelled() => return None,
-            },
-        }
-    }
-}
-
-/// The longest a gated poll loop sleeps before asking again, so a resume
-/// or the end of a cool-down is noticed at once.
-const GATE_POLL: Duration = Duration::from_millis(500);
-
-/// Write this worker's poll heartbeat without holding up the loop; a failed
-/// write only makes `aqw status` say the queue is not polled.
-fn spawn_heartbeat(rt: &Arc<FunctionRuntime>) {
-    let rt = rt.clone();
-    tokio::spawn(async move {
-        if let Err(e) = rt.heartbeats.beat(&rt.function.queue, &rt.worker_id).await {
-            warn!(error = %e, "could not write the poll heartbeat");
-        }
-    });
-}
-
-/// The delay after a failed receive: a missing queue is created, anything
-/// else backs off (and three failures in a row make the worker not ready).
-async fn receive_failed(
-    rt: &FunctionRuntime,
-    health: &Health,
-    failures: &mut u32,
-    error: StorageError,
-) -> Duration {
-    let fname = &rt.function.name;
-    if let StorageError::NotFound = error {
-        // The queue does not exist yet: create it and carry on.
-        if let Err(e) = rt.source.create_if_missing().await {
-            warn!(function = %fname, error = %e, "cannot create the queue");
-        }
-        return Duration::from_millis(500);
-    }
-    *failures += 1;
-    if *failures >= 3 {
-        health.ready.store(false, Ordering::Relaxed);
-    }
-    health.beat();
-    let d = polling_delay(
-        *failures,
-        rt.app.max_polling_interval.max(Duration::from_secs(5)),
-        rand::thread_rng().gen(),
-    );
-    warn!(event = "aqw.storage.unavailable", function = %fname, error = %error, retry_in_ms = d.as_millis() as u64, "receive failed; backing off");
-    d
-}
-
-/// Process one received message on the tracker, holding its permit until done.
-fn spawn_job(
-    tracker: &TaskTracker,
-    rt: Arc<FunctionRuntime>,
-    msg: ReceivedMessage,
-    permit: tokio::sync::OwnedSemaphorePermit,
-    hard_stop: CancellationToken,
-) {
-    let span = crate::traces::job_span(
-        &rt.function.name,
-        &rt.function.queue,
-        &msg.id,
-        msg.dequeue_count,
-    );
-    let trace = crate::traces::start_job(&span, producer_context(&rt, &msg).as_ref());
-    tracker.spawn(
-        async move {
-            let settle = QueueSettle::new(rt.source.clone(), &msg);
-            let started = Instant::now();
-            let outcome = process(&rt, &msg, &settle, &trace, &hard_stop).await;
-            record_outcome(&rt.function.name, &outcome, started.elapsed(), &trace);
-            drop(permit);
-        }
-        .instrument(span),
-    );
-}
+use tracing::warn;
 
 /// `aqw run`: poll every function until `shutdown`, then drain.
 pub async fn run(
@@ -203,8 +16,9 @@ pub async fn run(
     registry: Registry,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let alerts = Alerts::start(app.alert_target(), app.alert_window);
-    let rts = runtimes(&app, &registry, &alerts)?;
+    let alerts = crate::telemetry::alerts::start(app.alert_target(), app.alert_window);
+    let worker = crate::app::worker(&app, &registry, &alerts)?;
+    let rts = worker.runtimes().to_vec();
     for s in &app.skipped {
         warn!(event = "aqw.function.skipped", function = %s.name, reason = %s.reason, "function not run");
     }
@@ -215,87 +29,9 @@ pub async fn run(
         }
         None => None,
     };
-    if !ensure_resources(&rts, &shutdown).await {
-        return Ok(());
-    }
-    health.ready.store(true, Ordering::Relaxed);
-    info!(
-        event = "aqw.worker.started",
-        functions = rts.len(),
-        "worker started"
-    );
-    let tracker = TaskTracker::new();
-    let hard_stop = CancellationToken::new();
-    for rt in &rts {
-        rt.gate.refresh().await;
-        let (rt, shutdown) = (rt.clone(), shutdown.clone());
-        tokio::spawn(async move { rt.gate.watch(shutdown).await });
-    }
-    let loops: Vec<_> = rts
-        .iter()
-        .map(|rt| {
-            tokio::spawn(poll_loop(
-                rt.clone(),
-                shutdown.clone(),
-                hard_stop.clone(),
-                tracker.clone(),
-                health.clone(),
-            ))
-        })
-        .collect();
-    let sweeper = spawn_sweeper(&app, &rts, &shutdown);
-    shutdown.cancelled().await;
-    let _ = sweeper.await;
-    health.draining.store(true, Ordering::Relaxed);
-    health.ready.store(false, Ordering::Relaxed);
-    for l in loops {
-        let _ = l.await;
-    }
-    drain(&tracker, &hard_stop, app.shutdown_timeout).await;
+    worker.run_reporting(health, shutdown).await;
     if let Some(s) = server {
         s.abort();
     }
-    info!(event = "aqw.worker.stopped", "worker stopped");
     Ok(())
-}
-
-/// The retention sweep beside the poll loops, stopped by `shutdown`.
-fn spawn_sweeper(
-    app: &AppConfig,
-    rts: &[Arc<FunctionRuntime>],
-    shutdown: &CancellationToken,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(crate::retention::sweep::run(
-        crate::app::sweep_targets(rts),
-        app.retention.clone(),
-        rts.first()
-            .map(|rt| rt.worker_id.clone())
-            .unwrap_or_default(),
-        shutdown.clone(),
-    ))
-}
-
-/// Let in-flight jobs finish within `shutdown_timeout`, then interrupt and
-/// release what is left.
-async fn drain(tracker: &TaskTracker, hard_stop: &CancellationToken, shutdown_timeout: Duration) {
-    tracker.close();
-    info!(
-        event = "aqw.worker.draining",
-        in_flight = tracker.len(),
-        timeout_s = shutdown_timeout.as_secs_f64(),
-        "draining in-flight jobs"
-    );
-    if tokio::time::timeout(shutdown_timeout, tracker.wait())
-        .await
-        .is_err()
-    {
-        warn!(
-            event = "aqw.worker.release",
-            in_flight = tracker.len(),
-            "shutdown timeout reached; releasing unfinished jobs"
-        );
-        hard_stop.cancel();
-        // Releasing is a couple of storage calls per job.
-        let _ = tokio::time::timeout(Duration::from_secs(10), tracker.wait()).await;
-    }
 }

@@ -2,12 +2,10 @@
 //! panic, no retry storm; byte-exact poison and replay at the size limits;
 //! secrets never reach a log line.
 
-mod common;
-
+use crate::common::*;
 use aqw::handlers::{HandlerError, Success};
 use aqw::message::ErrorKind;
 use aqw::poison::PoisonEnvelope;
-use common::*;
 use serde_json::json;
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! (including a query long enough to need continuation and a `$batch`).
 //! A wrong key or SAS fails with 403 and never shows the secret.
 
-mod common;
+use crate::common;
 
 use aqw::config::{parse_connection_string, DEV_ACCOUNT, DEV_KEY};
 use aqw::storage::{connect, Storage, StorageError, TableOp, Ttl};

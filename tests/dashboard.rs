@@ -3,8 +3,7 @@
 //! nothing, "by" is the principal, hostile payloads render inert, secrets
 //! never render, and the poison list pages through 1,000 records.
 
-mod common;
-
+use crate::common::*;
 use aqw::dashboard::{self, AuthConfig, Dashboard, Options};
 use aqw::handlers::HandlerError;
 use aqw::message::{ErrorInfo, ErrorKind, MessageEncoding};
@@ -13,7 +12,6 @@ use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::Router;
 use base64::Engine as _;
-use common::*;
 use futures::StreamExt as _;
 use serde_json::json;
 use std::sync::Arc;

@@ -6,13 +6,11 @@
 //!
 //! Needs `scripts/browser.sh install` (scripts/test.sh runs it).
 
-mod common;
-#[path = "common/webdriver.rs"]
-mod webdriver;
+use crate::common::webdriver;
 
+use crate::common::*;
 use aqw::ops::QueueOps;
 use aqw::poison::RecordStatus;
-use common::*;
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

@@ -3,11 +3,9 @@
 //! principal headers, sessions that outlive sign-out, unthrottled guessing,
 //! weak tokens, DNS rebinding, log forging, odd ids, endless refresh).
 
-mod common;
-
+use crate::common::*;
 use aqw::poison::RecordStatus;
 use base64::Engine as _;
-use common::*;
 use serde_json::json;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -410,6 +408,59 @@ async fn wrong_bearers_are_throttled_and_logged_without_the_secret() {
         log.matches("aqw.dashboard.auth_failed").count() < 10,
         "{log}"
     );
+    app.cleanup().await;
+}
+
+/// Sign-out is no token oracle (issue 40): a wrong bearer on `POST /logout`
+/// (and on any route, read-only too) is a counted 401, so guesses meet 429
+/// like anywhere else, whatever the right token would have been answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_bearer_on_sign_out_is_a_counted_401_not_an_oracle() {
+    azurite();
+    let app = keyed_app();
+    for args in [&[][..], &["--read-only"][..]] {
+        let d = start(&app, args, &[("AQW_DASHBOARD_TOKEN", TOKEN)]);
+        let mut statuses = vec![];
+        for i in 0..30 {
+            let guess = format!("Bearer guess-{i:04}-0123456789abcdef");
+            let r = send(
+                &d,
+                "POST",
+                "/logout",
+                &[("authorization", &guess)],
+                Some("csrf=x"),
+            )
+            .await;
+            statuses.push(r.status);
+        }
+        assert!(
+            statuses.iter().all(|s| *s == 401 || *s == 429),
+            "{args:?}: {statuses:?}"
+        );
+        assert_eq!(statuses[0], 401, "{args:?}");
+        assert!(
+            statuses.contains(&429),
+            "{args:?}: guesses are throttled: {statuses:?}"
+        );
+        // Blocked: even the right token is not checked until the wait ends.
+        let right = format!("Bearer {TOKEN}");
+        let r = send(
+            &d,
+            "POST",
+            "/logout",
+            &[("authorization", &right)],
+            Some("csrf=x"),
+        )
+        .await;
+        assert_eq!(
+            r.status, 429,
+            "{args:?}: the block holds for the right token too"
+        );
+        eventually("the failure log line", DEADLINE, || async {
+            d.log().contains("aqw.dashboard.auth_failed").then_some(())
+        })
+        .await;
+    }
     app.cleanup().await;
 }
 

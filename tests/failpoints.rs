@@ -1,11 +1,9 @@
 //! Crash at every step that must be crash-safe, many times, and resume:
 //! each effect once, at most one poison copy, no record lost.
-//! Needs `--features failpoints` (the test command enables it).
-#![cfg(feature = "failpoints")]
+//! Needs `--features failpoints` (the test command enables it): its `mod`
+//! line in tests/it.rs is gated on the feature.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use std::collections::HashMap;
 use std::path::Path;

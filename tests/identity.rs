@@ -2,13 +2,11 @@
 //! token fetched from a local fake managed-identity endpoint is sent to
 //! storage as a bearer header, and never reaches a log line.
 
-mod common;
-
+use crate::common::aqw_bin;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{any, get};
 use axum::Router;
-use common::aqw_bin;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 

@@ -6,15 +6,15 @@
 //! audience and lifetime) and jobs must be processed end to end, for the
 //! system-assigned and the user-assigned (`__clientId`) identity.
 
-mod common;
-use common::free_port;
+use crate::common;
+use crate::common::free_port;
 
+use crate::common::aqw_bin;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::Router;
 use base64::Engine;
-use common::aqw_bin;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;

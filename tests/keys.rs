@@ -2,12 +2,10 @@
 //! checks, a crash after the effect, poisoned keys, any key text, same-store
 //! effects and the per-message storage request budget.
 
-mod common;
-
+use crate::common::*;
 use aqw::handlers::{HandlerError, Success};
 use aqw::idempotency::{IdempotencyKey, KeyStatus, NextAction};
 use aqw::storage::Storage;
-use common::*;
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::Arc;

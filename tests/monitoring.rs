@@ -5,9 +5,7 @@
 //! posts when it poisons a message on Azurite (Slack, Teams, generic;
 //! signed; the secret never in a log).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use regex::Regex;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};

@@ -2,10 +2,8 @@
 //! a mixed window; `poison list` never cuts an id, a key or an error's first
 //! line; shell completions print.
 
-mod common;
-
+use crate::common::*;
 use aqw::handlers::HandlerError;
-use common::*;
 use serde_json::{json, Value};
 use std::time::Duration;
 

@@ -3,13 +3,11 @@
 //! was really uncertain, rehearses every write command without changing a
 //! row, and reads the effective configuration without a secret in it.
 
-mod common;
-
+use crate::common::*;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
 use axum::Router;
-use common::*;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};

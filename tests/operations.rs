@@ -2,9 +2,7 @@
 //! `aqw run` processes, JSON job logs, the ops endpoints of a running worker,
 //! and the release-style run (non-root, nothing written to disk).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};

@@ -3,13 +3,11 @@
 //! one still poisons only its own keys, and pause / resume stop and restart
 //! receiving on every worker.
 
-mod common;
-
+use crate::common::{aqw, eventually, TestApp};
 use aqw::control::ControlStore;
 use aqw::storage::Storage;
 use axum::extract::State;
 use axum::http::StatusCode;
-use common::{aqw, eventually, TestApp};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -5,9 +5,7 @@
 //! crash between the copy's put and its record update, while a copy the
 //! Functions host wrote itself still is.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::time::Duration;
 

@@ -7,12 +7,10 @@
 //!
 //! The old provider key is made without waiting: the key store's test seam
 //! `KeyStore::set_provider_key_minted_at` (built with the `failpoints`
-//! feature only) writes the key row's mint time (`FirstSeen`) three days back.
-#![cfg(feature = "failpoints")]
+//! feature only) writes the key row's mint time (`FirstSeen`) three days back,
+//! so this module is too (its `mod` line in tests/it.rs is gated).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::time::Duration;
 

@@ -2,9 +2,7 @@
 //! list/show → fix → replay → confirm, plus dry-run, interrupted replays,
 //! already-done keys, Functions-host raw poison messages, discard and status.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 

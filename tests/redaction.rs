@@ -3,13 +3,11 @@
 //! dashboard's record page, a search cannot find it, a fix written from the
 //! masked view keeps it, and a replay sends the exact stored payload.
 
-mod common;
-
+use crate::common::*;
 use aqw::dashboard::{self, AuthConfig, Dashboard, Options};
 use aqw::handlers::HandlerError;
 use axum::body::Body;
 use axum::http::Request;
-use common::*;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;

@@ -19,11 +19,10 @@
 //! The three tests take a file-local lock so they never load this 2-core
 //! machine at the same time.
 
-mod common;
-use common::free_port;
+use crate::common::free_port;
 
+use crate::common::*;
 use aqw::storage::{QueueStore, Storage, StorageError};
-use common::*;
 use rand::seq::SliceRandom;
 use rand::Rng;
 use serde_json::{json, Value};

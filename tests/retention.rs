@@ -3,13 +3,11 @@
 //! open record; a dry run changes nothing; a killed purge is finished by the
 //! next; two sweeping workers keep the key table bounded; bad settings exit 2.
 
-mod common;
-
+use crate::common::*;
 use aqw::idempotency::{IdempotencyKey, KeyStore, NextAction};
 use aqw::ops::{self, PurgeOptions};
 use aqw::retention::{purge_partition, Pacer, PurgeRun};
 use aqw::storage::{Entity, TableStore};
-use common::*;
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;

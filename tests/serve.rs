@@ -4,9 +4,9 @@
 //! tests/fixtures/custom-handler/README.md for the host code each rule comes
 //! from), against Azurite.
 
-mod common;
-use common::free_port;
+use crate::common::free_port;
 
+use crate::common::*;
 use aqw::handlers::{Handler, HandlerError, Job, Registry, Success};
 use aqw::poison::PoisonEnvelope;
 use aqw::serve::{app, parse_invocation, ServeState, Shape};
@@ -14,7 +14,6 @@ use async_trait::async_trait;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use base64::Engine;
-use common::*;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use std::time::Duration;

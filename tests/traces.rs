@@ -4,14 +4,12 @@
 //! (`ExportTraceServiceRequest`) and the Application Insights track API
 //! (gzip JSON envelopes, the exporter's own wire format).
 
-mod common;
-
+use crate::common::*;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::Router;
-use common::*;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use prost::Message as _;

@@ -1,12 +1,10 @@
 //! Worker core against a real Azurite: receive, DequeueCount, retry, poison,
 //! lease renewal, shutdown, crash-safe poison path, config errors.
 
-mod common;
-
+use crate::common::*;
 use aqw::handlers::{HandlerError, Success};
 use aqw::message::ErrorKind;
 use aqw::poison::PoisonEnvelope;
-use common::*;
 use serde_json::json;
 use std::time::Duration;
 

@@ -40,8 +40,7 @@ pub use validate::{validate_queue_name, validate_table_name};
 
 use raw::RawHost;
 use settings::LayeredEnv;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 use validate::{AqwSettings, QueueSettings};
 
 /// A configuration error: which file, which field, what is wrong.
@@ -67,124 +66,11 @@ impl ConfigError {
     }
 }
 
-pub use crate::message::MessageEncoding;
-pub use crate::retry::RetryStrategy;
-
-pub use crate::idempotency::KeySpec;
-
-pub use crate::handlers::HandlerSpec;
-pub use crate::storage::{
-    parse_connection_string, table_endpoint_for, Connection, Credentials, Secret, DEV_ACCOUNT,
-    DEV_KEY,
+pub use crate::storage::{parse_connection_string, table_endpoint_for};
+pub use aqw_core::config::{
+    AppConfig, Connection, Credentials, FunctionConfig, HandlerSpec, KeySpec, MessageEncoding,
+    RetryStrategy, Secret, SkippedFunction, DEV_ACCOUNT, DEV_KEY,
 };
-
-/// One function: a queue, a key rule and a handler.
-#[derive(Debug, Clone)]
-pub struct FunctionConfig {
-    pub name: String,
-    pub queue: String,
-    pub connection: Connection,
-    pub key: KeySpec,
-    pub handler: HandlerSpec,
-    /// The binding name in function.json (the custom-handler `Data` key).
-    pub binding_name: String,
-    /// function.json `dataType` is `binary`: the host passes the message
-    /// bytes base64-encoded in `Data` and merges no payload fields into
-    /// `Metadata` (see src/serve.rs).
-    pub binary_data: bool,
-    /// `providerKeyWindow`: how long the provider remembers an
-    /// `Idempotency-Key` (Stripe: 24 h). A poisoned or pending key older
-    /// than this is refused by replay and fix without an explicit override.
-    pub provider_key_window: Option<Duration>,
-    /// The function's circuit breaker; None when turned off.
-    pub breaker: Option<crate::breaker::BreakerSettings>,
-    /// `redact`: payload fields masked wherever a person sees a payload.
-    pub redact: crate::redact::Redaction,
-}
-
-impl FunctionConfig {
-    pub fn poison_queue(&self) -> String {
-        crate::poison::poison_queue_name(&self.queue)
-    }
-}
-
-/// The validated, ready configuration of one app folder.
-#[derive(Debug, Clone)]
-pub struct AppConfig {
-    pub app_dir: PathBuf,
-    pub max_dequeue_count: u32,
-    pub batch_size: u32,
-    pub new_batch_threshold: u32,
-    pub max_polling_interval: Duration,
-    pub message_encoding: MessageEncoding,
-    pub function_timeout: Option<Duration>,
-    /// Lease on a received message (visibility while it runs).
-    pub lease: Duration,
-    pub retry: RetryStrategy,
-    pub keys_table: String,
-    pub poison_table: String,
-    /// `aqw.tables.control`: pause and breaker state per function.
-    pub control_table: String,
-    /// Poll heartbeats (`aqw.tables.heartbeats`), read by `aqw status`.
-    pub heartbeat_table: String,
-    /// TTL of poison queue messages; `None` = never expires.
-    pub poison_ttl: Option<Duration>,
-    /// `aqw.poison.format`: aqw's envelope (default) or the raw body on
-    /// `<queue>-poison`.
-    pub poison_format: crate::poison::PoisonFormat,
-    pub alert_webhook: Option<url::Url>,
-    pub alert_window: Duration,
-    /// `aqw.alert.format`: the webhook body's shape.
-    pub alert_format: crate::telemetry::AlertFormat,
-    /// `aqw.alert.dashboardUrl`: linked from every alert (`{queue}` filled in).
-    pub alert_dashboard_url: Option<url::Url>,
-    /// `aqw.alert.secret`, resolved: signs each webhook body.
-    pub alert_secret: Option<crate::telemetry::SigningSecret>,
-    pub http_port: Option<u16>,
-    /// `aqw.http.metricsInterval`: how often the health gauges are refreshed.
-    pub metrics_interval: Duration,
-    /// `aqw.tracing.parent`: where a JSON payload carries its producer's
-    /// trace context (RFC 6901 pointer). Queue messages have no headers, so
-    /// nothing is read or written there unless this is set.
-    pub trace_parent: Option<String>,
-    pub shutdown_timeout: Duration,
-    /// `aqw.retention`: what the purge commands and the sweep may delete.
-    pub retention: Retention,
-    pub functions: Vec<FunctionConfig>,
-    /// Function folders aqw does not run: disabled, or not a queue trigger.
-    /// `aqw run` warns about each; `aqw serve` answers their invocations 404.
-    pub skipped: Vec<SkippedFunction>,
-}
-
-/// A function of the app folder that aqw leaves alone, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SkippedFunction {
-    pub name: String,
-    pub reason: String,
-}
-
-impl AppConfig {
-    pub fn function(&self, name: &str) -> Option<&FunctionConfig> {
-        self.functions.iter().find(|f| f.name == name)
-    }
-
-    /// Where and how poison alerts are posted, when a webhook is set.
-    pub fn alert_target(&self) -> Option<crate::telemetry::Webhook> {
-        self.alert_webhook
-            .clone()
-            .map(|url| crate::telemetry::Webhook {
-                url,
-                format: self.alert_format,
-                dashboard_url: self.alert_dashboard_url.clone(),
-                secret: self.alert_secret.clone(),
-            })
-    }
-
-    /// Functions consuming `queue` (the source queue of a poison record).
-    pub fn function_for_queue(&self, queue: &str) -> Option<&FunctionConfig> {
-        self.functions.iter().find(|f| f.queue == queue)
-    }
-}
 
 /// Load and validate the app folder with the process environment.
 pub fn load(app_dir: &Path) -> Result<AppConfig, ConfigError> {

@@ -387,57 +387,7 @@ pub(super) fn parse_http_url(s: &str) -> Result<url::Url, String> {
     Ok(u)
 }
 
-/// Azure queue name rules, plus room for the `-poison` twin.
-pub fn validate_queue_name(name: &str) -> Result<(), String> {
-    let ok_chars = name
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-    if name.len() < 3 || name.len() > 63 || !ok_chars {
-        return Err(format!(
-            "\"{name}\" is not a valid queue name (3-63 lowercase letters, digits and dashes)"
-        ));
-    }
-    if name.starts_with('-') || name.ends_with('-') || name.contains("--") {
-        return Err(format!(
-            "\"{name}\" is not a valid queue name (no leading, trailing or double dash)"
-        ));
-    }
-    if name.ends_with(crate::poison::POISON_SUFFIX) {
-        return Err(format!("\"{name}\" is a poison queue; replay it with `aqw poison replay` instead of consuming it"));
-    }
-    if name.len() + crate::poison::POISON_SUFFIX.len() > 63 {
-        return Err(format!(
-            "\"{name}\" is too long for its -poison twin (at most 56 characters)"
-        ));
-    }
-    Ok(())
-}
-
-pub fn validate_table_name(name: &str) -> Result<(), String> {
-    let ok = name.len() >= 3
-        && name.len() <= 63
-        && name.bytes().all(|b| b.is_ascii_alphanumeric())
-        && name.as_bytes()[0].is_ascii_alphabetic();
-    if ok {
-        Ok(())
-    } else {
-        Err(format!("\"{name}\" is not a valid table name (3-63 letters and digits, starting with a letter)"))
-    }
-}
-
-pub(super) fn validate_function_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 128
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        && name.as_bytes()[0].is_ascii_alphabetic();
-    if ok {
-        Ok(())
-    } else {
-        Err(format!("\"{name}\" is not a valid function name (letters, digits, _ and -, starting with a letter)"))
-    }
-}
+pub use aqw_core::config::{validate_function_name, validate_queue_name, validate_table_name};
 
 #[cfg(test)]
 mod tests {

@@ -271,6 +271,13 @@ impl Auth {
         None
     }
 
+    /// Whether these headers present a bearer token that is not the
+    /// configured one (or any bearer, when no token is configured): the one
+    /// place a presented bearer is rejected, on every route.
+    pub fn bearer_rejected(&self, headers: &HeaderMap) -> bool {
+        bearer(headers).is_some_and(|t| !self.token_ok(t))
+    }
+
     /// A new session cookie value, if `token` is the configured one.
     pub fn login(&self, token: &str) -> Option<String> {
         if !self.token_ok(token) {

@@ -211,8 +211,12 @@ fn too_many(wait: Duration) -> Response {
     r
 }
 
-/// Refuse token checks while blocked; count the ones that fail (a 401 is
-/// only ever a wrong token on these requests).
+/// Refuse token checks while blocked; count the ones that fail where the
+/// credential is rejected: a wrong bearer is answered 401 here, on every
+/// route (`/logout` and read-only pages included), before any handler can
+/// answer it differently from the right one (a handler's 303 for a wrong
+/// bearer and 403 for the right one once told them apart, uncounted); a
+/// wrong sign-in token is the sign-in handler's 401.
 pub async fn limit(
     axum::extract::State(d): axum::extract::State<std::sync::Arc<super::Dashboard>>,
     req: Request<axum::body::Body>,
@@ -225,8 +229,12 @@ pub async fn limit(
     if let Some(wait) = d.throttle.blocked(peer) {
         return too_many(wait);
     }
+    if matches!(attempt, Attempt::Bearer) && d.auth.bearer_rejected(req.headers()) {
+        d.throttle.failed(peer, attempt);
+        return d.refuse(StatusCode::UNAUTHORIZED, "Wrong bearer token.");
+    }
     let r = next.run(req).await;
-    if r.status() == StatusCode::UNAUTHORIZED {
+    if matches!(attempt, Attempt::SignIn) && r.status() == StatusCode::UNAUTHORIZED {
         d.throttle.failed(peer, attempt);
     } else if matches!(attempt, Attempt::SignIn)
         && (r.status().is_success() || r.status().is_redirection())

@@ -32,17 +32,7 @@ pub struct HttpHandler {
     answers: ProviderAnswers,
 }
 
-/// How a function reads its provider's answers
-/// (`aqw.functions.<Name>.handler.replayHeader` / `.refusedStatuses`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ProviderAnswers {
-    /// The response header whose `true` means the provider
-    /// answered from its idempotency store: the effect happened once, earlier.
-    pub replay_header: Option<String>,
-    /// Statuses that mean "refused, not applied", besides 425, 429 and 503.
-    pub refused_statuses: Vec<u16>,
-}
+pub use aqw_core::handler::ProviderAnswers;
 
 /// The longest body excerpt kept from a provider's answer, in bytes.
 pub const BODY_EXCERPT_MAX: usize = 200;

@@ -280,7 +280,7 @@ fn query_params(query: &TableQuery<'_>) -> String {
         clauses.push(format!("PartitionKey eq {}", odata_string(pk)));
     }
     if let Some(f) = &query.filter {
-        clauses.push(format!("({f})"));
+        clauses.push(format!("({})", odata_filter(f)));
     }
     let mut params = Vec::new();
     if !clauses.is_empty() {
@@ -293,6 +293,36 @@ fn query_params(query: &TableQuery<'_>) -> String {
         params.push(format!("$select={}", pct(&cols.join(","))));
     }
     params.join("&")
+}
+
+/// A typed [`Filter`] as an OData `$filter` expression: the only place a
+/// filter string is written.
+fn odata_filter(filter: &Filter) -> String {
+    match filter {
+        Filter::Eq { column, value } => format!("{column} eq {}", odata_string(value)),
+        Filter::OneOf { column, values } if values.is_empty() => {
+            // Matches nothing, as an empty set should (OData has no `false`
+            // for string columns; a key never equals the empty string and
+            // a non-empty string at once).
+            format!("({column} eq '' and {column} ne '')")
+        }
+        Filter::OneOf { column, values } => {
+            let any: Vec<String> = values
+                .iter()
+                .map(|v| format!("{column} eq {}", odata_string(v)))
+                .collect();
+            format!("({})", any.join(" or "))
+        }
+        Filter::ChangedBefore(t) => format!("Timestamp lt {}", odata_datetime(*t)),
+        Filter::And(all) if all.is_empty() => "PartitionKey ne ''".to_string(),
+        Filter::And(all) => {
+            let each: Vec<String> = all
+                .iter()
+                .map(|f| format!("({})", odata_filter(f)))
+                .collect();
+            each.join(" and ")
+        }
+    }
 }
 
 /// A queried entity with its ETag (`odata.etag`) and keys.

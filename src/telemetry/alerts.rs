@@ -7,7 +7,6 @@
 use super::groups::{
     dashboard_link, group_alerts, list_command, show_command, window_facts, PoisonAlert,
 };
-use super::scrub;
 use serde_json::json;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -70,57 +69,6 @@ pub fn render_alert(
     }
 }
 
-/// The shape of the webhook body (`aqw.alert.format`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AlertFormat {
-    /// aqw's own JSON (the body documented in the README), for scripts,
-    /// relays and incident tools.
-    #[default]
-    Generic,
-    /// A Slack incoming-webhook message in Block Kit.
-    Slack,
-    /// A Teams incoming webhook or Workflows message: one Adaptive Card.
-    Teams,
-}
-
-/// The HMAC-SHA256 key that signs webhook bodies; never printed.
-#[derive(Clone)]
-pub struct SigningSecret(String);
-
-impl SigningSecret {
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-}
-
-impl std::fmt::Debug for SigningSecret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SigningSecret(***)")
-    }
-}
-
-/// Where alerts go and how: the URL, the body format, the dashboard link
-/// and the signing secret.
-#[derive(Clone)]
-pub struct Webhook {
-    pub url: url::Url,
-    pub format: AlertFormat,
-    pub dashboard_url: Option<url::Url>,
-    pub secret: Option<SigningSecret>,
-}
-
-impl std::fmt::Debug for Webhook {
-    // A Slack or Teams webhook URL is itself a credential: only its host.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Webhook")
-            .field("host", &self.url.host_str())
-            .field("format", &self.format)
-            .field("signed", &self.secret.is_some())
-            .finish()
-    }
-}
-
 /// Header names of a signed alert.
 pub const SIGNATURE_HEADER: &str = "X-Aqw-Signature";
 pub const TIMESTAMP_HEADER: &str = "X-Aqw-Timestamp";
@@ -131,7 +79,7 @@ pub const TIMESTAMP_HEADER: &str = "X-Aqw-Timestamp";
 /// a fresh timestamp; receivers reject timestamps older than a few minutes.
 pub fn sign(secret: &SigningSecret, timestamp: u64, body: &[u8]) -> String {
     use hmac::Mac;
-    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.0.as_bytes())
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.expose().as_bytes())
         .expect("HMAC takes a key of any length");
     mac.update(timestamp.to_string().as_bytes());
     mac.update(b".");
@@ -139,78 +87,32 @@ pub fn sign(secret: &SigningSecret, timestamp: u64, body: &[u8]) -> String {
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
-/// Sends poison alerts to the webhook without ever blocking the worker: at
-/// most one POST per queue per window, carrying how many records it covers,
-/// retried with backoff.
-#[derive(Clone)]
-pub struct Alerts {
-    tx: Option<mpsc::UnboundedSender<PoisonAlert>>,
-    /// Where breaker events go at once (they are rare: no window).
-    webhook: Option<(reqwest::Client, Webhook)>,
+pub use aqw_core::alert::{AlertEvent, AlertFormat, Alerts, SigningSecret, Webhook};
+
+/// Start the task that delivers what the engine's [`Alerts`] handle sends
+/// (needs a tokio runtime): poison alerts at most one POST per queue per
+/// window, carrying how many records it covers, breaker events at once;
+/// every POST retried with backoff, never blocking the worker. The window
+/// summary is logged (ERROR `aqw.poison.alert`) with or without a webhook.
+pub fn start(webhook: Option<Webhook>, window: Duration) -> Alerts {
+    let (alerts, rx) = Alerts::channel();
+    tokio::spawn(alert_loop(webhook, window, rx));
+    alerts
 }
 
-impl Alerts {
-    pub fn disabled() -> Self {
-        Self {
-            tx: None,
-            webhook: None,
-        }
-    }
-
-    /// Start the sender task (needs a tokio runtime).
-    /// The window summary is logged (ERROR `aqw.poison.alert`) with or
-    /// without a webhook.
-    pub fn start(webhook: Option<Webhook>, window: Duration) -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
-        // Only a webhook needs a client.
-        let direct = webhook.clone().map(|u| {
-            let client = crate::tls::client_builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .unwrap_or_default();
-            (client, u)
-        });
-        tokio::spawn(alert_loop(webhook, window, rx));
-        Self {
-            tx: Some(tx),
-            webhook: direct,
-        }
-    }
-
-    /// A breaker changed state: one POST of its own event
-    /// (`aqw.breaker.open`, `aqw.breaker.closed`, ...), retried like the
-    /// poison alert; the log line is the caller's.
-    pub fn breaker(&self, body: serde_json::Value) {
-        if let Some((client, webhook)) = &self.webhook {
-            // Slack and Teams take their own shapes: the event's summary as
-            // one line of text there, aqw's JSON as it is otherwise.
-            let summary = body["summary"].as_str().unwrap_or_default();
-            let body = match webhook.format {
-                AlertFormat::Generic => body.clone(),
-                AlertFormat::Slack => super::chat::slack_text(summary),
-                AlertFormat::Teams => super::chat::teams_text(summary),
-            };
-            tokio::spawn(post_with_backoff(client.clone(), webhook.clone(), body));
-        }
-    }
-
-    /// Log the stable ERROR event and queue the webhook POST.
-    pub fn poisoned(&self, alert: PoisonAlert) {
-        tracing::error!(
-            event = "aqw.poison.new",
-            queue = %alert.queue,
-            function = %alert.function,
-            message_id = %alert.message_id,
-            key = alert.key.as_deref().unwrap_or(""),
-            error_kind = %alert.error_kind,
-            error = %scrub(&alert.error),
-            "message moved to {}",
-            alert.poison_queue
-        );
-        if let Some(tx) = &self.tx {
-            let _ = tx.send(alert);
-        }
-    }
+/// A breaker changed state: one POST of its own event
+/// (`aqw.breaker.open`, `aqw.breaker.closed`, ...), retried like the
+/// poison alert; the log line is the engine's.
+fn post_breaker_event(client: &reqwest::Client, webhook: &Webhook, body: serde_json::Value) {
+    // Slack and Teams take their own shapes: the event's summary as
+    // one line of text there, aqw's JSON as it is otherwise.
+    let summary = body["summary"].as_str().unwrap_or_default();
+    let body = match webhook.format {
+        AlertFormat::Generic => body.clone(),
+        AlertFormat::Slack => super::chat::slack_text(summary),
+        AlertFormat::Teams => super::chat::teams_text(summary),
+    };
+    tokio::spawn(post_with_backoff(client.clone(), webhook.clone(), body));
 }
 
 struct QueueWindow {
@@ -221,7 +123,7 @@ struct QueueWindow {
 async fn alert_loop(
     webhook: Option<Webhook>,
     window: Duration,
-    mut rx: mpsc::UnboundedReceiver<PoisonAlert>,
+    mut rx: mpsc::UnboundedReceiver<AlertEvent>,
 ) {
     // Only a webhook needs a client.
     let client = webhook.as_ref().map(|_| {
@@ -235,7 +137,12 @@ async fn alert_loop(
     loop {
         tokio::select! {
             msg = rx.recv() => match msg {
-                Some(a) => windows.entry(a.queue.clone()).or_insert(QueueWindow { last_sent: None, pending: vec![] }).pending.push(a),
+                Some(AlertEvent::Poisoned(a)) => windows.entry(a.queue.clone()).or_insert(QueueWindow { last_sent: None, pending: vec![] }).pending.push(a),
+                Some(AlertEvent::Breaker(body)) => {
+                    if let (Some(webhook), Some(client)) = (&webhook, &client) {
+                        post_breaker_event(client, webhook, body);
+                    }
+                }
                 None => break,
             },
             _ = tick.tick() => {}

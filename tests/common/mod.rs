@@ -1,7 +1,10 @@
 //! Shared helpers for the integration tests: a real Azurite (started or
 //! reused through `scripts/azurite.sh`), isolated apps with random queue and
-//! table names, an effect-counting HTTP sink, and deadline polling.
+//! table names, an effect-counting HTTP sink, and deadline polling; the
+//! WebDriver client of the browser test in [`webdriver`].
 #![allow(dead_code)]
+
+pub mod webdriver;
 
 use aqw::config::{self, AppConfig};
 use aqw::handlers::{Handler, HandlerError, Job, Registry, Success};
@@ -31,7 +34,8 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// Start (or reuse) Azurite once per test binary.
+/// Start (or reuse) Azurite once per test process (every integration test
+/// shares the one `it` binary, tests/it.rs).
 pub fn azurite() {
     static STARTED: OnceLock<()> = OnceLock::new();
     STARTED.get_or_init(|| {

@@ -1,0 +1,288 @@
+//! What every alert format shows: a poison event ([`PoisonAlert`]), its
+//! window's records grouped by cause ([`group_alerts`]: error kind, HTTP
+//! status, the error's first line with what varies masked), the window's
+//! facts, and the commands and link an operator follows. The binary's
+//! alert formats (generic, Slack, Teams) all render from here.
+//!
+//! [`Alerts`] is the engine's side of alerting: a handle that logs each
+//! poison event and hands it, with breaker events, to whoever delivers
+//! them (the binary's webhook task), without ever blocking a job.
+
+use crate::scrub::scrub;
+use regex::Regex;
+use std::sync::LazyLock;
+use tokio::sync::mpsc;
+
+/// A new poison record, for the alert.
+#[derive(Debug, Clone)]
+pub struct PoisonAlert {
+    /// The source queue the message was poisoned from.
+    pub queue: String,
+    /// `<queue>-poison` (named by the poison path, which owns the naming).
+    pub poison_queue: String,
+    /// The function whose handler ran the message.
+    pub function: String,
+    /// The poisoned message's id on the source queue.
+    pub message_id: String,
+    /// The message's idempotency key, if the function derives one.
+    pub key: Option<String>,
+    /// The kind of the last error (`retryable`, `permanent`, …), as a string.
+    pub error_kind: String,
+    /// The last error's text.
+    pub error: String,
+    /// When the message was poisoned.
+    pub poisoned_at: time::OffsetDateTime,
+    /// Some attempt of the job ended with its outcome unknown: the effect
+    /// may have happened, whatever the last error was.
+    pub uncertain: bool,
+}
+
+/// The error text an alert groups by: an HTTP status code if the text has
+/// one, and the first line with ids, numbers and times masked, so the same
+/// outage in ten messages is one group and a 404 is not hidden among 503s.
+pub fn error_group(error: &str) -> (Option<u16>, String) {
+    static STATUS: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r"(?i)\b(?:HTTP|status)\W{0,3}([1-5]\d\d)\b").unwrap());
+    static MASK: LazyLock<Regex> = LazyLock::new(|| {
+        // Any word with a digit in it: counts, times, request and message ids.
+        Regex::new(r"[\w-]*\d[\w-]*").unwrap()
+    });
+    let first = scrub(error.lines().next().unwrap_or("").trim());
+    let status = STATUS
+        .captures(&first)
+        .and_then(|c| c[1].parse::<u16>().ok());
+    let mut masked = MASK.replace_all(&first, "#").to_string();
+    if let Some(code) = status {
+        // Keep the status code itself readable.
+        masked = STATUS_MASKED
+            .replace(&masked, format!("HTTP {code}").as_str())
+            .to_string();
+    }
+    let masked: String = masked.chars().take(160).collect();
+    (status, masked)
+}
+
+static STATUS_MASKED: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?i)\b(?:HTTP|status)\W{0,3}#").unwrap());
+
+/// One cause in an alert window: how many records, and a few samples (the
+/// first record first).
+pub struct AlertGroup<'a> {
+    /// The error kind the group's records share.
+    pub kind: &'a str,
+    /// The HTTP status code in the group's error text, if it has one.
+    pub status: Option<u16>,
+    /// The error's first line with what varies masked (see [`error_group`]).
+    pub text: String,
+    /// How many records of the window fall in the group.
+    pub count: usize,
+    /// Up to five sample message ids, the first record first.
+    pub ids: Vec<&'a str>,
+    /// Up to five distinct sample keys.
+    pub keys: Vec<&'a str>,
+    /// Records of the group with an uncertain attempt, all of them named.
+    pub uncertain_ids: Vec<&'a str>,
+}
+
+/// A window's records grouped by cause, the biggest group first.
+pub fn group_alerts(batch: &[PoisonAlert]) -> Vec<AlertGroup<'_>> {
+    const SAMPLES: usize = 5;
+    let mut groups: Vec<AlertGroup> = Vec::new();
+    for a in batch {
+        let (status, text) = error_group(&a.error);
+        let i = match groups
+            .iter()
+            .position(|g| g.kind == a.error_kind && g.text == text)
+        {
+            Some(i) => i,
+            None => {
+                groups.push(AlertGroup {
+                    kind: &a.error_kind,
+                    status,
+                    text,
+                    count: 0,
+                    ids: vec![],
+                    keys: vec![],
+                    uncertain_ids: vec![],
+                });
+                groups.len() - 1
+            }
+        };
+        let g = &mut groups[i];
+        g.count += 1;
+        if a.uncertain {
+            g.uncertain_ids.push(&a.message_id);
+        }
+        if g.ids.len() < SAMPLES {
+            g.ids.push(&a.message_id);
+        }
+        if let Some(k) = &a.key {
+            if g.keys.len() < SAMPLES && !g.keys.contains(&k.as_str()) {
+                g.keys.push(k);
+            }
+        }
+    }
+    groups.sort_by(|a, b| b.count.cmp(&a.count).then(a.text.cmp(&b.text)));
+    groups
+}
+
+/// The command that shows one record.
+pub fn show_command(queue: &str, id: &str) -> String {
+    format!("aqw poison show {queue} {id}")
+}
+
+/// The command that lists a queue's open records.
+pub fn list_command(queue: &str) -> String {
+    format!("aqw poison list {queue} --status open")
+}
+
+/// `aqw.alert.dashboardUrl` for one queue: `{queue}` replaced by its name.
+pub fn dashboard_link(dashboard: Option<&url::Url>, queue: &str) -> Option<String> {
+    dashboard.map(|u| {
+        u.as_str()
+            .replace("%7Bqueue%7D", queue)
+            .replace("{queue}", queue)
+    })
+}
+
+/// The window facts every format shows: functions, first and last times.
+pub struct WindowFacts {
+    /// The window's function names, sorted, comma-separated.
+    pub functions: String,
+    /// When the window's first record was poisoned (RFC 3339).
+    pub first: Option<String>,
+    /// When the window's last record was poisoned (RFC 3339).
+    pub last: Option<String>,
+}
+
+/// The facts of one window's records: functions, first and last times.
+pub fn window_facts(batch: &[PoisonAlert]) -> WindowFacts {
+    let mut functions: Vec<&str> = batch.iter().map(|a| a.function.as_str()).collect();
+    functions.sort();
+    functions.dedup();
+    let fmt = |t: time::OffsetDateTime| {
+        t.format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default()
+    };
+    WindowFacts {
+        functions: functions.join(","),
+        first: batch.iter().map(|a| a.poisoned_at).min().map(fmt),
+        last: batch.iter().map(|a| a.poisoned_at).max().map(fmt),
+    }
+}
+
+/// What the engine hands to the alert delivery.
+#[derive(Debug, Clone)]
+pub enum AlertEvent {
+    /// A message was poisoned (grouped per queue and window by the delivery).
+    Poisoned(PoisonAlert),
+    /// A breaker changed state: its event body, sent at once.
+    Breaker(serde_json::Value),
+}
+
+/// The engine's alert handle: cheap to clone, never blocks.
+#[derive(Clone, Debug, Default)]
+pub struct Alerts {
+    tx: Option<mpsc::UnboundedSender<AlertEvent>>,
+}
+
+impl Alerts {
+    /// Alerts that only log (no delivery).
+    pub fn disabled() -> Self {
+        Self { tx: None }
+    }
+
+    /// A handle and the receiving end its events arrive on (the delivery
+    /// task's input).
+    pub fn channel() -> (Self, mpsc::UnboundedReceiver<AlertEvent>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Self { tx: Some(tx) }, rx)
+    }
+
+    /// A breaker changed state: its event goes to the delivery at once; the
+    /// log line is the caller's.
+    pub fn breaker(&self, body: serde_json::Value) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(AlertEvent::Breaker(body));
+        }
+    }
+
+    /// Log the stable ERROR event and queue the alert for delivery.
+    pub fn poisoned(&self, alert: PoisonAlert) {
+        tracing::error!(
+            event = "aqw.poison.new",
+            queue = %alert.queue,
+            function = %alert.function,
+            message_id = %alert.message_id,
+            key = alert.key.as_deref().unwrap_or(""),
+            error_kind = %alert.error_kind,
+            error = %scrub(&alert.error),
+            "message moved to {}",
+            alert.poison_queue
+        );
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(AlertEvent::Poisoned(alert));
+        }
+    }
+}
+
+/// The shape of the webhook body (`aqw.alert.format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AlertFormat {
+    /// aqw's own JSON (the body documented in the README), for scripts,
+    /// relays and incident tools.
+    #[default]
+    Generic,
+    /// A Slack incoming-webhook message in Block Kit.
+    Slack,
+    /// A Teams incoming webhook or Workflows message: one Adaptive Card.
+    Teams,
+}
+
+/// The HMAC-SHA256 key that signs webhook bodies; never printed.
+#[derive(Clone)]
+pub struct SigningSecret(String);
+
+impl SigningSecret {
+    /// A secret holding `value`.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The key itself, for the signer only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for SigningSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SigningSecret(***)")
+    }
+}
+
+/// Where alerts go and how: the URL, the body format, the dashboard link
+/// and the signing secret.
+#[derive(Clone)]
+pub struct Webhook {
+    /// Where the webhook body is posted.
+    pub url: url::Url,
+    /// The body's shape.
+    pub format: AlertFormat,
+    /// `aqw.alert.dashboardUrl`: the link in the alert, `{queue}` replaced.
+    pub dashboard_url: Option<url::Url>,
+    /// The key that signs each body, when set.
+    pub secret: Option<SigningSecret>,
+}
+
+impl std::fmt::Debug for Webhook {
+    // A Slack or Teams webhook URL is itself a credential: only its host.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Webhook")
+            .field("host", &self.url.host_str())
+            .field("format", &self.format)
+            .field("signed", &self.secret.is_some())
+            .finish()
+    }
+}

@@ -1,0 +1,466 @@
+//! The circuit breaker of one function, as a pure state machine: closed →
+//! open → half-open → closed (or open again, with a longer cool-down). Time
+//! is passed in; nothing here reads a clock or does I/O, so every transition
+//! is a row of the table test below. [`crate::worker`] asks it before each
+//! receive and tells it how each attempt ended.
+//!
+//! What counts: a *retryable* failure of a message on its *first* attempt
+//! (DequeueCount 1), and every success. A provider that is down fails
+//! messages that never failed before; a few bad keys fail again and again on
+//! their retries, which say something about those messages, not about the
+//! provider, so a partial outage never trips the breaker and its messages
+//! reach poison as before. Permanent failures are not counted at all.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// `aqw.breaker` / `aqw.functions.<Name>.breaker`, validated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BreakerSettings {
+    /// Trip when failures / attempts in the window reach this (0 < r ≤ 1).
+    pub failure_ratio: f64,
+    /// ... over at least this many attempts.
+    pub minimum_attempts: u32,
+    /// How far back attempts count.
+    pub window: Duration,
+    /// How long the first opening lasts.
+    pub cool_down: Duration,
+    /// The cool-down doubles on each failed probe, up to this.
+    pub max_cool_down: Duration,
+    /// Messages let through when the cool-down ends (half-open).
+    pub probes: u32,
+}
+
+impl Default for BreakerSettings {
+    fn default() -> Self {
+        Self {
+            failure_ratio: 0.9,
+            minimum_attempts: 20,
+            window: Duration::from_secs(60),
+            cool_down: Duration::from_secs(30),
+            max_cool_down: Duration::from_secs(300),
+            probes: 2,
+        }
+    }
+}
+
+/// Where the breaker stands.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum State {
+    /// Messages are received and every attempt counts.
+    Closed,
+    /// Nothing is received until `until`; received messages are parked.
+    Open {
+        /// When the cool-down ends and probes may be let through.
+        until: Instant,
+    },
+    /// `probes_left` more messages may be received; no verdict yet.
+    HalfOpen {
+        /// How many more probes may be received.
+        probes_left: u32,
+        /// When the breaker went half-open (or last replaced its probes).
+        since: Instant,
+    },
+}
+
+impl State {
+    /// The name used in logs, metrics and the control row.
+    pub fn name(&self) -> &'static str {
+        match self {
+            State::Closed => "closed",
+            State::Open { .. } => "open",
+            State::HalfOpen { .. } => "half-open",
+        }
+    }
+    /// The `aqw_breaker_state` gauge: 0 closed, 1 half-open, 2 open.
+    pub fn gauge(&self) -> f64 {
+        match self {
+            State::Closed => 0.0,
+            State::HalfOpen { .. } => 1.0,
+            State::Open { .. } => 2.0,
+        }
+    }
+}
+
+/// How one attempt of the handler ended, as far as the breaker cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// The handler succeeded.
+    Succeeded,
+    /// A retryable failure (or a timeout); `first` when DequeueCount was 1.
+    FailedRetryable {
+        /// Whether the message was on its first attempt (DequeueCount 1).
+        first: bool,
+    },
+}
+
+/// A change of state, to log, count and alert.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Transition {
+    /// Closed → open: `failed` of `attempts` in the window failed.
+    Opened {
+        /// Attempts in the window that failed.
+        failed: u32,
+        /// Attempts in the window.
+        attempts: u32,
+        /// How long the breaker stays open.
+        cool_down: Duration,
+    },
+    /// Open → half-open: the cool-down ended.
+    HalfOpened,
+    /// Half-open → closed: a probe succeeded.
+    Closed,
+    /// Half-open → open: a probe failed; the cool-down doubled.
+    Reopened {
+        /// How long the breaker now stays open.
+        cool_down: Duration,
+    },
+}
+
+impl Transition {
+    /// The name of the state the transition leads to.
+    pub fn to(&self) -> &'static str {
+        match self {
+            Transition::Opened { .. } | Transition::Reopened { .. } => "open",
+            Transition::HalfOpened => "half-open",
+            Transition::Closed => "closed",
+        }
+    }
+}
+
+/// What the poll loop may do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Receive at most this many messages.
+    Receive(u32),
+    /// Receive nothing; ask again after this long.
+    Wait(Duration),
+}
+
+/// Attempts counted in one slice of the window.
+#[derive(Debug, Clone, Copy)]
+struct Slice {
+    start: Instant,
+    attempts: u32,
+    failures: u32,
+}
+
+/// Slices per window: memory stays bounded whatever the throughput.
+const SLICES: u32 = 20;
+
+/// How long the poll loop waits while half-open probes are out.
+const PROBE_POLL: Duration = Duration::from_millis(200);
+
+/// One function's breaker.
+#[derive(Debug, Clone)]
+pub struct Breaker {
+    settings: BreakerSettings,
+    state: State,
+    cool_down: Duration,
+    slices: VecDeque<Slice>,
+}
+
+impl Breaker {
+    /// A closed breaker with `settings`.
+    pub fn new(settings: BreakerSettings) -> Self {
+        Self {
+            settings,
+            state: State::Closed,
+            cool_down: settings.cool_down,
+            slices: VecDeque::new(),
+        }
+    }
+
+    /// Where the breaker stands now.
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// The settings it was built with.
+    pub fn settings(&self) -> &BreakerSettings {
+        &self.settings
+    }
+
+    /// True while open: a message received before the trip is parked
+    /// instead of run.
+    pub fn holds(&self) -> bool {
+        matches!(self.state, State::Open { .. })
+    }
+
+    /// The cool-down of the current (or next) opening.
+    pub fn cool_down(&self) -> Duration {
+        self.cool_down
+    }
+
+    /// Before a receive of up to `want` messages: how many may be received.
+    pub fn admit(&mut self, now: Instant, want: u32) -> (Admission, Option<Transition>) {
+        match self.state {
+            State::Closed => (Admission::Receive(want), None),
+            State::Open { until } if now < until => (Admission::Wait(until - now), None),
+            State::Open { .. } => {
+                let granted = want.min(self.settings.probes);
+                self.state = State::HalfOpen {
+                    probes_left: self.settings.probes - granted,
+                    since: now,
+                };
+                (Admission::Receive(granted), Some(Transition::HalfOpened))
+            }
+            State::HalfOpen { probes_left, since } => {
+                // Probes that end without a verdict (a duplicate, a
+                // permanent failure) are replaced after a cool-down.
+                let left = if probes_left == 0 && now >= since + self.cool_down {
+                    self.settings.probes
+                } else {
+                    probes_left
+                };
+                let granted = want.min(left);
+                let since = if left != probes_left { now } else { since };
+                self.state = State::HalfOpen {
+                    probes_left: left - granted,
+                    since,
+                };
+                if granted == 0 {
+                    (Admission::Wait(PROBE_POLL), None)
+                } else {
+                    (Admission::Receive(granted), None)
+                }
+            }
+        }
+    }
+
+    /// After an attempt: count it, and change state if it says so.
+    pub fn record(&mut self, now: Instant, attempt: Attempt) -> Option<Transition> {
+        match (self.state, attempt) {
+            (State::Open { .. }, _) => None,
+            (State::HalfOpen { .. }, Attempt::Succeeded) => {
+                self.close();
+                Some(Transition::Closed)
+            }
+            (State::HalfOpen { .. }, Attempt::FailedRetryable { .. }) => {
+                self.cool_down = (self.cool_down * 2).min(self.settings.max_cool_down);
+                self.state = State::Open {
+                    until: now + self.cool_down,
+                };
+                Some(Transition::Reopened {
+                    cool_down: self.cool_down,
+                })
+            }
+            (State::Closed, Attempt::Succeeded) => {
+                self.count(now, false);
+                None
+            }
+            (State::Closed, Attempt::FailedRetryable { first: false }) => None,
+            (State::Closed, Attempt::FailedRetryable { first: true }) => {
+                self.count(now, true);
+                self.trip_if_due(now)
+            }
+        }
+    }
+
+    fn close(&mut self) {
+        self.state = State::Closed;
+        self.cool_down = self.settings.cool_down;
+        self.slices.clear();
+    }
+
+    /// Add one attempt to the window, dropping slices older than it.
+    fn count(&mut self, now: Instant, failed: bool) {
+        let window = self.settings.window;
+        while let Some(s) = self.slices.front() {
+            if now.saturating_duration_since(s.start) >= window {
+                self.slices.pop_front();
+            } else {
+                break;
+            }
+        }
+        let slice_len = window / SLICES;
+        let fresh = match self.slices.back() {
+            Some(s) => now.saturating_duration_since(s.start) >= slice_len,
+            None => true,
+        };
+        if fresh {
+            self.slices.push_back(Slice {
+                start: now,
+                attempts: 0,
+                failures: 0,
+            });
+        }
+        let s = self.slices.back_mut().expect("a slice was just ensured");
+        s.attempts += 1;
+        s.failures += u32::from(failed);
+    }
+
+    fn trip_if_due(&mut self, now: Instant) -> Option<Transition> {
+        let attempts: u32 = self.slices.iter().map(|s| s.attempts).sum();
+        let failed: u32 = self.slices.iter().map(|s| s.failures).sum();
+        let due = attempts >= self.settings.minimum_attempts
+            && f64::from(failed) >= self.settings.failure_ratio * f64::from(attempts);
+        if !due {
+            return None;
+        }
+        self.state = State::Open {
+            until: now + self.cool_down,
+        };
+        self.slices.clear();
+        Some(Transition::Opened {
+            failed,
+            attempts,
+            cool_down: self.cool_down,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> BreakerSettings {
+        BreakerSettings {
+            failure_ratio: 0.5,
+            minimum_attempts: 4,
+            window: Duration::from_secs(10),
+            cool_down: Duration::from_secs(2),
+            max_cool_down: Duration::from_secs(5),
+            probes: 1,
+        }
+    }
+
+    const OK: Attempt = Attempt::Succeeded;
+    const FAIL: Attempt = Attempt::FailedRetryable { first: true };
+    const FAIL_AGAIN: Attempt = Attempt::FailedRetryable { first: false };
+
+    /// One step of a scenario: at `t` seconds, record an attempt or ask to
+    /// receive `want`; then the expected state name and transition.
+    enum Step {
+        Record(u64, Attempt, &'static str, Option<&'static str>),
+        Admit(u64, u32, Admission, &'static str),
+    }
+    use Step::*;
+
+    fn run(rows: &[Step]) {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut b = Breaker::new(settings());
+        for (i, row) in rows.iter().enumerate() {
+            match row {
+                Record(t, a, state, tr) => {
+                    let got = b.record(at(*t), *a);
+                    assert_eq!(got.as_ref().map(|t| t.to()), *tr, "row {i}: transition");
+                    assert_eq!(b.state().name(), *state, "row {i}: state");
+                }
+                Admit(t, want, adm, state) => {
+                    let (got, _) = b.admit(at(*t), *want);
+                    assert_eq!(got, *adm, "row {i}: admission");
+                    assert_eq!(b.state().name(), *state, "row {i}: state");
+                }
+            }
+        }
+    }
+
+    fn wait(ms: u64) -> Admission {
+        Admission::Wait(Duration::from_millis(ms))
+    }
+
+    #[test]
+    fn trips_only_over_the_minimum_and_the_ratio() {
+        run(&[
+            Record(0, FAIL, "closed", None),
+            Record(100, FAIL, "closed", None),
+            Record(200, FAIL, "closed", None),
+            Admit(300, 8, Admission::Receive(8), "closed"),
+            Record(400, FAIL, "open", Some("open")),
+            Admit(500, 8, wait(1900), "open"),
+        ]);
+        run(&[
+            Record(0, OK, "closed", None),
+            Record(100, OK, "closed", None),
+            Record(200, OK, "closed", None),
+            Record(300, FAIL, "closed", None),
+            Record(400, FAIL, "closed", None),
+            Record(500, FAIL, "open", Some("open")),
+        ]);
+    }
+
+    #[test]
+    fn retries_of_failing_messages_and_old_attempts_do_not_count() {
+        run(&[
+            Record(0, FAIL_AGAIN, "closed", None),
+            Record(100, FAIL_AGAIN, "closed", None),
+            Record(200, FAIL_AGAIN, "closed", None),
+            Record(300, FAIL_AGAIN, "closed", None),
+            Record(400, FAIL_AGAIN, "closed", None),
+        ]);
+        run(&[
+            Record(0, FAIL, "closed", None),
+            Record(100, FAIL, "closed", None),
+            Record(200, FAIL, "closed", None),
+            // 11 s later the first three are out of the 10 s window.
+            Record(11000, FAIL, "closed", None),
+            Record(11100, FAIL, "closed", None),
+            Record(11200, FAIL, "closed", None),
+            Record(11300, FAIL, "open", Some("open")),
+        ]);
+    }
+
+    #[test]
+    fn half_open_lets_the_probe_budget_through_and_closes_on_success() {
+        run(&[
+            Record(0, FAIL, "closed", None),
+            Record(0, FAIL, "closed", None),
+            Record(0, FAIL, "closed", None),
+            Record(0, FAIL, "open", Some("open")),
+            // In-flight results while open change nothing.
+            Record(500, OK, "open", None),
+            Admit(2000, 8, Admission::Receive(1), "half-open"),
+            Admit(2100, 8, Admission::Wait(PROBE_POLL), "half-open"),
+            Record(2200, OK, "closed", Some("closed")),
+            Admit(2300, 8, Admission::Receive(8), "closed"),
+        ]);
+    }
+
+    #[test]
+    fn a_failed_probe_reopens_with_a_doubled_cool_down_up_to_the_cap() {
+        run(&[
+            Record(0, FAIL, "closed", None),
+            Record(0, FAIL, "closed", None),
+            Record(0, FAIL, "closed", None),
+            Record(0, FAIL, "open", Some("open")),
+            Admit(2000, 8, Admission::Receive(1), "half-open"),
+            Record(2100, FAIL_AGAIN, "open", Some("open")),
+            Admit(2200, 8, wait(3900), "open"),
+            Admit(6200, 8, Admission::Receive(1), "half-open"),
+            Record(6200, FAIL, "open", Some("open")),
+            // 4 s doubled is 8 s, capped at 5 s.
+            Admit(6300, 8, wait(4900), "open"),
+        ]);
+    }
+
+    #[test]
+    fn probes_without_a_verdict_are_replaced_after_a_cool_down() {
+        run(&[
+            Record(0, FAIL, "closed", None),
+            Record(0, FAIL, "closed", None),
+            Record(0, FAIL, "closed", None),
+            Record(0, FAIL, "open", Some("open")),
+            Admit(2000, 8, Admission::Receive(1), "half-open"),
+            Admit(3000, 8, Admission::Wait(PROBE_POLL), "half-open"),
+            Admit(4000, 8, Admission::Receive(1), "half-open"),
+        ]);
+    }
+
+    #[test]
+    fn closing_resets_the_cool_down() {
+        let t0 = Instant::now();
+        let mut b = Breaker::new(settings());
+        for _ in 0..4 {
+            b.record(t0, FAIL);
+        }
+        b.admit(t0 + Duration::from_secs(2), 1);
+        b.record(t0 + Duration::from_secs(2), FAIL);
+        assert_eq!(b.cool_down(), Duration::from_secs(4));
+        b.admit(t0 + Duration::from_secs(7), 1);
+        b.record(t0 + Duration::from_secs(7), OK);
+        assert_eq!(b.cool_down(), Duration::from_secs(2));
+    }
+}

@@ -1,0 +1,290 @@
+//! The ready configuration of an app: what the engine runs with, validated.
+//! The binary builds it from `host.json`, `function.json` and the
+//! environment (crate `aqw`, `src/config/`); an embedding binary builds it
+//! in code ([`crate::builder`]).
+
+mod connection;
+mod retention;
+mod timespan;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use crate::message::MessageEncoding;
+pub use crate::retry::RetryStrategy;
+
+pub use crate::idempotency::KeySpec;
+
+pub use crate::handler::{HandlerSpec, ProviderAnswers};
+pub use connection::{Connection, Credentials, Secret, DEV_ACCOUNT, DEV_KEY};
+pub use retention::{
+    check_key_retention, key_retention_floor, Retention, SweepSettings, DEFAULT_KEYS,
+    SERVICE_DEFAULT_MESSAGE_TTL,
+};
+pub use timespan::parse_timespan;
+
+/// One function: a queue, a key rule and a handler.
+#[derive(Debug, Clone)]
+pub struct FunctionConfig {
+    /// The function's name (its folder, or the name given in code).
+    pub name: String,
+    /// The source queue it consumes.
+    pub queue: String,
+    /// The storage account its queue, keys and poison records live in.
+    pub connection: Connection,
+    /// How each message's idempotency key is derived.
+    pub key: KeySpec,
+    /// What runs each message.
+    pub handler: HandlerSpec,
+    /// The binding name in function.json (the custom-handler `Data` key).
+    pub binding_name: String,
+    /// function.json `dataType` is `binary`: the host passes the message
+    /// bytes base64-encoded in `Data` and merges no payload fields into
+    /// `Metadata` (see src/serve.rs).
+    pub binary_data: bool,
+    /// `providerKeyWindow`: how long the provider remembers an
+    /// `Idempotency-Key` (Stripe: 24 h). A poisoned or pending key older
+    /// than this is refused by replay and fix without an explicit override.
+    pub provider_key_window: Option<Duration>,
+    /// The function's circuit breaker; None when turned off.
+    pub breaker: Option<crate::breaker::BreakerSettings>,
+    /// `redact`: payload fields masked wherever a person sees a payload.
+    pub redact: crate::redact::Redaction,
+}
+
+impl FunctionConfig {
+    /// A function of `queue` named `name` with the defaults a `host.json`
+    /// without an `aqw.functions.<name>` entry gives: keys from the
+    /// payload's `idempotencyKey` field, the default breaker, no redaction,
+    /// no provider key window, a handler registered in code; its storage is
+    /// the one the worker is built on ([`Connection::embedded`]).
+    pub fn new(name: impl Into<String>, queue: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            queue: queue.into(),
+            connection: Connection::embedded(),
+            key: KeySpec::PayloadField,
+            handler: HandlerSpec::Registered,
+            binding_name: "message".to_string(),
+            binary_data: false,
+            provider_key_window: None,
+            breaker: Some(crate::breaker::BreakerSettings::default()),
+            redact: crate::redact::Redaction::default(),
+        }
+    }
+
+    /// The function's poison queue: `<queue>-poison`.
+    pub fn poison_queue(&self) -> String {
+        crate::poison::poison_queue_name(&self.queue)
+    }
+}
+
+/// The validated, ready configuration of one app folder.
+#[derive(Debug, Clone)]
+pub struct AppConfig {
+    /// The app folder (where `host.json` and the function folders are).
+    pub app_dir: PathBuf,
+    /// `extensions.queues.maxDequeueCount`: the delivery at which a failing
+    /// message is poisoned.
+    pub max_dequeue_count: u32,
+    /// `extensions.queues.batchSize`: messages received at once per function.
+    pub batch_size: u32,
+    /// `extensions.queues.newBatchThreshold`: the next batch is received
+    /// once no more than this many messages are still running.
+    pub new_batch_threshold: u32,
+    /// `extensions.queues.maxPollingInterval`: the longest wait between polls of an empty queue.
+    pub max_polling_interval: Duration,
+    /// `extensions.queues.messageEncoding`: how message text carries the payload.
+    pub message_encoding: MessageEncoding,
+    /// `functionTimeout`: how long one attempt may run; `None` = no limit.
+    pub function_timeout: Option<Duration>,
+    /// Lease on a received message (visibility while it runs).
+    pub lease: Duration,
+    /// `aqw.retry`: the delay before a failed message is seen again.
+    pub retry: RetryStrategy,
+    /// `aqw.tables.keys`: the idempotency key table.
+    pub keys_table: String,
+    /// `aqw.tables.poison`: the poison record table.
+    pub poison_table: String,
+    /// `aqw.tables.control`: pause and breaker state per function.
+    pub control_table: String,
+    /// Poll heartbeats (`aqw.tables.heartbeats`), read by `aqw status`.
+    pub heartbeat_table: String,
+    /// TTL of poison queue messages; `None` = never expires.
+    pub poison_ttl: Option<Duration>,
+    /// `aqw.poison.format`: aqw's envelope (default) or the raw body on
+    /// `<queue>-poison`.
+    pub poison_format: crate::poison::PoisonFormat,
+    /// `aqw.alert.webhook`: where poison and breaker alerts are posted;
+    /// `None` = logged only.
+    pub alert_webhook: Option<url::Url>,
+    /// `aqw.alert.window`: how long poison events are gathered into one alert.
+    pub alert_window: Duration,
+    /// `aqw.alert.format`: the webhook body's shape.
+    pub alert_format: crate::alert::AlertFormat,
+    /// `aqw.alert.dashboardUrl`: linked from every alert (`{queue}` filled in).
+    pub alert_dashboard_url: Option<url::Url>,
+    /// `aqw.alert.secret`, resolved: signs each webhook body.
+    pub alert_secret: Option<crate::alert::SigningSecret>,
+    /// `aqw.http.port`: the port of the health and metrics endpoint; `None`
+    /// = no endpoint.
+    pub http_port: Option<u16>,
+    /// `aqw.http.metricsInterval`: how often the health gauges are refreshed.
+    pub metrics_interval: Duration,
+    /// `aqw.tracing.parent`: where a JSON payload carries its producer's
+    /// trace context (RFC 6901 pointer). Queue messages have no headers, so
+    /// nothing is read or written there unless this is set.
+    pub trace_parent: Option<String>,
+    /// `aqw.shutdownTimeout`: how long in-flight jobs may run on after a
+    /// shutdown signal before they are interrupted.
+    pub shutdown_timeout: Duration,
+    /// `aqw.retention`: what the purge commands and the sweep may delete.
+    pub retention: Retention,
+    /// The functions aqw runs.
+    pub functions: Vec<FunctionConfig>,
+    /// Function folders aqw does not run: disabled, or not a queue trigger.
+    /// `aqw run` warns about each; `aqw serve` answers their invocations 404.
+    pub skipped: Vec<SkippedFunction>,
+}
+
+/// A function of the app folder that aqw leaves alone, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedFunction {
+    /// The function folder's name.
+    pub name: String,
+    /// Why aqw does not run it.
+    pub reason: String,
+}
+
+impl AppConfig {
+    /// The configuration an empty `host.json` gives (Functions defaults:
+    /// `maxDequeueCount` 5, `batchSize` 16, `newBatchThreshold` half the
+    /// batch per core, base64 messages; aqw's: a 30 s lease, exponential
+    /// retry from 1 s to 5 min, tables `aqwkeys`, `aqwpoison`, `aqwcontrol`,
+    /// `aqwheartbeats`), with no functions. The binary's loader is checked
+    /// against it (`config::tests` in crate `aqw`).
+    pub fn defaults(app_dir: impl Into<PathBuf>) -> Self {
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1);
+        let batch_size = 16;
+        Self {
+            app_dir: app_dir.into(),
+            max_dequeue_count: 5,
+            batch_size,
+            new_batch_threshold: (batch_size / 2) * cores,
+            max_polling_interval: Duration::from_secs(60),
+            message_encoding: MessageEncoding::Base64,
+            function_timeout: None,
+            lease: Duration::from_secs(30),
+            retry: RetryStrategy::Exponential {
+                initial_delay: Duration::from_secs(1),
+                max_delay: Duration::from_secs(300),
+            },
+            keys_table: "aqwkeys".into(),
+            poison_table: "aqwpoison".into(),
+            control_table: "aqwcontrol".into(),
+            heartbeat_table: "aqwheartbeats".into(),
+            poison_ttl: None,
+            poison_format: crate::poison::PoisonFormat::default(),
+            alert_webhook: None,
+            alert_window: Duration::from_secs(300),
+            alert_format: crate::alert::AlertFormat::default(),
+            alert_dashboard_url: None,
+            alert_secret: None,
+            http_port: None,
+            metrics_interval: Duration::from_secs(60),
+            trace_parent: None,
+            shutdown_timeout: Duration::from_secs(25),
+            retention: Retention::default(),
+            functions: vec![],
+            skipped: vec![],
+        }
+    }
+
+    /// Cap, retry delays, lease and timeout, as the engine's [`Policy`](crate::decide::Policy).
+    pub fn policy(&self) -> crate::decide::Policy {
+        crate::decide::Policy {
+            max_dequeue_count: self.max_dequeue_count,
+            retry: self.retry,
+            lease: self.lease,
+            timeout: self.function_timeout,
+            host_poisons_failed_last_attempt: false,
+        }
+    }
+
+    /// The function named `name`, if the app has one.
+    pub fn function(&self, name: &str) -> Option<&FunctionConfig> {
+        self.functions.iter().find(|f| f.name == name)
+    }
+
+    /// Where and how poison alerts are posted, when a webhook is set.
+    pub fn alert_target(&self) -> Option<crate::alert::Webhook> {
+        self.alert_webhook.clone().map(|url| crate::alert::Webhook {
+            url,
+            format: self.alert_format,
+            dashboard_url: self.alert_dashboard_url.clone(),
+            secret: self.alert_secret.clone(),
+        })
+    }
+
+    /// Functions consuming `queue` (the source queue of a poison record).
+    pub fn function_for_queue(&self, queue: &str) -> Option<&FunctionConfig> {
+        self.functions.iter().find(|f| f.queue == queue)
+    }
+}
+
+/// Azure queue name rules, plus room for the `-poison` twin.
+pub fn validate_queue_name(name: &str) -> Result<(), String> {
+    let ok_chars = name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if name.len() < 3 || name.len() > 63 || !ok_chars {
+        return Err(format!(
+            "\"{name}\" is not a valid queue name (3-63 lowercase letters, digits and dashes)"
+        ));
+    }
+    if name.starts_with('-') || name.ends_with('-') || name.contains("--") {
+        return Err(format!(
+            "\"{name}\" is not a valid queue name (no leading, trailing or double dash)"
+        ));
+    }
+    if name.ends_with(crate::poison::POISON_SUFFIX) {
+        return Err(format!("\"{name}\" is a poison queue; replay it with `aqw poison replay` instead of consuming it"));
+    }
+    if name.len() + crate::poison::POISON_SUFFIX.len() > 63 {
+        return Err(format!(
+            "\"{name}\" is too long for its -poison twin (at most 56 characters)"
+        ));
+    }
+    Ok(())
+}
+
+/// A table name Azure takes (3-63 letters and digits, starting with a letter).
+pub fn validate_table_name(name: &str) -> Result<(), String> {
+    let ok = name.len() >= 3
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_alphanumeric())
+        && name.as_bytes()[0].is_ascii_alphabetic();
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("\"{name}\" is not a valid table name (3-63 letters and digits, starting with a letter)"))
+    }
+}
+
+/// A function name as Functions takes it (letters, digits, `_` and `-`,
+/// starting with a letter, at most 128).
+pub fn validate_function_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        && name.as_bytes()[0].is_ascii_alphabetic();
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("\"{name}\" is not a valid function name (letters, digits, _ and -, starting with a letter)"))
+    }
+}

@@ -1,0 +1,57 @@
+//! Functions timespans (`[d.]hh:mm:ss[.fffffff]`), as host.json writes them.
+
+use std::time::Duration;
+
+/// Parse a Functions timespan: `[d.]hh:mm:ss[.fffffff]`.
+pub fn parse_timespan(s: &str) -> Result<Duration, String> {
+    let bad = || format!("\"{s}\" is not a timespan (hh:mm:ss[.fff])");
+    let (days, rest) = match s.split_once('.') {
+        Some((d, r)) if r.contains(':') && !d.contains(':') => {
+            (d.parse::<u64>().map_err(|_| bad())?, r)
+        }
+        _ => (0, s),
+    };
+    let parts: Vec<&str> = rest.split(':').collect();
+    if parts.len() != 3 {
+        return Err(bad());
+    }
+    let num = |p: &str, max: u64| -> Result<u64, String> {
+        if p.is_empty() || p.len() > 2 || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        let n: u64 = p.parse().map_err(|_| bad())?;
+        if n > max {
+            return Err(bad());
+        }
+        Ok(n)
+    };
+    // .NET reads "24:00:00" as 24 days; say so rather than guess either way.
+    let hours = num(parts[0], 23).map_err(|e| match parts[0].parse::<u64>() {
+        Ok(h) if h >= 24 && days == 0 => format!(
+            "{e}: hours go up to 23; write {}.{:02}:{}:{} for {h} hours",
+            h / 24,
+            h % 24,
+            parts[1],
+            parts[2]
+        ),
+        _ => e,
+    })?;
+    let minutes = num(parts[1], 59)?;
+    let (secs, frac) = match parts[2].split_once('.') {
+        Some((s2, f)) => (s2, Some(f)),
+        None => (parts[2], None),
+    };
+    let seconds = num(secs, 59)?;
+    let nanos = match frac {
+        None => 0,
+        Some(f) if !f.is_empty() && f.len() <= 7 && f.bytes().all(|b| b.is_ascii_digit()) => {
+            let padded = format!("{f:0<9}");
+            padded.parse::<u32>().map_err(|_| bad())?
+        }
+        Some(_) => return Err(bad()),
+    };
+    Ok(Duration::new(
+        days * 86400 + hours * 3600 + minutes * 60 + seconds,
+        nanos,
+    ))
+}

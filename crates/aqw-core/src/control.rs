@@ -1,0 +1,185 @@
+//! The control row of each function, in its own table (`aqw.tables.control`,
+//! `aqwcontrol` by default; PartitionKey `function`, RowKey the function's
+//! name): whether an operator paused it (by whom, when, why), and the
+//! breaker state the last worker to change it published. Every worker and
+//! `aqw serve` read it every [`WATCH_INTERVAL`]; `aqw status` reads it once.
+//! [`ControlStore`] is the only code that knows its columns.
+
+use crate::idempotency::now_rfc3339;
+use crate::storage::{Entity, StorageError, StorageResult, TableStore};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often a running function reads its control row: a pause or resume
+/// is honoured within this (plus one in-flight receive), at one table read
+/// per function per interval.
+pub const WATCH_INTERVAL: Duration = Duration::from_secs(2);
+
+const PARTITION: &str = "function";
+
+mod col {
+    pub(super) const PAUSED: &str = "Paused";
+    pub(super) const PAUSED_BY: &str = "PausedBy";
+    pub(super) const PAUSED_AT: &str = "PausedAt";
+    pub(super) const PAUSE_REASON: &str = "PauseReason";
+    pub(super) const RESUMED_BY: &str = "ResumedBy";
+    pub(super) const RESUMED_AT: &str = "ResumedAt";
+    pub(super) const BREAKER: &str = "BreakerState";
+    pub(super) const BREAKER_AT: &str = "BreakerChangedAt";
+    pub(super) const BREAKER_REASON: &str = "BreakerReason";
+    pub(super) const BREAKER_WORKER: &str = "BreakerWorker";
+}
+
+/// An operator's pause.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Pause {
+    /// Who paused it.
+    pub by: String,
+    /// When (RFC 3339).
+    pub at: String,
+    /// Why, in the operator's words.
+    pub reason: String,
+}
+
+/// The breaker state a worker published.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PublishedBreaker {
+    /// `closed`, `open` or `half-open`.
+    pub state: String,
+    /// When it changed (RFC 3339).
+    pub at: String,
+    /// Why: the transition's summary (or the resume that marked it closed).
+    pub reason: String,
+    /// The id of the worker that published it.
+    pub worker: String,
+}
+
+/// One function's control row, read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Control {
+    /// The operator's pause; `None` when not paused.
+    pub pause: Option<Pause>,
+    /// The breaker state last published; `None` when no worker published one.
+    pub breaker: Option<PublishedBreaker>,
+}
+
+impl Control {
+    /// True when the breaker someone published is not closed.
+    pub fn breaker_open(&self) -> bool {
+        self.breaker.as_ref().is_some_and(|b| b.state != "closed")
+    }
+
+    fn from_entity(e: &Entity) -> Self {
+        let s = |k: &str| e.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
+        let paused = e.get(col::PAUSED).and_then(|v| v.as_bool()) == Some(true);
+        let pause = paused.then(|| Pause {
+            by: s(col::PAUSED_BY),
+            at: s(col::PAUSED_AT),
+            reason: s(col::PAUSE_REASON),
+        });
+        let breaker = e.contains_key(col::BREAKER).then(|| PublishedBreaker {
+            state: s(col::BREAKER),
+            at: s(col::BREAKER_AT),
+            reason: s(col::BREAKER_REASON),
+            worker: s(col::BREAKER_WORKER),
+        });
+        Self { pause, breaker }
+    }
+}
+
+/// Every read and write of control rows.
+#[derive(Clone)]
+pub struct ControlStore {
+    table: Arc<dyn TableStore>,
+}
+
+impl ControlStore {
+    /// The control rows of `table`.
+    pub fn new(table: Arc<dyn TableStore>) -> Self {
+        Self { table }
+    }
+
+    /// Create the control table if it does not exist.
+    pub async fn create_if_missing(&self) -> StorageResult<()> {
+        self.table.create_if_missing().await
+    }
+
+    /// The function's control row; the default when there is none (or no
+    /// table yet).
+    pub async fn get(&self, function: &str) -> StorageResult<Control> {
+        match self.table.get(PARTITION, function).await {
+            Ok(Some((e, _))) => Ok(Control::from_entity(&e)),
+            Ok(None) | Err(StorageError::NotFound) => Ok(Control::default()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Pause `function`: recorded with who, when and why; workers stop
+    /// receiving within [`WATCH_INTERVAL`].
+    pub async fn pause(&self, function: &str, by: &str, reason: &str) -> StorageResult<()> {
+        let mut u = Entity::new();
+        u.insert(col::PAUSED.into(), json!(true));
+        u.insert(col::PAUSED_BY.into(), json!(by));
+        u.insert(col::PAUSED_AT.into(), json!(now_rfc3339()));
+        u.insert(col::PAUSE_REASON.into(), json!(reason));
+        self.upsert(function, u).await
+    }
+
+    /// Lift the pause. A breaker state left open by a worker that has
+    /// stopped would keep `aqw status` at exit 1 for ever, so a resume
+    /// also marks it closed; a live worker whose breaker is still open
+    /// publishes `open` again at its next failed probe.
+    pub async fn resume(&self, function: &str, by: &str) -> StorageResult<()> {
+        let mut u = Entity::new();
+        let now = now_rfc3339();
+        u.insert(col::PAUSED.into(), json!(false));
+        u.insert(col::RESUMED_BY.into(), json!(by));
+        u.insert(col::RESUMED_AT.into(), json!(now));
+        if self.get(function).await?.breaker_open() {
+            u.insert(col::BREAKER.into(), json!("closed"));
+            u.insert(col::BREAKER_AT.into(), json!(now));
+            u.insert(
+                col::BREAKER_REASON.into(),
+                json!(format!("marked closed by aqw resume ({by})")),
+            );
+        }
+        self.upsert(function, u).await
+    }
+
+    /// A worker's breaker changed state: last writer wins, which is the
+    /// most recent transition of any worker.
+    pub async fn publish_breaker(
+        &self,
+        function: &str,
+        state: &str,
+        reason: &str,
+        worker: &str,
+    ) -> StorageResult<()> {
+        let mut u = Entity::new();
+        u.insert(col::BREAKER.into(), json!(state));
+        u.insert(col::BREAKER_AT.into(), json!(now_rfc3339()));
+        u.insert(col::BREAKER_REASON.into(), json!(reason));
+        u.insert(col::BREAKER_WORKER.into(), json!(worker));
+        self.upsert(function, u).await
+    }
+
+    /// Merge into the row, creating it (and the table) when missing.
+    async fn upsert(&self, function: &str, update: Entity) -> StorageResult<()> {
+        for _ in 0..3 {
+            match self.table.merge(PARTITION, function, &update, None).await {
+                Ok(_) => return Ok(()),
+                Err(StorageError::NotFound) => {}
+                Err(e) => return Err(e),
+            }
+            match self.table.insert(PARTITION, function, &update).await {
+                Ok(_) => return Ok(()),
+                // Someone inserted it meanwhile: merge again.
+                Err(StorageError::Conflict) => continue,
+                Err(StorageError::NotFound) => self.table.create_if_missing().await?,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StorageError::Conflict)
+    }
+}

@@ -1,0 +1,410 @@
+//! The decision core: what happens to one message, as a pure function of
+//! what is known about it, in two stages. Before anything runs,
+//! [`next_step`] says claim, run, or settle without running
+//! ([`WithoutRunning`]: a duplicate, a deferral, a poison); after the
+//! handler's attempt, [`fate`] says complete, retry, release or poison
+//! ([`Fate`]). [`crate::job::process`] gathers the facts (decoding, the key,
+//! the key's record, the handler's result) and carries the answers out;
+//! nothing here does I/O, so every row of the message-life table is a unit
+//! test below.
+
+use crate::message::ErrorKind;
+use crate::retry::{retry_delay, RetryStrategy, MAX_RETRY_DELAY};
+use std::time::Duration;
+use time::OffsetDateTime;
+
+/// Everything about attempts and retries that config decides, in one value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Policy {
+    /// `extensions.queues.maxDequeueCount`.
+    pub max_dequeue_count: u32,
+    /// `aqw.retry`: the delay before a failed message is seen again.
+    pub retry: RetryStrategy,
+    /// Message visibility and key lease while a handler runs.
+    pub lease: Duration,
+    /// `functionTimeout`.
+    pub timeout: Option<Duration>,
+    /// A failed last attempt is poisoned by someone else, with no error (the
+    /// Functions host in `aqw serve`): at the cap a deferral becomes a record.
+    pub host_poisons_failed_last_attempt: bool,
+}
+
+/// What is known of the message before anything runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Facts<'a> {
+    /// The message's DequeueCount (1 on its first delivery).
+    pub dequeue_count: u32,
+    /// The decoded text, or why it could not be decoded (base64, UTF-8).
+    pub payload: Result<&'a str, &'a str>,
+    /// Why no key could be derived (not JSON, a missing field), if so.
+    pub key_error: Option<&'a str>,
+}
+
+/// What the key's record says, as far as it has been looked at.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KeyState<'a> {
+    /// The job has no key (`key: none`, or none could be derived).
+    Keyless,
+    /// Keyed, not claimed yet.
+    Unclaimed,
+    /// This attempt holds the key's lease.
+    Claimed,
+    /// Done, or closed by an operator: nothing may run again.
+    Settled,
+    /// Another attempt holds a live lease until then.
+    Held {
+        /// When the other attempt's lease ends.
+        until: OffsetDateTime,
+    },
+    /// Read over the cap: a record that is neither settled nor held.
+    Free {
+        /// The last error noted on the key, if any.
+        last_error: Option<&'a str>,
+    },
+}
+
+/// What to do before the handler runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NextStep<'a> {
+    /// Claim the key, then ask [`next_step`] again with what the claim found.
+    Claim,
+    /// Run the handler on this decoded payload (key claimed, or keyless).
+    Run {
+        /// The decoded message text.
+        payload: &'a str,
+    },
+    /// Settle the message without running the handler.
+    Settle(WithoutRunning),
+}
+
+/// How a message is settled without running the handler.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WithoutRunning {
+    /// The key is settled: delete the message.
+    Duplicate,
+    /// Another attempt holds the key: look again after `until`.
+    Defer {
+        /// When the holder's lease ends.
+        until: OffsetDateTime,
+    },
+    /// Undecodable, no key derivable, over the cap, or held at the last
+    /// attempt in serve mode.
+    Poison(PoisonCase),
+}
+
+/// Why a message goes to `<queue>-poison`: the error its record and
+/// envelope carry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoisonCase {
+    /// The kind of the error that poisoned it.
+    pub kind: ErrorKind,
+    /// The error's text.
+    pub reason: String,
+    /// The effect may have happened anyway (kept on the key's record).
+    pub uncertain: bool,
+}
+
+/// How the handler's attempt ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttemptResult<'a> {
+    /// The handler returned success.
+    Succeeded,
+    /// Shutdown stopped it mid-way.
+    Interrupted,
+    /// The handler failed (or timed out).
+    Failed {
+        /// How it failed (retryable, timeout, permanent, …).
+        kind: ErrorKind,
+        /// The error's text.
+        message: &'a str,
+        /// The delay the handler asked for before the next attempt, if any.
+        retry_after: Option<Duration>,
+        /// The effect may have happened anyway.
+        uncertain: bool,
+    },
+}
+
+/// The fate of a message after the handler's attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fate {
+    /// Mark the key done, delete the message.
+    Complete,
+    /// Note the failure on the key; make the message visible again after `after`.
+    Retry {
+        /// How long the message stays invisible before its next attempt.
+        after: Duration,
+        /// The error's text, noted on the key.
+        reason: String,
+        /// The attempt's effect may have happened anyway.
+        uncertain: bool,
+    },
+    /// Make the message visible again at once (shutdown).
+    Release,
+    /// Copy to `<queue>-poison` with this error and a record, then delete.
+    Poison(PoisonCase),
+}
+
+/// What to do before running, from the facts and the key's record so far.
+pub fn next_step<'a>(facts: &Facts<'a>, key: &KeyState, policy: &Policy) -> NextStep<'a> {
+    let (dc, max) = (facts.dequeue_count, policy.max_dequeue_count);
+    if dc > max {
+        // Attempts spent waiting on another holder of the key are not
+        // failures: a settled key makes this a duplicate, a live lease a
+        // deferral, whatever the dequeue count says.
+        return NextStep::Settle(match key {
+            KeyState::Settled => WithoutRunning::Duplicate,
+            KeyState::Held { until } => WithoutRunning::Defer { until: *until },
+            KeyState::Free {
+                last_error: Some(e),
+            } => over_the_cap(dc, max, Some(e)),
+            _ => over_the_cap(dc, max, None),
+        });
+    }
+    let payload = match facts.payload {
+        Ok(payload) => payload,
+        Err(e) => return NextStep::Settle(poison(ErrorKind::Decode, e)),
+    };
+    if let Some(e) = facts.key_error {
+        return NextStep::Settle(poison(ErrorKind::Permanent, e));
+    }
+    match key {
+        KeyState::Unclaimed | KeyState::Free { .. } => NextStep::Claim,
+        KeyState::Keyless | KeyState::Claimed => NextStep::Run { payload },
+        KeyState::Settled => NextStep::Settle(WithoutRunning::Duplicate),
+        // The host would poison this message on a non-2xx, with no error and
+        // no record. Keep it as a record instead: a replay is a duplicate if
+        // the holder finishes, and runs otherwise.
+        KeyState::Held { until } if dc >= max && policy.host_poisons_failed_last_attempt => {
+            NextStep::Settle(poison(
+                ErrorKind::Retryable,
+                &format!(
+                    "key held by another attempt (lease until {until}) at the last attempt \
+                     (maxDequeueCount {max}); the Functions host would poison it without an error"
+                ),
+            ))
+        }
+        KeyState::Held { until } => NextStep::Settle(WithoutRunning::Defer { until: *until }),
+    }
+}
+
+/// The fate after the handler's attempt. `jitter` in [0, 1) spreads retry
+/// delays (random in production, fixed in tests).
+pub fn fate(facts: &Facts, attempt: &AttemptResult, policy: &Policy, jitter: f64) -> Fate {
+    let (dc, max) = (facts.dequeue_count, policy.max_dequeue_count);
+    match attempt {
+        AttemptResult::Succeeded => Fate::Complete,
+        AttemptResult::Interrupted => Fate::Release,
+        AttemptResult::Failed {
+            kind,
+            message,
+            retry_after,
+            uncertain,
+        } => {
+            if *kind != ErrorKind::Permanent && dc < max {
+                let after = retry_after
+                    .unwrap_or_else(|| retry_delay(&policy.retry, dc, jitter))
+                    .min(MAX_RETRY_DELAY);
+                Fate::Retry {
+                    after,
+                    reason: message.to_string(),
+                    uncertain: *uncertain,
+                }
+            } else {
+                Fate::Poison(PoisonCase {
+                    kind: *kind,
+                    reason: message.to_string(),
+                    uncertain: *uncertain,
+                })
+            }
+        }
+    }
+}
+
+fn over_the_cap(dc: u32, max: u32, last_error: Option<&str>) -> WithoutRunning {
+    let mut reason = format!("dequeued {dc} times without completing (maxDequeueCount {max})");
+    if let Some(e) = last_error {
+        reason.push_str(&format!("; last error: {e}"));
+    }
+    poison(ErrorKind::Crashed, &reason)
+}
+
+fn poison(kind: ErrorKind, reason: &str) -> WithoutRunning {
+    WithoutRunning::Poison(PoisonCase {
+        kind,
+        reason: reason.to_string(),
+        uncertain: false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAYLOAD: &str = r#"{"orderId":"A-1"}"#;
+
+    fn policy() -> Policy {
+        Policy {
+            max_dequeue_count: 5,
+            retry: RetryStrategy::Fixed {
+                delay: Duration::from_secs(2),
+            },
+            lease: Duration::from_secs(30),
+            timeout: None,
+            host_poisons_failed_last_attempt: false,
+        }
+    }
+
+    fn serve_policy() -> Policy {
+        Policy {
+            host_poisons_failed_last_attempt: true,
+            ..policy()
+        }
+    }
+
+    fn facts(dc: u32) -> Facts<'static> {
+        Facts {
+            dequeue_count: dc,
+            payload: Ok(PAYLOAD),
+            key_error: None,
+        }
+    }
+
+    fn until() -> OffsetDateTime {
+        OffsetDateTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+    }
+
+    fn failed(kind: ErrorKind) -> AttemptResult<'static> {
+        AttemptResult::Failed {
+            kind,
+            message: "HTTP 503",
+            retry_after: None,
+            uncertain: true,
+        }
+    }
+
+    fn case(kind: ErrorKind, reason: &str, uncertain: bool) -> PoisonCase {
+        PoisonCase {
+            kind,
+            reason: reason.into(),
+            uncertain,
+        }
+    }
+
+    fn poisoned(kind: ErrorKind, reason: &str) -> NextStep<'static> {
+        NextStep::Settle(WithoutRunning::Poison(case(kind, reason, false)))
+    }
+
+    /// The message-life table before the handler runs: one row per case, the
+    /// facts and the key's record, and the step they must give.
+    #[test]
+    fn the_message_life_table_before_running() {
+        let (until, p) = (until(), policy());
+        let bad_base64 = Facts {
+            payload: Err("invalid base64"),
+            ..facts(1)
+        };
+        let no_field = Facts {
+            key_error: Some("key field /orderId is missing"),
+            ..facts(1)
+        };
+        let run = NextStep::Run { payload: PAYLOAD };
+        let duplicate = NextStep::Settle(WithoutRunning::Duplicate);
+        let defer = NextStep::Settle(WithoutRunning::Defer { until });
+        use KeyState as K;
+        #[rustfmt::skip]
+        let rows: Vec<(&str, Facts, K, NextStep)> = vec![
+            ("first attempt, keyed: claim", facts(1), K::Unclaimed, NextStep::Claim),
+            ("claimed: run", facts(1), K::Claimed, run.clone()),
+            ("keyless: run", facts(1), K::Keyless, run),
+            ("undecodable: poison without running", bad_base64, K::Keyless,
+                poisoned(ErrorKind::Decode, "invalid base64")),
+            ("no key derivable: poison without running", no_field, K::Keyless,
+                poisoned(ErrorKind::Permanent, "key field /orderId is missing")),
+            ("duplicate of a done key", facts(1), K::Settled, duplicate.clone()),
+            ("key held by a live lease: defer", facts(2), K::Held { until }, defer.clone()),
+            ("held at the last attempt, run mode: defer", facts(5), K::Held { until }, defer.clone()),
+            ("over the cap, never completed: poison without running", facts(6), K::Free { last_error: Some("HTTP 503") },
+                poisoned(ErrorKind::Crashed, "dequeued 6 times without completing (maxDequeueCount 5); last error: HTTP 503")),
+            ("over the cap, no record: poison", facts(6), K::Keyless,
+                poisoned(ErrorKind::Crashed, "dequeued 6 times without completing (maxDequeueCount 5)")),
+            ("over the cap, key done: duplicate", facts(6), K::Settled, duplicate.clone()),
+            ("over the cap, key held: defer", facts(9), K::Held { until }, defer),
+            ("over the cap beats a decode error", Facts { dequeue_count: 6, ..bad_base64 }, K::Keyless,
+                poisoned(ErrorKind::Crashed, "dequeued 6 times without completing (maxDequeueCount 5)")),
+            ("replayed message (count 1 again), key poisoned before: claim", facts(1), K::Free { last_error: None }, NextStep::Claim),
+            ("replayed message, key done meanwhile: duplicate", facts(1), K::Settled, duplicate),
+        ];
+        for (name, f, key, want) in rows {
+            assert_eq!(next_step(&f, &key, &p), want, "{name}");
+        }
+    }
+
+    /// The message-life table after the attempt: one row per case, how the
+    /// attempt ended and the fate it must give.
+    #[test]
+    fn the_message_life_table_after_the_attempt() {
+        let p = policy();
+        let retry = Fate::Retry {
+            after: Duration::from_secs(2),
+            reason: "HTTP 503".into(),
+            uncertain: true,
+        };
+        use AttemptResult as A;
+        #[rustfmt::skip]
+        let rows: Vec<(&str, Facts, A, Fate)> = vec![
+            ("success: complete", facts(1), A::Succeeded, Fate::Complete),
+            ("retryable below the cap: retry", facts(1), failed(ErrorKind::Retryable), retry.clone()),
+            ("timeout below the cap: retry", facts(4), failed(ErrorKind::Timeout), retry),
+            ("retryable at the cap: poison, uncertainty kept", facts(5), failed(ErrorKind::Retryable),
+                Fate::Poison(case(ErrorKind::Retryable, "HTTP 503", true))),
+            ("permanent on the first attempt: poison", facts(1), failed(ErrorKind::Permanent),
+                Fate::Poison(case(ErrorKind::Permanent, "HTTP 503", true))),
+            ("shutdown mid-way: release", facts(1), A::Interrupted, Fate::Release),
+        ];
+        for (name, f, attempt, want) in rows {
+            assert_eq!(fate(&f, &attempt, &p, 0.5), want, "{name}");
+        }
+    }
+
+    /// Serve mode, held at the last attempt: a record, not a silent host poison.
+    #[test]
+    fn serve_mode_poisons_a_key_held_at_the_last_attempt_with_a_record() {
+        let (until, serve) = (until(), serve_policy());
+        let held = KeyState::Held { until };
+        match next_step(&facts(5), &held, &serve) {
+            NextStep::Settle(WithoutRunning::Poison(PoisonCase { kind, reason, .. })) => {
+                assert_eq!(kind, ErrorKind::Retryable);
+                assert!(reason.contains("held by another attempt"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            next_step(&facts(4), &held, &serve),
+            NextStep::Settle(WithoutRunning::Defer { until }),
+            "below the cap serve mode defers too"
+        );
+    }
+
+    #[test]
+    fn a_retry_after_from_the_handler_wins_but_is_capped_at_seven_days() {
+        let p = policy();
+        let ask = |after| AttemptResult::Failed {
+            kind: ErrorKind::Retryable,
+            message: "429",
+            retry_after: Some(after),
+            uncertain: false,
+        };
+        let retry = |after| Fate::Retry {
+            after,
+            reason: "429".into(),
+            uncertain: false,
+        };
+        let ninety = Duration::from_secs(90);
+        assert_eq!(fate(&facts(1), &ask(ninety), &p, 0.0), retry(ninety));
+        let a_month = Duration::from_secs(30 * 24 * 3600);
+        assert_eq!(
+            fate(&facts(1), &ask(a_month), &p, 0.0),
+            retry(MAX_RETRY_DELAY)
+        );
+    }
+}

@@ -1,0 +1,231 @@
+//! What a function's poll loop asks before each receive: is it paused by an
+//! operator (the control row, read every [`WATCH_INTERVAL`]), and what does
+//! its circuit breaker ([`crate::breaker`]) allow. The [`Gate`] also hears
+//! how each attempt ended, and makes every breaker transition visible: one
+//! log line, the `aqw_function_paused` and `aqw_breaker_state` gauges and `aqw_breaker_transitions_total`
+//! counter, an alert webhook event, and the state on the control row where
+//! `aqw status` reads it.
+
+use crate::alert::{error_group, Alerts};
+use crate::breaker::{Admission, Attempt, Breaker, BreakerSettings, Transition};
+use crate::control::{ControlStore, WATCH_INTERVAL};
+use crate::scrub::scrub;
+use serde_json::json;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// How long a paused poll loop waits before asking again.
+const PAUSED_POLL: Duration = Duration::from_millis(250);
+
+/// One function's pause and breaker.
+pub struct Gate {
+    function: String,
+    worker_id: String,
+    control: ControlStore,
+    alerts: Alerts,
+    paused: AtomicBool,
+    breaker: Option<Mutex<BreakerState>>,
+}
+
+struct BreakerState {
+    breaker: Breaker,
+    /// The last counted failure's text, for the transition's message.
+    last_error: Option<String>,
+}
+
+impl Gate {
+    /// The gate of `function` on this worker: unpaused until the control row
+    /// says otherwise, with a breaker when `settings` is set (`None`: no
+    /// breaker). Transitions are published through `control` and `alerts`.
+    pub fn new(
+        function: &str,
+        worker_id: &str,
+        settings: Option<BreakerSettings>,
+        control: ControlStore,
+        alerts: Alerts,
+    ) -> Self {
+        if settings.is_some() {
+            metrics::gauge!("aqw_breaker_state", "function" => function.to_string()).set(0.0);
+        }
+        metrics::gauge!("aqw_function_paused", "function" => function.to_string()).set(0.0);
+        Self {
+            function: function.to_string(),
+            worker_id: worker_id.to_string(),
+            control,
+            alerts,
+            paused: AtomicBool::new(false),
+            breaker: settings.map(|s| {
+                Mutex::new(BreakerState {
+                    breaker: Breaker::new(s),
+                    last_error: None,
+                })
+            }),
+        }
+    }
+
+    /// Whether an operator paused the function (as last read from its control row).
+    pub fn paused(&self) -> bool {
+        self.paused.load(Ordering::Relaxed)
+    }
+
+    /// Before a receive of up to `want` messages.
+    pub fn admit(&self, want: u32) -> Admission {
+        if self.paused() {
+            return Admission::Wait(PAUSED_POLL);
+        }
+        let Some(b) = &self.breaker else {
+            return Admission::Receive(want);
+        };
+        let (admission, transition) = {
+            let mut b = b.lock().unwrap();
+            b.breaker.admit(Instant::now(), want)
+        };
+        if let Some(t) = transition {
+            self.announce(&t);
+        }
+        admission
+    }
+
+    /// While the breaker is open, a received message is parked for this
+    /// long instead of run (or its failure parked instead of counted).
+    pub fn holds(&self) -> Option<Duration> {
+        let b = self.breaker.as_ref()?.lock().unwrap();
+        b.breaker.holds().then(|| b.breaker.cool_down())
+    }
+
+    /// How one attempt ended; `error` is the failure's text.
+    pub fn record(&self, attempt: Attempt, error: Option<&str>) {
+        let Some(b) = &self.breaker else { return };
+        let transition = {
+            let mut b = b.lock().unwrap();
+            if let Some(e) = error {
+                b.last_error = Some(e.to_string());
+            }
+            b.breaker.record(Instant::now(), attempt)
+        };
+        if let Some(t) = transition {
+            self.announce(&t);
+        }
+    }
+
+    /// One log line, the metrics, the webhook event and the control row.
+    fn announce(&self, t: &Transition) {
+        let function = self.function.clone();
+        let (gauge, cause) = {
+            let b = self.breaker.as_ref().expect("only a breaker transitions");
+            let b = b.lock().unwrap();
+            (b.breaker.state().gauge(), b.last_error.clone())
+        };
+        let summary = summary(&function, t, cause.as_deref());
+        metrics::gauge!("aqw_breaker_state", "function" => function.clone()).set(gauge);
+        metrics::counter!("aqw_breaker_transitions_total", "function" => function.clone(), "to" => t.to()).increment(1);
+        let event = format!("aqw.breaker.{}", t.to().replace('-', "_"));
+        match t {
+            Transition::Closed => info!(event = %event, function = %function, "{summary}"),
+            _ => warn!(event = %event, function = %function, "{summary}"),
+        }
+        self.alerts.breaker(json!({
+            "event": event,
+            "severity": if matches!(t, Transition::Closed) { "info" } else { "warning" },
+            "function": function,
+            "state": t.to(),
+            "summary": summary,
+            "worker": self.worker_id,
+        }));
+        let (control, worker, state) = (self.control.clone(), self.worker_id.clone(), t.to());
+        tokio::spawn(async move {
+            if let Err(e) = control
+                .publish_breaker(&function, state, &summary, &worker)
+                .await
+            {
+                warn!(function = %function, error = %e, "could not publish the breaker state");
+            }
+        });
+    }
+
+    /// Read the control row every [`WATCH_INTERVAL`] until `shutdown`.
+    pub async fn watch(&self, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(WATCH_INTERVAL) => {}
+                _ = shutdown.cancelled() => return,
+            }
+            self.refresh().await;
+        }
+    }
+
+    /// Read the control row once (also before the first receive).
+    pub async fn refresh(&self) {
+        let c = match self.control.get(&self.function).await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(function = %self.function, error = %e, "cannot read the control row; keeping the last pause state");
+                return;
+            }
+        };
+        let paused = c.pause.is_some();
+        if self.paused.swap(paused, Ordering::Relaxed) == paused {
+            return;
+        }
+        metrics::gauge!("aqw_function_paused", "function" => self.function.clone())
+            .set(if paused { 1.0 } else { 0.0 });
+        match &c.pause {
+            Some(p) => {
+                info!(event = "aqw.function.paused", function = %self.function, by = %p.by, reason = %scrub(&p.reason), "paused by an operator: receiving nothing")
+            }
+            None => {
+                info!(event = "aqw.function.resumed", function = %self.function, "resumed by an operator")
+            }
+        }
+    }
+}
+
+/// "GrantCredits paused: 95% of 40 attempts failed with HTTP 503".
+fn summary(function: &str, t: &Transition, cause: Option<&str>) -> String {
+    let cause = cause.map(|c| match error_group(c) {
+        (Some(status), _) => format!("HTTP {status}"),
+        (None, text) => scrub(&text),
+    });
+    let with = cause.map(|c| format!(" with {c}")).unwrap_or_default();
+    match t {
+        Transition::Opened {
+            failed,
+            attempts,
+            cool_down,
+        } => format!(
+            "{function} paused: {}% of {attempts} attempts failed{with}; probing again in {:?}",
+            failed * 100 / (*attempts).max(1),
+            cool_down
+        ),
+        Transition::HalfOpened => {
+            format!("{function}: cool-down over; letting probe messages through")
+        }
+        Transition::Closed => format!("{function} resumed: a probe succeeded"),
+        Transition::Reopened { cool_down } => {
+            format!("{function} paused again: a probe failed{with}; probing again in {cool_down:?}")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_names_the_share_and_the_status() {
+        let t = Transition::Opened {
+            failed: 38,
+            attempts: 40,
+            cool_down: Duration::from_secs(30),
+        };
+        let s = summary("GrantCredits", &t, Some("HTTP 503 from https://x/y: down"));
+        assert!(
+            s.starts_with("GrantCredits paused: 95% of 40 attempts failed with HTTP 503"),
+            "{s}"
+        );
+    }
+}

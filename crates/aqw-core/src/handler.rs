@@ -1,0 +1,158 @@
+//! The handler contract: the code that performs a job's effect returns a
+//! typed result: success (optionally with entities to write in the same
+//! transaction as the key's `done` mark), retryable (optionally with a
+//! retry-after), uncertain, or permanent. The binary's built-in `http` and
+//! `exec` handlers implement it; an embedding binary brings its own.
+
+pub use crate::idempotency::ProviderAnswer;
+use crate::storage::Entity;
+use async_trait::async_trait;
+use std::time::Duration;
+
+/// One attempt of one job, as a handler sees it.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The function the job belongs to.
+    pub function: String,
+    /// The queue message's id.
+    pub message_id: String,
+    /// The message's DequeueCount: 1 on the first attempt.
+    pub dequeue_count: u32,
+    /// The decoded payload.
+    pub payload: String,
+    /// The business key (absent for `"key": "none"`).
+    pub key: Option<crate::idempotency::IdempotencyKey>,
+    /// The provider idempotency key (UUID v4 minted once per key): send it on
+    /// every outside call so a retry or replay cannot double the effect.
+    pub provider_key: Option<String>,
+    /// An earlier attempt held this key and did not finish.
+    pub previously_pending: bool,
+    /// The partition of the key record, for same-store effects.
+    pub key_partition: Option<String>,
+    /// The trace context of the handler call: sent as `traceparent` /
+    /// `tracestate` (HTTP) or `TRACEPARENT` / `TRACESTATE` (exec).
+    pub trace: Option<crate::traces::TraceContext>,
+}
+
+/// What a successful handler asks aqw to write with the `done` mark.
+#[derive(Debug, Default)]
+pub struct Success {
+    /// Entities (row key, properties) inserted into the key's table and
+    /// partition in one entity-group transaction with the `done` mark.
+    pub same_store_effects: Vec<(String, Entity)>,
+    /// What the provider answered, kept in the key's attempt history.
+    pub provider: Option<ProviderAnswer>,
+}
+
+impl Success {
+    /// A plain success: nothing to write with the `done` mark.
+    pub fn done() -> Self {
+        Self::default()
+    }
+    /// A success with the provider's answer recorded.
+    pub fn answered(provider: ProviderAnswer) -> Self {
+        Self {
+            provider: Some(provider),
+            ..Self::default()
+        }
+    }
+    /// Add an entity (`row_key`, properties) to write with the `done` mark
+    /// (see [`Success::same_store_effects`]).
+    pub fn with_entity(mut self, row_key: impl Into<String>, entity: Entity) -> Self {
+        self.same_store_effects.push((row_key.into(), entity));
+        self
+    }
+}
+
+/// A failed attempt, by whether trying again can help.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandlerError {
+    /// Trying again may succeed; the message is retried until the cap.
+    #[error("{message}")]
+    Retryable {
+        /// What went wrong.
+        message: String,
+        /// How long to wait before the next attempt (the provider's
+        /// `Retry-After`); `None` = the retry strategy's delay.
+        retry_after: Option<Duration>,
+        /// The attempt may have taken effect anyway (a timeout, a connection
+        /// lost after the request was sent, a 5xx after the provider took
+        /// the body). Kept in the key's attempt history.
+        may_have_taken_effect: bool,
+    },
+    /// No retry can help (the provider rejected the job): the message is
+    /// poisoned at once.
+    #[error("{message}")]
+    Permanent {
+        /// What went wrong.
+        message: String,
+    },
+}
+
+impl HandlerError {
+    /// A failure that certainly did not take effect (refused, not reached).
+    pub fn retryable(message: impl Into<String>) -> Self {
+        HandlerError::Retryable {
+            message: message.into(),
+            retry_after: None,
+            may_have_taken_effect: false,
+        }
+    }
+    /// A failure whose effect is unknown: retry, but the provider key matters.
+    pub fn uncertain(message: impl Into<String>) -> Self {
+        HandlerError::Retryable {
+            message: message.into(),
+            retry_after: None,
+            may_have_taken_effect: true,
+        }
+    }
+    /// A failure no retry can fix: the message is poisoned at once.
+    pub fn permanent(message: impl Into<String>) -> Self {
+        HandlerError::Permanent {
+            message: message.into(),
+        }
+    }
+}
+
+/// The code that performs a function's job: each attempt of each message is
+/// one call.
+#[async_trait]
+pub trait Handler: Send + Sync {
+    /// Perform the job's effect once, and say how it went.
+    async fn handle(&self, job: &Job) -> Result<Success, HandlerError>;
+}
+
+/// How a function reads its provider's answers
+/// (`aqw.functions.<Name>.handler.replayHeader` / `.refusedStatuses`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderAnswers {
+    /// The response header whose `true` means the provider
+    /// answered from its idempotency store: the effect happened once, earlier.
+    pub replay_header: Option<String>,
+    /// Statuses that mean "refused, not applied", besides 425, 429 and 503.
+    pub refused_statuses: Vec<u16>,
+}
+
+/// What runs a function's job.
+#[derive(Debug, Clone)]
+pub enum HandlerSpec {
+    /// The built-in `http` handler: the payload is POSTed to `url`.
+    Http {
+        /// Where the job is posted.
+        url: url::Url,
+        /// How long one request may take.
+        timeout: Duration,
+        /// How the provider's answers are read (replay header, refusals).
+        answers: ProviderAnswers,
+    },
+    /// The built-in `exec` handler: a command run with the payload on stdin.
+    Exec {
+        /// The program and its arguments.
+        command: Vec<String>,
+        /// How long the command may run; `None` = no limit.
+        timeout: Option<Duration>,
+    },
+    /// Registered in code by the embedding binary under the function's name.
+    Registered,
+}

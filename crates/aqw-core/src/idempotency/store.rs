@@ -1,0 +1,612 @@
+//! The claim protocol over Table Storage: one record per key ([`super::record`]),
+//! claimed by insert or `If-Match` take-over, pending → done.
+
+use super::key::IdempotencyKey;
+use super::record::{
+    abandoned_attempt, cap_error, fmt_time, history_with, now_rfc3339, parse_history, short_error,
+    Attempt, KeyRecord, KeyStatus, ProviderAnswer,
+};
+use crate::storage::{Entity, Etag, StorageError, StorageResult, TableOp, TableStore};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+/// A key this worker holds: what the handler needs and what finishing needs.
+#[derive(Debug, Clone)]
+pub struct ClaimedKey {
+    /// The key claimed.
+    pub key: IdempotencyKey,
+    /// The function it belongs to.
+    pub function: String,
+    /// The record's PartitionKey.
+    pub partition_key: String,
+    /// The record's RowKey.
+    pub row_key: String,
+    /// The record's version after the claim (finishing is conditional on it).
+    pub etag: Etag,
+    /// The provider idempotency key to send (minted with the record).
+    pub provider_key: String,
+    /// An earlier attempt held this key and did not finish: it may have reached
+    /// the provider, so the handler must send the same provider key.
+    pub previously_pending: bool,
+    /// How many attempts claimed the key, this one included.
+    pub attempts: u32,
+    /// Who this claim holds the lease as (the worker's
+    /// `<worker>/<message id>/<dequeue count>`).
+    pub lease_owner: String,
+    /// When the key was first claimed (the job's first attempt).
+    pub first_seen: Option<String>,
+    /// The attempt this claim is for, and the attempts before it.
+    pub message_id: String,
+    /// The message's DequeueCount at this attempt.
+    pub dequeue_count: u32,
+    /// The attempts before this one, oldest first.
+    pub history: Vec<Attempt>,
+}
+
+/// One claim's inputs, shared by its insert and take-over paths.
+struct ClaimRequest<'a> {
+    function: &'a str,
+    key: &'a IdempotencyKey,
+    partition_key: String,
+    row_key: String,
+    owner: &'a str,
+    now: OffsetDateTime,
+    lease_until: String,
+    message_id: &'a str,
+    dequeue_count: u32,
+}
+
+impl ClaimRequest<'_> {
+    /// The record of a key claimed for the first time.
+    fn fresh_entity(&self, provider_key: &str) -> Entity {
+        let fresh = json!({
+            "Key": self.key.as_str(),
+            "Function": self.function,
+            "Status": "pending",
+            "ProviderKey": provider_key,
+            "Attempts": 1,
+            "LastError": "",
+            "LeaseOwner": self.owner,
+            "LeaseUntil": self.lease_until,
+            "MessageId": self.message_id,
+            "FirstSeen": fmt_time(self.now),
+            "ReplayCount": 0,
+        });
+        let Value::Object(fresh) = fresh else {
+            unreachable!("a JSON object literal")
+        };
+        fresh
+    }
+
+    fn claimed(
+        &self,
+        etag: Etag,
+        provider_key: String,
+        attempts: u32,
+        first_seen: Option<String>,
+        history: Vec<Attempt>,
+    ) -> ClaimedKey {
+        ClaimedKey {
+            key: self.key.clone(),
+            function: self.function.into(),
+            partition_key: self.partition_key.clone(),
+            row_key: self.row_key.clone(),
+            etag,
+            provider_key,
+            previously_pending: false,
+            attempts,
+            lease_owner: self.owner.into(),
+            first_seen,
+            message_id: self.message_id.into(),
+            dequeue_count: self.dequeue_count,
+            history,
+        }
+    }
+}
+
+impl ClaimedKey {
+    /// This attempt, as a history entry.
+    fn attempt(&self, outcome: &str, error: Option<&str>, uncertain: bool) -> Attempt {
+        Attempt {
+            at: now_rfc3339(),
+            message_id: self.message_id.clone(),
+            dequeue_count: self.dequeue_count,
+            outcome: outcome.into(),
+            error: error.map(short_error),
+            may_have_taken_effect: uncertain,
+            provider: None,
+        }
+    }
+}
+
+/// What the claim decided.
+#[derive(Debug, Clone)]
+// Returned once per message and matched at once, never stored: boxing the
+// claim would only add an allocation per message.
+#[allow(clippy::large_enum_variant)]
+pub enum NextAction {
+    /// This worker holds the key: run the handler.
+    Run(ClaimedKey),
+    /// The effect already happened: delete the message as a duplicate.
+    AlreadyDone,
+    /// Another worker holds a live lease: come back after it ends.
+    HeldElsewhere {
+        /// When its lease ends.
+        until: OffsetDateTime,
+    },
+}
+
+/// Error from finishing a claim.
+#[derive(Debug, thiserror::Error)]
+pub enum FinishError {
+    /// A storage call failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// Another worker took the key over (our lease expired) before this
+    /// attempt finished.
+    #[error("lost the key's lease to another worker before finishing")]
+    LeaseLost,
+}
+
+/// The idempotency table.
+#[derive(Clone)]
+pub struct KeyStore {
+    table: Arc<dyn TableStore>,
+}
+
+impl KeyStore {
+    /// The key records of `table`.
+    pub fn new(table: Arc<dyn TableStore>) -> Self {
+        Self { table }
+    }
+
+    /// The table the records are in.
+    pub fn table(&self) -> &Arc<dyn TableStore> {
+        &self.table
+    }
+
+    /// The record of `key` of `function`, if there is one.
+    pub async fn get(
+        &self,
+        function: &str,
+        key: &IdempotencyKey,
+    ) -> StorageResult<Option<KeyRecord>> {
+        Ok(self.get_versioned(function, key).await?.map(|(r, _)| r))
+    }
+
+    /// [`KeyStore::get`] with the record's ETag.
+    pub async fn get_versioned(
+        &self,
+        function: &str,
+        key: &IdempotencyKey,
+    ) -> StorageResult<Option<(KeyRecord, Etag)>> {
+        let (pk, rk) = (key.partition_key(function), key.row_key());
+        Ok(self
+            .table
+            .get(&pk, &rk)
+            .await?
+            .map(|(e, etag)| (KeyRecord::from_entity(&pk, &rk, &e), etag)))
+    }
+
+    /// Claim `key` for `lease_owner` until now + `lease`.
+    pub async fn claim(
+        &self,
+        function: &str,
+        key: &IdempotencyKey,
+        lease_owner: &str,
+        lease: Duration,
+        message_id: &str,
+    ) -> StorageResult<NextAction> {
+        self.claim_attempt(function, key, lease_owner, lease, message_id, 0)
+            .await
+    }
+
+    /// [`claim`](Self::claim) for attempt `dequeue_count` of `message_id`
+    /// (the numbers the attempt history records).
+    pub async fn claim_attempt(
+        &self,
+        function: &str,
+        key: &IdempotencyKey,
+        lease_owner: &str,
+        lease: Duration,
+        message_id: &str,
+        dequeue_count: u32,
+    ) -> StorageResult<NextAction> {
+        let now = crate::clock::now_utc();
+        let req = ClaimRequest {
+            function,
+            key,
+            partition_key: key.partition_key(function),
+            row_key: key.row_key(),
+            owner: lease_owner,
+            now,
+            lease_until: fmt_time(now + lease),
+            message_id,
+            dequeue_count,
+        };
+        for _ in 0..5 {
+            if let Some(next) = self.claim_round(&req).await? {
+                return Ok(next);
+            }
+        }
+        // Five rounds of losing races: someone else is active on this key.
+        Ok(NextAction::HeldElsewhere {
+            until: now + Duration::from_secs(1),
+        })
+    }
+
+    /// One round of a claim: insert a fresh record, or decide on the one
+    /// already there. `None` when a race was lost and the round must be tried
+    /// again.
+    async fn claim_round(&self, req: &ClaimRequest<'_>) -> StorageResult<Option<NextAction>> {
+        let (pk, rk) = (&req.partition_key, &req.row_key);
+        let provider_key = Uuid::new_v4().to_string();
+        match self
+            .table
+            .insert(pk, rk, &req.fresh_entity(&provider_key))
+            .await
+        {
+            Ok(etag) => {
+                let first_seen = Some(fmt_time(req.now));
+                let claim = req.claimed(etag, provider_key, 1, first_seen, vec![]);
+                return Ok(Some(NextAction::Run(claim)));
+            }
+            Err(StorageError::Conflict) => {}
+            // The table is gone (deleted, or an in-memory emulator restarted):
+            // recreate it and claim again rather than give the message up.
+            Err(StorageError::NotFound) => {
+                self.table.create_if_missing().await?;
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        }
+        let Some((entity, etag)) = self.table.get(pk, rk).await? else {
+            return Ok(None); // deleted in between: insert again
+        };
+        let rec = KeyRecord::from_entity(pk, rk, &entity);
+        self.claim_existing(req, rec, etag).await
+    }
+
+    /// The claim of a key that already has a record: settled, ours, held
+    /// elsewhere, or free to take over (`None` when the take-over lost a race).
+    async fn claim_existing(
+        &self,
+        req: &ClaimRequest<'_>,
+        rec: KeyRecord,
+        etag: Etag,
+    ) -> StorageResult<Option<NextAction>> {
+        if rec.status.is_settled() {
+            return Ok(Some(NextAction::AlreadyDone));
+        }
+        if rec.lease_owner.as_deref() == Some(req.owner) {
+            // Our own write landed (an SDK-level retry then saw 409/412).
+            let (attempts, first, history) = (rec.attempts, rec.first_seen, rec.history);
+            let mut c = req.claimed(etag, rec.provider_key, attempts, first, history);
+            c.previously_pending = attempts > 1;
+            return Ok(Some(NextAction::Run(c)));
+        }
+        if let Some(until) = rec.lease_live(req.now) {
+            return Ok(Some(NextAction::HeldElsewhere { until }));
+        }
+        Ok(self.take_over(req, rec, etag).await?.map(NextAction::Run))
+    }
+
+    /// Take over a free key (released, or its lease expired), keeping its
+    /// ProviderKey. `None` when someone else changed it first.
+    async fn take_over(
+        &self,
+        req: &ClaimRequest<'_>,
+        rec: KeyRecord,
+        etag: Etag,
+    ) -> StorageResult<Option<ClaimedKey>> {
+        let attempts = rec.attempts + 1;
+        let mut update = Entity::new();
+        let mut history = rec.history.clone();
+        if rec.lease_until.is_some() {
+            // The lease expired without being released: the holder crashed
+            // or lost storage mid-way, after the claim and maybe after the
+            // effect. Say so in the history.
+            let text = history_with(&history, abandoned_attempt(&rec));
+            history = parse_history(Some(&text));
+            update.insert("History".into(), json!(text));
+        }
+        update.insert("Status".into(), json!("pending"));
+        update.insert("Attempts".into(), json!(attempts));
+        update.insert("LeaseOwner".into(), json!(req.owner));
+        update.insert("LeaseUntil".into(), json!(req.lease_until));
+        update.insert("MessageId".into(), json!(req.message_id));
+        let (pk, rk) = (&req.partition_key, &req.row_key);
+        match self.table.merge(pk, rk, &update, Some(&etag)).await {
+            Ok(etag) => {
+                let mut c = req.claimed(etag, rec.provider_key, attempts, rec.first_seen, history);
+                c.previously_pending = true;
+                Ok(Some(c))
+            }
+            Err(StorageError::PreconditionFailed) | Err(StorageError::NotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Extend the key's lease (with the message lease, while the handler runs).
+    pub async fn extend(&self, claim: &mut ClaimedKey, lease: Duration) -> Result<(), FinishError> {
+        let mut update = Entity::new();
+        update.insert(
+            "LeaseUntil".into(),
+            json!(fmt_time(crate::clock::now_utc() + lease)),
+        );
+        claim.etag = self.merge_owned(claim, update).await?;
+        Ok(())
+    }
+
+    /// Mark the key done (before the message is deleted), optionally writing
+    /// the caller's entities in the same entity-group transaction.
+    pub async fn complete(
+        &self,
+        claim: &ClaimedKey,
+        effects: Vec<(String, Entity)>,
+    ) -> Result<(), FinishError> {
+        self.complete_answered(claim, effects, None).await
+    }
+
+    /// [`complete`](Self::complete), keeping what the provider answered in
+    /// the attempt history.
+    pub async fn complete_answered(
+        &self,
+        claim: &ClaimedKey,
+        effects: Vec<(String, Entity)>,
+        provider: Option<ProviderAnswer>,
+    ) -> Result<(), FinishError> {
+        let mut done = claim.attempt("completed", None, false);
+        done.provider = provider;
+        let mut update = Entity::new();
+        update.insert("Status".into(), json!("done"));
+        update.insert("CompletedAt".into(), json!(now_rfc3339()));
+        update.insert("LeaseUntil".into(), json!(""));
+        // Done: earlier errors are history now, not a current error.
+        update.insert("LastError".into(), json!(""));
+        update.insert("History".into(), json!(history_with(&claim.history, done)));
+        if effects.is_empty() {
+            self.merge_owned(claim, update).await?;
+            return Ok(());
+        }
+        let mut ops: Vec<TableOp> = effects
+            .into_iter()
+            .map(|(row_key, entity)| TableOp::Insert { row_key, entity })
+            .collect();
+        ops.push(TableOp::Merge {
+            row_key: claim.row_key.clone(),
+            entity: update,
+            if_match: Some(claim.etag.clone()),
+        });
+        match self.table.transaction(&claim.partition_key, ops).await {
+            Ok(()) => Ok(()),
+            Err(StorageError::PreconditionFailed) | Err(StorageError::Conflict) => {
+                // Either our own retried batch landed, or someone else took the key.
+                match self.table.get(&claim.partition_key, &claim.row_key).await? {
+                    Some((e, _)) => {
+                        let rec = KeyRecord::from_entity(&claim.partition_key, &claim.row_key, &e);
+                        if rec.status == KeyStatus::Done
+                            && rec.lease_owner.as_deref() == Some(&claim.lease_owner)
+                        {
+                            Ok(())
+                        } else {
+                            Err(FinishError::LeaseLost)
+                        }
+                    }
+                    None => Err(FinishError::LeaseLost),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Record a failed attempt and release the lease so the next attempt can
+    /// claim at once. `uncertain`: the effect may have happened anyway.
+    pub async fn record_failure(
+        &self,
+        claim: &ClaimedKey,
+        error: &str,
+        uncertain: bool,
+    ) -> Result<(), FinishError> {
+        self.record_failure_as(claim, "retried", error, uncertain)
+            .await
+    }
+
+    /// [`record_failure`](Self::record_failure) with the history's outcome
+    /// named (`retried`, `released`).
+    pub async fn record_failure_as(
+        &self,
+        claim: &ClaimedKey,
+        outcome: &str,
+        error: &str,
+        uncertain: bool,
+    ) -> Result<(), FinishError> {
+        let mut update = Entity::new();
+        update.insert("LastError".into(), json!(cap_error(error)));
+        update.insert("LeaseUntil".into(), json!(""));
+        update.insert(
+            "History".into(),
+            json!(history_with(
+                &claim.history,
+                claim.attempt(outcome, Some(error), uncertain)
+            )),
+        );
+        self.merge_owned(claim, update).await.map(|_| ())
+    }
+
+    /// The message went to poison: the key is not done; a later message with the
+    /// same key may run.
+    pub async fn mark_poisoned(
+        &self,
+        claim: &ClaimedKey,
+        error: &str,
+        uncertain: bool,
+    ) -> Result<(), FinishError> {
+        let mut update = Entity::new();
+        update.insert("Status".into(), json!("poisoned"));
+        update.insert("LastError".into(), json!(cap_error(error)));
+        update.insert("LeaseUntil".into(), json!(""));
+        update.insert(
+            "History".into(),
+            json!(history_with(
+                &claim.history,
+                claim.attempt("poisoned", Some(error), uncertain)
+            )),
+        );
+        self.merge_owned(claim, update).await.map(|_| ())
+    }
+
+    /// Close `key` for good (`poison discard --close-key`): any later delivery
+    /// of the job is settled as a duplicate without running. A key already
+    /// done is left done (returned as is); a key held by a live lease is
+    /// refused, since an attempt is running right now.
+    pub async fn cancel(
+        &self,
+        function: &str,
+        key: &IdempotencyKey,
+        by: &str,
+        reason: &str,
+    ) -> StorageResult<Result<KeyStatus, String>> {
+        let (pk, rk) = (key.partition_key(function), key.row_key());
+        let now = crate::clock::now_utc();
+        let mut update = Entity::new();
+        update.insert("Status".into(), json!("cancelled"));
+        update.insert("LeaseUntil".into(), json!(""));
+        update.insert("CancelledAt".into(), json!(fmt_time(now)));
+        update.insert("CancelledBy".into(), json!(by));
+        update.insert("CancelReason".into(), json!(cap_error(reason)));
+        for _ in 0..5 {
+            match self.table.get(&pk, &rk).await {
+                Ok(Some((e, etag))) => {
+                    let rec = KeyRecord::from_entity(&pk, &rk, &e);
+                    if rec.status.is_settled() {
+                        return Ok(Ok(rec.status));
+                    }
+                    if rec.lease_live(now).is_some() {
+                        return Ok(Err(format!(
+                            "key {} is held by a running attempt ({}); try again when it ends",
+                            key.as_str(),
+                            rec.lease_owner.as_deref().unwrap_or("-")
+                        )));
+                    }
+                    match self.table.merge(&pk, &rk, &update, Some(&etag)).await {
+                        Ok(_) => return Ok(Ok(KeyStatus::Cancelled)),
+                        Err(StorageError::PreconditionFailed | StorageError::NotFound) => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(None) | Err(StorageError::NotFound) => {
+                    // Never claimed: record it closed, so a first delivery is a duplicate too.
+                    let mut fresh = update.clone();
+                    fresh.insert("Key".into(), json!(key.as_str()));
+                    fresh.insert("Function".into(), json!(function));
+                    fresh.insert("ProviderKey".into(), json!(Uuid::new_v4().to_string()));
+                    fresh.insert("Attempts".into(), json!(0));
+                    fresh.insert("LastError".into(), json!(""));
+                    fresh.insert("ReplayCount".into(), json!(0));
+                    match self.table.insert(&pk, &rk, &fresh).await {
+                        Ok(_) => return Ok(Ok(KeyStatus::Cancelled)),
+                        Err(StorageError::Conflict) => continue,
+                        Err(StorageError::NotFound) => self.table.create_if_missing().await?,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Err(format!(
+            "key {} kept changing while closing it; try again",
+            key.as_str()
+        )))
+    }
+
+    /// Count a replay on the key's record (best effort, no lease needed).
+    ///
+    /// `seen` is the record and ETag the caller read before re-putting: when
+    /// nothing changed since, one conditional merge is enough; otherwise the
+    /// record is read again.
+    pub async fn note_replay(
+        &self,
+        function: &str,
+        key: &IdempotencyKey,
+        seen: Option<(&KeyRecord, &Etag)>,
+    ) -> StorageResult<()> {
+        let (pk, rk) = (key.partition_key(function), key.row_key());
+        if let Some((rec, etag)) = seen {
+            let mut update = Entity::new();
+            update.insert("ReplayCount".into(), json!(rec.replay_count + 1));
+            match self.table.merge(&pk, &rk, &update, Some(etag)).await {
+                Ok(_) => return Ok(()),
+                Err(StorageError::PreconditionFailed | StorageError::NotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some((e, etag)) = self.table.get(&pk, &rk).await? {
+            let rec = KeyRecord::from_entity(&pk, &rk, &e);
+            let mut update = Entity::new();
+            update.insert("ReplayCount".into(), json!(rec.replay_count + 1));
+            match self.table.merge(&pk, &rk, &update, Some(&etag)).await {
+                Ok(_) | Err(StorageError::PreconditionFailed) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Test seam: set when `key`'s provider key was minted (`FirstSeen`), so
+    /// a test can make a key older than a provider's window without waiting.
+    #[cfg(feature = "failpoints")]
+    #[doc(hidden)]
+    pub async fn set_provider_key_minted_at(
+        &self,
+        function: &str,
+        key: &IdempotencyKey,
+        minted_at: OffsetDateTime,
+    ) -> StorageResult<()> {
+        let (pk, rk) = (key.partition_key(function), key.row_key());
+        let mut update = Entity::new();
+        update.insert("FirstSeen".into(), json!(fmt_time(minted_at)));
+        self.table.merge(&pk, &rk, &update, None).await.map(|_| ())
+    }
+
+    /// Merge into a record this worker owns. A 412 is re-checked: our own
+    /// retried write is success; anything else means the lease was lost.
+    async fn merge_owned(&self, claim: &ClaimedKey, update: Entity) -> Result<Etag, FinishError> {
+        match self
+            .table
+            .merge(
+                &claim.partition_key,
+                &claim.row_key,
+                &update,
+                Some(&claim.etag),
+            )
+            .await
+        {
+            Ok(etag) => Ok(etag),
+            Err(StorageError::PreconditionFailed) => {
+                let Some((e, etag)) = self.table.get(&claim.partition_key, &claim.row_key).await?
+                else {
+                    return Err(FinishError::LeaseLost);
+                };
+                let rec = KeyRecord::from_entity(&claim.partition_key, &claim.row_key, &e);
+                let ours = rec.lease_owner.as_deref() == Some(&claim.lease_owner);
+                let applied = update.iter().all(|(k, v)| e.get(k) == Some(v));
+                if ours && applied {
+                    Ok(etag)
+                } else if ours {
+                    // Our record moved on (e.g. our own extend landed twice): apply again.
+                    Ok(self
+                        .table
+                        .merge(&claim.partition_key, &claim.row_key, &update, Some(&etag))
+                        .await?)
+                } else {
+                    Err(FinishError::LeaseLost)
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}

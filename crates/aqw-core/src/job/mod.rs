@@ -1,0 +1,271 @@
+//! The pipeline for one message, shared by `aqw run` ([`crate::worker`]) and
+//! `aqw serve` (the `aqw` crate's `serve`): decode, derive the key, look at the key's
+//! record, claim, run the handler, and settle by what [`crate::decide`]
+//! chose; then one outcome line and its counters.
+//!
+//! - `mod.rs`: [`process`], gathering the facts for each stage;
+//! - `settle.rs`: [`Settle`] ([`QueueSettle`] for the queue) and carrying
+//!   each choice out, with the single poison exit;
+//! - `handler.rs`: running the handler (lease renewal, `functionTimeout`,
+//!   hard stop);
+//! - `outcome.rs`: [`Outcome`] and [`record_outcome`].
+
+mod handler;
+mod outcome;
+mod settle;
+
+pub use outcome::{record_outcome, Outcome};
+pub use settle::{QueueSettle, Settle};
+
+use crate::breaker::{Admission, Attempt as BreakerAttempt};
+use crate::config::KeySpec;
+use crate::decide::{fate, next_step, AttemptResult, Facts, KeyState, NextStep, Policy};
+use crate::failpoint;
+use crate::handler::HandlerError;
+use crate::idempotency::{derive_key, IdempotencyKey, KeyRecord};
+use crate::message::{decode, ErrorKind};
+use crate::runtime::FunctionRuntime;
+use crate::storage::ReceivedMessage;
+use crate::traces::JobTrace;
+use handler::HandlerRun;
+use outcome::abandoned;
+use rand::Rng;
+use settle::Settling;
+use tokio_util::sync::CancellationToken;
+
+/// Decide and carry out one message's fate. The only way into the poison
+/// queue. The decisions are [`crate::decide`]'s; this function gathers the
+/// facts for each stage (decoding, the key, the key's record, the handler's
+/// result) and has them carried out.
+pub async fn process(
+    rt: &FunctionRuntime,
+    msg: &ReceivedMessage,
+    settle: &dyn Settle,
+    trace: &JobTrace,
+    hard_stop: &CancellationToken,
+) -> Outcome {
+    let policy = Policy {
+        host_poisons_failed_last_attempt: settle.poisons_failed_last_attempt(),
+        ..rt.policy
+    };
+    // Decode and derive the key first: both are pure, and the key's record
+    // carries the last error for the over-the-cap case.
+    let decoded = decode(&msg.text, rt.app.message_encoding).map_err(|e| e.to_string());
+    let (key, key_error) = key_of(&rt.function.key, &decoded);
+    let facts = Facts {
+        dequeue_count: msg.dequeue_count,
+        payload: decoded.as_deref().map_err(String::as_str),
+        key_error: key_error.as_deref(),
+    };
+    if let Some(k) = &key {
+        tracing::Span::current().record("key", k.as_str());
+    }
+    let mut ctx = Settling {
+        rt,
+        msg,
+        settle,
+        key: key.as_ref(),
+        claim: None,
+        first_attempt: None,
+        trace,
+    };
+    if let Some(after) = held_by_gate(rt, settle) {
+        return ctx.park(after).await;
+    }
+    // Over the cap, the key's record decides first (see `decide`).
+    let over_cap_record = match &key {
+        Some(k) if msg.dequeue_count > policy.max_dequeue_count => {
+            rt.keys.get(&rt.function.name, k).await.ok().flatten()
+        }
+        _ => None,
+    };
+    let mut state = initial_key_state(&mut ctx, &policy, over_cap_record.as_ref());
+    // A claim finds the key claimed, settled or held, never unclaimed: the
+    // second answer is a run or a settlement.
+    let payload = loop {
+        match next_step(&facts, &state, &policy) {
+            NextStep::Claim => match claim(&mut ctx, &policy).await {
+                Ok(claimed) => state = claimed,
+                Err(outcome) => return outcome,
+            },
+            NextStep::Run { payload } => break payload,
+            NextStep::Settle(how) => return ctx.without_running(how).await,
+        }
+    };
+    failpoint::hit("claim.after");
+    run_and_settle(&mut ctx, payload.to_string(), &facts, &policy, hard_stop).await
+}
+
+/// What is known of the key before claiming: only over the cap is its
+/// record read (and its first attempt kept for a poison record).
+fn initial_key_state<'r>(
+    ctx: &mut Settling<'_>,
+    policy: &Policy,
+    over_cap_record: Option<&'r KeyRecord>,
+) -> KeyState<'r> {
+    match (ctx.key, over_cap_record) {
+        (None, _) => KeyState::Keyless,
+        (Some(_), _) if ctx.msg.dequeue_count <= policy.max_dequeue_count => KeyState::Unclaimed,
+        (Some(_), None) => KeyState::Free { last_error: None },
+        (Some(_), Some(rec)) => {
+            ctx.first_attempt = rec.first_seen.clone();
+            key_state_of(rec)
+        }
+    }
+}
+
+/// Claim the key under its own span; what the claim found, or the outcome
+/// when storage failed.
+async fn claim(ctx: &mut Settling<'_>, policy: &Policy) -> Result<KeyState<'static>, Outcome> {
+    let claim_span = crate::traces::step_span!(
+        "aqw.key.claim",
+        otel.status_code = tracing::field::Empty,
+        otel.status_message = tracing::field::Empty
+    );
+    match crate::traces::in_step(claim_span.clone(), ctx.claim(policy.lease)).await {
+        Ok(state) => Ok(state),
+        Err(e) => {
+            crate::traces::fail_step(&claim_span, &e.to_string());
+            Err(abandoned(e))
+        }
+    }
+}
+
+/// Run the handler, then settle by its fate.
+async fn run_and_settle(
+    ctx: &mut Settling<'_>,
+    payload: String,
+    facts: &Facts<'_>,
+    policy: &Policy,
+    hard_stop: &CancellationToken,
+) -> Outcome {
+    let jitter = rand::thread_rng().gen();
+    let (run, success) = ctx.run(payload, hard_stop).await;
+    let timeout_message;
+    let attempt = match &run {
+        HandlerRun::Finished(Ok(_)) => AttemptResult::Succeeded,
+        HandlerRun::Interrupted => AttemptResult::Interrupted,
+        HandlerRun::TimedOut(t) => {
+            timeout_message = format!("handler exceeded functionTimeout ({t:?})");
+            AttemptResult::Failed {
+                kind: ErrorKind::Timeout,
+                message: &timeout_message,
+                retry_after: None,
+                // A timeout cut the handler off mid-way: it may have acted.
+                uncertain: true,
+            }
+        }
+        HandlerRun::Finished(Err(e)) => failed_attempt(e),
+    };
+    tell_breaker(ctx.rt, &attempt, facts.dequeue_count);
+    let fate = fate(facts, &attempt, policy, jitter);
+    ctx.by_fate(fate, success).await
+}
+
+/// How long to park a message the gate does not let run, if so: while the
+/// breaker is open (a message received before the trip); while paused (a
+/// message received in the instant the pause took hold: a pause means no
+/// handler call starts once it is visible); in serve mode, where the host
+/// delivers regardless, also between probes.
+fn held_by_gate(rt: &FunctionRuntime, settle: &dyn Settle) -> Option<std::time::Duration> {
+    if !settle.delivers_while_paused() {
+        if rt.gate.paused() {
+            return Some(RECEIVED_AS_PAUSED_PARK);
+        }
+        return rt.gate.holds();
+    }
+    match rt.gate.admit(1) {
+        Admission::Receive(_) => None,
+        Admission::Wait(_) if rt.gate.paused() => Some(PAUSED_PARK),
+        Admission::Wait(_) => Some(rt.gate.holds().unwrap_or(PAUSED_PARK)),
+    }
+}
+
+/// How long a message the poll loop received just as a pause took hold is
+/// parked: the loop receives nothing more while paused, so this only sets
+/// how soon after a resume the message runs.
+const RECEIVED_AS_PAUSED_PARK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long a message delivered to a paused function in serve mode is
+/// parked: long enough that a pause costs one put and one delete per
+/// message per minute, short enough that a resume drains within one.
+const PAUSED_PARK: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Count the attempt toward the breaker: successes, and retryable failures
+/// (a timeout too), noting whether it was the message's first attempt.
+fn tell_breaker(rt: &FunctionRuntime, attempt: &AttemptResult<'_>, dequeue_count: u32) {
+    match attempt {
+        AttemptResult::Succeeded => rt.gate.record(BreakerAttempt::Succeeded, None),
+        AttemptResult::Failed {
+            kind: ErrorKind::Retryable | ErrorKind::Timeout,
+            message,
+            ..
+        } => rt.gate.record(
+            BreakerAttempt::FailedRetryable {
+                first: dequeue_count <= 1,
+            },
+            Some(message),
+        ),
+        _ => {}
+    }
+}
+
+/// The job's key, or why none could be derived (nothing for an
+/// undecodable payload: the decode error is the one that counts).
+fn key_of<E>(
+    spec: &KeySpec,
+    payload: &Result<String, E>,
+) -> (Option<IdempotencyKey>, Option<String>) {
+    match payload {
+        Ok(p) => match derive_key(spec, p) {
+            Ok(k) => (k, None),
+            Err(e) => (None, Some(e)),
+        },
+        Err(_) => (None, None),
+    }
+}
+
+/// What a key record read over the cap says.
+fn key_state_of(rec: &KeyRecord) -> KeyState<'_> {
+    if rec.status.is_settled() {
+        KeyState::Settled
+    } else if let Some(until) = rec.lease_live(crate::clock::now_utc()) {
+        KeyState::Held { until }
+    } else {
+        KeyState::Free {
+            last_error: rec.last_error.as_deref(),
+        }
+    }
+}
+
+fn failed_attempt(e: &HandlerError) -> AttemptResult<'_> {
+    match e {
+        HandlerError::Retryable {
+            message,
+            retry_after,
+            may_have_taken_effect,
+        } => AttemptResult::Failed {
+            kind: ErrorKind::Retryable,
+            message,
+            retry_after: *retry_after,
+            uncertain: *may_have_taken_effect,
+        },
+        HandlerError::Permanent { message } => AttemptResult::Failed {
+            kind: ErrorKind::Permanent,
+            message,
+            retry_after: None,
+            uncertain: false,
+        },
+    }
+}
+
+/// The producer's trace context, where `aqw.tracing.parent` says a JSON
+/// payload carries it (nothing is read otherwise).
+pub fn producer_context(
+    rt: &FunctionRuntime,
+    msg: &ReceivedMessage,
+) -> Option<crate::traces::TraceContext> {
+    let pointer = rt.app.trace_parent.as_deref()?;
+    let payload = decode(&msg.text, rt.app.message_encoding).ok()?;
+    crate::traces::context_in_payload(pointer, &payload)
+}

@@ -1,0 +1,328 @@
+//! Settling one message: how ([`Settle`]: on the queue, or by the Functions
+//! host), and carrying out what [`crate::decide`] chose — claim, complete,
+//! duplicate, defer, retry, release, and the single poison exit.
+
+use super::outcome::{abandoned, Outcome};
+use crate::decide::{Fate, KeyState, PoisonCase, WithoutRunning};
+use crate::failpoint;
+use crate::handler::Success;
+use crate::idempotency::{ClaimedKey, FinishError, IdempotencyKey, NextAction};
+use crate::message::ErrorInfo;
+use crate::runtime::FunctionRuntime;
+use crate::storage::{QueueStore, ReceivedMessage, StorageError, StorageResult, Ttl};
+use crate::traces::JobTrace;
+use async_trait::async_trait;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use time::OffsetDateTime;
+use tracing::warn;
+
+/// How a message is settled: on the queue (`aqw run`) or by the Functions
+/// host (`aqw serve`), so one [`super::process`] serves both modes.
+#[async_trait]
+pub trait Settle: Send + Sync {
+    /// Extend the message lease while the handler runs.
+    async fn renew(&self, lease: Duration) -> StorageResult<()>;
+    /// Remove the message (after success, a duplicate or a completed poison copy).
+    async fn delete(&self) -> StorageResult<()>;
+    /// Make the message visible again after `after`.
+    async fn retry_after(&self, after: Duration) -> StorageResult<()>;
+    /// True when a failed last attempt (`DequeueCount == maxDequeueCount`) is
+    /// poisoned by someone else without an error: the Functions host does
+    /// that in serve mode. [`super::process`] then writes its own record instead of
+    /// deferring at the last attempt.
+    fn poisons_failed_last_attempt(&self) -> bool {
+        false
+    }
+    /// True when messages arrive whatever the pause and the breaker say (the
+    /// Functions host in `aqw serve`): [`super::process`] then asks the gate
+    /// itself, and parks what it may not run.
+    fn delivers_while_paused(&self) -> bool {
+        false
+    }
+}
+
+/// Settles a message this worker received from the queue.
+pub struct QueueSettle {
+    queue: Arc<dyn QueueStore>,
+    id: String,
+    pop_receipt: Mutex<String>,
+    text: String,
+}
+
+impl QueueSettle {
+    /// Settle `msg`, received from `queue`, with its pop receipt.
+    pub fn new(queue: Arc<dyn QueueStore>, msg: &ReceivedMessage) -> Self {
+        Self {
+            queue,
+            id: msg.id.clone(),
+            pop_receipt: Mutex::new(msg.pop_receipt.clone()),
+            text: msg.text.clone(),
+        }
+    }
+    fn receipt(&self) -> String {
+        self.pop_receipt.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl Settle for QueueSettle {
+    async fn renew(&self, lease: Duration) -> StorageResult<()> {
+        let new = self
+            .queue
+            .update_visibility(&self.id, &self.receipt(), &self.text, lease)
+            .await?;
+        *self.pop_receipt.lock().unwrap() = new;
+        Ok(())
+    }
+    async fn delete(&self) -> StorageResult<()> {
+        match self.queue.delete(&self.id, &self.receipt()).await {
+            // Gone already (a retried delete, or the lease moved on and the
+            // next holder will find the key done): nothing is lost.
+            Ok(()) | Err(StorageError::NotFound) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+    async fn retry_after(&self, after: Duration) -> StorageResult<()> {
+        let new = self
+            .queue
+            .update_visibility(&self.id, &self.receipt(), &self.text, after)
+            .await?;
+        *self.pop_receipt.lock().unwrap() = new;
+        Ok(())
+    }
+}
+
+/// One message's context while what [`crate::decide`] chose is carried out.
+pub(super) struct Settling<'a> {
+    pub(super) rt: &'a FunctionRuntime,
+    pub(super) msg: &'a ReceivedMessage,
+    pub(super) settle: &'a dyn Settle,
+    pub(super) key: Option<&'a IdempotencyKey>,
+    pub(super) claim: Option<ClaimedKey>,
+    pub(super) first_attempt: Option<String>,
+    pub(super) trace: &'a JobTrace,
+}
+
+impl Settling<'_> {
+    /// Claim the job's key for this attempt; what the claim found.
+    pub(super) async fn claim(&mut self, lease: Duration) -> StorageResult<KeyState<'static>> {
+        let (rt, msg) = (self.rt, self.msg);
+        let k = self.key.expect("only a keyed job is claimed");
+        let owner = format!("{}/{}/{}", rt.worker_id, msg.id, msg.dequeue_count);
+        let next = rt
+            .keys
+            .claim_attempt(
+                &rt.function.name,
+                k,
+                &owner,
+                lease,
+                &msg.id,
+                msg.dequeue_count,
+            )
+            .await?;
+        Ok(match next {
+            NextAction::Run(c) => {
+                self.first_attempt = c.first_seen.clone();
+                self.claim = Some(c);
+                KeyState::Claimed
+            }
+            NextAction::AlreadyDone => KeyState::Settled,
+            NextAction::HeldElsewhere { until } => KeyState::Held { until },
+        })
+    }
+
+    /// Settle a message whose handler did not run.
+    pub(super) async fn without_running(&self, how: WithoutRunning) -> Outcome {
+        match how {
+            WithoutRunning::Duplicate => self.duplicate().await,
+            WithoutRunning::Defer { until } => self.defer(until).await,
+            WithoutRunning::Poison(case) => self.poison(case).await,
+        }
+    }
+
+    /// Settle by the fate of the handler's attempt; `success` is what a
+    /// successful handler returned.
+    pub(super) async fn by_fate(&self, fate: Fate, success: Option<Success>) -> Outcome {
+        match fate {
+            Fate::Complete => self.complete(success.unwrap_or_default()).await,
+            Fate::Retry {
+                after,
+                reason,
+                uncertain,
+            } => self.retry(after, &reason, uncertain).await,
+            Fate::Release => self.release().await,
+            Fate::Poison(case) => self.poison(case).await,
+        }
+    }
+
+    /// The handler succeeded: key done (with its same-store effects), then delete.
+    async fn complete(&self, success: Success) -> Outcome {
+        failpoint::hit("effect.after");
+        if let Some(c) = &self.claim {
+            let done = crate::traces::in_step(
+                crate::traces::step_span!("aqw.key.done"),
+                self.rt
+                    .keys
+                    .complete_answered(c, success.same_store_effects, success.provider),
+            )
+            .await;
+            if let Err(e) = done {
+                return match e {
+                    FinishError::Storage(e) => abandoned(e),
+                    FinishError::LeaseLost => Outcome::Abandoned {
+                        error: "lost the key lease before marking it done".into(),
+                    },
+                };
+            }
+        } else if !success.same_store_effects.is_empty() {
+            warn!("handler returned same-store effects for a function without keys; they were not written");
+        }
+        failpoint::hit("done.after");
+        match crate::traces::in_step(settle_span("delete"), self.settle.delete()).await {
+            Ok(()) => Outcome::Completed,
+            Err(e) => abandoned(e),
+        }
+    }
+
+    /// The key is already settled: delete the message without running.
+    async fn duplicate(&self) -> Outcome {
+        match crate::traces::in_step(settle_span("delete"), self.settle.delete()).await {
+            Ok(()) => Outcome::Duplicate,
+            Err(e) => abandoned(e),
+        }
+    }
+
+    /// Another attempt holds the key: hide the message for a short while.
+    async fn defer(&self, until: OffsetDateTime) -> Outcome {
+        let defer = self.settle.retry_after(defer_delay(until));
+        match crate::traces::in_step(settle_span("defer"), defer).await {
+            Ok(()) => Outcome::Deferred { until },
+            Err(e) => abandoned(e),
+        }
+    }
+
+    /// Shutdown interrupted the handler: note it on the key, then make the
+    /// message visible again at once.
+    async fn release(&self) -> Outcome {
+        if let Some(c) = &self.claim {
+            let _ = self
+                .rt
+                .keys
+                .record_failure_as(c, "released", "interrupted by shutdown", true)
+                .await;
+        }
+        let release = self.settle.retry_after(Duration::ZERO);
+        match crate::traces::in_step(settle_span("release"), release).await {
+            Ok(()) => Outcome::Released,
+            Err(e) => abandoned(e),
+        }
+    }
+
+    /// A failed attempt below the cap: note it on the key, then hide the
+    /// message until `after` (or, while the breaker is open, park it).
+    async fn retry(&self, after: Duration, message: &str, uncertain: bool) -> Outcome {
+        let rt = self.rt;
+        if let Some(c) = &self.claim {
+            if let Err(FinishError::Storage(e)) =
+                rt.keys.record_failure(c, message, uncertain).await
+            {
+                return abandoned(e);
+            }
+        }
+        if let Some(cool_down) = rt.gate.holds() {
+            return self.park(cool_down).await;
+        }
+        warn!(event = "aqw.job.retry", error = %crate::scrub::scrub(message), retry_in_s = after.as_secs_f64(), "attempt failed; will retry");
+        metrics::counter!("aqw_retries_total", "function" => rt.function.name.clone()).increment(1);
+        let retry = self.settle.retry_after(after);
+        match crate::traces::in_step(settle_span("retry"), retry).await {
+            Ok(()) => Outcome::Retried { after },
+            Err(e) => abandoned(e),
+        }
+    }
+
+    /// Replace the message by a fresh copy visible after `after`, then
+    /// delete it: the copy starts at DequeueCount 0, so the receives the
+    /// breaker wasted do not count toward `maxDequeueCount`. A crash between
+    /// the two leaves both; the key makes the second a duplicate.
+    pub(super) async fn park(&self, after: Duration) -> Outcome {
+        let span = settle_span("park");
+        let put = self.rt.source.put(&self.msg.text, after, Ttl::Default);
+        let put = crate::traces::in_step(span.clone(), put).await;
+        if let Err(e) = put {
+            return abandoned(e);
+        }
+        match crate::traces::in_step(span, self.settle.delete()).await {
+            Ok(()) => Outcome::Parked { after },
+            Err(e) => abandoned(e),
+        }
+    }
+
+    /// The single poison exit: record + envelope, key marked poisoned, source
+    /// deleted, all under one `poison` settle span.
+    async fn poison(&self, case: PoisonCase) -> Outcome {
+        crate::traces::in_step(settle_span("poison"), self.write_poison(case)).await
+    }
+
+    async fn write_poison(&self, case: PoisonCase) -> Outcome {
+        let PoisonCase {
+            kind,
+            reason,
+            uncertain,
+        } = case;
+        let info = ErrorInfo {
+            kind,
+            message: reason,
+        };
+        let (rt, trace_parent) = (self.rt, Some(self.trace.context.traceparent()));
+        let first_attempt_at = self.first_attempt.clone();
+        // Earlier attempts the key remembers, and this one.
+        let uncertain_attempts = self.claim.as_ref().map_or(0, |c| {
+            c.history.iter().filter(|a| a.may_have_taken_effect).count()
+        }) as u32
+            + u32::from(uncertain);
+        if let Err(e) = rt
+            .poison
+            .write_counted(
+                self.msg,
+                self.key,
+                &info,
+                first_attempt_at,
+                trace_parent,
+                uncertain_attempts,
+            )
+            .await
+        {
+            return abandoned(e);
+        }
+        if let Some(c) = &self.claim {
+            if let Err(e) = rt.keys.mark_poisoned(c, &info.message, uncertain).await {
+                warn!(error = %e, "could not mark the key poisoned (it stays pending; a replay still runs)");
+            }
+        }
+        match self.settle.delete().await {
+            Ok(()) => Outcome::Poisoned {
+                reason: format!("{}: {}", kind.as_str(), crate::scrub::scrub(&info.message)),
+            },
+            Err(e) => abandoned(e),
+        }
+    }
+}
+
+/// The span of carrying out a fate (`delete`, `retry`, `poison`, ...).
+fn settle_span(action: &'static str) -> tracing::Span {
+    crate::traces::step_span!(
+        "aqw.settle",
+        action,
+        messaging.system = crate::traces::MESSAGING_SYSTEM,
+        messaging.operation.type = "settle"
+    )
+}
+
+/// Look again soon rather than at the lease's end: the holder usually
+/// finishes in far less, and then the message is a duplicate.
+fn defer_delay(until: OffsetDateTime) -> Duration {
+    let remaining = Duration::try_from(until - crate::clock::now_utc()).unwrap_or(Duration::ZERO);
+    (remaining + Duration::from_secs(1)).min(Duration::from_secs(3))
+}

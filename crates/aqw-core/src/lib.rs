@@ -1,0 +1,146 @@
+//! # aqw-core — the aqw engine over a storage port
+//!
+//! The engine of aqw, the Azure Queue Storage worker
+//! that makes background jobs safe to retry: each message's DequeueCount
+//! against `maxDequeueCount`, an idempotency key claimed before the work
+//! runs (pending → done) with one provider `Idempotency-Key` for every
+//! attempt and replay, and a job that still fails at the cap, or fails
+//! permanently, copied to `<queue>-poison` with its exact payload and last
+//! error, then deleted. Operators replay it with its original key.
+//!
+//! It depends on no Azure, HTTP-server, exporter or TLS crate: storage is a
+//! port ([`storage::QueueStore`], [`storage::TableStore`]) that the `aqw`
+//! crate implements on Azure and [`storage::memory::MemoryStorage`]
+//! implements in memory, on tokio time.
+//!
+//! ## Embedding
+//!
+//! A handler in your own binary, on the memory store (swap in the Azure
+//! adapter, `aqw::storage::connect`, for production):
+//!
+//! ```
+//! use aqw_core::builder::{handler_fn, WorkerBuilder};
+//! use aqw_core::handler::{HandlerError, Success};
+//! use aqw_core::idempotency::{KeySpec, KeyTemplate};
+//! use aqw_core::storage::{memory::MemoryStorage, Storage, Ttl};
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let storage = MemoryStorage::new();
+//! let credits = Arc::new(AtomicUsize::new(0));
+//! let applied = credits.clone();
+//! let worker = WorkerBuilder::new(Arc::new(storage.clone()))
+//!     .max_dequeue_count(5)
+//!     .function("ApplyCredit", "credits", handler_fn(move |job| {
+//!         let applied = applied.clone();
+//!         async move {
+//!             // Send job.provider_key as the provider's Idempotency-Key:
+//!             // the same on every attempt and replay of this key.
+//!             assert!(job.provider_key.is_some());
+//!             if job.payload.contains("closed") {
+//!                 return Err(HandlerError::permanent("account is closed"));
+//!             }
+//!             applied.fetch_add(1, Ordering::SeqCst);
+//!             Ok(Success::default())
+//!         }
+//!     }))
+//!     .key(KeySpec::Template(KeyTemplate::parse("credit:{/account}:{/period}").unwrap()))
+//!     .build()
+//!     .unwrap();
+//!
+//! // The same business fact twice, as a producer's retry would send it.
+//! let queue = storage.queue("credits");
+//! queue.create_if_missing().await.unwrap();
+//! let job = r#"{"account":"a-1","period":"2026-12"}"#;
+//! let text = aqw_core::message::encode(job, aqw_core::message::MessageEncoding::Base64);
+//! for _ in 0..2 {
+//!     queue.put(&text, Duration::ZERO, Ttl::Default).await.unwrap();
+//! }
+//!
+//! let shutdown = CancellationToken::new();
+//! let running = tokio::spawn(worker.run(shutdown.clone()));
+//! while queue.approximate_count().await.unwrap() > 0 {
+//!     tokio::time::sleep(Duration::from_millis(100)).await;
+//! }
+//! shutdown.cancel();
+//! running.await.unwrap();
+//! assert_eq!(credits.load(Ordering::SeqCst), 1, "the credit is applied once");
+//! # }
+//! ```
+//!
+//! ## Layout
+//!
+//! | rule | file |
+//! |---|---|
+//! | the fate of a message as a pure function of its facts, in two typed stages (`next_step` → `NextStep`: claim, run, or settle `WithoutRunning`; `fate` → `Fate` after the attempt; `Policy` from config); the message-life tables as unit tests | `crates/aqw-core/src/decide.rs` |
+//! | the pipeline for one message, for `aqw run` and `aqw serve`: `process` gathers the facts and carries out each stage (`Settle`, the single poison exit), runs the handler (lease renewal, `functionTimeout`, hard stop), one outcome line and counters (`Outcome`) | `crates/aqw-core/src/job/` (`mod.rs` `process`, `settle.rs`, `handler.rs`, `outcome.rs`) |
+//! | the circuit breaker of one function as a pure state machine (closed → open → half-open), what counts toward it, its settings and defaults | `crates/aqw-core/src/breaker.rs` |
+//! | the control row of each function in `aqwcontrol`: pause / resume by an operator, the breaker state a worker publishes; `ControlStore` | `crates/aqw-core/src/control.rs` |
+//! | what the poll loop asks before receiving: the pause and the breaker, watched and published per function (`Gate`) | `crates/aqw-core/src/gate.rs` |
+//! | retry delay (exponential + jitter, or fixed) and the Functions polling back-off, as pure values | `crates/aqw-core/src/retry.rs` |
+//! | idempotency: the key table's layout (RowKey = SHA-256 of the key) and the module's exports | `crates/aqw-core/src/idempotency/mod.rs` |
+//! | the key from business facts (template / `idempotencyKey` / `none`), `IdempotencyKey` | `crates/aqw-core/src/idempotency/key.rs` |
+//! | key first: claim by insert or `If-Match` take-over, pending → done | `crates/aqw-core/src/idempotency/store.rs` |
+//! | the key record's columns and status, its attempt history | `crates/aqw-core/src/idempotency/record.rs` |
+//! | what retention may read of the key table: a function's partitions, settled keys older than a cutoff (server-side filter) | `crates/aqw-core/src/idempotency/purge.rs` |
+//! | message encoding (base64/none), the 64 KiB limit, the kind and text of the error that poisons a message | `crates/aqw-core/src/message.rs` |
+//! | the poison path's write order, stated once, and the module's exports | `crates/aqw-core/src/poison/mod.rs` |
+//! | the poison envelope, `<queue>-poison` naming, the record id of a host copy | `crates/aqw-core/src/poison/envelope.rs` |
+//! | a poison record's table columns, and every update that closes one | `crates/aqw-core/src/poison/record.rs` |
+//! | `PoisonStore`: every read and write of poison records (list, find, close as replayed / replaced / discarded, the replay crash marker) and the crash-safe write order (record → copy → copy named) | `crates/aqw-core/src/poison/store.rs` |
+//! | the `<queue>-poison` copies: the scan that imports host copies and deletes strays, release, delete | `crates/aqw-core/src/poison/copies.rs` |
+//! | the worker's one poison call (record built, written through the store, alert raised) | `crates/aqw-core/src/poison/sink.rs` |
+//! | what retention may read of the record table: the keys open records refer to, closed records older than a cutoff | `crates/aqw-core/src/poison/purge.rs` |
+//! | redaction: the `redact` pointers masked wherever a person sees a payload (`poison show`, the dashboard), restored in a fix; the stored payload stays exact | `crates/aqw-core/src/redact.rs` |
+//! | retention: the purge's guards (filter, open records, `If-Match` batches of 100), counts, the request pacer | `crates/aqw-core/src/retention/mod.rs` |
+//! | the background sweep of `aqw run`: one sweeper per account by a lease row, bounded rate | `crates/aqw-core/src/retention/sweep.rs` |
+//! | the operator's commands, one file each, returning data, as procedures over `KeyStore`, `PoisonStore` and `ControlStore`: list, show, replay, fix, discard, status, enqueue, keys, pause / resume, purge; the provider's key window that replay and fix check | `crates/aqw-core/src/ops/` (`mod.rs`, `control.rs`, `list.rs`, `show.rs`, `replay.rs`, `fix.rs`, `discard.rs`, `rehearse.rs` (the dry runs of fix and discard), `status.rs`, `enqueue.rs`, `keys.rs`, `purge.rs`, `window.rs`) |
+//! | poll heartbeats: a worker's last poll per queue, written once a minute, read by `aqw status` | `crates/aqw-core/src/heartbeat.rs` |
+//! | test-only crash points, compiled out of release builds | `crates/aqw-core/src/failpoint.rs` |
+//! | the storage port: queues, tables, the typed query (`Filter`); only the Azure adapter writes OData | `crates/aqw-core/src/storage/mod.rs` |
+//! | the in-memory store on tokio time (visibility, receipts, TTL, ETags, batches, pages), request counts and an outage switch | `crates/aqw-core/src/storage/memory/` (`mod.rs` the store, its clock and hooks, `queue.rs`, `table.rs`, `tests/`) |
+//! | the storage contract: one suite of checks, run on the memory store here and on Azurite in the binary's tests | `crates/aqw-core/src/contract/` (`mod.rs` the list and runner, `queue.rs`, `table.rs`, `query.rs`) |
+//! | the engine's wall clock: the system's, or tokio's in a simulation | `crates/aqw-core/src/clock.rs` |
+//! | a worker built in code: settings and handlers in, `Worker::run(shutdown)`; `handler_fn` | `crates/aqw-core/src/builder.rs` |
+//! | the ready configuration (`AppConfig`, `FunctionConfig`, connection, retention, timespans, names) and its defaults | `crates/aqw-core/src/config/` (`mod.rs`, `connection.rs`, `retention.rs`, `timespan.rs`) |
+//! | one function's runtime over any storage; queues and tables created before polling; sweep targets | `crates/aqw-core/src/runtime.rs` |
+//! | the poll loops of `aqw run`: permits before receive, back-off, heartbeats, drain on shutdown; `Health` | `crates/aqw-core/src/worker.rs` |
+//! | the handler contract: `Job`, `Success`, `HandlerError` (retryable, uncertain, permanent), `HandlerSpec` | `crates/aqw-core/src/handler.rs` |
+//! | the poison alert's content (grouped by cause) and the engine's `Alerts` handle | `crates/aqw-core/src/alert.rs` |
+//! | secrets scrubbed from every log line, error and record | `crates/aqw-core/src/scrub.rs` |
+//! | the job's spans and the W3C context they carry (the API side; exporters are the binary's) | `crates/aqw-core/src/traces.rs` |
+//! | this map, and the module list | `crates/aqw-core/src/lib.rs` |
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod alert;
+pub mod breaker;
+pub mod builder;
+pub mod clock;
+pub mod config;
+#[cfg(any(test, feature = "contract"))]
+pub mod contract;
+pub mod control;
+pub mod decide;
+pub mod failpoint;
+pub mod gate;
+pub mod handler;
+pub mod heartbeat;
+pub mod idempotency;
+pub mod job;
+pub mod message;
+pub mod ops;
+pub mod poison;
+pub mod redact;
+pub mod retention;
+pub mod retry;
+pub mod runtime;
+pub mod scrub;
+pub mod storage;
+pub mod traces;
+pub mod worker;

@@ -1,0 +1,188 @@
+//! Message encoding, the 64 KiB limit, and the kind of error that poisons a
+//! message (the poison envelope itself is [`crate::poison::PoisonEnvelope`]).
+
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+
+/// How message text is encoded on the queue (`extensions.queues.messageEncoding`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MessageEncoding {
+    /// The text is the payload's bytes in base64 (the Functions default).
+    Base64,
+    /// The text is the payload itself.
+    None,
+}
+
+impl MessageEncoding {
+    /// The setting's value: `base64` or `none`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MessageEncoding::Base64 => "base64",
+            MessageEncoding::None => "none",
+        }
+    }
+}
+
+/// Azure Queue Storage's limit on message text.
+pub const MAX_MESSAGE_TEXT: usize = 64 * 1024;
+
+/// The largest payload that fits a message under `encoding`.
+pub fn max_payload(encoding: MessageEncoding) -> usize {
+    match encoding {
+        MessageEncoding::Base64 => MAX_MESSAGE_TEXT / 4 * 3,
+        MessageEncoding::None => MAX_MESSAGE_TEXT,
+    }
+}
+
+/// Why a message could not be decoded. Always permanent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// The text is not valid base64; the decoder's complaint.
+    #[error("message is not valid base64 (messageEncoding is base64): {0}")]
+    Base64(String),
+    /// The decoded bytes are not UTF-8; the offset of the first bad byte.
+    #[error("message payload is not valid UTF-8 (byte {0})")]
+    Utf8(usize),
+}
+
+/// Decode message text into the payload string.
+pub fn decode(text: &str, encoding: MessageEncoding) -> Result<String, DecodeError> {
+    let bytes = match encoding {
+        MessageEncoding::None => return Ok(text.to_string()),
+        MessageEncoding::Base64 => base64::engine::general_purpose::STANDARD
+            .decode(text.trim())
+            .map_err(|e| DecodeError::Base64(e.to_string()))?,
+    };
+    String::from_utf8(bytes).map_err(|e| DecodeError::Utf8(e.utf8_error().valid_up_to()))
+}
+
+/// Encode a payload as message text.
+pub fn encode(payload: &str, encoding: MessageEncoding) -> String {
+    match encoding {
+        MessageEncoding::None => payload.to_string(),
+        MessageEncoding::Base64 => {
+            base64::engine::general_purpose::STANDARD.encode(payload.as_bytes())
+        }
+    }
+}
+
+/// Encode a payload, refusing what would not fit in one message (before any I/O).
+pub fn encode_checked(payload: &str, encoding: MessageEncoding) -> Result<String, String> {
+    let text = encode(payload, encoding);
+    if text.len() > MAX_MESSAGE_TEXT {
+        return Err(format!(
+            "payload is {} bytes; with messageEncoding {} a message holds at most {} bytes of payload ({} bytes of text)",
+            payload.len(),
+            encoding.as_str(),
+            max_payload(encoding),
+            MAX_MESSAGE_TEXT
+        ));
+    }
+    Ok(text)
+}
+
+/// Kind of the error that poisoned a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ErrorKind {
+    /// A failure that may pass on a later attempt.
+    Retryable,
+    /// A failure no retry can fix.
+    Permanent,
+    /// The message text could not be decoded.
+    Decode,
+    /// The handler ran past `functionTimeout`.
+    Timeout,
+    /// Dequeued past `maxDequeueCount` without completing: its attempts
+    /// ended with no verdict (a worker that crashed or lost its lease).
+    Crashed,
+}
+
+impl ErrorKind {
+    /// The kind's name, as records and alerts show it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Retryable => "retryable",
+            ErrorKind::Permanent => "permanent",
+            ErrorKind::Decode => "decode",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Crashed => "crashed",
+        }
+    }
+    /// The kind named `s`; anything unknown is `Retryable`.
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "permanent" => ErrorKind::Permanent,
+            "decode" => ErrorKind::Decode,
+            "timeout" => ErrorKind::Timeout,
+            "crashed" => ErrorKind::Crashed,
+            _ => ErrorKind::Retryable,
+        }
+    }
+}
+
+/// The error that poisoned (or may poison) a message: its kind and text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorInfo {
+    /// What kind of error it is.
+    pub kind: ErrorKind,
+    /// Its text.
+    pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn base64_roundtrip_and_errors() {
+        assert_eq!(
+            decode(
+                &encode("{\"a\":1}", MessageEncoding::Base64),
+                MessageEncoding::Base64
+            )
+            .unwrap(),
+            "{\"a\":1}"
+        );
+        assert!(matches!(
+            decode("!!!", MessageEncoding::Base64),
+            Err(DecodeError::Base64(_))
+        ));
+        let bad_utf8 = base64::engine::general_purpose::STANDARD.encode([0x66, 0xff, 0xfe]);
+        assert_eq!(
+            decode(&bad_utf8, MessageEncoding::Base64),
+            Err(DecodeError::Utf8(1))
+        );
+        assert_eq!(
+            decode("raw text", MessageEncoding::None).unwrap(),
+            "raw text"
+        );
+    }
+
+    #[test]
+    fn size_limits() {
+        assert_eq!(max_payload(MessageEncoding::Base64), 49_152);
+        assert!(encode_checked(&"a".repeat(49_152), MessageEncoding::Base64).is_ok());
+        assert!(encode_checked(&"a".repeat(49_153), MessageEncoding::Base64).is_err());
+        assert!(encode_checked(&"a".repeat(65_536), MessageEncoding::None).is_ok());
+        assert!(encode_checked(&"a".repeat(65_537), MessageEncoding::None)
+            .unwrap_err()
+            .contains("65536"));
+    }
+
+    proptest! {
+        #[test]
+        fn decoder_never_panics(s in "\\PC{0,200}") {
+            let _ = decode(&s, MessageEncoding::Base64);
+        }
+
+        #[test]
+        fn encode_decode_roundtrip(s in "\\PC{0,300}") {
+            for enc in [MessageEncoding::Base64, MessageEncoding::None] {
+                prop_assert_eq!(decode(&encode(&s, enc), enc).unwrap(), s.clone());
+            }
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! The operator's procedure: status, list, show,
+//! replay, discard, fix, enqueue, `keys show` and the purges, one file each. Each command
+//! returns data; the binary renders it and decides the exit code.
+//!
+//! This file holds what the commands share: [`QueueOps`] (the stores of one
+//! source queue), [`Filter`] and [`OpsError`]. The commands are procedures
+//! over [`KeyStore`] and [`PoisonStore`]: neither table's rows are written
+//! here.
+//!
+//! Poison records live in the record table (no 32-message peek limit). Raw
+//! copies written to `<queue>-poison` by the Functions host itself are found
+//! by a scan of the poison queue ([`PoisonStore::scan`]) and imported as
+//! records (origin `host`), so they are listed and replayed like aqw's own.
+
+mod control;
+mod discard;
+mod enqueue;
+mod fix;
+mod keys;
+mod list;
+mod purge;
+mod rehearse;
+mod replay;
+mod show;
+mod status;
+mod window;
+
+pub use control::{control_store, pause, resume};
+pub use discard::discard;
+pub use enqueue::{enqueue, prepare_enqueue, with_trace_context, Enqueued, PreparedEnqueue};
+pub use fix::{fix, FixAction, FixReport};
+pub use keys::key_record;
+pub use list::{list, list_summaries};
+pub use purge::{purge_keys, purge_records, PurgeOptions};
+pub use rehearse::{payload_diff, rehearse_discard, rehearse_fix, DiscardRehearsal, FixRehearsal};
+pub use replay::{
+    replay, ReplayAction, ReplayItem, ReplayOptions, ReplayReport, DEFAULT_REPLAY_CONCURRENCY,
+};
+pub use show::{show, ShowReport};
+pub use status::{status, QueueStatus};
+pub use window::{fmt_span, ProviderWindow};
+
+use crate::config::{AppConfig, FunctionConfig};
+use crate::idempotency::{IdempotencyKey, KeyRecord, KeyStore};
+use crate::poison::{PoisonRecord, PoisonStore, RecordStatus};
+use crate::storage::{Etag, QueueStore, Storage, StorageError};
+use std::sync::Arc;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+/// Errors of the operator commands, mapped to exit codes by the binary.
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    /// Bad arguments or config (exit 2).
+    #[error("{0}")]
+    Usage(String),
+    /// Storage failed (exit 3).
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+/// The result of an operator command.
+pub type OpsResult<T> = Result<T, OpsError>;
+
+/// The stores of one source queue: its keys and its poison records.
+pub struct QueueOps {
+    /// The app's configuration.
+    pub app: Arc<AppConfig>,
+    /// The function consuming the queue, if the app has one.
+    pub function: Option<FunctionConfig>,
+    /// The source queue's name.
+    pub queue: String,
+    /// The source queue.
+    pub source: Arc<dyn QueueStore>,
+    /// The queue's poison records and their `<queue>-poison` copies.
+    pub poison: PoisonStore,
+    /// The function's idempotency keys.
+    pub keys: KeyStore,
+    /// The function's pause and published breaker state.
+    pub control: crate::control::ControlStore,
+    /// The workers' poll heartbeats.
+    pub heartbeats: crate::heartbeat::HeartbeatStore,
+}
+
+impl QueueOps {
+    /// The stores of source queue `queue` of `app`, on `storage`.
+    pub fn new(app: Arc<AppConfig>, queue: &str, storage: &dyn Storage) -> Self {
+        let function = app.function_for_queue(queue).cloned();
+        let poison = PoisonStore::new(
+            queue,
+            function
+                .as_ref()
+                .map(|f| f.name.as_str())
+                .unwrap_or_default(),
+            app.message_encoding,
+            storage.table(&app.poison_table),
+            storage.queue(&crate::poison::poison_queue_name(queue)),
+        );
+        Self {
+            function,
+            queue: queue.to_string(),
+            source: storage.queue(queue),
+            poison,
+            keys: KeyStore::new(storage.table(&app.keys_table)),
+            control: crate::control::ControlStore::new(storage.table(&app.control_table)),
+            heartbeats: crate::heartbeat::HeartbeatStore::new(storage.table(&app.heartbeat_table)),
+            app,
+        }
+    }
+
+    /// All records of this queue (a scan imports what the poison queue holds
+    /// beyond them).
+    pub async fn records(&self) -> OpsResult<Vec<PoisonRecord>> {
+        Ok(self
+            .poison
+            .list()
+            .await?
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect())
+    }
+
+    /// The record `id` with its ETag, if there is one.
+    pub async fn record(&self, id: &str) -> OpsResult<Option<(PoisonRecord, Etag)>> {
+        Ok(self.poison.find(id).await?)
+    }
+
+    /// The record `id`, which must be open (a usage error otherwise).
+    pub async fn open_record(&self, id: &str) -> OpsResult<(PoisonRecord, Etag)> {
+        let (rec, etag) = self.record(id).await?.ok_or_else(|| {
+            OpsError::Usage(format!("no poison record {id} for queue {}", self.queue))
+        })?;
+        if rec.status != RecordStatus::Open {
+            return Err(OpsError::Usage(format!(
+                "record {id} is already {}",
+                rec.status.as_str()
+            )));
+        }
+        Ok((rec, etag))
+    }
+
+    /// The key state of a record, if its function and key are known.
+    pub async fn key_record(&self, rec: &PoisonRecord) -> OpsResult<Option<KeyRecord>> {
+        let (Some(f), Some(k)) = (self.function.as_ref(), rec.key.as_ref()) else {
+            return Ok(None);
+        };
+        let key = IdempotencyKey::new(k.clone()).map_err(OpsError::Usage)?;
+        match self.keys.get(&f.name, &key).await {
+            Ok(r) => Ok(r),
+            Err(StorageError::NotFound) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// A time bound of a filter: an RFC 3339 time, or a duration ago
+/// (`hh:mm:ss`), as `poison list --since` and the dashboard take it.
+pub fn parse_time(s: &str) -> Result<OffsetDateTime, String> {
+    if let Ok(t) = OffsetDateTime::parse(s, &Rfc3339) {
+        return Ok(t);
+    }
+    crate::config::parse_timespan(s)
+        .map(|d| crate::clock::now_utc() - d)
+        .map_err(|_| format!("\"{s}\" is neither an RFC 3339 time nor a duration ago (hh:mm:ss)"))
+}
+
+/// Filters of `poison list` and `poison replay`.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// Only records in this status.
+    pub status: Option<RecordStatus>,
+    /// Only records poisoned at or after this time.
+    pub since: Option<OffsetDateTime>,
+    /// Only records poisoned at or before this time.
+    pub until: Option<OffsetDateTime>,
+    /// Only records of this function.
+    pub function: Option<String>,
+    /// Only records whose error matches.
+    pub error: Option<regex::Regex>,
+    /// Only these records (message ids); empty = any.
+    pub ids: Vec<String>,
+}
+
+impl Filter {
+    /// Whether record `r` passes every filter that is set.
+    pub fn matches(&self, r: &PoisonRecord) -> bool {
+        let at = OffsetDateTime::parse(&r.poisoned_at, &Rfc3339).ok();
+        self.status.is_none_or(|s| s == r.status)
+            && self.since.is_none_or(|s| at.is_some_and(|t| t >= s))
+            && self.until.is_none_or(|u| at.is_some_and(|t| t <= u))
+            && self.function.as_ref().is_none_or(|f| f == &r.function)
+            && self
+                .error
+                .as_ref()
+                .is_none_or(|re| re.is_match(&r.error.message))
+            && (self.ids.is_empty() || self.ids.iter().any(|i| i == &r.message_id))
+    }
+}

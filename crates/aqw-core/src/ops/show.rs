@@ -1,0 +1,85 @@
+//! `aqw poison show`.
+
+use super::{OpsError, OpsResult, ProviderWindow, QueueOps};
+use crate::idempotency::KeyRecord;
+use crate::message::{decode, encode};
+use crate::poison::PoisonRecord;
+
+/// `aqw poison show`: the record, its key state and the decoded payload.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShowReport {
+    /// The record (its message masked when `redacted` says so).
+    pub record: PoisonRecord,
+    /// The key's record, when the function and key are known and it exists.
+    pub key_record: Option<KeyRecord>,
+    /// The payload as JSON, when it is JSON.
+    pub payload: Option<serde_json::Value>,
+    /// The payload as text, when it decodes.
+    pub payload_text: Option<String>,
+    /// Why the message could not be decoded.
+    pub decode_error: Option<String>,
+    /// The provider key's age against the function's `providerKeyWindow`
+    /// (when it declares one and the key has a record).
+    pub provider_window: Option<ProviderWindow>,
+    /// What the function's `redact` masked in `payload`, `payloadText` and
+    /// `record.message` (None when nothing was): they are then not the
+    /// exact text, which stays stored and is what a replay sends.
+    pub redacted: Option<String>,
+}
+
+/// `aqw poison show`: record `id` (importing a raw host copy first if
+/// needed), its key's state, its decoded payload with the function's
+/// `redact` fields masked, and the provider key's window.
+pub async fn show(ops: &QueueOps, id: &str) -> OpsResult<ShowReport> {
+    let (record, _) = match ops.record(id).await? {
+        Some(r) => r,
+        None => {
+            ops.poison.scan(None).await?;
+            ops.record(id).await?.ok_or_else(|| {
+                OpsError::Usage(format!("no poison record {id} for queue {}", ops.queue))
+            })?
+        }
+    };
+    let key_record = ops.key_record(&record).await?;
+    let window = ops.function.as_ref().and_then(|f| f.provider_key_window);
+    let provider_window = key_record
+        .as_ref()
+        .and_then(|k| ProviderWindow::of(window, k, crate::clock::now_utc()));
+    let mut record = record;
+    let redaction = ops.function.as_ref().map(|f| &f.redact);
+    let (payload, payload_text, decode_error, redacted) =
+        match decode(&record.message, record.encoding) {
+            Ok(text) => {
+                let masked = redaction.map(|r| r.mask(&text));
+                let note = masked.as_ref().and_then(|m| m.note());
+                let text = match (&masked, &note) {
+                    (Some(m), Some(_)) => m.text().to_string(),
+                    _ => text,
+                };
+                if note.is_some() {
+                    record.message = encode(&text, record.encoding);
+                }
+                (serde_json::from_str(&text).ok(), Some(text), None, note)
+            }
+            Err(e) => {
+                // Undecodable: only its raw text could be shown, and a
+                // redacted value could be anywhere in it.
+                let note = redaction.filter(|r| !r.is_empty()).map(|_| {
+                    record.message = crate::redact::MASK.into();
+                    "redacted (undecodable, wholly hidden); replay sends the exact stored text"
+                        .to_string()
+                });
+                (None, None, Some(e.to_string()), note)
+            }
+        };
+    Ok(ShowReport {
+        record,
+        key_record,
+        payload,
+        payload_text,
+        decode_error,
+        provider_window,
+        redacted,
+    })
+}

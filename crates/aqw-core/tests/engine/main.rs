@@ -1,0 +1,30 @@
+//! The engine's tests, in-process on the memory store (`MemoryStorage`) under
+//! a paused tokio clock: the scenarios the Azurite suite of crate `aqw`
+//! (`tests/reliability.rs`, `recovery.rs`, `outage.rs`, `failpoints.rs`,
+//! `retention.rs`, `worker.rs`) runs against the emulator, asserted on the
+//! store's final state: the key table, the poison records, `<queue>` and
+//! `<queue>-poison`, and the effects a provider that deduplicates by
+//! provider key applied.
+//!
+//! Every test is `#[tokio::test(start_paused = true)]`: a current-thread
+//! runtime, so every task of a test runs on the test's thread (which the
+//! thread-local `failpoint::arm` relies on), and simulated time, so minutes
+//! of retries and days of retention pass in milliseconds. Nothing waits on a
+//! real sleep: conditions are polled every 100 ms of tokio time until a
+//! simulated deadline ([`common::Env::wait_until`]).
+//!
+//! - `verification.rs`: the article's four tests (duplicate, race, exhaust,
+//!   recover) and fail-fail-succeed;
+//! - `crashes.rs`: a crash at every failpoint of the job, poison and replay
+//!   paths, kept running or restarted;
+//! - `replay.rs`: a replayed poisoned key runs once;
+//! - `retention.rs`: the purge and the sweep keep what an open record needs;
+//! - `outage.rs`: the breaker in a full and a partial provider outage, and a
+//!   storage outage.
+
+mod common;
+mod crashes;
+mod outage;
+mod replay;
+mod retention;
+mod verification;

@@ -1,0 +1,217 @@
+//! Outages. The circuit breaker (`src/breaker.rs`) counts retryable
+//! failures of first attempts: a provider that is down fails everyone, the
+//! breaker opens and parks what it received (a fresh copy, so the wasted
+//! receives spend no attempt), and nothing is walked to poison; without it
+//! the same outage poisons. A partial outage (a few keys failing every
+//! time) never trips it, and those keys reach poison as before. A storage
+//! outage loses nothing and doubles nothing.
+
+use crate::common::*;
+use aqw_core::alert::AlertEvent;
+use aqw_core::idempotency::KeyStatus;
+use aqw_core::message::ErrorKind;
+use aqw_core::poison::RecordStatus;
+use serde_json::json;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+const UNAVAILABLE: &str = "HTTP 503 Service Unavailable";
+
+/// A provider down (503 to every call) until the switch is turned off.
+fn down_provider() -> (Env, Arc<AtomicBool>) {
+    let down = Arc::new(AtomicBool::new(true));
+    let is_down = down.clone();
+    let env = Env::new(move |_, _| {
+        if is_down.load(Ordering::SeqCst) {
+            Behave::Retry(UNAVAILABLE.into())
+        } else {
+            Behave::Succeed
+        }
+    });
+    (env, down)
+}
+
+async fn enqueue_jobs(env: &Env, n: usize) -> Vec<JobSpec> {
+    let jobs: Vec<JobSpec> = (0..n).map(|i| env.job(&format!("o{i}"))).collect();
+    for j in &jobs {
+        env.enqueue(j).await;
+    }
+    jobs
+}
+
+/// The breaker transitions announced since the last look (their `state`).
+fn breaker_states(env: &Env) -> Vec<String> {
+    env.alerts()
+        .into_iter()
+        .filter_map(|a| match a {
+            AlertEvent::Breaker(body) => body["state"].as_str().map(str::to_string),
+            AlertEvent::Poisoned(_) => None,
+        })
+        .collect()
+}
+
+async fn all_done(env: &Env, jobs: &[JobSpec]) -> bool {
+    for j in jobs {
+        if !env.key(&j.key).await.is_some_and(|k| k.status == KeyStatus::Done) {
+            return false;
+        }
+    }
+    env.source_depth().await == 0
+}
+
+/// Ten minutes of a provider down for everyone, 100 jobs: the breaker
+/// opens, the provider sees only probes while it is open, no job is
+/// poisoned or even nears its cap; after the outage every job runs once.
+#[tokio::test(start_paused = true)]
+async fn a_full_outage_opens_the_breaker_and_poisons_nothing() {
+    let (env, down) = down_provider();
+    let jobs = enqueue_jobs(&env, 100).await;
+    let app = env.app();
+    let in_flight = (app.batch_size + app.new_batch_threshold) as usize;
+    let w = start(env.worker());
+    env.wait_until("the breaker opened", minutes(5), || async {
+        env.control().await.breaker_open()
+    })
+    .await;
+    let at_open = env.provider.calls().len();
+    // The outage lasts this long: not a synchronisation.
+    tokio::time::sleep(minutes(10)).await;
+    let during = env.provider.calls().len() - at_open;
+    let states = breaker_states(&env);
+    assert!(env.records().await.is_empty(), "an outage poisons nothing");
+    assert_eq!(env.poison_depth().await, 0);
+    let probes = states.iter().filter(|s| *s == "half-open").count();
+    println!("calls before the breaker opened: {at_open}; while open: {during}; transitions {states:?}");
+    assert!(states.first().is_some_and(|s| s == "open"), "{states:?}");
+    assert!(probes >= 2, "the breaker probed during the outage: {states:?}");
+    // Each half-open lets 2 probe messages through (the default).
+    assert!(
+        during <= 2 * probes + in_flight,
+        "{during} calls while open ({probes} probe rounds, {in_flight} in flight at most)"
+    );
+    assert!(at_open < 100, "the breaker opened before every job was tried: {at_open}");
+
+    down.store(false, Ordering::SeqCst);
+    env.wait_until("every job done after the outage", minutes(30), || async {
+        all_done(&env, &jobs).await
+    })
+    .await;
+    w.stop().await;
+
+    let keys: Vec<String> = jobs.iter().map(|j| j.key.clone()).collect();
+    env.provider.assert_applied_once(&keys);
+    let max_dc = env.provider.calls().iter().map(|c| c.dequeue_count).max();
+    assert!(
+        max_dc.is_some_and(|dc| dc < 5),
+        "parked copies spent no attempt: highest dequeue count {max_dc:?}"
+    );
+    assert!(env.records().await.is_empty(), "nothing poisoned");
+    assert_eq!(env.poison_depth().await, 0);
+    assert_eq!(env.source_depth().await, 0);
+    let c = env.control().await;
+    assert_eq!(c.breaker.map(|b| b.state).as_deref(), Some("closed"));
+    assert_eq!(breaker_states(&env).last().map(String::as_str), Some("closed"));
+}
+
+/// The same outage without the breaker walks jobs to poison: what the
+/// breaker prevents above.
+#[tokio::test(start_paused = true)]
+async fn without_the_breaker_the_same_outage_poisons() {
+    let (env, _down) = down_provider();
+    enqueue_jobs(&env, 40).await;
+    let worker = env
+        .builder_on(Arc::new(env.storage.clone()), |f| f.breaker = None)
+        .build()
+        .unwrap();
+    let w = start(worker);
+    env.wait_until("jobs poisoned", minutes(10), || async {
+        !env.records().await.is_empty()
+    })
+    .await;
+    w.stop().await;
+    assert!(env.poison_depth().await > 0);
+    assert!(breaker_states(&env).is_empty());
+}
+
+/// One job in five fails every time (its own keys, not the provider): the
+/// breaker never trips, those twenty reach poison after their five attempts,
+/// the eighty others run once.
+#[tokio::test(start_paused = true)]
+async fn a_partial_outage_poisons_its_own_keys_and_lets_the_rest_through() {
+    let env = Env::new(|job, _| {
+        if is_bad(job) {
+            Behave::Retry(UNAVAILABLE.into())
+        } else {
+            Behave::Succeed
+        }
+    });
+    let jobs: Vec<(JobSpec, bool)> = (0..100)
+        .map(|i| {
+            let bad = i % 5 == 0;
+            (env.job_with(&format!("o{i}"), json!({ "bad": bad })), bad)
+        })
+        .collect();
+    for (j, _) in &jobs {
+        env.enqueue(j).await;
+    }
+    let w = start(env.worker());
+    env.wait_until("20 poisoned, the rest done", minutes(30), || async {
+        env.records().await.len() == 20 && env.source_depth().await == 0
+    })
+    .await;
+    w.stop().await;
+
+    let good: Vec<String> = jobs.iter().filter(|(_, b)| !b).map(|(j, _)| j.key.clone()).collect();
+    let bad: BTreeSet<String> = jobs.iter().filter(|(_, b)| *b).map(|(j, _)| j.key.clone()).collect();
+    env.provider.assert_applied_once(&good);
+    for k in &good {
+        assert_eq!(env.key(k).await.map(|r| r.status), Some(KeyStatus::Done));
+    }
+    let records = env.records().await;
+    let poisoned: BTreeSet<String> = records
+        .iter()
+        .filter_map(|r| r.key.as_ref().map(|k| k.to_string()))
+        .collect();
+    assert_eq!(poisoned, bad, "exactly the failing keys are poisoned");
+    for r in &records {
+        assert_eq!(r.status, RecordStatus::Open);
+        assert_eq!((r.error.kind, r.dequeue_count), (ErrorKind::Retryable, 5));
+    }
+    for k in &bad {
+        assert_eq!(env.provider.calls_for(k).len(), 5, "{k}: every attempt used");
+    }
+    assert_eq!(env.poison_depth().await, 20, "one copy each");
+    assert!(breaker_states(&env).is_empty(), "a partial outage never trips");
+    assert!(env.control().await.breaker.is_none());
+}
+
+/// Storage unreachable for five minutes while jobs run: the worker backs
+/// off and carries on, every job runs, none twice, none poisoned.
+#[tokio::test(start_paused = true)]
+async fn a_storage_outage_loses_nothing_and_doubles_nothing() {
+    let env = Env::new(|_, _| Behave::Succeed);
+    env.provider.set_delay(std::time::Duration::from_secs(2));
+    let jobs = enqueue_jobs(&env, 40).await;
+    let w = start(env.worker());
+    env.wait_until("jobs running", minutes(5), || async {
+        env.provider.calls().len() >= 5
+    })
+    .await;
+    env.storage.set_unavailable(true);
+    // The outage lasts this long: not a synchronisation.
+    tokio::time::sleep(minutes(5)).await;
+    assert!(!w.is_finished(), "the worker keeps going through the outage");
+    env.storage.set_unavailable(false);
+    env.wait_until("every job done after the outage", minutes(30), || async {
+        all_done(&env, &jobs).await
+    })
+    .await;
+    w.stop().await;
+
+    let keys: Vec<String> = jobs.iter().map(|j| j.key.clone()).collect();
+    env.provider.assert_applied_once(&keys);
+    assert!(env.records().await.is_empty(), "nothing poisoned");
+    assert_eq!(env.poison_depth().await, 0);
+    assert_eq!(env.key_rows().await.len(), jobs.len());
+}

@@ -1,0 +1,139 @@
+//! A replayed poisoned key runs once: two replays racing for one record,
+//! and a replay while another copy of the job is still on the source queue.
+
+use crate::common::*;
+use aqw_core::idempotency::KeyStatus;
+use aqw_core::ops::ReplayAction;
+use aqw_core::poison::RecordStatus;
+
+const REJECTED: &str = "HTTP 422: amount must be positive";
+
+/// One job poisoned by a permanent refusal; its job and message id.
+async fn poisoned(env: &Env) -> (JobSpec, String) {
+    let job = env.job("grant");
+    let id = env.enqueue(&job).await;
+    let w = start(env.worker());
+    env.wait_until("the job poisoned", minutes(5), || async {
+        env.source_depth().await == 0 && !env.records().await.is_empty()
+    })
+    .await;
+    w.stop().await;
+    (job, id)
+}
+
+/// Two operators replay the same record at the same moment (and a third
+/// later): the job is put back twice at most, runs once, applies once.
+#[tokio::test(start_paused = true)]
+async fn two_replays_at_once_run_the_job_once() {
+    let env = Env::new(|_, _| Behave::Fail(REJECTED.into()));
+    let (job, _) = poisoned(&env).await;
+    env.provider.set_rule(|_, _| Behave::Succeed);
+
+    // Each storage call takes a moment, so the two replays interleave: both
+    // list the record open before either closes it.
+    env.storage.set_latency(std::time::Duration::from_millis(20));
+    let (a, b) = tokio::join!(env.replay_all(), env.replay_all());
+    env.storage.set_latency(std::time::Duration::ZERO);
+    println!("replays at once: {a:?}\n{b:?}");
+    assert_eq!((a.selected, b.selected), (1, 1), "both saw the record open");
+    assert_eq!(env.source_depth().await, 2, "both put the job back");
+    assert_eq!(
+        a.replayed + b.replayed,
+        1,
+        "one replay closed the record: {a:?} {b:?}"
+    );
+    assert_eq!(a.failed + b.failed, a.selected + b.selected - 1, "{a:?} {b:?}");
+    let w = start(env.worker());
+    env.wait_until("the key done", minutes(5), || async {
+        env.key(&job.key).await.is_some_and(|k| k.status == KeyStatus::Done)
+    })
+    .await;
+    env.drained(minutes(5)).await;
+    let c = env.replay_all().await;
+    assert_eq!(c.selected, 0, "{c:?}");
+    tokio::time::sleep(minutes(2)).await;
+    w.stop().await;
+
+    let calls = env.provider.calls();
+    assert_eq!(calls.len(), 2, "one refusal, then one run: {calls:?}");
+    assert_eq!(calls[1].outcome, CallOutcome::Applied);
+    env.provider.assert_applied_once(std::slice::from_ref(&job.key));
+    let records = env.records().await;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].status, RecordStatus::Replayed);
+    assert_eq!(env.source_depth().await, 0);
+    assert_eq!(env.poison_depth().await, 0);
+}
+
+/// The job was enqueued twice; one copy was poisoned while the other was
+/// still on its way. Replayed while that copy is on the source queue: the
+/// two messages of one key run once between them.
+#[tokio::test(start_paused = true)]
+async fn a_replay_while_a_copy_is_on_the_source_queue_runs_once() {
+    let env = Env::new(|_, _| Behave::Fail(REJECTED.into()));
+    let (job, _) = poisoned(&env).await;
+    env.provider.set_rule(|_, _| Behave::Succeed);
+
+    // The producer's second copy of the same job arrives; the operator
+    // replays at the same moment.
+    let late = env.enqueue(&job).await;
+    let report = env.replay_all().await;
+    assert_eq!(report.replayed, 1, "{report:?}");
+    let reput = report.items[0].new_message_id.clone().expect("a re-put");
+    assert_ne!(reput, late);
+    assert_eq!(env.source_depth().await, 2, "both copies on the source queue");
+    let w = start(env.worker());
+    env.wait_until("the key done", minutes(5), || async {
+        env.key(&job.key).await.is_some_and(|k| k.status == KeyStatus::Done)
+    })
+    .await;
+    env.drained(minutes(5)).await;
+    tokio::time::sleep(minutes(2)).await;
+    w.stop().await;
+
+    let calls = env.provider.calls();
+    let runs: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.outcome != CallOutcome::Failed(REJECTED.into()))
+        .collect();
+    assert_eq!(runs.len(), 1, "one of the two copies ran: {runs:?}");
+    env.provider.assert_applied_once(std::slice::from_ref(&job.key));
+    let key = env.key(&job.key).await.unwrap();
+    assert_eq!(key.status, KeyStatus::Done);
+    assert_eq!(key.attempts, 2, "the refused attempt and the one run");
+    let records = env.records().await;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].status, RecordStatus::Replayed);
+    assert_eq!(env.source_depth().await, 0);
+    assert_eq!(env.poison_depth().await, 0);
+}
+
+/// The late copy ran (the key is done) before the operator replays: the
+/// record is closed "already done" and nothing is put back.
+#[tokio::test(start_paused = true)]
+async fn a_replay_after_the_job_ran_closes_the_record_without_a_reput() {
+    let env = Env::new(|_, _| Behave::Fail(REJECTED.into()));
+    let (job, _) = poisoned(&env).await;
+    env.provider.set_rule(|_, _| Behave::Succeed);
+    env.enqueue(&job).await;
+    let w = start(env.worker());
+    env.wait_until("the late copy ran", minutes(5), || async {
+        env.key(&job.key).await.is_some_and(|k| k.status == KeyStatus::Done)
+    })
+    .await;
+    env.drained(minutes(5)).await;
+
+    let report = env.replay_all().await;
+    assert_eq!((report.selected, report.already_done), (1, 1), "{report:?}");
+    assert_eq!(report.items[0].action, ReplayAction::AlreadyDone);
+    assert_eq!(report.items[0].new_message_id, None);
+    assert_eq!(env.source_depth().await, 0, "nothing re-put");
+    tokio::time::sleep(minutes(2)).await;
+    w.stop().await;
+
+    assert_eq!(env.provider.calls().len(), 2, "one refusal, one run");
+    env.provider.assert_applied_once(std::slice::from_ref(&job.key));
+    let records = env.records().await;
+    assert_eq!(records[0].status, RecordStatus::Replayed);
+    assert_eq!(env.poison_depth().await, 0);
+}
