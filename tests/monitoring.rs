@@ -34,14 +34,13 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// Every `"aqw_..."` metric name written in the crate's sources.
+/// Every `"aqw_..."` metric name written in the sources of the workspace's
+/// crates (the binary's `src/` and the engine's `crates/aqw-core/src/`).
 fn names_in_source() -> BTreeSet<String> {
     let re = Regex::new(r#""(aqw_[a-z_]+)""#).unwrap();
     let mut names = BTreeSet::new();
-    let mut dirs = vec![std::path::PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/src"
-    ))];
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut dirs = vec![root.join("src"), root.join("crates/aqw-core/src")];
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();

@@ -10,6 +10,15 @@
 //! their retries, which say something about those messages, not about the
 //! provider, so a partial outage never trips the breaker and its messages
 //! reach poison as before. Permanent failures are not counted at all.
+//!
+//! One breaker per function for the whole fleet: a replica whose own window
+//! has not tripped *follows* a breaker another replica published as open or
+//! half-open on the function's control row ([`Breaker::follow`]): it
+//! receives nothing and parks what it holds, until the row says closed
+//! ([`Breaker::release`]) or the publisher falls silent, and only then
+//! probes itself (so the fleet probes through one or two replicas, not all).
+//! After a close, concurrency ramps up from the probe count, doubling every
+//! [`RAMP_STEP`], instead of jumping to full.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -55,6 +64,13 @@ pub enum State {
         /// When the cool-down ends and probes may be let through.
         until: Instant,
     },
+    /// Another replica's breaker is open or probing: nothing is received
+    /// until `until`, when this replica, not having heard a verdict, probes
+    /// itself; received messages are parked.
+    Following {
+        /// When to stop waiting for the fleet's verdict.
+        until: Instant,
+    },
     /// `probes_left` more messages may be received; no verdict yet.
     HalfOpen {
         /// How many more probes may be received.
@@ -70,6 +86,7 @@ impl State {
         match self {
             State::Closed => "closed",
             State::Open { .. } => "open",
+            State::Following { .. } => "following",
             State::HalfOpen { .. } => "half-open",
         }
     }
@@ -78,7 +95,7 @@ impl State {
         match self {
             State::Closed => 0.0,
             State::HalfOpen { .. } => 1.0,
-            State::Open { .. } => 2.0,
+            State::Open { .. } | State::Following { .. } => 2.0,
         }
     }
 }
@@ -116,6 +133,10 @@ pub enum Transition {
         /// How long the breaker now stays open.
         cool_down: Duration,
     },
+    /// Closed → following: another replica's breaker is open or probing.
+    Followed,
+    /// Following → closed: the fleet's breaker closed.
+    Released,
 }
 
 impl Transition {
@@ -124,8 +145,15 @@ impl Transition {
         match self {
             Transition::Opened { .. } | Transition::Reopened { .. } => "open",
             Transition::HalfOpened => "half-open",
-            Transition::Closed => "closed",
+            Transition::Closed | Transition::Released => "closed",
+            Transition::Followed => "following",
         }
+    }
+
+    /// Whether this replica made the change itself (and so publishes it on
+    /// the control row and alerts), rather than following the fleet.
+    pub fn own(&self) -> bool {
+        !matches!(self, Transition::Followed | Transition::Released)
     }
 }
 
@@ -152,6 +180,10 @@ const SLICES: u32 = 20;
 /// How long the poll loop waits while half-open probes are out.
 const PROBE_POLL: Duration = Duration::from_millis(200);
 
+/// After a close, the receive allowance doubles this often, from the probe
+/// count up to a full batch.
+pub const RAMP_STEP: Duration = Duration::from_secs(1);
+
 /// One function's breaker.
 #[derive(Debug, Clone)]
 pub struct Breaker {
@@ -159,6 +191,8 @@ pub struct Breaker {
     state: State,
     cool_down: Duration,
     slices: VecDeque<Slice>,
+    /// When the breaker last closed after an opening (the ramp's start).
+    closed_at: Option<Instant>,
 }
 
 impl Breaker {
@@ -169,6 +203,7 @@ impl Breaker {
             state: State::Closed,
             cool_down: settings.cool_down,
             slices: VecDeque::new(),
+            closed_at: None,
         }
     }
 
@@ -185,7 +220,52 @@ impl Breaker {
     /// True while open: a message received before the trip is parked
     /// instead of run.
     pub fn holds(&self) -> bool {
-        matches!(self.state, State::Open { .. })
+        matches!(self.state, State::Open { .. } | State::Following { .. })
+    }
+
+    /// Another replica published the function's breaker as open or
+    /// half-open: a closed breaker follows it until `until` (a following
+    /// one waits until the later of the two). A breaker of this replica's
+    /// own that is open or probing keeps its course.
+    pub fn follow(&mut self, until: Instant) -> Option<Transition> {
+        match self.state {
+            State::Closed => {
+                self.state = State::Following { until };
+                self.slices.clear();
+                Some(Transition::Followed)
+            }
+            State::Following { until: was } => {
+                self.state = State::Following {
+                    until: was.max(until),
+                };
+                None
+            }
+            State::Open { .. } | State::HalfOpen { .. } => None,
+        }
+    }
+
+    /// The fleet's breaker closed: a following breaker closes too, and
+    /// ramps up from the probe count.
+    pub fn release(&mut self, now: Instant) -> Option<Transition> {
+        match self.state {
+            State::Following { .. } => {
+                self.close(now);
+                Some(Transition::Released)
+            }
+            _ => None,
+        }
+    }
+
+    /// How many of `want` a closed breaker lets through `since` it closed:
+    /// the probe count, doubling every [`RAMP_STEP`].
+    fn ramped(&self, now: Instant, want: u32) -> u32 {
+        let Some(at) = self.closed_at else {
+            return want;
+        };
+        let steps = now.saturating_duration_since(at).as_millis() / RAMP_STEP.as_millis().max(1);
+        let allowance = u64::from(self.settings.probes.max(1)) << steps.min(20);
+        want.min(u32::try_from(allowance).unwrap_or(u32::MAX))
+            .max(1)
     }
 
     /// The cool-down of the current (or next) opening.
@@ -196,8 +276,19 @@ impl Breaker {
     /// Before a receive of up to `want` messages: how many may be received.
     pub fn admit(&mut self, now: Instant, want: u32) -> (Admission, Option<Transition>) {
         match self.state {
-            State::Closed => (Admission::Receive(want), None),
-            State::Open { until } if now < until => (Admission::Wait(until - now), None),
+            State::Closed => (Admission::Receive(self.ramped(now, want)), None),
+            State::Open { until } | State::Following { until } if now < until => {
+                (Admission::Wait(until - now), None)
+            }
+            State::Following { .. } => {
+                // No verdict heard from the fleet: probe as if our own.
+                let granted = want.min(self.settings.probes);
+                self.state = State::HalfOpen {
+                    probes_left: self.settings.probes - granted,
+                    since: now,
+                };
+                (Admission::Receive(granted), Some(Transition::HalfOpened))
+            }
             State::Open { .. } => {
                 let granted = want.min(self.settings.probes);
                 self.state = State::HalfOpen {
@@ -232,9 +323,9 @@ impl Breaker {
     /// After an attempt: count it, and change state if it says so.
     pub fn record(&mut self, now: Instant, attempt: Attempt) -> Option<Transition> {
         match (self.state, attempt) {
-            (State::Open { .. }, _) => None,
+            (State::Open { .. } | State::Following { .. }, _) => None,
             (State::HalfOpen { .. }, Attempt::Succeeded) => {
-                self.close();
+                self.close(now);
                 Some(Transition::Closed)
             }
             (State::HalfOpen { .. }, Attempt::FailedRetryable { .. }) => {
@@ -258,10 +349,11 @@ impl Breaker {
         }
     }
 
-    fn close(&mut self) {
+    fn close(&mut self, now: Instant) {
         self.state = State::Closed;
         self.cool_down = self.settings.cool_down;
         self.slices.clear();
+        self.closed_at = Some(now);
     }
 
     /// Add one attempt to the window, dropping slices older than it.
@@ -415,8 +507,68 @@ mod tests {
             Admit(2000, 8, Admission::Receive(1), "half-open"),
             Admit(2100, 8, Admission::Wait(PROBE_POLL), "half-open"),
             Record(2200, OK, "closed", Some("closed")),
-            Admit(2300, 8, Admission::Receive(8), "closed"),
+            // Concurrency ramps up after the close (issue 37): the probe
+            // count, doubling every RAMP_STEP, up to the batch.
+            Admit(2300, 8, Admission::Receive(1), "closed"),
+            Admit(3200, 8, Admission::Receive(2), "closed"),
+            Admit(4200, 8, Admission::Receive(4), "closed"),
+            Admit(5200, 8, Admission::Receive(8), "closed"),
         ]);
+    }
+
+    #[test]
+    fn a_closed_breaker_follows_the_fleet_and_probes_only_when_no_verdict_comes() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut b = Breaker::new(settings());
+        // Another replica tripped: hold until the given time, park what is held.
+        assert_eq!(b.follow(at(3000)), Some(Transition::Followed));
+        assert!(b.holds());
+        assert_eq!(b.admit(at(100), 8).0, wait(2900));
+        // A later word extends the hold; an earlier one does not shorten it.
+        assert_eq!(b.follow(at(4000)), None);
+        assert_eq!(b.follow(at(1000)), None);
+        assert_eq!(b.admit(at(3500), 8).0, wait(500));
+        // Failures while following change nothing of its own.
+        assert_eq!(b.record(at(3600), FAIL), None);
+        // No verdict by then: probe as if its own.
+        let (adm, t) = b.admit(at(4000), 8);
+        assert_eq!(
+            (adm, t),
+            (Admission::Receive(1), Some(Transition::HalfOpened))
+        );
+        assert_eq!(b.record(at(4100), OK), Some(Transition::Closed));
+    }
+
+    #[test]
+    fn the_fleet_closing_releases_a_follower_which_ramps_up() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut b = Breaker::new(settings());
+        assert_eq!(
+            b.release(at(0)),
+            None,
+            "a closed breaker has nothing to release"
+        );
+        b.follow(at(10_000));
+        assert_eq!(b.release(at(1000)), Some(Transition::Released));
+        assert_eq!(b.state(), State::Closed);
+        assert_eq!(b.admit(at(1000), 8).0, Admission::Receive(1));
+        assert_eq!(b.admit(at(4000), 8).0, Admission::Receive(8));
+    }
+
+    #[test]
+    fn an_own_open_breaker_does_not_follow() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut b = Breaker::new(settings());
+        for _ in 0..4 {
+            b.record(at(0), FAIL);
+        }
+        assert_eq!(b.state().name(), "open");
+        assert_eq!(b.follow(at(60_000)), None);
+        assert_eq!(b.release(at(100)), None);
+        assert_eq!(b.state().name(), "open");
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 use crate::alert::{error_group, Alerts};
 use crate::breaker::{Admission, Attempt, Breaker, BreakerSettings, Transition};
-use crate::control::{ControlStore, WATCH_INTERVAL};
+use crate::control::{Control, ControlStore, WATCH_INTERVAL};
 use crate::scrub::scrub;
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -122,6 +122,13 @@ impl Gate {
         };
         let summary = summary(&function, t, cause.as_deref());
         metrics::gauge!("aqw_breaker_state", "function" => function.clone()).set(gauge);
+        if !t.own() {
+            // Following the fleet: the replica that tripped alerts and
+            // publishes; this one only says so in its log.
+            let event = format!("aqw.breaker.{}", t.to());
+            info!(event = %event, function = %function, "{summary}");
+            return;
+        }
         metrics::counter!("aqw_breaker_transitions_total", "function" => function.clone(), "to" => t.to()).increment(1);
         let event = format!("aqw.breaker.{}", t.to().replace('-', "_"));
         match t {
@@ -167,6 +174,7 @@ impl Gate {
                 return;
             }
         };
+        self.follow_fleet(&c);
         let paused = c.pause.is_some();
         if self.paused.swap(paused, Ordering::Relaxed) == paused {
             return;
@@ -182,6 +190,69 @@ impl Gate {
             }
         }
     }
+}
+
+impl Gate {
+    /// The breaker another replica published on the control row: follow an
+    /// open or probing one, release on a close. A row left by a replica
+    /// that fell silent longer than the longest cool-down is ignored.
+    fn follow_fleet(&self, c: &Control) {
+        let (Some(b), Some(p)) = (&self.breaker, &c.breaker) else {
+            return;
+        };
+        if p.worker == self.worker_id {
+            return;
+        }
+        let now = Instant::now();
+        let transition = {
+            let mut b = b.lock().unwrap();
+            let settings = *b.breaker.settings();
+            match p.state.as_str() {
+                "open" | "half-open" => {
+                    let age = published_age(&p.at);
+                    if age > settings.max_cool_down + STALE_MARGIN {
+                        None
+                    } else {
+                        let wait = settings.cool_down.saturating_sub(age)
+                            + spread(&self.worker_id, settings.cool_down);
+                        b.breaker.follow(now + wait)
+                    }
+                }
+                "closed" => b.breaker.release(now),
+                _ => None,
+            }
+        };
+        if let Some(t) = transition {
+            self.announce(&t);
+        }
+    }
+}
+
+/// Past a publisher's longest cool-down, this much more silence means it is
+/// gone (it republishes at every half-open and reopening).
+const STALE_MARGIN: Duration = Duration::from_secs(30);
+
+/// How long ago a row's RFC 3339 time was (zero when unreadable or ahead).
+fn published_age(at: &str) -> Duration {
+    time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339)
+        .ok()
+        .map(|t| crate::clock::now_utc() - t)
+        .and_then(|d| Duration::try_from(d).ok())
+        .unwrap_or_default()
+}
+
+/// A follower's own wait beyond the publisher's cool-down, fixed per
+/// replica and spread over half a cool-down plus two control reads: when
+/// no verdict comes, the first follower to probe publishes `half-open`, and
+/// the others, reading it within a watch interval, keep following.
+fn spread(worker_id: &str, cool_down: Duration) -> Duration {
+    // FNV-1a: a stable, well-spread number from the id, no dependency.
+    let hash = worker_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let range = cool_down / 2 + WATCH_INTERVAL * 2;
+    let millis = range.as_millis().max(1) as u64;
+    WATCH_INTERVAL + Duration::from_millis(hash % millis)
 }
 
 /// "GrantCredits paused: 95% of 40 attempts failed with HTTP 503".
@@ -208,6 +279,10 @@ fn summary(function: &str, t: &Transition, cause: Option<&str>) -> String {
         Transition::Reopened { cool_down } => {
             format!("{function} paused again: a probe failed{with}; probing again in {cool_down:?}")
         }
+        Transition::Followed => {
+            format!("{function} held: another replica's breaker is open; following it")
+        }
+        Transition::Released => format!("{function} resumed: the fleet's breaker closed"),
     }
 }
 

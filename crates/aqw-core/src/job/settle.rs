@@ -7,7 +7,7 @@ use crate::decide::{Fate, KeyState, PoisonCase, WithoutRunning};
 use crate::failpoint;
 use crate::handler::Success;
 use crate::idempotency::{ClaimedKey, FinishError, IdempotencyKey, NextAction};
-use crate::message::ErrorInfo;
+use crate::message::{ErrorInfo, ErrorKind};
 use crate::runtime::FunctionRuntime;
 use crate::storage::{QueueStore, ReceivedMessage, StorageError, StorageResult, Ttl};
 use crate::traces::JobTrace;
@@ -152,6 +152,17 @@ impl Settling<'_> {
                 uncertain,
             } => self.retry(after, &reason, uncertain).await,
             Fate::Release => self.release().await,
+            // At the cap while the function's breaker holds (its own, or
+            // the fleet's): the provider is down for everyone, which says
+            // nothing about this message; it is parked as a fresh copy
+            // rather than walked to poison by an outage.
+            Fate::Poison(case)
+                if matches!(case.kind, ErrorKind::Retryable | ErrorKind::Timeout)
+                    && self.rt.gate.holds().is_some() =>
+            {
+                self.retry(Duration::ZERO, &case.reason, case.uncertain)
+                    .await
+            }
             Fate::Poison(case) => self.poison(case).await,
         }
     }

@@ -62,29 +62,41 @@ async fn crash_in_job(point: &'static str, after: After, bad: Bad) {
 
     failpoint::arm(point);
     let mut w = start(env.worker());
-    env.wait_until(&format!("{ctx}: a job task crashed there"), minutes(10), || async {
-        failpoint::armed().is_none()
-    })
+    env.wait_until(
+        &format!("{ctx}: a job task crashed there"),
+        minutes(10),
+        || async { failpoint::armed().is_none() },
+    )
     .await;
-    assert!(!w.is_finished(), "{ctx}: the worker survives its job's crash");
+    assert!(
+        !w.is_finished(),
+        "{ctx}: the worker survives its job's crash"
+    );
     if after == After::Restart {
         w.stop().await;
         w = start(env.worker());
     }
-    env.wait_until(&format!("{ctx}: every job settled"), minutes(30), || async {
-        let open: BTreeSet<String> = env
-            .records()
-            .await
-            .into_iter()
-            .filter(|r| r.status == RecordStatus::Open)
-            .map(|r| r.message_id)
-            .collect();
-        let mut done = true;
-        for j in &goods {
-            done &= env.key(&j.key).await.is_some_and(|k| k.status == KeyStatus::Done);
-        }
-        done && open == bad_ids && env.source_depth().await == 0
-    })
+    env.wait_until(
+        &format!("{ctx}: every job settled"),
+        minutes(30),
+        || async {
+            let open: BTreeSet<String> = env
+                .records()
+                .await
+                .into_iter()
+                .filter(|r| r.status == RecordStatus::Open)
+                .map(|r| r.message_id)
+                .collect();
+            let mut done = true;
+            for j in &goods {
+                done &= env
+                    .key(&j.key)
+                    .await
+                    .is_some_and(|k| k.status == KeyStatus::Done);
+            }
+            done && open == bad_ids && env.source_depth().await == 0
+        },
+    )
     .await;
     w.stop().await;
 
@@ -105,7 +117,12 @@ async fn crash_in_job(point: &'static str, after: After, bad: Bad) {
 
     // Poison: one open record and one copy per bad job, none for the good.
     let records = env.records().await;
-    assert_eq!(records.len(), bads.len(), "{ctx}: one record per bad job\n{}", env.dump().await);
+    assert_eq!(
+        records.len(),
+        bads.len(),
+        "{ctx}: one record per bad job\n{}",
+        env.dump().await
+    );
     let (kind, error) = match bad {
         Bad::Permanent => (ErrorKind::Permanent, REJECTED),
         Bad::Exhausting => (ErrorKind::Retryable, DOWN),
@@ -113,7 +130,10 @@ async fn crash_in_job(point: &'static str, after: After, bad: Bad) {
     let bad_keys: BTreeSet<&str> = bads.iter().map(|j| j.key.as_str()).collect();
     for r in &records {
         assert!(bad_ids.contains(&r.message_id), "{ctx}: {r:?}");
-        assert!(bad_keys.contains(r.key.as_deref().unwrap_or("")), "{ctx}: {r:?}");
+        assert!(
+            bad_keys.contains(r.key.as_deref().unwrap_or("")),
+            "{ctx}: {r:?}"
+        );
         assert_eq!(r.status, RecordStatus::Open);
         assert_eq!(
             (r.error.kind, r.error.message.as_str()),
@@ -137,8 +157,15 @@ async fn crash_in_job(point: &'static str, after: After, bad: Bad) {
         "{ctx}: a copy of each poisoned message"
     );
     for (id, envelope) in &copies {
-        let r = records.iter().find(|r| r.message_id == envelope.message_id).unwrap();
-        assert_eq!(r.poison_message_id.as_ref(), Some(id), "{ctx}: the record names its copy");
+        let r = records
+            .iter()
+            .find(|r| r.message_id == envelope.message_id)
+            .unwrap();
+        assert_eq!(
+            r.poison_message_id.as_ref(),
+            Some(id),
+            "{ctx}: the record names its copy"
+        );
         assert_eq!(envelope.message.as_deref(), Some(r.message.as_str()));
     }
     assert_eq!(env.source_depth().await, 0, "{ctx}: nothing left behind");
@@ -150,7 +177,11 @@ async fn crash_in_job(point: &'static str, after: After, bad: Bad) {
     match point {
         "effect.after" => {
             let again: Vec<&String> = good_keys.iter().filter(|k| good_calls(k) == 2).collect();
-            assert_eq!(again.len(), 1, "{ctx}: one effect called again after the crash");
+            assert_eq!(
+                again.len(),
+                1,
+                "{ctx}: one effect called again after the crash"
+            );
             let twice: Vec<&Call> = calls.iter().filter(|c| &c.key == again[0]).collect();
             assert_eq!(
                 (&twice[0].outcome, &twice[1].outcome),
@@ -167,9 +198,16 @@ async fn crash_in_job(point: &'static str, after: After, bad: Bad) {
             let mut abandoned = 0;
             for j in goods.iter().chain(&bads) {
                 let key = env.key(&j.key).await.unwrap();
-                abandoned += key.history.iter().filter(|a| a.outcome == "abandoned").count();
+                abandoned += key
+                    .history
+                    .iter()
+                    .filter(|a| a.outcome == "abandoned")
+                    .count();
             }
-            assert_eq!(abandoned, 1, "{ctx}: the crashed attempt is in a key's history");
+            assert_eq!(
+                abandoned, 1,
+                "{ctx}: the crashed attempt is in a key's history"
+            );
         }
         _ => {}
     }
@@ -241,11 +279,17 @@ async fn crash_in_replay(point: &'static str) {
     );
     assert_eq!(failpoint::armed(), None);
     let again = env.replay_all().await;
-    assert_eq!(again.failed, 0, "{point}: the second run replays the rest: {again:?}");
+    assert_eq!(
+        again.failed, 0,
+        "{point}: the second run replays the rest: {again:?}"
+    );
     env.wait_until(&format!("{point}: every key done"), minutes(10), || async {
         let mut done = true;
         for j in &jobs {
-            done &= env.key(&j.key).await.is_some_and(|k| k.status == KeyStatus::Done);
+            done &= env
+                .key(&j.key)
+                .await
+                .is_some_and(|k| k.status == KeyStatus::Done);
         }
         done && env.source_depth().await == 0
     })
@@ -262,16 +306,31 @@ async fn crash_in_replay(point: &'static str) {
     env.provider.assert_applied_once(&keys);
     for (j, pk) in jobs.iter().zip(&failed_pks) {
         let calls = env.provider.calls_for(&j.key);
-        assert!(calls.iter().all(|c| &c.provider_key == pk), "{point}: {calls:?}");
-        let applied = calls.iter().filter(|c| c.outcome == CallOutcome::Applied).count();
+        assert!(
+            calls.iter().all(|c| &c.provider_key == pk),
+            "{point}: {calls:?}"
+        );
+        let applied = calls
+            .iter()
+            .filter(|c| c.outcome == CallOutcome::Applied)
+            .count();
         assert_eq!(applied, 1, "{point}: {calls:?}");
     }
     let records = env.records().await;
-    assert_eq!(records.len(), jobs.len(), "{point}: no record lost or added");
+    assert_eq!(
+        records.len(),
+        jobs.len(),
+        "{point}: no record lost or added"
+    );
     for r in &records {
         assert_eq!(r.status, RecordStatus::Replayed, "{point}: {r:?}");
     }
-    assert_eq!(env.poison_depth().await, 0, "{point}: no copy left\n{}", env.dump().await);
+    assert_eq!(
+        env.poison_depth().await,
+        0,
+        "{point}: no copy left\n{}",
+        env.dump().await
+    );
     assert_eq!(env.source_depth().await, 0);
 }
 

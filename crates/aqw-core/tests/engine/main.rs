@@ -24,6 +24,7 @@
 
 mod common;
 mod crashes;
+mod fleet;
 mod outage;
 mod replay;
 mod retention;

@@ -31,10 +31,10 @@ async fn two_replays_at_once_run_the_job_once() {
 
     // Each storage call takes a moment, so the two replays interleave: both
     // list the record open before either closes it.
-    env.storage.set_latency(std::time::Duration::from_millis(20));
+    env.storage
+        .set_latency(std::time::Duration::from_millis(20));
     let (a, b) = tokio::join!(env.replay_all(), env.replay_all());
     env.storage.set_latency(std::time::Duration::ZERO);
-    println!("replays at once: {a:?}\n{b:?}");
     assert_eq!((a.selected, b.selected), (1, 1), "both saw the record open");
     assert_eq!(env.source_depth().await, 2, "both put the job back");
     assert_eq!(
@@ -42,10 +42,16 @@ async fn two_replays_at_once_run_the_job_once() {
         1,
         "one replay closed the record: {a:?} {b:?}"
     );
-    assert_eq!(a.failed + b.failed, a.selected + b.selected - 1, "{a:?} {b:?}");
+    assert_eq!(
+        a.failed + b.failed,
+        a.selected + b.selected - 1,
+        "{a:?} {b:?}"
+    );
     let w = start(env.worker());
     env.wait_until("the key done", minutes(5), || async {
-        env.key(&job.key).await.is_some_and(|k| k.status == KeyStatus::Done)
+        env.key(&job.key)
+            .await
+            .is_some_and(|k| k.status == KeyStatus::Done)
     })
     .await;
     env.drained(minutes(5)).await;
@@ -57,7 +63,8 @@ async fn two_replays_at_once_run_the_job_once() {
     let calls = env.provider.calls();
     assert_eq!(calls.len(), 2, "one refusal, then one run: {calls:?}");
     assert_eq!(calls[1].outcome, CallOutcome::Applied);
-    env.provider.assert_applied_once(std::slice::from_ref(&job.key));
+    env.provider
+        .assert_applied_once(std::slice::from_ref(&job.key));
     let records = env.records().await;
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].status, RecordStatus::Replayed);
@@ -81,10 +88,16 @@ async fn a_replay_while_a_copy_is_on_the_source_queue_runs_once() {
     assert_eq!(report.replayed, 1, "{report:?}");
     let reput = report.items[0].new_message_id.clone().expect("a re-put");
     assert_ne!(reput, late);
-    assert_eq!(env.source_depth().await, 2, "both copies on the source queue");
+    assert_eq!(
+        env.source_depth().await,
+        2,
+        "both copies on the source queue"
+    );
     let w = start(env.worker());
     env.wait_until("the key done", minutes(5), || async {
-        env.key(&job.key).await.is_some_and(|k| k.status == KeyStatus::Done)
+        env.key(&job.key)
+            .await
+            .is_some_and(|k| k.status == KeyStatus::Done)
     })
     .await;
     env.drained(minutes(5)).await;
@@ -97,7 +110,8 @@ async fn a_replay_while_a_copy_is_on_the_source_queue_runs_once() {
         .filter(|c| c.outcome != CallOutcome::Failed(REJECTED.into()))
         .collect();
     assert_eq!(runs.len(), 1, "one of the two copies ran: {runs:?}");
-    env.provider.assert_applied_once(std::slice::from_ref(&job.key));
+    env.provider
+        .assert_applied_once(std::slice::from_ref(&job.key));
     let key = env.key(&job.key).await.unwrap();
     assert_eq!(key.status, KeyStatus::Done);
     assert_eq!(key.attempts, 2, "the refused attempt and the one run");
@@ -118,7 +132,9 @@ async fn a_replay_after_the_job_ran_closes_the_record_without_a_reput() {
     env.enqueue(&job).await;
     let w = start(env.worker());
     env.wait_until("the late copy ran", minutes(5), || async {
-        env.key(&job.key).await.is_some_and(|k| k.status == KeyStatus::Done)
+        env.key(&job.key)
+            .await
+            .is_some_and(|k| k.status == KeyStatus::Done)
     })
     .await;
     env.drained(minutes(5)).await;
@@ -132,7 +148,8 @@ async fn a_replay_after_the_job_ran_closes_the_record_without_a_reput() {
     w.stop().await;
 
     assert_eq!(env.provider.calls().len(), 2, "one refusal, one run");
-    env.provider.assert_applied_once(std::slice::from_ref(&job.key));
+    env.provider
+        .assert_applied_once(std::slice::from_ref(&job.key));
     let records = env.records().await;
     assert_eq!(records[0].status, RecordStatus::Replayed);
     assert_eq!(env.poison_depth().await, 0);

@@ -1,7 +1,7 @@
 //! Retention never deletes a key an open poison record needs. Three jobs: G
 //! succeeds (a settled key nobody needs); P is refused for good (an open
 //! record, its key poisoned); J was enqueued twice, its first copy
-//! poisoned and its second, arriving an hour later after the fix, done: an
+//! poisoned and its second, arriving minutes later after the fix, done: an
 //! open record whose key is done, the one case where only the open-record
 //! guard stands between the purge and a key a replay needs.
 
@@ -23,6 +23,10 @@ const REJECTED: &str = "HTTP 422: amount must be positive";
 
 /// Past the default keys retention (30 days).
 const PAST_RETENTION: Duration = Duration::from_secs(31 * 86_400);
+
+/// The worker's sweep rounds (1 h by default), shorter to keep the test
+/// short.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(600);
 
 struct Setup {
     env: Env,
@@ -53,15 +57,22 @@ async fn setup() -> Setup {
     env.enqueue(&g).await;
     env.enqueue(&p).await;
     let j_poisoned = env.enqueue(&j).await;
-    env.enqueue_after(&j, Duration::from_secs(3600)).await;
-    let worker = start(env.worker());
+    env.enqueue_after(&j, Duration::from_secs(300)).await;
+    let worker = env
+        .builder()
+        .configure(|app| app.retention.sweep.interval = SWEEP_INTERVAL)
+        .build()
+        .unwrap();
+    let worker = start(worker);
     env.wait_until("P and J's first copy poisoned", minutes(5), || async {
         env.records().await.len() == 2
     })
     .await;
     fixed.store(true, Ordering::SeqCst);
-    env.wait_until("J's second copy ran", minutes(90), || async {
-        env.key(&j.key).await.is_some_and(|k| k.status == KeyStatus::Done)
+    env.wait_until("J's second copy ran", minutes(10), || async {
+        env.key(&j.key)
+            .await
+            .is_some_and(|k| k.status == KeyStatus::Done)
     })
     .await;
     env.drained(minutes(5)).await;
@@ -83,7 +94,10 @@ impl Setup {
         let env = &self.env;
         let status = |k: Option<aqw_core::idempotency::KeyRecord>| k.map(|k| k.status);
         assert_eq!(status(env.key(&self.j.key).await), Some(KeyStatus::Done));
-        assert_eq!(status(env.key(&self.p.key).await), Some(KeyStatus::Poisoned));
+        assert_eq!(
+            status(env.key(&self.p.key).await),
+            Some(KeyStatus::Poisoned)
+        );
         let g = status(env.key(&self.g.key).await);
         assert_eq!(g, g_kept.then_some(KeyStatus::Done), "G's key");
         let open: Vec<String> = env
@@ -93,7 +107,10 @@ impl Setup {
             .filter(|r| r.status == RecordStatus::Open)
             .filter_map(|r| r.key.map(|k| k.to_string()))
             .collect();
-        assert!(open.contains(&self.j.key) && open.contains(&self.p.key), "{open:?}");
+        assert!(
+            open.contains(&self.j.key) && open.contains(&self.p.key),
+            "{open:?}"
+        );
     }
 
     /// Replaying J's record after the purge: closed "already done" from the
@@ -113,7 +130,11 @@ impl Setup {
             .await
             .unwrap();
         assert_eq!(report.items.len(), 1);
-        assert_eq!(report.items[0].action, ReplayAction::AlreadyDone, "{report:?}");
+        assert_eq!(
+            report.items[0].action,
+            ReplayAction::AlreadyDone,
+            "{report:?}"
+        );
         assert_eq!(env.source_depth().await, 0, "not re-put");
         let runs = env
             .provider
@@ -141,9 +162,14 @@ async fn the_purge_keeps_a_key_an_open_record_needs() {
             older_than: None,
             dry_run,
         };
-        aqw_core::ops::purge_keys(&env.app(), &env.storage, &[env.function.clone()], opts)
-            .await
-            .unwrap()
+        aqw_core::ops::purge_keys(
+            &env.app(),
+            &env.storage,
+            std::slice::from_ref(&env.function),
+            opts,
+        )
+        .await
+        .unwrap()
     };
     let dry = purge(true).await;
     assert_eq!((dry.counts.deleted, dry.counts.kept_open_record), (1, 1));
@@ -158,14 +184,14 @@ async fn the_purge_keeps_a_key_an_open_record_needs() {
 }
 
 /// Whether the worker's sweeper finished a round: a finished sweep holds
-/// its lease until the next round (1 h ahead).
+/// its lease until the next round.
 async fn sweep_finished(env: &Env) -> bool {
     let keys = env.storage.table(&env.keys_table);
     let until = keys.get(LEASE_PARTITION, LEASE_ROW).await.ok().flatten();
     let until = until
         .and_then(|(e, _)| e.get("Until")?.as_str().map(str::to_string))
         .and_then(|u| OffsetDateTime::parse(&u, &Rfc3339).ok());
-    until.is_some_and(|u| u - env.storage.now() > time::Duration::minutes(30))
+    until.is_some_and(|u| u - env.storage.now() > SWEEP_INTERVAL / 2)
 }
 
 /// The sweep of a running worker, past the retention: the same outcome.
@@ -173,14 +199,16 @@ async fn sweep_finished(env: &Env) -> bool {
 async fn the_workers_sweep_keeps_a_key_an_open_record_needs() {
     let mut s = setup().await;
     let env = &s.env;
-    // Its first round (an hour after the start, nothing old enough yet)
-    // ends before the clock jumps, so the round that counts starts after.
-    env.wait_until("the first sweep finished", minutes(70), || sweep_finished(env))
-        .await;
+    // Its first round (nothing old enough yet) ends before the clock
+    // jumps, so the round that counts starts after.
+    env.wait_until("the first sweep finished", minutes(20), || {
+        sweep_finished(env)
+    })
+    .await;
     s.assert_keys(true).await;
     tokio::time::advance(PAST_RETENTION).await;
     assert!(!sweep_finished(env).await);
-    env.wait_until("a sweep finished after the advance", minutes(70), || {
+    env.wait_until("a sweep finished after the advance", minutes(20), || {
         sweep_finished(env)
     })
     .await;

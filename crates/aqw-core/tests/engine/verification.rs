@@ -10,8 +10,7 @@ use aqw_core::ops::ReplayAction;
 use aqw_core::poison::RecordStatus;
 use aqw_core::storage::memory::MemoryStorage;
 use aqw_core::storage::{
-    PeekedMessage, PutReceipt, QueueStore, ReceivedMessage, Storage, StorageResult, TableStore,
-    Ttl,
+    PeekedMessage, PutReceipt, QueueStore, ReceivedMessage, Storage, StorageResult, TableStore, Ttl,
 };
 use async_trait::async_trait;
 use std::collections::HashSet;
@@ -37,7 +36,8 @@ async fn the_same_job_enqueued_twice_has_one_effect() {
         1,
         "the duplicate was settled without a call"
     );
-    env.provider.assert_applied_once(std::slice::from_ref(&job.key));
+    env.provider
+        .assert_applied_once(std::slice::from_ref(&job.key));
     let rec = env.key(&job.key).await.expect("the key record");
     assert_eq!(rec.status, KeyStatus::Done);
     assert_eq!(rec.attempts, 1);
@@ -165,9 +165,17 @@ async fn two_workers_racing_on_one_key_have_one_effect() {
         "both workers received a copy: a {got_a:?}, b {got_b:?}"
     );
     let first_round: HashSet<String> = [got_a[0].clone(), got_b[0].clone()].into();
-    assert_eq!(first_round, ids, "each worker's first receive was one of the copies");
-    assert_eq!(env.provider.calls().len(), 1, "one call; the other copy skipped");
-    env.provider.assert_applied_once(std::slice::from_ref(&job.key));
+    assert_eq!(
+        first_round, ids,
+        "each worker's first receive was one of the copies"
+    );
+    assert_eq!(
+        env.provider.calls().len(),
+        1,
+        "one call; the other copy skipped"
+    );
+    env.provider
+        .assert_applied_once(std::slice::from_ref(&job.key));
     let rec = env.key(&job.key).await.expect("the key record");
     assert_eq!(rec.status, KeyStatus::Done);
     assert_eq!(rec.attempts, 1, "the loser never claimed the key");
@@ -206,7 +214,9 @@ async fn an_always_failing_job_uses_every_attempt_then_leaves_one_record() {
     let dcs: Vec<u32> = calls.iter().map(|c| c.dequeue_count).collect();
     assert_eq!(dcs, [1, 2, 3, 4, 5]);
     assert!(
-        calls.iter().all(|c| c.provider_key == calls[0].provider_key),
+        calls
+            .iter()
+            .all(|c| c.provider_key == calls[0].provider_key),
         "one provider key on every attempt"
     );
     assert!(env.provider.effects().is_empty(), "nothing applied");
@@ -229,7 +239,11 @@ async fn an_always_failing_job_uses_every_attempt_then_leaves_one_record() {
     assert_eq!(env.poison_depth().await, 1, "one poison copy");
     let copies = env.poison_copies().await;
     let (copy_id, envelope) = &copies[0];
-    assert_eq!(r.poison_message_id.as_ref(), Some(copy_id), "the record names it");
+    assert_eq!(
+        r.poison_message_id.as_ref(),
+        Some(copy_id),
+        "the record names it"
+    );
     assert_eq!(envelope.message.as_deref(), Some(job.text.as_str()));
     assert_eq!(envelope.message_id, id);
     assert_eq!(envelope.queue, env.queue);
@@ -285,7 +299,9 @@ async fn a_replay_from_the_record_succeeds_once_with_the_original_key() {
     assert_eq!((report.selected, report.replayed), (1, 1), "{report:?}");
     assert_eq!(report.items[0].action, ReplayAction::Replayed);
     env.wait_until("the replayed key done", minutes(5), || async {
-        env.key(&job.key).await.is_some_and(|k| k.status == KeyStatus::Done)
+        env.key(&job.key)
+            .await
+            .is_some_and(|k| k.status == KeyStatus::Done)
     })
     .await;
     env.drained(minutes(5)).await;
@@ -304,13 +320,21 @@ async fn a_replay_from_the_record_succeeds_once_with_the_original_key() {
         run.provider_key, failed[0].provider_key,
         "the replay sent the provider key of the failed attempts"
     );
-    assert!(run.previously_pending, "told an earlier attempt held the key");
-    env.provider.assert_applied_once(std::slice::from_ref(&job.key));
+    assert!(
+        run.previously_pending,
+        "told an earlier attempt held the key"
+    );
+    env.provider
+        .assert_applied_once(std::slice::from_ref(&job.key));
 
     let records = env.records().await;
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].message_id, id);
-    assert_eq!(records[0].status, RecordStatus::Replayed, "the record closed");
+    assert_eq!(
+        records[0].status,
+        RecordStatus::Replayed,
+        "the record closed"
+    );
     assert_eq!(records[0].replayed_by.as_deref(), Some("oncall"));
     assert_eq!(env.poison_depth().await, 0, "its copy removed");
     assert_eq!(env.source_depth().await, 0);
@@ -342,9 +366,16 @@ async fn fail_fail_succeed_has_one_effect_and_three_attempts() {
     let dcs: Vec<u32> = calls.iter().map(|c| c.dequeue_count).collect();
     assert_eq!(dcs, [1, 2, 3]);
     let pending: Vec<bool> = calls.iter().map(|c| c.previously_pending).collect();
-    assert_eq!(pending, [false, true, true], "retries are told the key was held");
-    assert!(calls.iter().all(|c| c.provider_key == calls[0].provider_key));
-    env.provider.assert_applied_once(std::slice::from_ref(&job.key));
+    assert_eq!(
+        pending,
+        [false, true, true],
+        "retries are told the key was held"
+    );
+    assert!(calls
+        .iter()
+        .all(|c| c.provider_key == calls[0].provider_key));
+    env.provider
+        .assert_applied_once(std::slice::from_ref(&job.key));
 
     let key = env.key(&job.key).await.expect("the key record");
     assert_eq!(key.status, KeyStatus::Done);

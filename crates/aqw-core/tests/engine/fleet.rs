@@ -1,0 +1,261 @@
+//! The fleet simulation (issue 37): many replicas of one function as tasks
+//! in this process, over one in-memory store, on paused tokio time, through
+//! a seeded fault schedule: a full provider outage while an autoscaler adds
+//! replicas, a partial outage (one shard of keys down), replicas removed,
+//! then a quiet rest of the day. After each run it checks the invariants
+//! (every job's effect applied exactly once, or the job has a poison
+//! record; nothing poisoned by the full outage; only the failing shard
+//! poisoned by the partial one; nothing left on the queue) and prints the
+//! figures: storage requests per message, handler calls during the outage,
+//! how long the fleet took to follow the first trip, and idle storage
+//! requests per replica-minute.
+//!
+//! `AQW_FLEET_SEED=<n>` replays one seed (a failing run prints its seed);
+//! `AQW_FLEET_REPLICAS` and `AQW_FLEET_HOURS` change the size.
+
+use crate::common::*;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A small deterministic generator (xorshift64*): the schedule from a seed.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// A whole number of seconds in `lo..hi`.
+    fn secs(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_secs(lo + self.next() % (hi - lo).max(1))
+    }
+}
+
+/// When each fault happens, from the start of the run.
+#[derive(Debug, Clone)]
+struct Schedule {
+    seed: u64,
+    replicas_at_start: usize,
+    replicas_at_peak: usize,
+    jobs: usize,
+    /// Every call fails with 503 in `[outage.0, outage.1)`.
+    outage: (Duration, Duration),
+    /// The autoscaler adds replicas this long into the outage.
+    scale_out_at: Duration,
+    /// Half of the replicas are removed this long after the outage.
+    scale_in_at: Duration,
+    /// One key in `shard_modulo` fails (503) in `[partial.0, partial.1)`.
+    partial: (Duration, Duration),
+    shard_modulo: u64,
+    /// The quiet rest of the run, for the idle figures.
+    quiet: Duration,
+}
+
+impl Schedule {
+    fn from_seed(seed: u64, replicas: usize, hours: u64) -> Self {
+        let mut r = Rng::new(seed);
+        let start = r.secs(3, 10);
+        let outage = (start, start + r.secs(45, 90));
+        let partial_start = outage.1 + r.secs(120, 240);
+        Self {
+            seed,
+            replicas_at_start: (replicas / 4).max(2),
+            replicas_at_peak: replicas,
+            jobs: 300,
+            outage,
+            scale_out_at: start + r.secs(5, 20),
+            scale_in_at: outage.1 + r.secs(20, 60),
+            partial: (partial_start, partial_start + r.secs(60, 120)),
+            shard_modulo: 7 + r.next() % 5,
+            quiet: Duration::from_secs(hours * 3600),
+        }
+    }
+}
+
+/// Whether a job (by its number) belongs to the failing shard.
+fn in_shard(n: u64, modulo: u64) -> bool {
+    n % modulo == 0
+}
+
+/// What the run measured.
+#[derive(Debug, Default)]
+struct Figures {
+    requests_per_message: f64,
+    calls_during_outage: usize,
+    trips: usize,
+    idle_requests_per_replica_minute: f64,
+    poisoned: usize,
+    shard_jobs: usize,
+}
+
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fleet_through_outages_scaling_and_a_quiet_day_loses_and_doubles_nothing() {
+    let replicas = env_number("AQW_FLEET_REPLICAS", 50) as usize;
+    let hours = env_number("AQW_FLEET_HOURS", 24);
+    let seeds: Vec<u64> = match std::env::var("AQW_FLEET_SEED") {
+        Ok(s) => vec![s.parse().expect("AQW_FLEET_SEED is a number")],
+        Err(_) => vec![1],
+    };
+    for seed in seeds {
+        let schedule = Schedule::from_seed(seed, replicas, hours);
+        let figures = run(&schedule).await;
+        println!(
+            "fleet seed {seed}: {} replicas at peak, {} jobs, outage {:?}..{:?}: \
+             {:.2} storage requests per message, {} handler calls during the outage \
+             for {} jobs, {} breaker trip(s) alerted by the fleet, \
+             {:.1} idle storage requests per replica-minute, {} poisoned \
+             (the failing shard had {} jobs)",
+            schedule.replicas_at_peak,
+            schedule.jobs,
+            schedule.outage.0,
+            schedule.outage.1,
+            figures.requests_per_message,
+            figures.calls_during_outage,
+            schedule.jobs,
+            figures.trips,
+            figures.idle_requests_per_replica_minute,
+            figures.poisoned,
+            figures.shard_jobs,
+        );
+    }
+}
+
+async fn run(s: &Schedule) -> Figures {
+    let t0 = Instant::now();
+    let (outage, partial, modulo) = (s.outage, s.partial, s.shard_modulo);
+    let env = Env::new(move |job, _| {
+        let at = t0.elapsed();
+        let n: u64 = serde_json::from_str::<serde_json::Value>(&job.payload)
+            .ok()
+            .and_then(|v| v["n"].as_u64())
+            .unwrap_or(1);
+        if at >= outage.0 && at < outage.1 {
+            Behave::Retry("HTTP 503 provider down".into())
+        } else if at >= partial.0 && at < partial.1 && in_shard(n, modulo) {
+            Behave::Retry("HTTP 503 shard down".into())
+        } else {
+            Behave::Succeed
+        }
+    });
+    let fail = |what: &str| -> ! { panic!("fleet seed {} ({s:?}): {what}", s.seed) };
+    let replica = |env: &Env| {
+        let worker = env
+            .builder_on(Arc::new(env.storage.clone()), |_| {})
+            .configure(|app| {
+                // Functions' default back-off for an empty queue.
+                app.max_polling_interval = Duration::from_secs(60);
+                app.lease = Duration::from_secs(30);
+            })
+            .build()
+            .expect("valid settings");
+        start(worker)
+    };
+    let mut fleet: Vec<Running> = (0..s.replicas_at_start).map(|_| replica(&env)).collect();
+    // The jobs of the outage phase arrive as the provider goes down.
+    tokio::time::sleep_until(t0 + s.outage.0).await;
+    let mut jobs = Vec::new();
+    for n in 1..=s.jobs as u64 {
+        let job = env.job_with(&format!("o{n}"), serde_json::json!({ "n": n + 1 }));
+        env.enqueue(&job).await;
+        jobs.push(job);
+    }
+    // Scale out during the outage, as KEDA would on a deep queue.
+    tokio::time::sleep_until(t0 + s.scale_out_at).await;
+    while fleet.len() < s.replicas_at_peak {
+        fleet.push(replica(&env));
+    }
+    tokio::time::sleep_until(t0 + s.outage.1).await;
+    // Scale in after the outage: half the replicas drain and stop.
+    tokio::time::sleep_until(t0 + s.scale_in_at).await;
+    let keep = (fleet.len() / 2).max(1);
+    for r in fleet.drain(keep..) {
+        r.stop().await;
+    }
+    // The partial outage: new jobs, one shard of them failing throughout.
+    tokio::time::sleep_until(t0 + s.partial.0).await;
+    let mut shard = Vec::new();
+    for n in 1..=s.jobs as u64 / 2 {
+        let job = env.job_with(&format!("p{n}"), serde_json::json!({ "n": n }));
+        if in_shard(n, s.shard_modulo) {
+            shard.push(job.key.clone());
+        }
+        env.enqueue(&job).await;
+        jobs.push(job);
+    }
+    env.drained(minutes(60)).await;
+    let settled_requests = env.storage.total_requests();
+    // The quiet rest of the day: idle cost per replica-minute.
+    env.storage.reset_request_counts();
+    tokio::time::sleep(s.quiet).await;
+    let idle = env.storage.total_requests();
+    let replicas_now = fleet.len();
+    for r in fleet {
+        r.stop().await;
+    }
+
+    // Invariants: every job applied once or poisoned with a record; only
+    // the failing shard poisoned; nothing left on the queue.
+    let records = env.records().await;
+    let poisoned: std::collections::BTreeSet<String> = records
+        .iter()
+        .filter_map(|r| r.key.as_ref().map(|k| k.to_string()))
+        .collect();
+    let effects = env.provider.effects();
+    for job in &jobs {
+        let applied = effects.get(&job.key).copied().unwrap_or(0);
+        match (applied, poisoned.contains(&job.key)) {
+            (1, false) | (0, true) => {}
+            (n, p) => fail(&format!("{}: applied {n} times, poisoned: {p}", job.key)),
+        }
+    }
+    for key in &poisoned {
+        if !shard.contains(key) {
+            fail(&format!(
+                "{key} was poisoned, but only the failing shard may be"
+            ));
+        }
+    }
+    if env.source_depth().await != 0 {
+        fail("messages left on the source queue");
+    }
+    let calls = env.provider.calls();
+    let calls_during_outage = calls
+        .iter()
+        .filter(|c| c.outcome == CallOutcome::Failed("HTTP 503 provider down".into()))
+        .count();
+    // Trips alerted: only a replica that tripped itself alerts; followers
+    // only log.
+    let trips = env
+        .alerts()
+        .iter()
+        .filter(|a| matches!(a, aqw_core::alert::AlertEvent::Breaker(b) if b["state"] == "open"))
+        .count();
+    if calls_during_outage >= s.jobs {
+        fail(&format!(
+            "{calls_during_outage} handler calls during the outage for {} jobs: the fleet did not hold",
+            s.jobs
+        ));
+    }
+    Figures {
+        requests_per_message: settled_requests as f64 / jobs.len() as f64,
+        calls_during_outage,
+        trips,
+        idle_requests_per_replica_minute: idle as f64
+            / (replicas_now as f64 * s.quiet.as_secs_f64() / 60.0).max(1.0),
+        poisoned: poisoned.len(),
+        shard_jobs: shard.len(),
+    }
+}
