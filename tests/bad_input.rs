@@ -220,3 +220,27 @@ async fn logs_never_carry_secrets_even_at_trace_level() {
     }
     app.cleanup().await;
 }
+
+/// `aqw config show | head -0`: the reader is gone before aqw writes. A
+/// closed pipe ends the process quietly with exit 0 (issue 39; ripgrep's
+/// rule), not with `println!`'s panic and exit 101.
+#[test]
+fn a_closed_pipe_exits_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = serde_json::json!({"version": "2.0", "aqw": {"functions": {"Job": {"queue": "qqq", "key": "none"}}}});
+    std::fs::write(dir.path().join("host.json"), host.to_string()).unwrap();
+    let mut child = std::process::Command::new(crate::common::aqw_bin())
+        .args(["config", "show", "--app"])
+        .arg(dir.path())
+        .env("AzureWebJobsStorage", "UseDevelopmentStorage=true")
+        .env_remove("AQW_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run aqw");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("aqw ends");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -105,7 +105,7 @@ async fn dashboard(app_dir: &Path, a: DashboardArgs) -> Result<Exit, Failure> {
     } else {
         "actions need authentication"
     };
-    println!("aqw dashboard: http://{addr}/ ({mode})");
+    outln!("aqw dashboard: http://{addr}/ ({mode})");
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone());
     aqw::dashboard::serve(listener, Arc::new(state), shutdown)

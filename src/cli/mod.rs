@@ -2,6 +2,32 @@
 //! (dispatch to `aqw::ops` and friends), [`render`] (text and JSON output),
 //! `purge` (the two purge commands) and [`exit`] (the exit codes, decided once).
 
+/// `println!` for the CLI's output: a closed pipe (`aqw poison list q |
+/// head`) ends the process quietly with exit 0, as ripgrep does, instead of
+/// `println!`'s panic; any other write error is reported, exit 74.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::cli::write_line(format_args!($($arg)*))
+    };
+}
+
+/// Write one line of output to stdout (see [`outln`]).
+pub(crate) fn write_line(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let written = out
+        .write_fmt(line)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    if let Err(e) = written {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("aqw: cannot write the output: {e}");
+        std::process::exit(74);
+    }
+}
+
 pub mod args;
 mod commands;
 pub mod exit;

@@ -71,7 +71,7 @@ fn render(reports: &[PurgeReport], output: Output) {
     for r in reports {
         let verb = if r.dry_run { "would delete" } else { "deleted" };
         let c = &r.counts;
-        println!(
+        outln!(
             "{} {}: scanned {} settled older than {} ({} s), {verb} {}; kept {} (open poison record), {} (changed since read); {} already gone; {} requests",
             r.what, r.table, c.scanned, r.cutoff, r.older_than_seconds, c.deleted, c.kept_open_record, c.kept_changed, c.already_gone, r.requests
         );

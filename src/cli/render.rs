@@ -11,7 +11,7 @@ use aqw::ops::{
 use aqw::poison::PoisonRecord;
 
 pub fn print_json(v: &impl serde::Serialize) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    outln!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
 /// `enqueue`: the message id, key and encoding.
@@ -25,7 +25,7 @@ pub fn enqueued(e: &Enqueued, output: Output) {
             &serde_json::json!({"queue": e.queue, "messageId": e.message_id, "key": e.key.as_ref().map(|k| k.to_string()), "encoding": enc}),
         );
     } else {
-        println!(
+        outln!(
             "enqueued {} to {} (key {}, encoding {enc})",
             e.message_id,
             e.queue,
@@ -43,9 +43,14 @@ pub fn status(lines: &[QueueStatus], open: usize, output: Output) {
         print_json(&serde_json::json!({"queues": lines, "openPoisonRecords": open}));
         return;
     }
-    println!(
+    outln!(
         "{:<20} {:<24} {:>8} {:>8} {:>6}  {:<20}  LAST POLL",
-        "FUNCTION", "QUEUE", "DEPTH", "POISON", "OPEN", "OLDEST OPEN"
+        "FUNCTION",
+        "QUEUE",
+        "DEPTH",
+        "POISON",
+        "OPEN",
+        "OLDEST OPEN"
     );
     for l in lines {
         let polled = match (&l.last_poll, l.polling_workers) {
@@ -53,7 +58,7 @@ pub fn status(lines: &[QueueStatus], open: usize, output: Output) {
             (Some(t), 0) => format!("{t} (NOT polling now)"),
             (Some(t), n) => format!("{t} ({n} worker(s) polling)"),
         };
-        println!(
+        outln!(
             "{:<20} {:<24} {:>8} {:>8} {:>6}  {:<20}  {polled}",
             l.function,
             l.queue,
@@ -78,12 +83,16 @@ pub fn status_control(lines: &[QueueStatus], output: Output) {
             } else {
                 p.reason.as_str()
             };
-            println!("PAUSED   {} by {} at {}: {why}", l.function, p.by, p.at);
+            outln!("PAUSED   {} by {} at {}: {why}", l.function, p.by, p.at);
         }
         if let Some(b) = l.control.breaker.as_ref().filter(|b| b.state != "closed") {
-            println!(
+            outln!(
                 "BREAKER  {} {} since {} (worker {}): {}",
-                l.function, b.state, b.at, b.worker, b.reason
+                l.function,
+                b.state,
+                b.at,
+                b.worker,
+                b.reason
             );
         }
     }
@@ -96,13 +105,13 @@ pub fn control(function: &str, row: &aqw::control::Control, output: Output) {
         return;
     }
     match &row.pause {
-        Some(p) => println!(
+        Some(p) => outln!(
             "{function} paused by {} at {}; workers stop receiving within {}s (in-flight jobs finish)",
             p.by,
             p.at,
             aqw::control::WATCH_INTERVAL.as_secs()
         ),
-        None => println!(
+        None => outln!(
             "{function} resumed; workers receive again within {}s",
             aqw::control::WATCH_INTERVAL.as_secs()
         ),
@@ -114,10 +123,10 @@ pub fn poison_list(queue: &str, records: &[PoisonRecord], open: usize, output: O
     if output == Output::Json {
         print_json(&records);
     } else if records.is_empty() {
-        println!("no poison records for {queue}");
+        outln!("no poison records for {queue}");
     } else {
         print_record_list(records);
-        println!("{} record(s), {open} open", records.len());
+        outln!("{} record(s), {open} open", records.len());
     }
 }
 
@@ -129,13 +138,17 @@ fn print_record_list(records: &[PoisonRecord]) {
     };
     let id_w = width(&|r| r.message_id.chars().count(), "ID");
     let key_w = width(&|r| r.key.as_deref().unwrap_or("-").chars().count(), "KEY");
-    println!(
+    outln!(
         "{:<id_w$}  {:<9}  {:<20}  {:>3}  {:<10}  KEY",
-        "ID", "STATUS", "POISONED AT", "DQ", "KIND"
+        "ID",
+        "STATUS",
+        "POISONED AT",
+        "DQ",
+        "KIND"
     );
-    println!("{:<id_w$}  ERROR", "");
+    outln!("{:<id_w$}  ERROR", "");
     for r in records {
-        println!(
+        outln!(
             "{:<id_w$}  {:<9}  {:<20}  {:>3}  {:<10}  {:<key_w$}",
             r.message_id,
             r.status.as_str(),
@@ -152,9 +165,9 @@ fn print_record_list(records: &[PoisonRecord]) {
         } else {
             String::new()
         };
-        println!("{:<id_w$}  {first}{tail}", "");
+        outln!("{:<id_w$}  {first}{tail}", "");
         if r.uncertain_attempts > 0 {
-            println!(
+            outln!(
                 "{:<id_w$}  [{} attempt(s) may have taken effect: check the provider before replaying]",
                 "", r.uncertain_attempts
             );
@@ -165,9 +178,9 @@ fn print_record_list(records: &[PoisonRecord]) {
 /// `poison list` that matched nothing: what the filter hid.
 pub fn empty_poison_list(queue: &str, open: usize, all: usize) {
     if all == 0 {
-        println!("no poison records for {queue}");
+        outln!("no poison records for {queue}");
     } else {
-        println!("no poison records for {queue} match ({open} open, {all} in all)");
+        outln!("no poison records for {queue} match ({open} open, {all} in all)");
     }
 }
 
@@ -178,40 +191,40 @@ pub fn poison_show(report: &ShowReport, pretty: bool, output: Output) {
         return;
     }
     let r = &report.record;
-    println!(
+    outln!(
         "record:        {} ({}, origin {})",
         r.message_id,
         r.status.as_str(),
         r.origin
     );
-    println!("queue:         {} (function {})", r.queue, r.function);
-    println!(
+    outln!("queue:         {} (function {})", r.queue, r.function);
+    outln!(
         "error:         [{}] {}",
         r.error.kind.as_str(),
         r.error.message
     );
-    println!("attempts:      dequeued {} time(s)", r.dequeue_count);
-    println!("inserted:      {}", r.inserted_at);
-    println!("first attempt: {}", r.first_attempt_at);
-    println!("poisoned:      {}", r.poisoned_at);
-    println!("key:           {}", r.key.as_deref().unwrap_or("-"));
+    outln!("attempts:      dequeued {} time(s)", r.dequeue_count);
+    outln!("inserted:      {}", r.inserted_at);
+    outln!("first attempt: {}", r.first_attempt_at);
+    outln!("poisoned:      {}", r.poisoned_at);
+    outln!("key:           {}", r.key.as_deref().unwrap_or("-"));
     match &report.key_record {
         Some(k) => {
-            println!("key state:     {}", key_state_line(k));
+            outln!("key state:     {}", key_state_line(k));
             print_history(&k.history, "               ");
         }
-        None => println!("key state:     no record"),
+        None => outln!("key state:     no record"),
     }
     print_window_and_copy(report);
     if r.uncertain_attempts > 0 {
-        println!(
+        outln!(
             "uncertain:     {} attempt(s) may have taken effect; the provider key {} keeps a retry from doubling it",
             r.uncertain_attempts,
             report.key_record.as_ref().map_or("-", |k| k.provider_key.as_str())
         );
     }
     if let Some(note) = &report.redacted {
-        println!("redacted:      {note}");
+        outln!("redacted:      {note}");
     }
     let exact = if report.redacted.is_some() {
         "redacted"
@@ -219,13 +232,13 @@ pub fn poison_show(report: &ShowReport, pretty: bool, output: Output) {
         "exact text"
     };
     match (&report.payload, &report.payload_text, &report.decode_error) {
-        (Some(v), _, _) if pretty => println!(
+        (Some(v), _, _) if pretty => outln!(
             "payload (indented with --pretty; the exact text is in --output json's payloadText):\n{}",
             serde_json::to_string_pretty(v).unwrap_or_default()
         ),
-        (Some(_), Some(t), _) => println!("payload ({exact}):\n{t}"),
-        (None, Some(t), _) => println!("payload (not JSON):\n{t}"),
-        (_, _, Some(e)) => println!(
+        (Some(_), Some(t), _) => outln!("payload ({exact}):\n{t}"),
+        (None, Some(t), _) => outln!("payload (not JSON):\n{t}"),
+        (_, _, Some(e)) => outln!(
             "payload:       undecodable: {e}\nraw text:      {}",
             r.message
         ),
@@ -238,15 +251,15 @@ pub fn poison_show(report: &ShowReport, pretty: bool, output: Output) {
 fn print_window_and_copy(report: &ShowReport) {
     let r = &report.record;
     if let Some(w) = &report.provider_window {
-        println!("provider key:  {}", w.summary());
+        outln!("provider key:  {}", w.summary());
     }
     print_closing(r);
-    println!(
+    outln!(
         "encoding:      {} ({} bytes of message text)",
         r.encoding.as_str(),
         r.message.len()
     );
-    println!(
+    outln!(
         "poison copy:   {} ({})",
         r.poison_message_id.as_deref().unwrap_or("-"),
         r.copy_format.as_str()
@@ -256,21 +269,21 @@ fn print_window_and_copy(report: &ShowReport) {
 /// How a record was closed: replayed, replaced or discarded, by whom.
 fn print_closing(r: &PoisonRecord) {
     if let Some(by) = &r.past_provider_window_by {
-        println!(
+        outln!(
             "past window:   overridden by {by} at {}: {}",
             r.past_provider_window_at.as_deref().unwrap_or("-"),
             r.past_provider_window_note.as_deref().unwrap_or("")
         );
     }
     if let Some(by) = &r.replayed_by {
-        println!(
+        outln!(
             "replayed:      {} by {by} as {}",
             r.replayed_at.as_deref().unwrap_or("-"),
             r.replay_message_id.as_deref().unwrap_or("-")
         );
     }
     if let Some(by) = &r.replaced_by {
-        println!(
+        outln!(
             "replaced:      {} by {by} with {} (key {}, payload {:+} bytes)",
             r.replaced_at.as_deref().unwrap_or("-"),
             r.replacement_message_id.as_deref().unwrap_or("-"),
@@ -279,7 +292,7 @@ fn print_closing(r: &PoisonRecord) {
         );
     }
     if let Some(by) = &r.discarded_by {
-        println!(
+        outln!(
             "discarded:     {} by {by}: {}",
             r.discarded_at.as_deref().unwrap_or("-"),
             r.discard_reason.as_deref().unwrap_or("-")
@@ -294,7 +307,7 @@ pub fn poison_fix(id: &str, by: &str, report: &FixReport, output: Output) {
         return;
     }
     match report.action {
-        FixAction::Replaced => println!(
+        FixAction::Replaced => outln!(
             "replaced {id} by {} (key {} → {}, payload {:+} bytes, by {by}){}",
             report.new_message_id.as_deref().unwrap_or("-"),
             report.old_key.as_deref().unwrap_or("-"),
@@ -306,7 +319,7 @@ pub fn poison_fix(id: &str, by: &str, report: &FixReport, output: Output) {
                 None => "",
             }
         ),
-        _ => println!(
+        _ => outln!(
             "{id}: {}: {}",
             report.action.as_str(),
             report.detail.as_deref().unwrap_or("-")
@@ -332,7 +345,7 @@ pub fn poison_discard(
         (false, Some(k)) => format!("; key {k} left poisoned: a resend runs"),
         _ => String::new(),
     };
-    println!("discarded {id} ({reason}, by {by}){key_note}");
+    outln!("discarded {id} ({reason}, by {by}){key_note}");
 }
 
 /// `poison replay`: a line per record, then the counts.
@@ -357,14 +370,14 @@ pub fn poison_replay(report: &ReplayReport, waited: bool, output: Output) {
             (Some(k), Some(st)) if report.dry_run => format!("  key {k} ({st})"),
             _ => String::new(),
         };
-        println!(
+        outln!(
             "{:<38} {:<26} {}{conf}{key}",
             i.id,
             i.action.as_str(),
             extra
         );
     }
-    println!(
+    outln!(
         "{}: {} selected, {} replayed, {} already done, {} not replayed{}",
         if report.dry_run { "dry run" } else { "replay" },
         report.selected,
@@ -385,7 +398,7 @@ pub fn key_record(function: &str, key: &str, rec: Option<&KeyRecord>, output: Ou
         if output == Output::Json {
             print_json(&serde_json::json!({"key": key, "function": function, "record": null}));
         } else {
-            println!("no record for key {key:?} of {function} (never claimed)");
+            outln!("no record for key {key:?} of {function} (never claimed)");
         }
         return;
     };
@@ -393,28 +406,28 @@ pub fn key_record(function: &str, key: &str, rec: Option<&KeyRecord>, output: Ou
         print_json(&r);
         return;
     }
-    println!("key:          {}", r.key);
-    println!("function:     {}", r.function);
-    println!("status:       {}", r.status.as_str());
-    println!("providerKey:  {}", r.provider_key);
-    println!("state:        {}", key_state_line(r));
-    println!("messageId:    {}", r.message_id.as_deref().unwrap_or("-"));
-    println!("firstSeen:    {}", r.first_seen.as_deref().unwrap_or("-"));
-    println!("completedAt:  {}", r.completed_at.as_deref().unwrap_or("-"));
-    println!("replayCount:  {}", r.replay_count);
+    outln!("key:          {}", r.key);
+    outln!("function:     {}", r.function);
+    outln!("status:       {}", r.status.as_str());
+    outln!("providerKey:  {}", r.provider_key);
+    outln!("state:        {}", key_state_line(r));
+    outln!("messageId:    {}", r.message_id.as_deref().unwrap_or("-"));
+    outln!("firstSeen:    {}", r.first_seen.as_deref().unwrap_or("-"));
+    outln!("completedAt:  {}", r.completed_at.as_deref().unwrap_or("-"));
+    outln!("replayCount:  {}", r.replay_count);
     if let Some(by) = &r.cancelled_by {
-        println!(
+        outln!(
             "cancelled:    {} by {by}: {} (a delivery of this job is a duplicate)",
             r.cancelled_at.as_deref().unwrap_or("-"),
             r.cancel_reason.as_deref().unwrap_or("-")
         );
     }
-    println!(
+    outln!(
         "lease:        {} until {}",
         r.lease_owner.as_deref().unwrap_or("-"),
         r.lease_until.as_deref().unwrap_or("-")
     );
-    println!("row:          {} / {}", r.partition_key, r.row_key);
+    outln!("row:          {} / {}", r.partition_key, r.row_key);
     print_history(&r.history, "              ");
 }
 
@@ -444,7 +457,7 @@ fn print_history(history: &[Attempt], indent: &str) {
     if history.is_empty() {
         return;
     }
-    println!("attempts:      (last {}, oldest first)", HISTORY_LEN);
+    outln!("attempts:      (last {}, oldest first)", HISTORY_LEN);
     for a in history {
         let flag = match (a.certainty(), &a.provider) {
             (Some(c), _) => format!("  [{c}]"),
@@ -452,7 +465,7 @@ fn print_history(history: &[Attempt], indent: &str) {
             (None, Some(p)) => format!("  ({}: {})", p.summary(), p.body),
             (None, None) => String::new(),
         };
-        println!(
+        outln!(
             "{indent}{}  dq {}  {}  {:<9} {}{flag}",
             a.at,
             a.dequeue_count,
@@ -469,17 +482,17 @@ pub fn fix_rehearsal(r: &FixRehearsal, output: Output) {
         print_json(&r);
         return;
     }
-    println!("dry run: poison fix {} (nothing changed)", r.id);
-    println!("old key:   {}", r.old_key.as_deref().unwrap_or("-"));
-    println!("new key:   {}", r.new_key.as_deref().unwrap_or("-"));
-    println!("key state: {}", r.key_state.as_deref().unwrap_or("-"));
+    outln!("dry run: poison fix {} (nothing changed)", r.id);
+    outln!("old key:   {}", r.old_key.as_deref().unwrap_or("-"));
+    outln!("new key:   {}", r.new_key.as_deref().unwrap_or("-"));
+    outln!("key state: {}", r.key_state.as_deref().unwrap_or("-"));
     match &r.refusal {
-        Some(why) => println!("would:     refuse: {why}"),
-        None => println!("would:     put the corrected message and close the record as replaced"),
+        Some(why) => outln!("would:     refuse: {why}"),
+        None => outln!("would:     put the corrected message and close the record as replaced"),
     }
-    println!("payload:   {:+} bytes", r.size_diff);
+    outln!("payload:   {:+} bytes", r.size_diff);
     for line in &r.diff {
-        println!("  {line}");
+        outln!("  {line}");
     }
 }
 
@@ -489,15 +502,15 @@ pub fn discard_rehearsal(r: &DiscardRehearsal, output: Output) {
         print_json(&r);
         return;
     }
-    println!("dry run: poison discard {} (nothing changed)", r.id);
-    println!("key:       {}", r.key.as_deref().unwrap_or("-"));
-    println!("key state: {}", r.key_state.as_deref().unwrap_or("-"));
+    outln!("dry run: poison discard {} (nothing changed)", r.id);
+    outln!("key:       {}", r.key.as_deref().unwrap_or("-"));
+    outln!("key state: {}", r.key_state.as_deref().unwrap_or("-"));
     let what = match (&r.refusal, r.close_key) {
         (Some(why), _) => format!("refuse: {why}"),
         (None, true) => "close the record and the key (a resend is a duplicate)".into(),
         (None, false) => "close the record; the key stays poisoned (a resend runs)".into(),
     };
-    println!("would:     {what}");
+    outln!("would:     {what}");
 }
 
 /// `config show`: one row per setting, with its source.
@@ -508,6 +521,6 @@ pub fn config_show(settings: &[Setting], output: Output) {
     }
     let w = settings.iter().map(|s| s.name.len()).max().unwrap_or(0);
     for s in settings {
-        println!("{:<w$}  {}  ({})", s.name, s.value, s.source.as_str());
+        outln!("{:<w$}  {}  ({})", s.name, s.value, s.source.as_str());
     }
 }

@@ -50,8 +50,21 @@ pub fn parse_timespan(s: &str) -> Result<Duration, String> {
         }
         Some(_) => return Err(bad()),
     };
-    Ok(Duration::new(
-        days * 86400 + hours * 3600 + minutes * 60 + seconds,
-        nanos,
-    ))
+    // A day count too large for seconds in a u64 is an error, not a wrap.
+    let secs = days
+        .checked_mul(86_400)
+        .and_then(|d| d.checked_add(hours * 3600 + minutes * 60 + seconds))
+        .ok_or_else(bad)?;
+    Ok(Duration::new(secs, nanos))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_timespan;
+
+    #[test]
+    fn a_day_count_past_u64_seconds_is_an_error() {
+        assert!(parse_timespan("99999999999999999.00:00:00").is_err());
+        assert_eq!(parse_timespan("1.00:00:01").unwrap().as_secs(), 86_401);
+    }
 }

@@ -159,9 +159,29 @@ pub fn parse_time(s: &str) -> Result<OffsetDateTime, String> {
     if let Ok(t) = OffsetDateTime::parse(s, &Rfc3339) {
         return Ok(t);
     }
-    crate::config::parse_timespan(s)
-        .map(|d| crate::clock::now_utc() - d)
-        .map_err(|_| format!("\"{s}\" is neither an RFC 3339 time nor a duration ago (hh:mm:ss)"))
+    let ago = crate::config::parse_timespan(s).map_err(|_| {
+        format!("\"{s}\" is neither an RFC 3339 time nor a duration ago (hh:mm:ss)")
+    })?;
+    // A far-past bound (10000000.00:00:00 is some 27,000 years) is refused
+    // rather than overflowing the date type.
+    time::Duration::try_from(ago)
+        .ok()
+        .and_then(|ago| crate::clock::now_utc().checked_sub(ago))
+        .ok_or_else(|| format!("\"{s}\" reaches back before the year -9999: give a shorter duration ago or an RFC 3339 time"))
+}
+
+#[cfg(test)]
+mod parse_time_tests {
+    use super::parse_time;
+
+    #[test]
+    fn a_far_past_duration_is_an_error_not_a_panic() {
+        let e = parse_time("10000000.00:00:00").unwrap_err();
+        assert!(e.contains("10000000.00:00:00"), "{e}");
+        assert!(parse_time("01:00:00").is_ok());
+        assert!(parse_time("2026-12-01T00:00:00Z").is_ok());
+        assert!(parse_time("yesterday").is_err());
+    }
 }
 
 /// Filters of `poison list` and `poison replay`.

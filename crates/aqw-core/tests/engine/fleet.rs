@@ -80,7 +80,7 @@ impl Schedule {
 
 /// Whether a job (by its number) belongs to the failing shard.
 fn in_shard(n: u64, modulo: u64) -> bool {
-    n % modulo == 0
+    n.is_multiple_of(modulo)
 }
 
 /// What the run measured.
