@@ -30,6 +30,7 @@
 //! | the health gauges: the oldest message's age, open poison records by error group (capped, rendered from the latest snapshot) | `src/telemetry/gauges.rs` |
 //! | traces: the engine's spans re-exported, and the exporters | `src/traces/mod.rs` |
 //! | trace exporters chosen by the environment (OTLP/HTTP, Application Insights), bounded and never blocking a job | `src/traces/export.rs` |
+//! | the exporters' HTTP client (blocking reqwest, failures counted and warned once a minute) | `src/traces/client.rs` |
 //! | OTLP/HTTP protobuf encoded straight from the SDK's span data (no copy of the batch), headers from `OTEL_EXPORTER_OTLP_[TRACES_]HEADERS` | `src/traces/otlp.rs` |
 //! | every Azure import: the adapter of the engine's storage port (`QueueStore`, `TableStore`), the OData literals | `src/storage/mod.rs` |
 //! | connection strings and identity-based settings → a `Connection` | `src/storage/connection.rs` |

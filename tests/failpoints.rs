@@ -170,7 +170,10 @@ async fn replay_point(point: &'static str) {
     let app = TestApp::new(
         json!({"key": "receipt:{/orderId}", "handler": {"type": "http", "url": format!("{}/effects", sink.url), "timeout": "00:00:05"}}),
         json!({"maxDequeueCount": 1}),
-        json!({"lease": "00:00:02"}),
+        // No breaker: every call failing is an outage to it, and a failure
+        // at the cap while it holds is parked, not poisoned (issue 37);
+        // this test needs the records.
+        json!({"lease": "00:00:02", "breaker": false}),
     );
     for i in 0..n {
         app.enqueue(&format!(r#"{{"orderId":"{point}-{i}"}}"#))

@@ -30,7 +30,7 @@
 //! `Authorization` header and every query parameter outside its allow-list
 //! (`sig` is not on it).
 
-use super::transport::{Incoming, Outgoing, SendError, Transport};
+use super::transport::{error_chain, Incoming, Outgoing, SendError, Transport};
 use super::{Secret, StorageError};
 use async_trait::async_trait;
 use azure_core::error::{Error, ErrorKind};
@@ -343,16 +343,6 @@ fn raw_response(rsp: Incoming) -> AsyncRawResponse {
     AsyncRawResponse::from_bytes(rsp.status.into(), Headers::from(headers), rsp.body)
 }
 
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        src = s.source();
-    }
-    out
-}
 
 /// A header's value, without `Headers::get_optional_str`: that one builds an
 /// `azure_core::Error` for every absent header, and an error captures a

@@ -172,7 +172,7 @@ async fn send_direct(
     *request.headers_mut() = req.headers;
     let exchange = async {
         let rsp = client.request(request).await.map_err(|e| {
-            let text = super::pipeline::error_chain(&e);
+            let text = error_chain(&e);
             if e.is_connect() {
                 SendError::Connect(text)
             } else {
@@ -183,7 +183,7 @@ async fn send_direct(
         let body = body
             .collect()
             .await
-            .map_err(|e| SendError::Io(super::pipeline::error_chain(&e)))?
+            .map_err(|e| SendError::Io(error_chain(&e)))?
             .to_bytes();
         Ok(Incoming {
             status: parts.status.as_u16(),
@@ -205,11 +205,11 @@ async fn send_proxied(
     // reqwest's error text names the URL: keep the chain without it.
     let failed = |e: reqwest::Error| {
         if e.is_connect() {
-            SendError::Connect(super::pipeline::error_chain(&e.without_url()))
+            SendError::Connect(error_chain(&e.without_url()))
         } else if e.is_timeout() {
             SendError::TimedOut(timeout)
         } else {
-            SendError::Io(super::pipeline::error_chain(&e.without_url()))
+            SendError::Io(error_chain(&e.without_url()))
         }
     };
     let rsp = client
@@ -227,6 +227,19 @@ async fn send_proxied(
         headers,
         body,
     })
+}
+
+/// An error and its sources, one line (`a: b: c`), for the messages of
+/// storage and handler failures.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        src = s.source();
+    }
+    out
 }
 
 #[cfg(test)]

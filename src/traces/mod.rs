@@ -3,6 +3,7 @@
 //! spans and the W3C context they carry are the engine's
 //! (`aqw_core::traces`), re-exported here.
 
+mod client;
 pub mod export;
 mod otlp;
 

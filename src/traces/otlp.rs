@@ -14,7 +14,7 @@
 //! unit test below checks it against opentelemetry-proto's own conversion.
 //! `http/json`, or a compression setting, keeps the SDK's exporter.
 
-use super::export::ExportClient;
+use super::client::ExportClient;
 use opentelemetry::trace::{SpanId, SpanKind, Status};
 use opentelemetry::{Array, InstrumentationScope, KeyValue, Value};
 use opentelemetry_http::HttpClient;
