@@ -343,7 +343,6 @@ fn raw_response(rsp: Incoming) -> AsyncRawResponse {
     AsyncRawResponse::from_bytes(rsp.status.into(), Headers::from(headers), rsp.body)
 }
 
-
 /// A header's value, without `Headers::get_optional_str`: that one builds an
 /// `azure_core::Error` for every absent header, and an error captures a
 /// backtrace when `RUST_BACKTRACE` is set (measured: ~5 % of the worker's CPU

@@ -308,8 +308,6 @@ fn resource() -> Resource {
     r.build()
 }
 
-
-
 #[cfg(test)]
 mod tests {
     use super::*;
