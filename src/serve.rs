@@ -591,9 +591,9 @@ pub async fn serve(
     for rt in &rts {
         // The host delivers regardless: the pause is honoured per message.
         rt.gate.refresh().await;
-        let (rt, shutdown) = (rt.clone(), shutdown.clone());
-        tokio::spawn(async move { rt.gate.watch(shutdown).await });
     }
+    let gates = rts.iter().map(|rt| rt.gate.clone()).collect();
+    tokio::spawn(aqw_core::gate::Gate::watch_all(gates, shutdown.clone()));
     let state = ServeState::new(rts);
     let hard_stop = state.hard_stop.clone();
     tracing::info!(

@@ -164,6 +164,29 @@ impl ControlStore {
         self.upsert(function, u).await
     }
 
+    /// Every function's control row, in one partition query (the watch of
+    /// a worker's functions costs one request per interval, whatever their
+    /// number). A missing table is no rows.
+    pub async fn all(&self) -> StorageResult<std::collections::HashMap<String, Control>> {
+        let query = crate::storage::TableQuery {
+            partition: Some(PARTITION),
+            ..Default::default()
+        };
+        match self.table.query_where(&query).await {
+            Ok(rows) => Ok(rows
+                .into_iter()
+                .map(|r| (r.row_key, Control::from_entity(&r.entity)))
+                .collect()),
+            Err(StorageError::NotFound) => Ok(Default::default()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The table these rows live in (to tell which gates share one).
+    pub fn table(&self) -> &Arc<dyn TableStore> {
+        &self.table
+    }
+
     /// Merge into the row, creating it (and the table) when missing.
     async fn upsert(&self, function: &str, update: Entity) -> StorageResult<()> {
         for _ in 0..3 {

@@ -70,7 +70,8 @@ impl FunctionRuntime {
             function.breaker,
             control,
             alerts,
-        );
+        )
+        .on_account(&function.connection.setting);
         Self {
             policy: app.policy(),
             keys: KeyStore::new(storage.table(&app.keys_table)),

@@ -282,9 +282,9 @@ pub async fn run_runtimes(
     let hard_stop = CancellationToken::new();
     for rt in rts {
         rt.gate.refresh().await;
-        let (rt, shutdown) = (rt.clone(), shutdown.clone());
-        tokio::spawn(async move { rt.gate.watch(shutdown).await });
     }
+    let gates = rts.iter().map(|rt| rt.gate.clone()).collect();
+    tokio::spawn(crate::gate::Gate::watch_all(gates, shutdown.clone()));
     let loops: Vec<_> = rts
         .iter()
         .map(|rt| {

@@ -259,3 +259,61 @@ async fn run(s: &Schedule) -> Figures {
         shard_jobs: shard.len(),
     }
 }
+
+/// Storage requests per minute of one idle replica with `functions`
+/// functions, by operation, over `span` after a warm-up.
+async fn idle_requests(
+    functions: usize,
+    span: Duration,
+) -> std::collections::BTreeMap<String, u64> {
+    use aqw_core::builder::{handler_fn, WorkerBuilder};
+    use aqw_core::handler::Success;
+    let storage = aqw_core::storage::memory::MemoryStorage::new();
+    let mut b = WorkerBuilder::new(Arc::new(storage.clone())).configure(|app| {
+        app.max_polling_interval = Duration::from_secs(60);
+    });
+    let id = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+    for f in 0..functions {
+        b = b.function(
+            format!("F{f}x{id}"),
+            format!("q{f}x{id}"),
+            handler_fn(|_job| async { Ok(Success::default()) }),
+        );
+    }
+    let running = start(b.build().expect("valid settings"));
+    tokio::time::sleep(Duration::from_secs(300)).await;
+    storage.reset_request_counts();
+    tokio::time::sleep(span).await;
+    let counts = storage.request_counts();
+    running.stop().await;
+    let minutes = span.as_secs_f64() / 60.0;
+    counts
+        .into_iter()
+        .map(|(op, n)| (op, (n as f64 / minutes).round() as u64))
+        .collect()
+}
+
+/// The control rows of all a worker's functions are one partition query
+/// per interval (issue 37): an idle replica's control reads do not grow
+/// with its functions; polls and heartbeats do, one a minute each.
+#[tokio::test(start_paused = true)]
+async fn an_idle_replicas_control_reads_do_not_grow_with_its_functions() {
+    let span = Duration::from_secs(600);
+    let one = idle_requests(1, span).await;
+    let twenty = idle_requests(20, span).await;
+    let total = |c: &std::collections::BTreeMap<String, u64>| c.values().sum::<u64>();
+    println!(
+        "idle storage requests per replica-minute: 1 function {} ({one:?}), 20 functions {} ({twenty:?})",
+        total(&one),
+        total(&twenty)
+    );
+    let control = |c: &std::collections::BTreeMap<String, u64>| {
+        c.get("table.query").copied().unwrap_or(0) + c.get("table.get").copied().unwrap_or(0)
+    };
+    // One read per 2 s, whatever the number of functions.
+    assert!(control(&one) <= 31, "{one:?}");
+    assert!(control(&twenty) <= 31, "{twenty:?}");
+    // Receives back off to one a minute per idle function.
+    let receives = twenty.get("queue.receive").copied().unwrap_or(0);
+    assert!(receives <= 21, "{twenty:?}");
+}
