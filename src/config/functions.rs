@@ -116,7 +116,7 @@ fn provider_answers(
     replay_header: Option<&str>,
     refused_statuses: &[u16],
 ) -> Result<crate::handlers::http::ProviderAnswers, (&'static str, String)> {
-    if let Some(h) = replay_header {
+    if let Some(h) = replay_header.filter(|h| !h.is_empty()) {
         if reqwest::header::HeaderName::from_bytes(h.as_bytes()).is_err() {
             return Err((
                 "replayHeader",
@@ -131,8 +131,14 @@ fn provider_answers(
         ));
     }
     Ok(crate::handlers::http::ProviderAnswers {
-        // As written: header lookups ignore case.
-        replay_header: replay_header.map(str::to_string),
+        // As written: header lookups ignore case. Unset: Stripe's
+        // `Idempotent-Replayed`, which the IETF draft's implementations
+        // share; `""` switches the reading off.
+        replay_header: match replay_header {
+            None => Some(aqw_core::handler::DEFAULT_REPLAY_HEADER.to_string()),
+            Some("") => None,
+            Some(h) => Some(h.to_string()),
+        },
         refused_statuses: refused_statuses.to_vec(),
     })
 }

@@ -322,7 +322,7 @@ pub fn safe_url(text: &str) -> String {
 }
 
 fn refused(statuses: &[u16]) -> String {
-    let mut all = vec![425, 429, 503];
+    let mut all = vec![425, 429];
     all.extend_from_slice(statuses);
     all.sort_unstable();
     all.dedup();

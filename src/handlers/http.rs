@@ -2,14 +2,21 @@
 //!
 //! Headers: `Idempotency-Key: <ProviderKey>` (the same on every attempt and
 //! every replay), `Aqw-Key` (the business key, percent-encoded), `Aqw-Message-Id`,
-//! `Aqw-Dequeue-Count`, `Aqw-Previously-Pending`. 2xx success; 408, 425, 429,
+//! `Aqw-Dequeue-Count`, `Aqw-Previously-Pending`. 2xx success; 408, 409, 425, 429,
 //! 5xx, connect errors and timeouts retryable (honouring `Retry-After`); other
 //! 4xx permanent.
 //!
-//! Uncertainty, stated once: an attempt "may have taken effect" only when its
+//! Uncertainty, stated once: an attempt "may have taken effect" when its
 //! outcome is unknown — a timeout or a connection lost after the request was
-//! sent, 408, 500, 502, 504 and any other 5xx. An explicit refusal (425, 429,
-//! 503, and the function's `refusedStatuses`) did not apply the request.
+//! sent, 408 and any 5xx, 503 included (Envoy, the ingress of Container Apps
+//! and Istio, answers 503 for an upstream connection reset after the request
+//! was sent: envoyproxy/envoy#5876, istio/istio#9906) — and on 409, which
+//! the IETF Idempotency-Key draft and Stripe (`idempotency_key_in_use`) use
+//! for "a request with this key is still being processed": retried later,
+//! since that first request may yet complete. An explicit refusal rests on
+//! evidence a proxy cannot fake for the provider: 425, 429, and the
+//! function's `refusedStatuses`. 422 (the key reused with other parameters)
+//! is permanent, as every other 4xx.
 //! The answer (status, a short scrubbed body excerpt, the provider's replay
 //! header) goes into the key's attempt history.
 //!
@@ -110,13 +117,20 @@ pub fn classify_with(
     };
     match status {
         200..=299 => None,
-        // Refused before processing: 425, 429, 503 (the provider is not
-        // taking work), and what the function declares. 408 and other 5xx
-        // (500, 502, 504): the provider may have acted before answering.
+        // Refused before processing: 425, 429, and what the function
+        // declares. 408 and every 5xx (a proxy's 503 included): the
+        // provider may have acted before answering.
         s if is_refusal(s, refused) => Some(HandlerError::Retryable {
             message,
             retry_after,
             may_have_taken_effect: false,
+        }),
+        // In progress: the first request with this key is still running;
+        // it may complete, so this attempt may have taken effect.
+        409 => Some(HandlerError::Retryable {
+            message: format!("{message} (in progress: the provider is still processing this key)"),
+            retry_after,
+            may_have_taken_effect: true,
         }),
         408 | 500..=599 => Some(HandlerError::Retryable {
             message,
@@ -127,9 +141,9 @@ pub fn classify_with(
     }
 }
 
-/// An explicit "not applied": 425, 429, 503 or one of `refused`.
+/// An explicit "not applied": 425, 429 or one of `refused`.
 pub fn is_refusal(status: u16, refused: &[u16]) -> bool {
-    matches!(status, 425 | 429 | 503) || refused.contains(&status)
+    matches!(status, 425 | 429) || refused.contains(&status)
 }
 
 /// Whether the answer carries the replay signal (`true`, any case).
@@ -247,7 +261,7 @@ mod tests {
                 "{s}"
             );
         }
-        for s in [400, 401, 403, 404, 409, 422] {
+        for s in [400, 401, 403, 404, 422] {
             assert!(
                 matches!(classify(s, None, ""), Some(HandlerError::Permanent { .. })),
                 "{s}"
@@ -288,9 +302,14 @@ mod tests {
                 })
             )
         };
-        for s in [425, 429, 503] {
+        for s in [425, 429] {
             assert!(!uncertain(s, &[]), "{s} is a refusal");
         }
+        // A proxy answers 503 after an upstream reset: unknown unless the
+        // provider's own refusal is declared; 409 is "in progress".
+        assert!(uncertain(503, &[]), "503 is unknown unless declared");
+        assert!(!uncertain(503, &[503]), "declared refused");
+        assert!(uncertain(409, &[]), "409: the first request may complete");
         assert!(uncertain(500, &[]), "500 is unknown unless declared");
         assert!(!uncertain(500, &[500]), "declared refused");
         let long = format!("https://a.example/?sv=1&sig=abc {} end", "x ".repeat(400));
@@ -406,6 +425,50 @@ mod tests {
             "{}",
             answer.body
         );
+    }
+
+    /// Issue 38: a replay is recognised without configuration (Stripe's
+    /// header, read by default), and switched off with `""` in the config.
+    #[tokio::test]
+    async fn the_replay_header_is_read_by_default() {
+        let url = provider(200, &[("Idempotent-Replayed", "true")]).await;
+        let h = HttpHandler::new(url, Duration::from_secs(5)).unwrap();
+        let answer = h.handle(&job(None)).await.unwrap().provider.unwrap();
+        assert!(answer.replayed, "read without configuration");
+        let url = provider(200, &[("Idempotent-Replayed", "true")]).await;
+        let off = HttpHandler::new(url, Duration::from_secs(5))
+            .unwrap()
+            .reading_answers(ProviderAnswers {
+                replay_header: None,
+                refused_statuses: vec![],
+            });
+        let answer = off.handle(&job(None)).await.unwrap().provider.unwrap();
+        assert!(!answer.replayed, "switched off");
+    }
+
+    /// Issue 38: 409 from an idempotent provider is "in progress": retried
+    /// (not poisoned at once), and uncertain, since the first request may
+    /// still complete; a proxy's 503 is uncertain too; 422 stays permanent.
+    #[tokio::test]
+    async fn in_progress_is_retried_and_a_proxys_503_is_uncertain() {
+        for (status, uncertain) in [(409, true), (503, true), (429, false)] {
+            let url = provider(status, &[]).await;
+            let h = HttpHandler::new(url, Duration::from_secs(5)).unwrap();
+            match h.handle(&job(None)).await {
+                Err(HandlerError::Retryable {
+                    may_have_taken_effect,
+                    message,
+                    ..
+                }) => assert_eq!(may_have_taken_effect, uncertain, "{status}: {message}"),
+                other => panic!("{status}: expected a retryable failure, got {other:?}"),
+            }
+        }
+        let url = provider(422, &[]).await;
+        let h = HttpHandler::new(url, Duration::from_secs(5)).unwrap();
+        assert!(matches!(
+            h.handle(&job(None)).await,
+            Err(HandlerError::Permanent { .. })
+        ));
     }
 
     #[tokio::test]

@@ -124,14 +124,29 @@ pub trait Handler: Send + Sync {
 
 /// How a function reads its provider's answers
 /// (`aqw.functions.<Name>.handler.replayHeader` / `.refusedStatuses`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ProviderAnswers {
     /// The response header whose `true` means the provider
     /// answered from its idempotency store: the effect happened once, earlier.
+    /// `None`: not read.
     pub replay_header: Option<String>,
-    /// Statuses that mean "refused, not applied", besides 425, 429 and 503.
+    /// Statuses that mean "refused, not applied", besides 425 and 429.
     pub refused_statuses: Vec<u16>,
+}
+
+/// The replay header read unless a function says otherwise: Stripe's,
+/// which other providers implementing idempotency keys follow.
+pub const DEFAULT_REPLAY_HEADER: &str = "Idempotent-Replayed";
+
+impl Default for ProviderAnswers {
+    /// `Idempotent-Replayed` read, no declared refusals.
+    fn default() -> Self {
+        Self {
+            replay_header: Some(DEFAULT_REPLAY_HEADER.to_string()),
+            refused_statuses: vec![],
+        }
+    }
 }
 
 /// What runs a function's job.
