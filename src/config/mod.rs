@@ -118,6 +118,7 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
         metrics_interval,
         trace_parent: a.trace_parent,
         shutdown_timeout: a.shutdown_timeout,
+        max_deferral: a.max_deferral,
         retention,
         functions,
         skipped,

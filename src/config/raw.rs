@@ -93,6 +93,7 @@ pub(super) struct RawAqw {
     pub(super) http: Option<RawHttp>,
     pub(super) tracing: Option<RawTracing>,
     pub(super) shutdown_timeout: Option<String>,
+    pub(super) max_deferral: Option<String>,
     pub(super) breaker: Option<RawBreaker>,
     pub(super) retention: Option<RawRetention>,
 }

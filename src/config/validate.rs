@@ -136,6 +136,7 @@ pub(super) struct AqwSettings {
     pub(super) http_port: Option<u16>,
     pub(super) trace_parent: Option<String>,
     pub(super) shutdown_timeout: Duration,
+    pub(super) max_deferral: Duration,
 }
 
 impl AqwSettings {
@@ -166,6 +167,14 @@ impl AqwSettings {
         let shutdown_timeout =
             opt_timespan(host_file, "aqw.shutdownTimeout", &raw_aqw.shutdown_timeout)?
                 .unwrap_or(Duration::from_secs(25));
+        let max_deferral = opt_timespan(host_file, "aqw.maxDeferral", &raw_aqw.max_deferral)?
+            .unwrap_or(aqw_core::decide::DEFAULT_MAX_DEFERRAL);
+        if max_deferral < Duration::from_secs(1) || max_deferral > MAX_VISIBILITY_TIMEOUT {
+            return Err(f(
+                "aqw.maxDeferral",
+                "must be between 00:00:01 and 7 days".into(),
+            ));
+        }
         Ok(Self {
             lease,
             retry,
@@ -180,6 +189,7 @@ impl AqwSettings {
             http_port,
             trace_parent,
             shutdown_timeout,
+            max_deferral,
         })
     }
 }

@@ -120,11 +120,15 @@ pub fn classify_with(
         // Refused before processing: 425, 429, and what the function
         // declares. 408 and every 5xx (a proxy's 503 included): the
         // provider may have acted before answering.
-        s if is_refusal(s, refused) => Some(HandlerError::Retryable {
-            message,
-            retry_after,
-            may_have_taken_effect: false,
-        }),
+        // A 503 with `Retry-After` is the provider's own "come back later"
+        // (RFC 9110 §10.2.3), not a proxy's reset.
+        s if is_refusal(s, refused) || (s == 503 && retry_after.is_some()) => {
+            Some(HandlerError::Retryable {
+                message,
+                retry_after,
+                may_have_taken_effect: false,
+            })
+        }
         // In progress: the first request with this key is still running;
         // it may complete, so this attempt may have taken effect.
         409 => Some(HandlerError::Retryable {
@@ -310,6 +314,16 @@ mod tests {
         assert!(uncertain(503, &[]), "503 is unknown unless declared");
         assert!(!uncertain(503, &[503]), "declared refused");
         assert!(uncertain(409, &[]), "409: the first request may complete");
+        assert!(
+            matches!(
+                classify_with(503, Some(Duration::from_secs(2)), "", &[]),
+                Some(HandlerError::Retryable {
+                    may_have_taken_effect: false,
+                    ..
+                })
+            ),
+            "a 503 with Retry-After is the provider's own later"
+        );
         assert!(uncertain(500, &[]), "500 is unknown unless declared");
         assert!(!uncertain(500, &[500]), "declared refused");
         let long = format!("https://a.example/?sv=1&sig=abc {} end", "x ".repeat(400));

@@ -27,6 +27,39 @@ pub struct Policy {
     /// A failed last attempt is poisoned by someone else, with no error (the
     /// Functions host in `aqw serve`): at the cap a deferral becomes a record.
     pub host_poisons_failed_last_attempt: bool,
+    /// `aqw.maxDeferral`: how long a provider's "later" may put a job off
+    /// without spending an attempt.
+    pub max_deferral: Duration,
+}
+
+/// `aqw.maxDeferral` unless set: a day. A provider that says "later" for
+/// longer is down, not busy, and a day is the window in which providers
+/// such as Stripe remember an `Idempotency-Key`.
+pub const DEFAULT_MAX_DEFERRAL: Duration = Duration::from_secs(24 * 3600);
+
+/// The provider said "later": a refusal that did not apply the request and
+/// came with a delay (429 with `Retry-After`, or any declared refusal with
+/// one). Such a job waits as a fresh copy after the delay, without spending
+/// an attempt, while its key's first attempt is younger than
+/// `max_deferral` (`deferred_for`: that age; `None` for a keyless job,
+/// which has no record to bound it, and is retried as before). Returns the
+/// delay.
+pub fn later(
+    attempt: &AttemptResult,
+    deferred_for: Option<Duration>,
+    policy: &Policy,
+) -> Option<Duration> {
+    match attempt {
+        AttemptResult::Failed {
+            kind: ErrorKind::Retryable,
+            retry_after: Some(after),
+            uncertain: false,
+            ..
+        } if deferred_for.is_some_and(|age| age < policy.max_deferral) => {
+            Some((*after).min(MAX_RETRY_DELAY))
+        }
+        _ => None,
+    }
 }
 
 /// What is known of the message before anything runs.
@@ -251,12 +284,14 @@ mod tests {
             lease: Duration::from_secs(30),
             timeout: None,
             host_poisons_failed_last_attempt: false,
+            max_deferral: DEFAULT_MAX_DEFERRAL,
         }
     }
 
     fn serve_policy() -> Policy {
         Policy {
             host_poisons_failed_last_attempt: true,
+            max_deferral: DEFAULT_MAX_DEFERRAL,
             ..policy()
         }
     }

@@ -138,6 +138,11 @@ pub struct AppConfig {
     /// `aqw.shutdownTimeout`: how long in-flight jobs may run on after a
     /// shutdown signal before they are interrupted.
     pub shutdown_timeout: Duration,
+    /// `aqw.maxDeferral`: how long a job may be put off by its provider's
+    /// "later" (429, or any refusal with `Retry-After`) without spending an
+    /// attempt, counted from its key's first attempt; then its later
+    /// refusals count as failures again.
+    pub max_deferral: Duration,
     /// `aqw.retention`: what the purge commands and the sweep may delete.
     pub retention: Retention,
     /// The functions aqw runs.
@@ -196,6 +201,7 @@ impl AppConfig {
             metrics_interval: Duration::from_secs(60),
             trace_parent: None,
             shutdown_timeout: Duration::from_secs(25),
+            max_deferral: crate::decide::DEFAULT_MAX_DEFERRAL,
             retention: Retention::default(),
             functions: vec![],
             skipped: vec![],
@@ -210,6 +216,7 @@ impl AppConfig {
             lease: self.lease,
             timeout: self.function_timeout,
             host_poisons_failed_last_attempt: false,
+            max_deferral: self.max_deferral,
         }
     }
 

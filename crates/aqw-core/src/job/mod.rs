@@ -157,6 +157,16 @@ async fn run_and_settle(
         }
         HandlerRun::Finished(Err(e)) => failed_attempt(e),
     };
+    if let Some(after) = crate::decide::later(&attempt, ctx.deferred_for(), policy) {
+        // The provider said "later" (a rate limit): not a failure of the
+        // provider nor of the job, so it neither counts toward the breaker
+        // nor spends an attempt.
+        let reason = match &attempt {
+            AttemptResult::Failed { message, .. } => message.to_string(),
+            _ => String::new(),
+        };
+        return ctx.defer_later(after, &reason).await;
+    }
     tell_breaker(ctx.rt, &attempt, facts.dequeue_count);
     let fate = fate(facts, &attempt, policy, jitter);
     ctx.by_fate(fate, success).await

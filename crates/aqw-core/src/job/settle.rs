@@ -230,6 +230,34 @@ impl Settling<'_> {
         }
     }
 
+    /// How long ago the key's first attempt was (`None` for a keyless job,
+    /// or a record without the time).
+    pub(super) fn deferred_for(&self) -> Option<Duration> {
+        let first = self.first_attempt.as_deref()?;
+        let at = time::OffsetDateTime::parse(first, &time::format_description::well_known::Rfc3339)
+            .ok()?;
+        Duration::try_from(crate::clock::now_utc() - at)
+            .ok()
+            .or(Some(Duration::ZERO))
+    }
+
+    /// The provider said "later": note it on the key (refused, not
+    /// applied), then put the job back as a fresh copy visible after
+    /// `after`, so the refusal spends no attempt (issue 37).
+    pub(super) async fn defer_later(&self, after: Duration, message: &str) -> Outcome {
+        if let Some(c) = &self.claim {
+            if let Err(FinishError::Storage(e)) =
+                self.rt.keys.record_failure(c, message, false).await
+            {
+                return abandoned(e);
+            }
+        }
+        tracing::info!(event = "aqw.job.later", error = %crate::scrub::scrub(message), retry_in_s = after.as_secs_f64(), "the provider said later; waiting without spending an attempt");
+        metrics::counter!("aqw_deferrals_total", "function" => self.rt.function.name.clone())
+            .increment(1);
+        self.park(after).await
+    }
+
     /// A failed attempt below the cap: note it on the key, then hide the
     /// message until `after` (or, while the breaker is open, park it).
     async fn retry(&self, after: Duration, message: &str, uncertain: bool) -> Outcome {

@@ -42,6 +42,8 @@ pub enum Behave {
     Retry(String),
     /// A permanent failure with this text (a 4xx).
     Fail(String),
+    /// A refusal with `Retry-After` (a 429): "later", nothing applied.
+    Later(Duration),
 }
 
 /// How one call to the provider ended.
@@ -149,6 +151,14 @@ impl Provider {
             Behave::Retry(m) => (
                 CallOutcome::Failed(m.clone()),
                 Err(HandlerError::retryable(m)),
+            ),
+            Behave::Later(after) => (
+                CallOutcome::Failed("HTTP 429".into()),
+                Err(HandlerError::Retryable {
+                    message: "HTTP 429: rate limited".into(),
+                    retry_after: Some(after),
+                    may_have_taken_effect: false,
+                }),
             ),
             Behave::Fail(m) => (
                 CallOutcome::Failed(m.clone()),

@@ -317,3 +317,58 @@ async fn an_idle_replicas_control_reads_do_not_grow_with_its_functions() {
     let receives = twenty.get("queue.receive").copied().unwrap_or(0);
     assert!(receives <= 21, "{twenty:?}");
 }
+
+/// A rate-limited provider (issue 37): 10 calls a second, a 429 with
+/// `Retry-After: 1` beyond; 150 jobs at once on 12 replicas. A "later" is
+/// no failure: every job applied once, none poisoned, and no job spent more
+/// than one attempt on a refusal (each waits as a fresh copy).
+#[tokio::test(start_paused = true)]
+async fn a_rate_limited_provider_walks_no_job_to_poison() {
+    let window = Arc::new(std::sync::Mutex::new((Instant::now(), 0u32)));
+    let limit = window.clone();
+    let env = Env::new(move |_, _| {
+        let mut w = limit.lock().unwrap();
+        if w.0.elapsed() >= Duration::from_secs(1) {
+            *w = (Instant::now(), 0);
+        }
+        w.1 += 1;
+        if w.1 > 10 {
+            Behave::Later(Duration::from_secs(1))
+        } else {
+            Behave::Succeed
+        }
+    });
+    let mut jobs = Vec::new();
+    for n in 0..150 {
+        let job = env.job(&format!("r{n}"));
+        env.enqueue(&job).await;
+        jobs.push(job.key.clone());
+    }
+    let fleet: Vec<Running> = (0..12).map(|_| start(env.worker())).collect();
+    env.drained(minutes(30)).await;
+    for r in fleet {
+        r.stop().await;
+    }
+    let calls = env.provider.calls();
+    let limited = calls
+        .iter()
+        .filter(|c| c.outcome == CallOutcome::Failed("HTTP 429".into()))
+        .count();
+    println!(
+        "rate limit: {} calls for {} jobs, {limited} answered 429, {} poisoned",
+        calls.len(),
+        jobs.len(),
+        env.records().await.len()
+    );
+    assert!(limited > 0, "the limit was reached");
+    assert!(
+        env.records().await.is_empty(),
+        "nothing poisoned by a rate limit"
+    );
+    env.provider.assert_applied_once(&jobs);
+    let max_dc = calls.iter().map(|c| c.dequeue_count).max().unwrap_or(0);
+    assert_eq!(
+        max_dc, 1,
+        "a refusal spends no attempt: every call was a first delivery"
+    );
+}
