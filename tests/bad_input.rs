@@ -244,3 +244,31 @@ fn a_closed_pipe_exits_quietly() {
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// `aqw.maxDeferral` out of range exits 2 naming the setting; a good one is
+/// shown by `config show` with its source (issue 37).
+#[test]
+fn max_deferral_is_validated_and_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |v: &str| {
+        let host = serde_json::json!({"version": "2.0", "aqw": {"maxDeferral": v,
+            "functions": {"Job": {"queue": "qqq", "key": "none"}}}});
+        std::fs::write(dir.path().join("host.json"), host.to_string()).unwrap();
+    };
+    for bad in ["9.00:00:00", "00:00:00", "soon"] {
+        write(bad);
+        let out = crate::common::aqw(dir.path(), &["config", "show"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains("aqw.maxDeferral"), "{bad}: {err}");
+    }
+    write("02:00:00");
+    let out = crate::common::aqw(dir.path(), &["config", "show"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("maxDeferral"))
+        .unwrap_or_default();
+    assert!(row.contains("7200s") && row.contains("host.json"), "{text}");
+}

@@ -130,6 +130,11 @@ pub fn effective(app: &AppConfig, look: &Lookup) -> Vec<Setting> {
     row("retry", retry(&app.retry), look.host("/aqw/retry"));
     row("lease", secs(app.lease), look.host("/aqw/lease"));
     row(
+        "maxDeferral",
+        secs(app.max_deferral),
+        look.host("/aqw/maxDeferral"),
+    );
+    row(
         "tables.keys",
         app.keys_table.clone(),
         look.host("/aqw/tables/keys"),
