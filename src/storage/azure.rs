@@ -239,6 +239,7 @@ impl QueueStore for AzureQueue {
                     id: m.message_id.ok_or_else(|| missing("MessageId"))?,
                     dequeue_count: m.dequeue_count.unwrap_or(0).clamp(0, u32::MAX as i64) as u32,
                     insertion_time: m.insertion_time.ok_or_else(|| missing("InsertionTime"))?,
+                    expiration_time: m.expiration_time.ok_or_else(|| missing("ExpirationTime"))?,
                     text: m.message_text.unwrap_or_default(),
                 })
             })

@@ -111,14 +111,24 @@ fn polled(rt: &Arc<FunctionRuntime>, health: &Health, heartbeat: &mut crate::hea
 
 /// How many messages the gate lets this loop receive, once it lets any
 /// (None at shutdown).
+/// While held, the queue is looked at every [`EXPIRY_GUARD_INTERVAL`] for
+/// messages about to expire ([`rescue_expiring`]).
 async fn admitted(rt: &FunctionRuntime, batch: u32, shutdown: &CancellationToken) -> Option<u32> {
+    let mut held_since: Option<Instant> = None;
     loop {
         match rt.gate.admit(batch) {
             Admission::Receive(n) => return Some(n),
-            Admission::Wait(d) => tokio::select! {
-                _ = tokio::time::sleep(d.min(GATE_POLL)) => {}
-                _ = shutdown.cancelled() => return None,
-            },
+            Admission::Wait(d) => {
+                let since = *held_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= EXPIRY_GUARD_INTERVAL {
+                    rescue_expiring(rt).await;
+                    held_since = Some(Instant::now());
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(d.min(GATE_POLL)) => {}
+                    _ = shutdown.cancelled() => return None,
+                }
+            }
         }
     }
 }
@@ -126,6 +136,66 @@ async fn admitted(rt: &FunctionRuntime, batch: u32, shutdown: &CancellationToken
 /// The longest a gated poll loop sleeps before asking again, so a resume
 /// or the end of a cool-down is noticed at once.
 const GATE_POLL: Duration = Duration::from_millis(500);
+
+/// How often a held function (paused, breaker open or following) looks at
+/// the front of its queue for messages about to expire: one peek per
+/// interval per held function and replica.
+pub const EXPIRY_GUARD_INTERVAL: Duration = Duration::from_secs(300);
+
+/// A message whose time-to-live ends within this is rescued: three guard
+/// intervals, so one missed look (a storage error) still leaves time.
+pub const EXPIRY_MARGIN: Duration = Duration::from_secs(900);
+
+/// No message expires unseen while aqw holds it back (issue 37): Azure
+/// deletes an expired message silently, so while a function is held, the
+/// oldest messages (the front of the queue, which expire first) are peeked,
+/// and each whose time-to-live ends within [`EXPIRY_MARGIN`] is put back as
+/// a fresh copy (the same text, the default 7-day time-to-live, DequeueCount
+/// 0), then the original deleted. A crash between the two leaves both; the
+/// key makes the second a duplicate. Logged `aqw.message.expiry_rescued`,
+/// counted `aqw_expiry_rescued_total`.
+pub async fn rescue_expiring(rt: &FunctionRuntime) -> usize {
+    let now = crate::clock::now_utc();
+    let margin = time::Duration::try_from(EXPIRY_MARGIN).unwrap_or(time::Duration::MAX);
+    let Ok(peeked) = rt.source.peek(32).await else {
+        return 0;
+    };
+    let due = peeked
+        .iter()
+        .filter(|m| m.expiration_time - now <= margin)
+        .count();
+    if due == 0 {
+        return 0;
+    }
+    let Ok(received) = rt.source.receive(due as u8, Duration::from_secs(60)).await else {
+        return 0;
+    };
+    let mut rescued = 0;
+    for m in received {
+        if m.expiration_time - now > margin {
+            // Not one of the expiring ones after all: give it back now.
+            let _ = rt
+                .source
+                .update_visibility(&m.id, &m.pop_receipt, &m.text, Duration::ZERO)
+                .await;
+            continue;
+        }
+        if rt
+            .source
+            .put(&m.text, Duration::ZERO, crate::storage::Ttl::Default)
+            .await
+            .is_err()
+        {
+            continue;
+        }
+        let _ = rt.source.delete(&m.id, &m.pop_receipt).await;
+        rescued += 1;
+        warn!(event = "aqw.message.expiry_rescued", function = %rt.function.name, message_id = %m.id, expires = %m.expiration_time, "a held message was about to expire unseen: put back as a fresh copy");
+        metrics::counter!("aqw_expiry_rescued_total", "function" => rt.function.name.clone())
+            .increment(1);
+    }
+    rescued
+}
 
 /// Write this worker's poll heartbeat without holding up the loop; a failed
 /// write only makes `aqw status` say the queue is not polled.

@@ -365,13 +365,20 @@ async fn ttl_expiry(q: &dyn QueueStore) -> CheckResult {
             .await,
     )?;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let peeked: Vec<String> = ok("peek", q.peek(32).await)?
-        .into_iter()
-        .map(|m| m.text)
-        .collect();
+    let peeked_messages = ok("peek", q.peek(32).await)?;
+    let peeked: Vec<String> = peeked_messages.iter().map(|m| m.text.clone()).collect();
     ensure!(
         peeked == ["never", "default", "ten"],
         "short expired: {peeked:?}"
+    );
+    // A peek tells when each message expires, as a receive does.
+    let ten = peeked_messages.iter().find(|m| m.text == "ten");
+    ensure!(
+        ten.is_some_and(
+            |m| (m.expiration_time - m.insertion_time - time::Duration::minutes(10)).abs()
+                <= time::Duration::seconds(1)
+        ),
+        "peeked expiration time: {ten:?}"
     );
     ensure!(
         ok("count", q.approximate_count().await)? == 3,

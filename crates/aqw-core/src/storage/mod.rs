@@ -102,6 +102,8 @@ pub struct PeekedMessage {
     pub dequeue_count: u32,
     /// When the message was put on the queue.
     pub insertion_time: OffsetDateTime,
+    /// When the service deletes it unread (its time-to-live ends).
+    pub expiration_time: OffsetDateTime,
     /// The message text exactly as stored (still encoded).
     pub text: String,
 }

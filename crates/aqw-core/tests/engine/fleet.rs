@@ -372,3 +372,45 @@ async fn a_rate_limited_provider_walks_no_job_to_poison() {
         "a refusal spends no attempt: every call was a first delivery"
     );
 }
+
+/// No message expires unseen while held (issue 37): a function paused
+/// longer than its messages' time-to-live keeps them (each put back as a
+/// fresh copy before it expires), and after the resume each runs once.
+#[tokio::test(start_paused = true)]
+async fn a_pause_longer_than_the_messages_ttl_loses_none() {
+    use aqw_core::control::ControlStore;
+    use aqw_core::storage::{Storage, Ttl};
+    let env = Env::new(|_, _| Behave::Succeed);
+    let control = ControlStore::new(env.storage.table(&env.control_table));
+    control
+        .pause(&env.function, "oncall", "ledger maintenance")
+        .await
+        .expect("pause");
+    let running = start(env.worker());
+    let q = env.storage.queue(&env.queue);
+    q.create_if_missing().await.expect("create the queue");
+    let mut keys = Vec::new();
+    for n in 0..5 {
+        let job = env.job(&format!("t{n}"));
+        q.put(
+            &job.text,
+            Duration::ZERO,
+            Ttl::After(Duration::from_secs(7200)),
+        )
+        .await
+        .expect("put");
+        keys.push(job.key.clone());
+    }
+    // Three hours of pause: past the messages' two-hour time-to-live.
+    tokio::time::sleep(Duration::from_secs(3 * 3600)).await;
+    assert_eq!(env.source_depth().await, 5, "every held message kept");
+    assert!(env.provider.calls().is_empty(), "nothing ran while paused");
+    control
+        .resume(&env.function, "oncall")
+        .await
+        .expect("resume");
+    env.drained(minutes(5)).await;
+    running.stop().await;
+    env.provider.assert_applied_once(&keys);
+    assert!(env.records().await.is_empty());
+}

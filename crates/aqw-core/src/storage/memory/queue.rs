@@ -196,6 +196,7 @@ impl QueueStore for MemoryQueue {
                 Some(PeekedMessage {
                     dequeue_count: m.dequeue_count,
                     insertion_time: wire(m.inserted),
+                    expiration_time: wire(m.expires),
                     text: m.text.clone(),
                     id,
                 })
