@@ -157,7 +157,19 @@ async fn run_and_settle(
         }
         HandlerRun::Finished(Err(e)) => failed_attempt(e),
     };
-    if let Some(after) = crate::decide::later(&attempt, ctx.deferred_for(), policy) {
+    // Only a refusal with a delay can be a "later": the key's age is read
+    // (a time parse) for those alone, not on every job.
+    let said_later = matches!(
+        attempt,
+        AttemptResult::Failed {
+            retry_after: Some(_),
+            ..
+        }
+    );
+    if let Some(after) = said_later
+        .then(|| crate::decide::later(&attempt, ctx.deferred_for(), policy))
+        .flatten()
+    {
         // The provider said "later" (a rate limit): not a failure of the
         // provider nor of the job, so it neither counts toward the breaker
         // nor spends an attempt.
