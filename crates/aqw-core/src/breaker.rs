@@ -184,6 +184,9 @@ const PROBE_POLL: Duration = Duration::from_millis(200);
 /// count up to a full batch.
 pub const RAMP_STEP: Duration = Duration::from_secs(1);
 
+/// Ramp steps after a close: from the probe count to 2^10 times it.
+pub const RAMP_STEPS: u32 = 10;
+
 /// One function's breaker.
 #[derive(Debug, Clone)]
 pub struct Breaker {
@@ -244,6 +247,19 @@ impl Breaker {
         }
     }
 
+    /// Another replica's probe closed the fleet's breaker after this
+    /// replica's own last transition: an own open or probing breaker closes
+    /// too (as if its own probe had succeeded), as a following one does.
+    pub fn release_any(&mut self, now: Instant) -> Option<Transition> {
+        match self.state {
+            State::Closed => None,
+            _ => {
+                self.close(now);
+                Some(Transition::Released)
+            }
+        }
+    }
+
     /// The fleet's breaker closed: a following breaker closes too, and
     /// ramps up from the probe count.
     pub fn release(&mut self, now: Instant) -> Option<Transition> {
@@ -256,16 +272,14 @@ impl Breaker {
         }
     }
 
-    /// How many of `want` a closed breaker lets through `since` it closed:
-    /// the probe count, doubling every [`RAMP_STEP`].
-    fn ramped(&self, now: Instant, want: u32) -> u32 {
-        let Some(at) = self.closed_at else {
-            return want;
-        };
+    /// While a closed breaker ramps up after an opening: how many jobs
+    /// may be in flight now, the probe count doubling every [`RAMP_STEP`]
+    /// since the close; `None` once the ramp is over (after
+    /// [`RAMP_STEPS`] steps) or when it never opened.
+    pub fn allowance(&self, now: Instant) -> Option<u32> {
+        let at = self.closed_at.filter(|_| self.state == State::Closed)?;
         let steps = now.saturating_duration_since(at).as_millis() / RAMP_STEP.as_millis().max(1);
-        let allowance = u64::from(self.settings.probes.max(1)) << steps.min(20);
-        want.min(u32::try_from(allowance).unwrap_or(u32::MAX))
-            .max(1)
+        (steps < u128::from(RAMP_STEPS)).then(|| self.settings.probes.max(1) << steps)
     }
 
     /// The cool-down of the current (or next) opening.
@@ -276,7 +290,7 @@ impl Breaker {
     /// Before a receive of up to `want` messages: how many may be received.
     pub fn admit(&mut self, now: Instant, want: u32) -> (Admission, Option<Transition>) {
         match self.state {
-            State::Closed => (Admission::Receive(self.ramped(now, want)), None),
+            State::Closed => (Admission::Receive(want), None),
             State::Open { until } | State::Following { until } if now < until => {
                 (Admission::Wait(until - now), None)
             }
@@ -507,12 +521,7 @@ mod tests {
             Admit(2000, 8, Admission::Receive(1), "half-open"),
             Admit(2100, 8, Admission::Wait(PROBE_POLL), "half-open"),
             Record(2200, OK, "closed", Some("closed")),
-            // Concurrency ramps up after the close (issue 37): the probe
-            // count, doubling every RAMP_STEP, up to the batch.
-            Admit(2300, 8, Admission::Receive(1), "closed"),
-            Admit(3200, 8, Admission::Receive(2), "closed"),
-            Admit(4200, 8, Admission::Receive(4), "closed"),
-            Admit(5200, 8, Admission::Receive(8), "closed"),
+            Admit(2300, 8, Admission::Receive(8), "closed"),
         ]);
     }
 
@@ -553,8 +562,12 @@ mod tests {
         b.follow(at(10_000));
         assert_eq!(b.release(at(1000)), Some(Transition::Released));
         assert_eq!(b.state(), State::Closed);
-        assert_eq!(b.admit(at(1000), 8).0, Admission::Receive(1));
-        assert_eq!(b.admit(at(4000), 8).0, Admission::Receive(8));
+        // Concurrency ramps up after the close (issue 37): the jobs in
+        // flight are capped by the probe count, doubling every RAMP_STEP.
+        assert_eq!(b.allowance(at(1000)), Some(1));
+        assert_eq!(b.allowance(at(2000)), Some(2));
+        assert_eq!(b.allowance(at(4000)), Some(8));
+        assert_eq!(b.allowance(at(1000 + 10_000)), None, "the ramp ends");
     }
 
     #[test]

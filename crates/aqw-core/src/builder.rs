@@ -176,37 +176,48 @@ impl WorkerBuilder {
             return Err(err("lease", "must be between 1 second and 7 days"));
         }
         let mut app = self.app;
-        for (f, _, _) in &self.functions {
+        let mut functions = Vec::new();
+        for (mut f, storage, handler) in self.functions {
             if app.functions.iter().any(|g| g.name == f.name) {
                 return Err(err(
                     &format!("functions.{}", f.name),
                     "two functions have this name",
                 ));
             }
-            if let Err(m) = crate::config::validate_queue_name(&f.queue)
-                .and_then(|()| crate::config::validate_function_name(&f.name))
-            {
+            if let Err(m) = crate::config::validate_function_name(&f.name) {
+                return Err(err(&format!("functions.{}", f.name), &m));
+            }
+            if let Err(m) = crate::config::validate_queue_name(&f.queue) {
                 return Err(err(&format!("functions.{}.queue", f.name), &m));
             }
-            app.functions.push(f.clone());
-        }
-        let app = Arc::new(app);
-        let mut runtimes = Vec::new();
-        for (f, storage, handler) in self.functions {
             let Some(storage) = storage.or_else(|| self.storage.clone()) else {
                 return Err(err(
                     &format!("functions.{}", f.name),
                     "no storage (use WorkerBuilder::new or function_on)",
                 ));
             };
-            runtimes.push(Arc::new(FunctionRuntime::new(
-                app.clone(),
-                f,
-                storage.as_ref(),
-                handler,
-                self.alerts.clone(),
-            )));
+            if f.connection.setting == "embedded" {
+                // Functions on different storages given in code must not
+                // share a control read or a sweep: name the account by the
+                // storage itself.
+                f.connection.setting = format!("embedded@{:p}", Arc::as_ptr(&storage));
+            }
+            app.functions.push(f.clone());
+            functions.push((f, storage, handler));
         }
+        let app = Arc::new(app);
+        let runtimes = functions
+            .into_iter()
+            .map(|(f, storage, handler)| {
+                Arc::new(FunctionRuntime::new(
+                    app.clone(),
+                    f,
+                    storage.as_ref(),
+                    handler,
+                    self.alerts.clone(),
+                ))
+            })
+            .collect();
         Ok(Worker { app, runtimes })
     }
 }

@@ -29,6 +29,7 @@ mod col {
     pub(super) const BREAKER_AT: &str = "BreakerChangedAt";
     pub(super) const BREAKER_REASON: &str = "BreakerReason";
     pub(super) const BREAKER_WORKER: &str = "BreakerWorker";
+    pub(super) const BREAKER_COOL_DOWN: &str = "BreakerCoolDownSeconds";
 }
 
 /// An operator's pause.
@@ -53,6 +54,10 @@ pub struct PublishedBreaker {
     pub reason: String,
     /// The id of the worker that published it.
     pub worker: String,
+    /// How long the publisher's breaker stays open (an `open` row), so
+    /// the replicas following it wait as long.
+    #[serde(skip)]
+    pub cool_down: Option<Duration>,
 }
 
 /// One function's control row, read.
@@ -83,6 +88,11 @@ impl Control {
             at: s(col::BREAKER_AT),
             reason: s(col::BREAKER_REASON),
             worker: s(col::BREAKER_WORKER),
+            cool_down: e
+                .get(col::BREAKER_COOL_DOWN)
+                .and_then(|v| v.as_f64())
+                .filter(|s| s.is_finite() && *s >= 0.0 && *s <= 7.0 * 86_400.0)
+                .map(Duration::from_secs_f64),
         });
         Self { pause, breaker }
     }
@@ -155,9 +165,15 @@ impl ControlStore {
         state: &str,
         reason: &str,
         worker: &str,
+        cool_down: Option<Duration>,
     ) -> StorageResult<()> {
         let mut u = Entity::new();
         u.insert(col::BREAKER.into(), json!(state));
+        // Written with every opening (a later `open` row always carries its
+        // own); other states leave it as it was: nulls are not stored.
+        if let Some(d) = cool_down {
+            u.insert(col::BREAKER_COOL_DOWN.into(), json!(d.as_secs_f64()));
+        }
         u.insert(col::BREAKER_AT.into(), json!(now_rfc3339()));
         u.insert(col::BREAKER_REASON.into(), json!(reason));
         u.insert(col::BREAKER_WORKER.into(), json!(worker));

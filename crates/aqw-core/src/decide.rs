@@ -37,6 +37,9 @@ pub struct Policy {
 /// such as Stripe remember an `Idempotency-Key`.
 pub const DEFAULT_MAX_DEFERRAL: Duration = Duration::from_secs(24 * 3600);
 
+/// The shortest wait a "later" gets.
+pub const MIN_LATER: Duration = Duration::from_secs(1);
+
 /// The provider said "later": a refusal that did not apply the request and
 /// came with a delay (429 with `Retry-After`, or any declared refusal with
 /// one). Such a job waits as a fresh copy after the delay, without spending
@@ -55,8 +58,14 @@ pub fn later(
             retry_after: Some(after),
             uncertain: false,
             ..
-        } if deferred_for.is_some_and(|age| age < policy.max_deferral) => {
-            Some((*after).min(MAX_RETRY_DELAY))
+        } => {
+            let left = policy
+                .max_deferral
+                .checked_sub(deferred_for?)
+                .filter(|left| !left.is_zero())?;
+            // At least a second (a `Retry-After: 0` or a date in the past
+            // would make a hot loop), and never past the deferral's end.
+            Some((*after).max(MIN_LATER).min(left).min(MAX_RETRY_DELAY))
         }
         _ => None,
     }
@@ -399,6 +408,39 @@ mod tests {
         for (name, f, attempt, want) in rows {
             assert_eq!(fate(&f, &attempt, &p, 0.5), want, "{name}");
         }
+    }
+
+    #[test]
+    fn a_later_waits_at_least_a_second_and_never_past_the_deferral() {
+        let p = Policy {
+            max_deferral: Duration::from_secs(100),
+            ..policy()
+        };
+        let later_of = |after: u64, age: Option<u64>| {
+            let a = AttemptResult::Failed {
+                kind: ErrorKind::Retryable,
+                message: "HTTP 429",
+                retry_after: Some(Duration::from_secs(after)),
+                uncertain: false,
+            };
+            later(&a, age.map(Duration::from_secs), &p)
+        };
+        assert_eq!(later_of(0, Some(0)), Some(MIN_LATER), "Retry-After: 0");
+        assert_eq!(later_of(30, Some(10)), Some(Duration::from_secs(30)));
+        assert_eq!(
+            later_of(30, Some(90)),
+            Some(Duration::from_secs(10)),
+            "capped at the end"
+        );
+        assert_eq!(later_of(30, Some(100)), None, "deferral over: a failure");
+        assert_eq!(later_of(30, None), None, "keyless: a failure");
+        let uncertain = AttemptResult::Failed {
+            kind: ErrorKind::Retryable,
+            message: "HTTP 503",
+            retry_after: Some(Duration::from_secs(5)),
+            uncertain: true,
+        };
+        assert_eq!(later(&uncertain, Some(Duration::ZERO), &p), None);
     }
 
     /// Serve mode, held at the last attempt: a record, not a silent host poison.

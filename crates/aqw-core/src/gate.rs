@@ -38,6 +38,9 @@ struct BreakerState {
     breaker: Breaker,
     /// The last counted failure's text, for the transition's message.
     last_error: Option<String>,
+    /// When this replica's breaker last changed state by itself (a newer
+    /// `closed` of another replica closes it too).
+    own_at: Option<time::OffsetDateTime>,
 }
 
 impl Gate {
@@ -66,6 +69,7 @@ impl Gate {
                 Mutex::new(BreakerState {
                     breaker: Breaker::new(s),
                     last_error: None,
+                    own_at: None,
                 })
             }),
         }
@@ -108,6 +112,13 @@ impl Gate {
         b.breaker.holds().then(|| b.breaker.cool_down())
     }
 
+    /// While the breaker ramps up after a close: the most jobs that may be
+    /// in flight now (`None`: no limit beyond the batch).
+    pub fn allowance(&self) -> Option<u32> {
+        let b = self.breaker.as_ref()?.lock().unwrap();
+        b.breaker.allowance(Instant::now())
+    }
+
     /// How one attempt ended; `error` is the failure's text.
     pub fn record(&self, attempt: Attempt, error: Option<&str>) {
         let Some(b) = &self.breaker else { return };
@@ -128,7 +139,10 @@ impl Gate {
         let function = self.function.clone();
         let (gauge, cause) = {
             let b = self.breaker.as_ref().expect("only a breaker transitions");
-            let b = b.lock().unwrap();
+            let mut b = b.lock().unwrap();
+            if t.own() {
+                b.own_at = Some(crate::clock::now_utc());
+            }
             (b.breaker.state().gauge(), b.last_error.clone())
         };
         let summary = summary(&function, t, cause.as_deref());
@@ -155,9 +169,15 @@ impl Gate {
             "worker": self.worker_id,
         }));
         let (control, worker, state) = (self.control.clone(), self.worker_id.clone(), t.to());
+        let cool_down = match t {
+            Transition::Opened { cool_down, .. } | Transition::Reopened { cool_down } => {
+                Some(*cool_down)
+            }
+            _ => None,
+        };
         tokio::spawn(async move {
             if let Err(e) = control
-                .publish_breaker(&function, state, &summary, &worker)
+                .publish_breaker(&function, state, &summary, &worker, cool_down)
                 .await
             {
                 warn!(function = %function, error = %e, "could not publish the breaker state");
@@ -264,18 +284,35 @@ impl Gate {
         let transition = {
             let mut b = b.lock().unwrap();
             let settings = *b.breaker.settings();
+            let age = published_age(&p.at);
             match p.state.as_str() {
-                "open" | "half-open" => {
-                    let age = published_age(&p.at);
-                    if age > settings.max_cool_down + STALE_MARGIN {
-                        None
+                "open" | "half-open" if age <= settings.max_cool_down + STALE_MARGIN => {
+                    // An open row: as long as its publisher stays open (the
+                    // cool-down it wrote; the longest one when it wrote none);
+                    // a probing one: a cool-down for its verdict. Counted from
+                    // the row's own time, so reading the same row again does
+                    // not push the deadline further.
+                    let base = match (p.state.as_str(), p.cool_down) {
+                        ("open", Some(c)) => c,
+                        ("open", None) => settings.max_cool_down,
+                        _ => settings.cool_down,
+                    };
+                    let wait =
+                        (base + spread(&self.worker_id, settings.cool_down)).saturating_sub(age);
+                    b.breaker.follow(now + wait)
+                }
+                "closed" => {
+                    let at = published_at(&p.at);
+                    let newer = match (at, b.own_at) {
+                        (Some(row), Some(own)) => row > own,
+                        _ => false,
+                    };
+                    if newer {
+                        b.breaker.release_any(now)
                     } else {
-                        let wait = settings.cool_down.saturating_sub(age)
-                            + spread(&self.worker_id, settings.cool_down);
-                        b.breaker.follow(now + wait)
+                        b.breaker.release(now)
                     }
                 }
-                "closed" => b.breaker.release(now),
                 _ => None,
             }
         };
@@ -289,10 +326,14 @@ impl Gate {
 /// gone (it republishes at every half-open and reopening).
 const STALE_MARGIN: Duration = Duration::from_secs(30);
 
+/// A row's RFC 3339 time, if readable.
+fn published_at(at: &str) -> Option<time::OffsetDateTime> {
+    time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339).ok()
+}
+
 /// How long ago a row's RFC 3339 time was (zero when unreadable or ahead).
 fn published_age(at: &str) -> Duration {
-    time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339)
-        .ok()
+    published_at(at)
         .map(|t| crate::clock::now_utc() - t)
         .and_then(|d| Duration::try_from(d).ok())
         .unwrap_or_default()

@@ -31,14 +31,32 @@ pub async fn poll_loop(
 ) {
     let app = rt.app.clone();
     let batch = app.batch_size;
-    let permits = Arc::new(Semaphore::new((batch + app.new_batch_threshold) as usize));
+    let capacity = batch + app.new_batch_threshold;
+    let permits = Arc::new(Semaphore::new(capacity as usize));
     let mut empty_polls = 0u32;
     let mut failures = 0u32;
     let mut heartbeat = crate::heartbeat::Pacer::default();
+    // When the expiry guard last looked (kept across holds, so a breaker
+    // whose probes come and go still looks every interval).
+    let mut last_rescue = Instant::now();
     loop {
         // Paused, or the breaker open: receive nothing (in-flight jobs go on).
-        let Some(want) = admitted(&rt, batch, &shutdown).await else {
+        let Some(want) = admitted(&rt, batch, &shutdown, &mut last_rescue).await else {
             break;
+        };
+        // After a close the breaker ramps concurrency up: its allowance caps
+        // the jobs in flight, not only one receive.
+        let in_flight = capacity.saturating_sub(permits.available_permits() as u32);
+        let want = match rt.gate.allowance() {
+            Some(allowed) if in_flight >= allowed => {
+                tokio::select! {
+                    _ = tokio::time::sleep(RAMP_POLL) => {}
+                    _ = shutdown.cancelled() => break,
+                }
+                continue;
+            }
+            Some(allowed) => want.min(allowed - in_flight),
+            None => want,
         };
         // Take the permits before receiving: poll only when in-flight ≤ newBatchThreshold.
         let mut owned = tokio::select! {
@@ -113,16 +131,19 @@ fn polled(rt: &Arc<FunctionRuntime>, health: &Health, heartbeat: &mut crate::hea
 /// (None at shutdown).
 /// While held, the queue is looked at every [`EXPIRY_GUARD_INTERVAL`] for
 /// messages about to expire ([`rescue_expiring`]).
-async fn admitted(rt: &FunctionRuntime, batch: u32, shutdown: &CancellationToken) -> Option<u32> {
-    let mut held_since: Option<Instant> = None;
+async fn admitted(
+    rt: &FunctionRuntime,
+    batch: u32,
+    shutdown: &CancellationToken,
+    last_rescue: &mut Instant,
+) -> Option<u32> {
     loop {
         match rt.gate.admit(batch) {
             Admission::Receive(n) => return Some(n),
             Admission::Wait(d) => {
-                let since = *held_since.get_or_insert_with(Instant::now);
-                if since.elapsed() >= EXPIRY_GUARD_INTERVAL {
+                if last_rescue.elapsed() >= EXPIRY_GUARD_INTERVAL {
                     rescue_expiring(rt).await;
-                    held_since = Some(Instant::now());
+                    *last_rescue = Instant::now();
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(d.min(GATE_POLL)) => {}
@@ -137,6 +158,13 @@ async fn admitted(rt: &FunctionRuntime, batch: u32, shutdown: &CancellationToken
 /// or the end of a cool-down is noticed at once.
 const GATE_POLL: Duration = Duration::from_millis(500);
 
+/// How long a ramping loop at its allowance waits before looking again.
+const RAMP_POLL: Duration = Duration::from_millis(100);
+
+/// The most messages one look of the expiry guard puts back (rounds of a
+/// peek of 32), so a held backlog is walked front to back, bounded.
+const RESCUE_ROUNDS: usize = 20;
+
 /// How often a held function (paused, breaker open or following) looks at
 /// the front of its queue for messages about to expire: one peek per
 /// interval per held function and replica.
@@ -149,50 +177,52 @@ pub const EXPIRY_MARGIN: Duration = Duration::from_secs(900);
 /// No message expires unseen while aqw holds it back (issue 37): Azure
 /// deletes an expired message silently, so while a function is held, the
 /// oldest messages (the front of the queue, which expire first) are peeked,
-/// and each whose time-to-live ends within [`EXPIRY_MARGIN`] is put back as
-/// a fresh copy (the same text, the default 7-day time-to-live, DequeueCount
-/// 0), then the original deleted. A crash between the two leaves both; the
+/// and while the peek finds any whose time-to-live ends within
+/// [`EXPIRY_MARGIN`], as many are received and put back as fresh copies
+/// (the same text, the default 7-day time-to-live, DequeueCount 0), then
+/// the originals deleted; at most [`RESCUE_ROUNDS`] rounds a look. A crash between the two leaves both; the
 /// key makes the second a duplicate. Logged `aqw.message.expiry_rescued`,
 /// counted `aqw_expiry_rescued_total`.
 pub async fn rescue_expiring(rt: &FunctionRuntime) -> usize {
-    let now = crate::clock::now_utc();
     let margin = time::Duration::try_from(EXPIRY_MARGIN).unwrap_or(time::Duration::MAX);
-    let Ok(peeked) = rt.source.peek(32).await else {
-        return 0;
-    };
-    let due = peeked
-        .iter()
-        .filter(|m| m.expiration_time - now <= margin)
-        .count();
-    if due == 0 {
-        return 0;
-    }
-    let Ok(received) = rt.source.receive(due as u8, Duration::from_secs(60)).await else {
-        return 0;
-    };
     let mut rescued = 0;
-    for m in received {
-        if m.expiration_time - now > margin {
-            // Not one of the expiring ones after all: give it back now.
-            let _ = rt
+    for _ in 0..RESCUE_ROUNDS {
+        let now = crate::clock::now_utc();
+        let Ok(peeked) = rt.source.peek(32).await else {
+            break;
+        };
+        let due = peeked
+            .iter()
+            .filter(|m| m.expiration_time - now <= margin)
+            .count();
+        if due == 0 {
+            break;
+        }
+        let Ok(received) = rt.source.receive(due as u8, Duration::from_secs(60)).await else {
+            break;
+        };
+        if received.is_empty() {
+            break;
+        }
+        // Every message received here is put back as a fresh copy, the due
+        // ones and any other the receive returned: handing one back would
+        // raise its DequeueCount, and rounds of that would walk it past the
+        // cap without a run.
+        for m in received {
+            if rt
                 .source
-                .update_visibility(&m.id, &m.pop_receipt, &m.text, Duration::ZERO)
-                .await;
-            continue;
+                .put(&m.text, Duration::ZERO, crate::storage::Ttl::Default)
+                .await
+                .is_err()
+            {
+                continue;
+            }
+            let _ = rt.source.delete(&m.id, &m.pop_receipt).await;
+            rescued += 1;
+            warn!(event = "aqw.message.expiry_rescued", function = %rt.function.name, message_id = %m.id, expires = %m.expiration_time, "a held message was about to expire unseen: put back as a fresh copy");
+            metrics::counter!("aqw_expiry_rescued_total", "function" => rt.function.name.clone())
+                .increment(1);
         }
-        if rt
-            .source
-            .put(&m.text, Duration::ZERO, crate::storage::Ttl::Default)
-            .await
-            .is_err()
-        {
-            continue;
-        }
-        let _ = rt.source.delete(&m.id, &m.pop_receipt).await;
-        rescued += 1;
-        warn!(event = "aqw.message.expiry_rescued", function = %rt.function.name, message_id = %m.id, expires = %m.expiration_time, "a held message was about to expire unseen: put back as a fresh copy");
-        metrics::counter!("aqw_expiry_rescued_total", "function" => rt.function.name.clone())
-            .increment(1);
     }
     rescued
 }

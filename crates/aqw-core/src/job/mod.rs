@@ -170,9 +170,12 @@ async fn run_and_settle(
         .then(|| crate::decide::later(&attempt, ctx.deferred_for(), policy))
         .flatten()
     {
-        // The provider said "later" (a rate limit): not a failure of the
-        // provider nor of the job, so it neither counts toward the breaker
-        // nor spends an attempt.
+        // The provider said "later" (a rate limit): it spends no attempt.
+        // It still counts toward the breaker: a provider answering "later"
+        // to nearly every call (a 503 with Retry-After, a gateway in
+        // maintenance) is down for the fleet, which then holds instead of
+        // calling it at full concurrency.
+        tell_breaker(ctx.rt, &attempt, facts.dequeue_count);
         let reason = match &attempt {
             AttemptResult::Failed { message, .. } => message.to_string(),
             _ => String::new(),

@@ -157,11 +157,17 @@ impl Settling<'_> {
             // nothing about this message; it is parked as a fresh copy
             // rather than walked to poison by an outage.
             Fate::Poison(case)
-                if matches!(case.kind, ErrorKind::Retryable | ErrorKind::Timeout)
-                    && self.rt.gate.holds().is_some() =>
+                if matches!(case.kind, ErrorKind::Retryable | ErrorKind::Timeout) =>
             {
-                self.retry(Duration::ZERO, &case.reason, case.uncertain)
-                    .await
+                // The hold is read once: a breaker closing meanwhile must not
+                // turn this into a plain retry at the cap.
+                match self.rt.gate.holds() {
+                    Some(cool_down) => {
+                        self.park_failure(cool_down, &case.reason, case.uncertain)
+                            .await
+                    }
+                    None => self.poison(case).await,
+                }
             }
             Fate::Poison(case) => self.poison(case).await,
         }
@@ -239,6 +245,18 @@ impl Settling<'_> {
         Duration::try_from(crate::clock::now_utc() - at)
             .ok()
             .or(Some(Duration::ZERO))
+    }
+
+    /// A failure while the breaker holds: note it on the key, then park.
+    async fn park_failure(&self, cool_down: Duration, message: &str, uncertain: bool) -> Outcome {
+        if let Some(c) = &self.claim {
+            if let Err(FinishError::Storage(e)) =
+                self.rt.keys.record_failure(c, message, uncertain).await
+            {
+                return abandoned(e);
+            }
+        }
+        self.park(cool_down).await
     }
 
     /// The provider said "later": note it on the key (refused, not
