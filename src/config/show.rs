@@ -134,21 +134,7 @@ pub fn effective(app: &AppConfig, look: &Lookup) -> Vec<Setting> {
         secs(app.max_deferral),
         look.host("/aqw/maxDeferral"),
     );
-    row(
-        "tables.keys",
-        app.keys_table.clone(),
-        look.host("/aqw/tables/keys"),
-    );
-    row(
-        "tables.poison",
-        app.poison_table.clone(),
-        look.host("/aqw/tables/poison"),
-    );
-    row(
-        "tables.heartbeats",
-        app.heartbeat_table.clone(),
-        look.host("/aqw/tables/heartbeats"),
-    );
+    table_rows(app, look, &mut row);
     let port = app.http_port.map_or("off".into(), |p| p.to_string());
     row("http.port", port, look.host("/aqw/http/port"));
     delivery_rows(app, look, &mut row);
@@ -157,6 +143,21 @@ pub fn effective(app: &AppConfig, look: &Lookup) -> Vec<Setting> {
         function_rows(f, look, &mut row);
     }
     out
+}
+
+/// The tables aqw keeps its keys, records and heartbeats in.
+fn table_rows(app: &AppConfig, look: &Lookup, row: &mut impl FnMut(&str, String, Source)) {
+    for (name, table) in [
+        ("keys", &app.keys_table),
+        ("poison", &app.poison_table),
+        ("heartbeats", &app.heartbeat_table),
+    ] {
+        row(
+            &format!("tables.{name}"),
+            table.clone(),
+            look.host(&format!("/aqw/tables/{name}")),
+        );
+    }
 }
 
 /// The alert's delivery and the gauges' refresh; the signing secret only

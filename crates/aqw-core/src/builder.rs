@@ -160,21 +160,7 @@ impl WorkerBuilder {
     /// Check the settings and build each function's runtime (nothing is
     /// touched in storage yet).
     pub fn build(self) -> Result<Worker, BuildError> {
-        let err = |setting: &str, message: &str| BuildError {
-            setting: setting.to_string(),
-            message: message.to_string(),
-        };
-        if !(1..=1000).contains(&self.app.max_dequeue_count) {
-            return Err(err("maxDequeueCount", "must be between 1 and 1000"));
-        }
-        if !(1..=32).contains(&self.app.batch_size) {
-            return Err(err("batchSize", "must be between 1 and 32"));
-        }
-        if self.app.lease < Duration::from_secs(1)
-            || self.app.lease > crate::storage::MAX_VISIBILITY_TIMEOUT
-        {
-            return Err(err("lease", "must be between 1 second and 7 days"));
-        }
+        check_settings(&self.app)?;
         let mut app = self.app;
         let mut functions = Vec::new();
         for (mut f, storage, handler) in self.functions {
@@ -220,6 +206,27 @@ impl WorkerBuilder {
             .collect();
         Ok(Worker { app, runtimes })
     }
+}
+
+fn err(setting: &str, message: &str) -> BuildError {
+    BuildError {
+        setting: setting.to_string(),
+        message: message.to_string(),
+    }
+}
+
+/// The app-wide settings an embedding binary can set out of range.
+fn check_settings(app: &AppConfig) -> Result<(), BuildError> {
+    if !(1..=1000).contains(&app.max_dequeue_count) {
+        return Err(err("maxDequeueCount", "must be between 1 and 1000"));
+    }
+    if !(1..=32).contains(&app.batch_size) {
+        return Err(err("batchSize", "must be between 1 and 32"));
+    }
+    if app.lease < Duration::from_secs(1) || app.lease > crate::storage::MAX_VISIBILITY_TIMEOUT {
+        return Err(err("lease", "must be between 1 second and 7 days"));
+    }
+    Ok(())
 }
 
 /// A built worker: run it until a shutdown token is cancelled.

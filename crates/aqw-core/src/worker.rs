@@ -36,27 +36,18 @@ pub async fn poll_loop(
     let mut empty_polls = 0u32;
     let mut failures = 0u32;
     let mut heartbeat = crate::heartbeat::Pacer::default();
-    // When the expiry guard last looked (kept across holds, so a breaker
-    // whose probes come and go still looks every interval).
     let mut last_rescue = Instant::now();
     loop {
         // Paused, or the breaker open: receive nothing (in-flight jobs go on).
         let Some(want) = admitted(&rt, batch, &shutdown, &mut last_rescue).await else {
             break;
         };
-        // After a close the breaker ramps concurrency up: its allowance caps
-        // the jobs in flight, not only one receive.
         let in_flight = capacity.saturating_sub(permits.available_permits() as u32);
-        let want = match rt.gate.allowance() {
-            Some(allowed) if in_flight >= allowed => {
-                tokio::select! {
-                    _ = tokio::time::sleep(RAMP_POLL) => {}
-                    _ = shutdown.cancelled() => break,
-                }
-                continue;
+        let Some(want) = within_ramp(&rt, want, in_flight) else {
+            tokio::select! {
+                _ = tokio::time::sleep(RAMP_POLL) => continue,
+                _ = shutdown.cancelled() => break,
             }
-            Some(allowed) => want.min(allowed - in_flight),
-            None => want,
         };
         // Take the permits before receiving: poll only when in-flight ≤ newBatchThreshold.
         let mut owned = tokio::select! {
@@ -76,18 +67,9 @@ pub async fn poll_loop(
             Ok(msgs) => {
                 failures = 0;
                 polled(&rt, &health, &mut heartbeat);
-                if msgs.is_empty() {
-                    empty_polls += 1;
-                    polling_delay(
-                        empty_polls,
-                        app.max_polling_interval,
-                        rand::thread_rng().gen(),
-                    )
-                } else {
-                    empty_polls = 0;
-                    spawn_jobs(&tracker, &rt, msgs, &mut owned, &hard_stop);
-                    Duration::ZERO
-                }
+                empty_polls = if msgs.is_empty() { empty_polls + 1 } else { 0 };
+                spawn_jobs(&tracker, &rt, msgs, &mut owned, &hard_stop);
+                next_poll(empty_polls, app.max_polling_interval)
             }
             Err(e) => receive_failed(&rt, &health, &mut failures, e).await,
         };
@@ -98,6 +80,25 @@ pub async fn poll_loop(
                 _ = shutdown.cancelled() => break,
             }
         }
+    }
+}
+
+/// How long to wait before the next receive: at once after messages came,
+/// Functions' back-off after `empty_polls` empty receives in a row.
+fn next_poll(empty_polls: u32, max_polling_interval: Duration) -> Duration {
+    if empty_polls == 0 {
+        return Duration::ZERO;
+    }
+    polling_delay(empty_polls, max_polling_interval, rand::thread_rng().gen())
+}
+
+/// `want` within the breaker's ramp after a close, whose allowance caps the
+/// jobs in flight (not only one receive); `None` while at the allowance.
+fn within_ramp(rt: &FunctionRuntime, want: u32, in_flight: u32) -> Option<u32> {
+    match rt.gate.allowance() {
+        Some(allowed) if in_flight >= allowed => None,
+        Some(allowed) => Some(want.min(allowed - in_flight)),
+        None => Some(want),
     }
 }
 
@@ -130,7 +131,9 @@ fn polled(rt: &Arc<FunctionRuntime>, health: &Health, heartbeat: &mut crate::hea
 /// How many messages the gate lets this loop receive, once it lets any
 /// (None at shutdown).
 /// While held, the queue is looked at every [`EXPIRY_GUARD_INTERVAL`] for
-/// messages about to expire ([`rescue_expiring`]).
+/// messages about to expire ([`rescue_expiring`]); `last_rescue` is the
+/// loop's, kept across holds, so a breaker whose probes come and go still
+/// looks every interval.
 async fn admitted(
     rt: &FunctionRuntime,
     batch: u32,

@@ -345,6 +345,20 @@ pub async fn queue_ttl_expiry(storage: &dyn Storage) -> CheckResult {
     with_queue_removed(&*q, result).await
 }
 
+/// A peek tells when each message expires, as a receive does (the
+/// ten-minute message of `ttl_expiry`).
+fn peek_tells_expiry(peeked: &[crate::storage::PeekedMessage]) -> CheckResult {
+    let ten = peeked.iter().find(|m| m.text == "ten");
+    ensure!(
+        ten.is_some_and(
+            |m| (m.expiration_time - m.insertion_time - time::Duration::minutes(10)).abs()
+                <= time::Duration::seconds(1)
+        ),
+        "peeked expiration time: {ten:?}"
+    );
+    Ok(())
+}
+
 async fn ttl_expiry(q: &dyn QueueStore) -> CheckResult {
     let short = ok(
         "put short",
@@ -371,15 +385,7 @@ async fn ttl_expiry(q: &dyn QueueStore) -> CheckResult {
         peeked == ["never", "default", "ten"],
         "short expired: {peeked:?}"
     );
-    // A peek tells when each message expires, as a receive does.
-    let ten = peeked_messages.iter().find(|m| m.text == "ten");
-    ensure!(
-        ten.is_some_and(
-            |m| (m.expiration_time - m.insertion_time - time::Duration::minutes(10)).abs()
-                <= time::Duration::seconds(1)
-        ),
-        "peeked expiration time: {ten:?}"
-    );
+    peek_tells_expiry(&peeked_messages)?;
     ensure!(
         ok("count", q.approximate_count().await)? == 3,
         "expired messages do not count"
