@@ -166,7 +166,7 @@ const RAMP_POLL: Duration = Duration::from_millis(100);
 
 /// The most messages one look of the expiry guard puts back (rounds of a
 /// peek of 32), so a held backlog is walked front to back, bounded.
-const RESCUE_ROUNDS: usize = 20;
+pub const RESCUE_ROUNDS: usize = 20;
 
 /// How often a held function (paused, breaker open or following) looks at
 /// the front of its queue for messages about to expire: one peek per
