@@ -55,6 +55,7 @@ pub use aqw_core::control;
 pub mod dashboard;
 pub use aqw_core::decide;
 pub use aqw_core::failpoint;
+pub use aqw_core::flow;
 pub use aqw_core::gate;
 pub mod handlers;
 pub use aqw_core::heartbeat;

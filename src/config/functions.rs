@@ -173,6 +173,7 @@ fn function_config(
     let handler = handler_spec(raw.handler.as_ref(), host_file, &path)?;
     let provider_key_window = provider_key_window(raw, host_file, &path)?;
     let breaker = super::breaker::breaker_for(host_file, app_breaker, raw.breaker.as_ref(), &name)?;
+    let limits = super::limits::limits(raw.limits.as_ref(), host_file, &path)?;
     let redact = crate::redact::Redaction::parse(raw.redact.as_deref().unwrap_or_default())
         .map_err(|m| f(&format!("{path}.redact"), m))?;
     Ok(FunctionConfig {
@@ -186,6 +187,7 @@ fn function_config(
         provider_key_window,
         breaker,
         redact,
+        limits,
     })
 }
 

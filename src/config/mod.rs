@@ -22,6 +22,7 @@
 mod alert;
 mod breaker;
 mod functions;
+mod limits;
 mod raw;
 mod retention;
 mod settings;

@@ -213,6 +213,25 @@ pub(super) struct RawFunction {
     pub(super) breaker: Option<RawBreaker>,
     /// JSON pointers whose values are masked wherever a payload is shown.
     pub(super) redact: Option<Vec<String>>,
+    /// Fleet-wide flow limits (checked in [`super::limits`]).
+    pub(super) limits: Option<RawLimits>,
+}
+
+/// `aqw.functions.<Name>.limits`.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawLimits {
+    pub(super) calls_per_second: Option<f64>,
+    pub(super) in_flight: Option<i64>,
+    pub(super) per_key: Option<RawPerKey>,
+}
+
+/// `aqw.functions.<Name>.limits.perKey`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawPerKey {
+    pub(super) key: String,
+    pub(super) in_flight: i64,
 }
 
 #[derive(Debug, Deserialize)]

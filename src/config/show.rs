@@ -245,7 +245,37 @@ fn function_rows(
         .or_else(|| look.setting(&format!("{}__accountName", f.connection.setting)))
         .unwrap_or(Source::Environment);
     row(&at("connection"), connection(&f.connection), conn_source);
-    let (handler, source) = match &f.handler {
+    let (handler, source) = handler_row(&f.handler, look, &h);
+    row(&at("handler"), handler, source);
+    let key = match &f.key {
+        KeySpec::Template(t) => format!("template {}", t.source()),
+        KeySpec::PayloadField => "the payload's idempotencyKey field".into(),
+        KeySpec::None => "none (naturally idempotent)".into(),
+    };
+    row(
+        &at("key"),
+        key,
+        look.host(&format!("/aqw/functions/{}/key", f.name)),
+    );
+    if !f.limits.is_empty() {
+        row(
+            &at("limits"),
+            limits(&f.limits),
+            look.host(&format!("/aqw/functions/{}/limits", f.name)),
+        );
+    }
+    if !f.redact.is_empty() {
+        row(
+            &at("redact"),
+            f.redact.pointers().join(", "),
+            look.host(&format!("/aqw/functions/{}/redact", f.name)),
+        );
+    }
+}
+
+/// The function's handler in one line, and where it was set.
+fn handler_row(handler: &HandlerSpec, look: &Lookup, at: &str) -> (String, Source) {
+    match handler {
         HandlerSpec::Http {
             url,
             timeout,
@@ -258,32 +288,29 @@ fn function_rows(
                 answers.replay_header.as_deref().unwrap_or("none"),
                 refused(&answers.refused_statuses)
             ),
-            look.host(&h),
+            look.host(at),
         ),
         HandlerSpec::Exec { command, .. } => (
             format!("exec {}", command.first().map(String::as_str).unwrap_or("")),
-            look.host(&h),
+            look.host(at),
         ),
         HandlerSpec::Registered => ("registered in code".into(), Source::Default),
-    };
-    row(&at("handler"), handler, source);
-    let key = match &f.key {
-        KeySpec::Template(t) => format!("template {}", t.source()),
-        KeySpec::PayloadField => "the payload's idempotencyKey field".into(),
-        KeySpec::None => "none (naturally idempotent)".into(),
-    };
-    row(
-        &at("key"),
-        key,
-        look.host(&format!("/aqw/functions/{}/key", f.name)),
-    );
-    if !f.redact.is_empty() {
-        row(
-            &at("redact"),
-            f.redact.pointers().join(", "),
-            look.host(&format!("/aqw/functions/{}/redact", f.name)),
-        );
     }
+}
+
+/// A function's flow limits in one line.
+fn limits(l: &crate::flow::FlowLimits) -> String {
+    let mut parts = Vec::new();
+    if let Some(r) = l.calls_per_second {
+        parts.push(format!("{r} calls/s"));
+    }
+    if let Some(n) = l.in_flight {
+        parts.push(format!("{n} in flight"));
+    }
+    if let Some(k) = &l.per_key {
+        parts.push(format!("{} in flight per {}", k.in_flight, k.key.source()));
+    }
+    format!("{} (fleet-wide)", parts.join(", "))
 }
 
 /// The value of a setting from its source (environment or local.settings.json).

@@ -128,6 +128,7 @@ pub mod contract;
 pub mod control;
 pub mod decide;
 pub mod failpoint;
+pub mod flow;
 pub mod gate;
 pub mod handler;
 pub mod heartbeat;

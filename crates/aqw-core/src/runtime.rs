@@ -39,6 +39,8 @@ pub struct FunctionRuntime {
     pub worker_id: String,
     /// The operator's pause and the circuit breaker, asked before receiving.
     pub gate: Arc<Gate>,
+    /// The fleet-wide flow limits, when the function has any.
+    pub flow: Option<Arc<crate::flow::Flow>>,
 }
 
 impl FunctionRuntime {
@@ -63,7 +65,14 @@ impl FunctionRuntime {
             alerts: alerts.clone(),
         };
         let worker_id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
-        let control = ControlStore::new(storage.table(&app.control_table));
+        let control_table = storage.table(&app.control_table);
+        let flow = crate::flow::Flow::new(
+            &function.name,
+            &worker_id,
+            control_table.clone(),
+            &function.limits,
+        );
+        let control = ControlStore::new(control_table);
         let gate = Gate::new(
             &function.name,
             &worker_id,
@@ -81,6 +90,7 @@ impl FunctionRuntime {
             handler,
             worker_id,
             gate: Arc::new(gate),
+            flow,
             function,
             app,
         }

@@ -59,19 +59,17 @@ pub async fn poll_loop(
         if rt.gate.paused() {
             continue;
         }
-        let received = tokio::select! {
-            r = rt.source.receive(want as u8, app.lease) => r,
-            _ = shutdown.cancelled() => break,
-        };
-        let delay = match received {
-            Ok(msgs) => {
+        let delay = match receive_within_limits(&rt, want, &shutdown).await {
+            Received::Messages(msgs, tickets) => {
                 failures = 0;
                 polled(&rt, &health, &mut heartbeat);
                 empty_polls = if msgs.is_empty() { empty_polls + 1 } else { 0 };
-                spawn_jobs(&tracker, &rt, msgs, &mut owned, &hard_stop);
+                spawn_jobs(&tracker, &rt, (msgs, tickets), &mut owned, &hard_stop);
                 next_poll(empty_polls, app.max_polling_interval)
             }
-            Err(e) => receive_failed(&rt, &health, &mut failures, e).await,
+            Received::Failed(e) => receive_failed(&rt, &health, &mut failures, e).await,
+            Received::OverLimit(wait) => wait,
+            Received::Shutdown => break,
         };
         drop(owned);
         if !delay.is_zero() {
@@ -82,6 +80,56 @@ pub async fn poll_loop(
         }
     }
 }
+
+/// What one receive under the function's flow limits gave.
+enum Received {
+    /// Messages (maybe none), each with its ticket when the function has limits.
+    Messages(Vec<ReceivedMessage>, Vec<crate::flow::Ticket>),
+    /// The receive failed.
+    Failed(StorageError),
+    /// A fleet-wide limit is reached: receive nothing for this long.
+    OverLimit(Duration),
+    /// Shutdown came first.
+    Shutdown,
+}
+
+/// Receive up to `want` messages, within the fleet-wide limits when the
+/// function has any ([`crate::flow`]): slots taken and calls reserved
+/// first, and what the receive did not use handed back.
+async fn receive_within_limits(
+    rt: &FunctionRuntime,
+    want: u32,
+    shutdown: &CancellationToken,
+) -> Received {
+    let grant = match &rt.flow {
+        None => None,
+        Some(flow) => match flow.before_receive(want).await {
+            Ok(g) => Some(g),
+            Err(wait) => return Received::OverLimit(wait.min(MAX_LIMIT_WAIT)),
+        },
+    };
+    let n = grant.as_ref().map_or(want, |g| g.receive);
+    let received = tokio::select! {
+        r = rt.source.receive(n as u8, rt.app.lease) => Some(r),
+        _ = shutdown.cancelled() => None,
+    };
+    let got = match &received {
+        Some(Ok(msgs)) => msgs.len() as u32,
+        _ => 0,
+    };
+    let tickets = match (&rt.flow, grant) {
+        (Some(flow), Some(grant)) => flow.after_receive(grant, got).await,
+        _ => Vec::new(),
+    };
+    match received {
+        None => Received::Shutdown,
+        Some(Ok(msgs)) => Received::Messages(msgs, tickets),
+        Some(Err(e)) => Received::Failed(e),
+    }
+}
+
+/// The longest a poll loop over a limit sleeps before asking again.
+const MAX_LIMIT_WAIT: Duration = Duration::from_secs(5);
 
 /// How long to wait before the next receive: at once after messages came,
 /// Functions' back-off after `empty_polls` empty receives in a row.
@@ -106,13 +154,15 @@ fn within_ramp(rt: &FunctionRuntime, want: u32, in_flight: u32) -> Option<u32> {
 fn spawn_jobs(
     tracker: &TaskTracker,
     rt: &Arc<FunctionRuntime>,
-    msgs: Vec<ReceivedMessage>,
+    (msgs, tickets): (Vec<ReceivedMessage>, Vec<crate::flow::Ticket>),
     owned: &mut OwnedSemaphorePermit,
     hard_stop: &CancellationToken,
 ) {
+    let mut tickets = tickets.into_iter();
     for msg in msgs {
         let permit = owned.split(1).expect("one permit per received message");
-        spawn_job(tracker, rt.clone(), msg, permit, hard_stop.clone());
+        let job = (msg, tickets.next());
+        spawn_job(tracker, rt.clone(), job, permit, hard_stop.clone());
     }
 }
 
@@ -275,7 +325,7 @@ async fn receive_failed(
 fn spawn_job(
     tracker: &TaskTracker,
     rt: Arc<FunctionRuntime>,
-    msg: ReceivedMessage,
+    (msg, ticket): (ReceivedMessage, Option<crate::flow::Ticket>),
     permit: tokio::sync::OwnedSemaphorePermit,
     hard_stop: CancellationToken,
 ) {
@@ -288,11 +338,15 @@ fn spawn_job(
     let trace = crate::traces::start_job(&span, producer_context(&rt, &msg).as_ref());
     tracker.spawn(
         async move {
+            // A call reserved under the rate limit starts at its slot.
+            if let Some(start) = ticket.as_ref().and_then(|t| t.start) {
+                tokio::time::sleep_until(start).await;
+            }
             let settle = QueueSettle::new(rt.source.clone(), &msg);
             let started = Instant::now();
             let outcome = process(&rt, &msg, &settle, &trace, &hard_stop).await;
             record_outcome(&rt.function.name, &outcome, started.elapsed(), &trace);
-            drop(permit);
+            drop((permit, ticket));
         }
         .instrument(span),
     );
@@ -401,6 +455,11 @@ pub async fn run_runtimes(
         })
         .collect();
     let sweeper = spawn_sweeper(app, rts, &shutdown);
+    // Slots held by jobs are renewed until the drain ends.
+    let flows_stop = CancellationToken::new();
+    for flow in rts.iter().filter_map(|rt| rt.flow.clone()) {
+        tokio::spawn(flow.renew(flows_stop.clone()));
+    }
     shutdown.cancelled().await;
     let _ = sweeper.await;
     health.draining.store(true, Ordering::Relaxed);
@@ -409,5 +468,6 @@ pub async fn run_runtimes(
         let _ = l.await;
     }
     drain(&tracker, &hard_stop, app.shutdown_timeout).await;
+    flows_stop.cancel();
     info!(event = "aqw.worker.stopped", "worker stopped");
 }

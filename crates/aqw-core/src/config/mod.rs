@@ -50,6 +50,8 @@ pub struct FunctionConfig {
     pub breaker: Option<crate::breaker::BreakerSettings>,
     /// `redact`: payload fields masked wherever a person sees a payload.
     pub redact: crate::redact::Redaction,
+    /// Fleet-wide flow limits (`aqw.functions.<Name>.limits`); none by default.
+    pub limits: crate::flow::FlowLimits,
 }
 
 impl FunctionConfig {
@@ -70,6 +72,7 @@ impl FunctionConfig {
             provider_key_window: None,
             breaker: Some(crate::breaker::BreakerSettings::default()),
             redact: crate::redact::Redaction::default(),
+            limits: crate::flow::FlowLimits::default(),
         }
     }
 

@@ -69,9 +69,11 @@ pub async fn process(
         first_attempt: None,
         trace,
     };
-    if let Some(after) = held_by_gate(rt, settle) {
-        return ctx.park(after).await;
-    }
+    // Held until the job settles: its slot under the per-key limit.
+    let _key_slot = match admit(rt, settle, &decoded).await {
+        Ok(slot) => slot,
+        Err(after) => return ctx.park(after).await,
+    };
     // Over the cap, the key's record decides first (see `decide`).
     let over_cap_record = match &key {
         Some(k) if msg.dequeue_count > policy.max_dequeue_count => {
@@ -94,6 +96,30 @@ pub async fn process(
     };
     failpoint::hit("claim.after");
     run_and_settle(&mut ctx, payload.to_string(), &facts, &policy, hard_stop).await
+}
+
+/// Whether the job may run now: how long to park it (a fresh copy, which
+/// spends no attempt) when the gate holds it ([`held_by_gate`]) or its
+/// key's value is at the function's per-key limit (`perKey`; jitter
+/// spreads the parked copies of one busy key); else its per-key slot.
+async fn admit(
+    rt: &FunctionRuntime,
+    settle: &dyn Settle,
+    decoded: &Result<String, String>,
+) -> Result<Option<crate::flow::Permit>, std::time::Duration> {
+    if let Some(after) = held_by_gate(rt, settle) {
+        return Err(after);
+    }
+    let (Some(flow), Ok(payload)) = (&rt.flow, decoded) else {
+        return Ok(None);
+    };
+    match flow.admit_key(payload).await {
+        crate::flow::KeyAdmission::Run(slot) => Ok(slot),
+        crate::flow::KeyAdmission::Park(after) => {
+            let jitter = rand::thread_rng().gen_range(0.5..1.5);
+            Err(after.mul_f64(jitter))
+        }
+    }
 }
 
 /// What is known of the key before claiming: only over the cap is its

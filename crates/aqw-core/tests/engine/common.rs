@@ -81,6 +81,12 @@ struct ProviderState {
     rule: Rule,
     /// How long each call takes (tokio time).
     delay: Duration,
+    /// When each call started (tokio time).
+    started: Vec<tokio::time::Instant>,
+    /// Calls in flight now, and the most at once: overall (`""`) and per
+    /// payload `tenant`.
+    in_flight: HashMap<String, u32>,
+    peak: HashMap<String, u32>,
 }
 
 /// The outside provider behind the test's handler: it deduplicates by the
@@ -96,6 +102,9 @@ impl Provider {
             applied: HashMap::new(),
             rule: Arc::new(rule),
             delay: Duration::ZERO,
+            started: vec![],
+            in_flight: HashMap::new(),
+            peak: HashMap::new(),
         })))
     }
 
@@ -118,11 +127,43 @@ impl Provider {
         Arc::new(ProviderHandler(self.clone()))
     }
 
+    /// The most calls that were in flight at once, overall (`None`) or for
+    /// one payload `tenant`.
+    pub fn peak_in_flight(&self, tenant: Option<&str>) -> u32 {
+        let group = tenant.map(|t| format!("tenant:{t}")).unwrap_or_default();
+        self.state().peak.get(&group).copied().unwrap_or(0)
+    }
+
+    /// When each call started, in order.
+    pub fn call_starts(&self) -> Vec<tokio::time::Instant> {
+        self.state().started.clone()
+    }
+
+    /// Count a call in (or out of, `delta` -1) flight, overall and for its tenant.
+    fn count_in_flight(&self, job: &Job, delta: i32) {
+        let tenant = serde_json::from_str::<Value>(&job.payload)
+            .ok()
+            .and_then(|v| v["tenant"].as_str().map(|t| format!("tenant:{t}")));
+        let mut st = self.state();
+        if delta > 0 {
+            st.started.push(tokio::time::Instant::now());
+        }
+        for group in std::iter::once(String::new()).chain(tenant) {
+            let n = st.in_flight.entry(group.clone()).or_default();
+            *n = n.saturating_add_signed(delta);
+            let now = *n;
+            let peak = st.peak.entry(group).or_default();
+            *peak = (*peak).max(now);
+        }
+    }
+
     async fn serve(&self, job: &Job) -> Result<Success, HandlerError> {
+        self.count_in_flight(job, 1);
         let delay = self.state().delay;
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
+        self.count_in_flight(job, -1);
         let key = job.key.as_ref().map(|k| k.to_string()).unwrap_or_default();
         let provider_key = job.provider_key.clone().unwrap_or_default();
         let mut st = self.state();

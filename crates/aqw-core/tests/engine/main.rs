@@ -25,6 +25,7 @@
 mod common;
 mod crashes;
 mod fleet;
+mod flow;
 mod outage;
 mod replay;
 mod retention;
