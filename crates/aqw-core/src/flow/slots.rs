@@ -118,6 +118,6 @@ mod tests {
         assert_eq!(h.len(), 2);
         assert_eq!(room(&h, "me", 2, 10, 16), 5);
         assert_eq!(room(&h, "me", 7, 10, 16), 0);
-        assert_eq!(room(&h, "a", 3, 10, 16), 7);
+        assert_eq!(room(&h, "a", 3, 10, 16), 6);
     }
 }
