@@ -174,6 +174,16 @@ fn function_config(
     let provider_key_window = provider_key_window(raw, host_file, &path)?;
     let breaker = super::breaker::breaker_for(host_file, app_breaker, raw.breaker.as_ref(), &name)?;
     let limits = super::limits::limits(raw.limits.as_ref(), host_file, &path)?;
+    let expiry = match raw.expiry.as_deref() {
+        None | Some("rescue") => crate::config::Expiry::Rescue,
+        Some("expected") => crate::config::Expiry::Expected,
+        Some(other) => {
+            return Err(f(
+                &format!("{path}.expiry"),
+                format!("must be \"rescue\" or \"expected\", not {other:?}"),
+            ))
+        }
+    };
     let redact = crate::redact::Redaction::parse(raw.redact.as_deref().unwrap_or_default())
         .map_err(|m| f(&format!("{path}.redact"), m))?;
     Ok(FunctionConfig {
@@ -188,6 +198,7 @@ fn function_config(
         breaker,
         redact,
         limits,
+        expiry,
     })
 }
 

@@ -69,8 +69,8 @@ impl ConfigError {
 
 pub use crate::storage::{parse_connection_string, table_endpoint_for};
 pub use aqw_core::config::{
-    AppConfig, Connection, Credentials, FunctionConfig, HandlerSpec, KeySpec, MessageEncoding,
-    RetryStrategy, Secret, SkippedFunction, DEV_ACCOUNT, DEV_KEY,
+    AppConfig, Connection, Credentials, Expiry, FunctionConfig, HandlerSpec, KeySpec,
+    MessageEncoding, RetryStrategy, Secret, SkippedFunction, DEV_ACCOUNT, DEV_KEY,
 };
 
 /// Load and validate the app folder with the process environment.

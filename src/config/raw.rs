@@ -215,6 +215,8 @@ pub(super) struct RawFunction {
     pub(super) redact: Option<Vec<String>>,
     /// Fleet-wide flow limits (checked in [`super::limits`]).
     pub(super) limits: Option<RawLimits>,
+    /// What the expiry guard does: `rescue` (default) or `expected`.
+    pub(super) expiry: Option<String>,
 }
 
 /// `aqw.functions.<Name>.limits`.

@@ -264,6 +264,13 @@ fn function_rows(
             look.host(&format!("/aqw/functions/{}/limits", f.name)),
         );
     }
+    if f.expiry == super::Expiry::Expected {
+        row(
+            &at("expiry"),
+            "expected (held messages may expire: counted, not rescued)".into(),
+            look.host(&format!("/aqw/functions/{}/expiry", f.name)),
+        );
+    }
     if !f.redact.is_empty() {
         row(
             &at("redact"),

@@ -138,7 +138,7 @@ async fn alert_loop(
         tokio::select! {
             msg = rx.recv() => match msg {
                 Some(AlertEvent::Poisoned(a)) => windows.entry(a.queue.clone()).or_insert(QueueWindow { last_sent: None, pending: vec![] }).pending.push(a),
-                Some(AlertEvent::Breaker(body)) => {
+                Some(AlertEvent::Breaker(body) | AlertEvent::Notice(body)) => {
                     if let (Some(webhook), Some(client)) = (&webhook, &client) {
                         post_breaker_event(client, webhook, body);
                     }

@@ -178,6 +178,9 @@ pub enum AlertEvent {
     Poisoned(PoisonAlert),
     /// A breaker changed state: its event body, sent at once.
     Breaker(serde_json::Value),
+    /// Any other event sent at once (its body has `event` and `summary`):
+    /// held messages about to expire.
+    Notice(serde_json::Value),
 }
 
 /// The engine's alert handle: cheap to clone, never blocks.
@@ -204,6 +207,14 @@ impl Alerts {
     pub fn breaker(&self, body: serde_json::Value) {
         if let Some(tx) = &self.tx {
             let _ = tx.send(AlertEvent::Breaker(body));
+        }
+    }
+
+    /// An event for the delivery at once (`event`, `severity`,
+    /// `function`, `summary`); the log line is the caller's.
+    pub fn notice(&self, body: serde_json::Value) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(AlertEvent::Notice(body));
         }
     }
 

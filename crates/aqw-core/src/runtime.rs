@@ -41,6 +41,10 @@ pub struct FunctionRuntime {
     pub gate: Arc<Gate>,
     /// The fleet-wide flow limits, when the function has any.
     pub flow: Option<Arc<crate::flow::Flow>>,
+    /// Where the expiry guard's alert goes.
+    pub alerts: Alerts,
+    /// When this replica last raised the expiry alert for the function.
+    pub expiry_alerted: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 impl FunctionRuntime {
@@ -78,7 +82,7 @@ impl FunctionRuntime {
             &worker_id,
             function.breaker,
             control,
-            alerts,
+            alerts.clone(),
         )
         .on_account(&function.connection.setting);
         Self {
@@ -91,6 +95,8 @@ impl FunctionRuntime {
             worker_id,
             gate: Arc::new(gate),
             flow,
+            alerts,
+            expiry_alerted: std::sync::Mutex::new(None),
             function,
             app,
         }

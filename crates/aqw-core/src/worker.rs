@@ -36,7 +36,7 @@ pub async fn poll_loop(
     let mut empty_polls = 0u32;
     let mut failures = 0u32;
     let mut heartbeat = crate::heartbeat::Pacer::default();
-    let mut last_rescue = Instant::now();
+    let mut last_rescue = first_look();
     loop {
         // Paused, or the breaker open: receive nothing (in-flight jobs go on).
         let Some(want) = admitted(&rt, batch, &shutdown, &mut last_rescue).await else {
@@ -68,7 +68,7 @@ pub async fn poll_loop(
                 next_poll(empty_polls, app.max_polling_interval)
             }
             Received::Failed(e) => receive_failed(&rt, &health, &mut failures, e).await,
-            Received::OverLimit(wait) => wait,
+            Received::OverLimit(wait) => over_limit(&rt, &mut last_rescue, wait).await,
             Received::Shutdown => break,
         };
         drop(owned);
@@ -194,16 +194,38 @@ async fn admitted(
         match rt.gate.admit(batch) {
             Admission::Receive(n) => return Some(n),
             Admission::Wait(d) => {
-                if last_rescue.elapsed() >= EXPIRY_GUARD_INTERVAL {
-                    rescue_expiring(rt).await;
-                    *last_rescue = Instant::now();
-                }
+                guard_expiry(rt, last_rescue).await;
                 tokio::select! {
                     _ = tokio::time::sleep(d.min(GATE_POLL)) => {}
                     _ = shutdown.cancelled() => return None,
                 }
             }
         }
+    }
+}
+
+/// The expiry guard's "last look" as a poll loop starts: long enough ago
+/// that the first hold looks at once (a message may be near its expiry
+/// already).
+fn first_look() -> Instant {
+    Instant::now()
+        .checked_sub(EXPIRY_GUARD_INTERVAL)
+        .unwrap_or_else(Instant::now)
+}
+
+/// Over a flow limit, the backlog waits too: guard it from expiry, then
+/// wait `wait`.
+async fn over_limit(rt: &FunctionRuntime, last_rescue: &mut Instant, wait: Duration) -> Duration {
+    guard_expiry(rt, last_rescue).await;
+    wait
+}
+
+/// Look for held messages about to expire ([`rescue_expiring`]) when the
+/// loop's last look is [`EXPIRY_GUARD_INTERVAL`] old.
+async fn guard_expiry(rt: &FunctionRuntime, last_rescue: &mut Instant) {
+    if last_rescue.elapsed() >= EXPIRY_GUARD_INTERVAL {
+        rescue_expiring(rt).await;
+        *last_rescue = Instant::now();
     }
 }
 
@@ -228,18 +250,29 @@ pub const EXPIRY_GUARD_INTERVAL: Duration = Duration::from_secs(300);
 pub const EXPIRY_MARGIN: Duration = Duration::from_secs(900);
 
 /// No message expires unseen while aqw holds it back (issue 37): Azure
-/// deletes an expired message silently, so while a function is held, the
-/// oldest messages (the front of the queue, which expire first) are peeked,
-/// and while the peek finds any whose time-to-live ends within
-/// [`EXPIRY_MARGIN`], as many are received and put back as fresh copies
-/// (the same text, the default 7-day time-to-live, DequeueCount 0), then
-/// the originals deleted; at most [`RESCUE_ROUNDS`] rounds a look. A crash between the two leaves both; the
-/// key makes the second a duplicate. Logged `aqw.message.expiry_rescued`,
-/// counted `aqw_expiry_rescued_total`.
+/// deletes an expired message silently, so while a function is held
+/// (paused, breaker open or following, over a flow limit), the oldest
+/// messages (the front of the queue, which expire first) are peeked. The
+/// messages found whose time-to-live ends within [`EXPIRY_MARGIN`] set the
+/// `aqw_messages_at_risk` gauge, and then, by the function's
+/// [`Expiry`](crate::config::Expiry):
+///
+/// - `rescue` (the default): while the peek finds any, as many are
+///   received and put back as fresh copies (the same text, the default
+///   7-day time-to-live, DequeueCount 0), then the originals deleted; at
+///   most [`RESCUE_ROUNDS`] rounds a look. A crash between the two leaves
+///   both; the key makes the second a duplicate. Logged
+///   `aqw.message.expiry_rescued`, counted `aqw_expiry_rescued_total`, and
+///   the first rescue in an hour raises the `aqw.message.expiry_at_risk`
+///   alert (per replica: the fleet's replicas each look).
+/// - `expected`: the producer's time-to-live is deliberate. Those that will
+///   expire before the next look are counted (`aqw_expired_expected_total`,
+///   by each replica that looks) and left to expire, without an alert.
 pub async fn rescue_expiring(rt: &FunctionRuntime) -> usize {
     let margin = time::Duration::try_from(EXPIRY_MARGIN).unwrap_or(time::Duration::MAX);
+    let name = rt.function.name.clone();
     let mut rescued = 0;
-    for _ in 0..RESCUE_ROUNDS {
+    for round in 0..RESCUE_ROUNDS {
         let now = crate::clock::now_utc();
         let Ok(peeked) = rt.source.peek(32).await else {
             break;
@@ -248,37 +281,106 @@ pub async fn rescue_expiring(rt: &FunctionRuntime) -> usize {
             .iter()
             .filter(|m| m.expiration_time - now <= margin)
             .count();
+        if round == 0 {
+            metrics::gauge!("aqw_messages_at_risk", "function" => name.clone()).set(due as f64);
+        }
         if due == 0 {
             break;
         }
-        let Ok(received) = rt.source.receive(due as u8, Duration::from_secs(60)).await else {
+        if rt.function.expiry == crate::config::Expiry::Expected {
+            count_expected(rt, &peeked, now);
+            break;
+        }
+        let Some(n) = put_back_received(rt, due).await else {
             break;
         };
-        if received.is_empty() {
-            break;
-        }
-        // Every message received here is put back as a fresh copy, the due
-        // ones and any other the receive returned: handing one back would
-        // raise its DequeueCount, and rounds of that would walk it past the
-        // cap without a run.
-        for m in received {
-            if rt
-                .source
-                .put(&m.text, Duration::ZERO, crate::storage::Ttl::Default)
-                .await
-                .is_err()
-            {
-                continue;
-            }
-            let _ = rt.source.delete(&m.id, &m.pop_receipt).await;
-            rescued += 1;
-            warn!(event = "aqw.message.expiry_rescued", function = %rt.function.name, message_id = %m.id, expires = %m.expiration_time, "a held message was about to expire unseen: put back as a fresh copy");
-            metrics::counter!("aqw_expiry_rescued_total", "function" => rt.function.name.clone())
-                .increment(1);
-        }
+        rescued += n;
+    }
+    if rescued > 0 {
+        alert_expiry_at_risk(rt, rescued);
     }
     rescued
 }
+
+/// Receive up to `due` messages and put each back as a fresh copy; how
+/// many were put back (`None` when nothing could be received).
+async fn put_back_received(rt: &FunctionRuntime, due: usize) -> Option<usize> {
+    let received = rt
+        .source
+        .receive(due as u8, Duration::from_secs(60))
+        .await
+        .ok()?;
+    if received.is_empty() {
+        return None;
+    }
+    let mut rescued = 0;
+    // Every message received here is put back as a fresh copy, the due
+    // ones and any other the receive returned: handing one back would
+    // raise its DequeueCount, and rounds of that would walk it past the
+    // cap without a run.
+    for m in received {
+        if rt
+            .source
+            .put(&m.text, Duration::ZERO, crate::storage::Ttl::Default)
+            .await
+            .is_err()
+        {
+            continue;
+        }
+        let _ = rt.source.delete(&m.id, &m.pop_receipt).await;
+        rescued += 1;
+        warn!(event = "aqw.message.expiry_rescued", function = %rt.function.name, message_id = %m.id, expires = %m.expiration_time, "a held message was about to expire unseen: put back as a fresh copy");
+        metrics::counter!("aqw_expiry_rescued_total", "function" => rt.function.name.clone())
+            .increment(1);
+    }
+    Some(rescued)
+}
+
+/// `expected` expiry: count the peeked messages that will expire before
+/// the next look, and say so once per look.
+fn count_expected(
+    rt: &FunctionRuntime,
+    peeked: &[crate::storage::PeekedMessage],
+    now: time::OffsetDateTime,
+) {
+    let next = time::Duration::try_from(EXPIRY_GUARD_INTERVAL).unwrap_or(time::Duration::MAX);
+    let expiring = peeked
+        .iter()
+        .filter(|m| m.expiration_time - now <= next)
+        .count();
+    if expiring > 0 {
+        info!(event = "aqw.message.expiring_as_declared", function = %rt.function.name, count = expiring, "held messages will expire before the next look, as their producer declared (expiry: expected)");
+        metrics::counter!("aqw_expired_expected_total", "function" => rt.function.name.clone())
+            .increment(expiring as u64);
+    }
+}
+
+/// The `aqw.message.expiry_at_risk` alert, at most once an hour per
+/// function on this replica.
+fn alert_expiry_at_risk(rt: &FunctionRuntime, rescued: usize) {
+    let now = Instant::now();
+    {
+        let mut last = rt.expiry_alerted.lock().unwrap();
+        if last.is_some_and(|t| now.duration_since(t) < EXPIRY_ALERT_EVERY) {
+            return;
+        }
+        *last = Some(now);
+    }
+    let summary = format!(
+        "{rescued} held message(s) of {} were about to reach their time-to-live and were put back as fresh copies; the function is held (paused, breaker open or over a flow limit) longer than its messages live",
+        rt.function.name
+    );
+    rt.alerts.notice(serde_json::json!({
+        "event": "aqw.message.expiry_at_risk",
+        "severity": "warning",
+        "function": rt.function.name,
+        "summary": summary,
+        "worker": rt.worker_id,
+    }));
+}
+
+/// The most often one replica raises the expiry alert for one function.
+pub const EXPIRY_ALERT_EVERY: Duration = Duration::from_secs(3600);
 
 /// Write this worker's poll heartbeat without holding up the loop; a failed
 /// write only makes `aqw status` say the queue is not polled.

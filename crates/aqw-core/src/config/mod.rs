@@ -52,6 +52,24 @@ pub struct FunctionConfig {
     pub redact: crate::redact::Redaction,
     /// Fleet-wide flow limits (`aqw.functions.<Name>.limits`); none by default.
     pub limits: crate::flow::FlowLimits,
+    /// What the expiry guard does with a held message about to expire.
+    pub expiry: Expiry,
+}
+
+/// What the expiry guard ([`crate::worker::rescue_expiring`]) does with a
+/// message aqw holds back that would reach its time-to-live
+/// (`aqw.functions.<Name>.expiry`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Expiry {
+    /// `"rescue"` (the default): put it back as a fresh copy before it
+    /// expires, and alert once an hour per replica: Azure deletes an
+    /// expired message silently, and nothing may be lost unseen.
+    #[default]
+    Rescue,
+    /// `"expected"`: the producer set a short time-to-live on purpose (the
+    /// work is worthless when late): count the messages that expire, and
+    /// neither rescue them nor alert.
+    Expected,
 }
 
 impl FunctionConfig {
@@ -73,6 +91,7 @@ impl FunctionConfig {
             breaker: Some(crate::breaker::BreakerSettings::default()),
             redact: crate::redact::Redaction::default(),
             limits: crate::flow::FlowLimits::default(),
+            expiry: Expiry::Rescue,
         }
     }
 

@@ -413,4 +413,62 @@ async fn a_pause_longer_than_the_messages_ttl_loses_none() {
     running.stop().await;
     env.provider.assert_applied_once(&keys);
     assert!(env.records().await.is_empty());
+    let notices: Vec<_> = env
+        .alerts()
+        .into_iter()
+        .filter_map(|a| match a {
+            aqw_core::alert::AlertEvent::Notice(b) => Some(b),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        notices.len(),
+        1,
+        "one expiry alert in the hour: {notices:?}"
+    );
+    assert_eq!(notices[0]["event"], "aqw.message.expiry_at_risk");
+}
+
+/// A producer that declared its short time-to-live (`expiry: expected`):
+/// held messages expire as it asked, counted, neither rescued nor alerted.
+#[tokio::test(start_paused = true)]
+async fn a_declared_short_ttl_expires_as_asked_without_an_alert() {
+    use aqw_core::control::ControlStore;
+    use aqw_core::storage::{Storage, Ttl};
+    let env = Env::new(|_, _| Behave::Succeed);
+    let control = ControlStore::new(env.storage.table(&env.control_table));
+    control
+        .pause(&env.function, "oncall", "maintenance")
+        .await
+        .expect("pause");
+    let worker = env
+        .builder_on(Arc::new(env.storage.clone()), |f| {
+            f.expiry = aqw_core::config::Expiry::Expected
+        })
+        .build()
+        .expect("valid settings");
+    let running = start(worker);
+    let q = env.storage.queue(&env.queue);
+    q.create_if_missing().await.expect("create the queue");
+    for n in 0..3 {
+        let job = env.job(&format!("late{n}"));
+        q.put(
+            &job.text,
+            Duration::ZERO,
+            Ttl::After(Duration::from_secs(1800)),
+        )
+        .await
+        .expect("put");
+    }
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    running.stop().await;
+    assert_eq!(env.source_depth().await, 0, "they expired, as declared");
+    assert!(env.provider.calls().is_empty());
+    assert!(env.records().await.is_empty());
+    assert!(
+        !env.alerts()
+            .iter()
+            .any(|a| matches!(a, aqw_core::alert::AlertEvent::Notice(_))),
+        "no alert for a declared expiry"
+    );
 }

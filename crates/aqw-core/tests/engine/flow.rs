@@ -225,3 +225,36 @@ async fn slots_of_a_crashed_replica_free_themselves() {
     );
     env.provider.assert_applied_once(&[job.key]);
 }
+
+/// A backlog waiting behind a rate limit longer than its messages live:
+/// one call every 100 s for 20 jobs (some 33 minutes) whose time-to-live
+/// is 30 minutes. The expiry guard looks while the loop waits over the
+/// limit, so none expires unseen: each runs once, none is poisoned.
+#[tokio::test(start_paused = true)]
+async fn a_backlog_behind_a_rate_limit_outlives_its_ttl() {
+    use aqw_core::storage::Ttl;
+    let env = Env::new(|_, _| Behave::Succeed);
+    let q = env.storage.queue(&env.queue);
+    q.create_if_missing().await.expect("create the queue");
+    let mut jobs = Vec::new();
+    for n in 0..20 {
+        let job = env.job(&format!("slow{n}"));
+        q.put(
+            &job.text,
+            Duration::ZERO,
+            Ttl::After(Duration::from_secs(1800)),
+        )
+        .await
+        .expect("put");
+        jobs.push(job.key.clone());
+    }
+    let limits = FlowLimits {
+        calls_per_second: Some(0.01),
+        ..Default::default()
+    };
+    let running = fleet(&env, 2, &limits);
+    env.drained(minutes(60)).await;
+    stop(running).await;
+    env.provider.assert_applied_once(&jobs);
+    assert!(env.records().await.is_empty());
+}

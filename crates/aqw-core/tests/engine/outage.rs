@@ -48,7 +48,7 @@ fn breaker_states(env: &Env) -> Vec<String> {
         .into_iter()
         .filter_map(|a| match a {
             AlertEvent::Breaker(body) => body["state"].as_str().map(str::to_string),
-            AlertEvent::Poisoned(_) => None,
+            AlertEvent::Poisoned(_) | AlertEvent::Notice(_) => None,
         })
         .collect()
 }

@@ -270,7 +270,7 @@ async fn an_always_failing_job_uses_every_attempt_then_leaves_one_record() {
         .into_iter()
         .filter_map(|a| match a {
             AlertEvent::Poisoned(p) => Some(p),
-            AlertEvent::Breaker(_) => None,
+            AlertEvent::Breaker(_) | AlertEvent::Notice(_) => None,
         })
         .collect();
     assert_eq!(alerts.len(), 1, "one alert for the one record");
