@@ -7,6 +7,8 @@
                                    only scenario (h), report in .bench/only-breaker.md
   bash scripts/bench.sh --only users
                                    only scenario (k), report in .bench/only-users.md
+  bash scripts/bench.sh --smoke --only fleet
+                                   only scenario (l), report in .bench/only-fleet.md
   bash scripts/bench.sh --report .bench/full-YYYYMMDD-HHMMSS
                                    re-render a run's report from its results.json
 
@@ -45,7 +47,15 @@ Scenarios:
       message of the worker process (start-up included; completion read from
       aqw's own log lines, nothing scraped), the ratios, at least 5
       repetitions in a full run.
---only breaker|purge|dashboard|users|traces runs one of (h), (i), (j), (k), (g) by itself.
+  (l) fleet (issue 37): the engine's deterministic fleet simulation
+      (crates/aqw-core/tests/engine, `cargo test -p aqw-core --release`, its
+      printed figures parsed): handler calls during a provider outage at 12
+      and at 50 replicas, idle storage requests per replica-minute with 1 and
+      with 20 functions, the fleet-wide rate limit; then the happy path of (a)
+      (examples/bench_worker) with flow limits off and on
+      (`{"callsPerSecond": 1000, "inFlight": 10000}`): CPU and storage
+      requests per message, the on / off ratio.
+--only breaker|purge|dashboard|users|traces|fleet runs one of (h), (i), (j), (k), (g), (l) by itself.
 Azurite: the default ports, or AQW_AZURITE_QUEUE_PORT / AQW_AZURITE_TABLE_PORT /
 AQW_AZURITE_BLOB_PORT (with AQW_AZURITE_STATE) for an instance of one's own;
 the workers connect to the same ports.
@@ -63,7 +73,7 @@ Scratch: .bench/ (venv, per-run logs and raw results; the last 5 runs kept).
 # scripts/bench.sh starts Azurite, makes the venv and builds the binaries,
 # then runs this with the same flags; --help and --report need none of that
 # (this program is stdlib only: the venv is for bench/python_worker.py).
-# Modules: harness.py (processes, Azurite, feeder), scenarios.py (a)–(k),
+# Modules: harness.py (processes, Azurite, feeder), scenarios.py (a)–(l),
 # figures.py (the arithmetic and the targets), report.py (the Markdown).
 import json
 import os
@@ -121,7 +131,7 @@ def parse_args(argv):
 
 
 # Scenarios `--only` runs by themselves (without the background probes).
-ONLY = ("breaker", "purge", "dashboard", "users", "traces")
+ONLY = ("breaker", "purge", "dashboard", "users", "traces", "fleet")
 
 
 def target_dir():
@@ -160,6 +170,7 @@ def run_all(b):
     i = [scenarios.purge_run(b, rep) for rep in range(b.reps)]
     j = scenarios.dashboard(b)
     k = scenarios.users(b)
+    l_ = scenarios.fleet(b)
     # A probe failing must not lose the whole run's figures.
     try:
         e["idle"] = idle_latency.finish(b.sizes["latency_idle_samples"])
@@ -172,7 +183,7 @@ def run_all(b):
         b.fail(f"(c) idle probe: {ex!r}")
         c = None
     b.azurite("stop", b.probe_azurite)
-    return dict(a=a, b=rb, c=c, d=d, e=e, f=scale, g=g, h=h, i=i, j=j, k=k)
+    return dict(a=a, b=rb, c=c, d=d, e=e, f=scale, g=g, h=h, i=i, j=j, k=k, l=l_)
 
 
 def run_only(b, only):
@@ -185,6 +196,8 @@ def run_only(b, only):
         return dict(k=scenarios.users(b))
     if only == "traces":
         return dict(g=scenarios.traces(b))
+    if only == "fleet":
+        return dict(l=scenarios.fleet(b))
     assert only == "breaker"
     return dict(h=scenarios.breaker(b))
 

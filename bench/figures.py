@@ -188,3 +188,24 @@ def purge_figures(run):
     return dict(requests_per_key=run["requests"] / deleted, naive_requests_per_key=naive / deleted,
                 vs_naive=run["requests"] / naive, cpu_ms_per_key=run["cpu"] * 1000 / deleted,
                 deletes_per_key=(run["requests"] - PURGE_SCAN_REQUESTS) / deleted)
+
+
+def flow_figures(limits):
+    """(l)'s flow limits pair, from {mode: [run or None per repetition]}: the
+    medians per mode (CPU per message of the work loop and of the whole
+    process, storage requests per message, throughput), the on ÷ off ratios
+    of the medians, and the paired (per repetition) CPU ratios with their
+    median. None without runs."""
+    if not limits:
+        return None
+    runs = {m: limits.get(m) or [] for m in ("off", "on")}
+    med = {key: {m: median([x[key] for x in xs if x]) for m, xs in runs.items()}
+           for key in ("cpu_ms", "process_cpu_ms", "requests_per_message", "rps")}
+    paired = paired_ratios(runs["on"], runs["off"])
+    return dict(
+        **med,
+        cpu_ratio=ratio(med["cpu_ms"]["on"], med["cpu_ms"]["off"]),
+        process_cpu_ratio=ratio(med["process_cpu_ms"]["on"], med["process_cpu_ms"]["off"]),
+        requests_ratio=ratio(med["requests_per_message"]["on"], med["requests_per_message"]["off"]),
+        paired_cpu=paired, paired_cpu_median=median(paired),
+    )

@@ -38,6 +38,8 @@ def sizes(smoke):
         purge=30 if smoke else 2000,
         dashboard_small=10 if smoke else 100,
         dashboard_large=200 if smoke else 10000,
+        flow=40 if smoke else 1000,
+        fleet_hours=1 if smoke else 24,
     )
 
 
@@ -354,13 +356,15 @@ def wait_log_count(proc, needle, n, seconds, every=0.02):
 
 
 def write_app(app_dir, queue, keys, poison, key="bench:{/id}", handler=None, queues=None, http_port=None,
-              breaker=None, aqw_extra=None):
+              breaker=None, aqw_extra=None, limits=None):
     os.makedirs(app_dir, exist_ok=True)
     fn = {"queue": queue, "key": key}
     if handler is not None:
         fn["handler"] = handler
     if breaker is not None:
         fn["breaker"] = breaker
+    if limits is not None:
+        fn["limits"] = limits
     aqw = {"functions": {"Bench": fn}, "tables": {"keys": keys, "poison": poison}, **(aqw_extra or {})}
     if http_port is not None:
         aqw["http"] = {"port": http_port}

@@ -7,9 +7,10 @@ import re
 import subprocess
 import sys
 
-from figures import (data_plane, derive, fmt, median, percentile, purge_figures, ratio, stats, targets,
-                     users_figures, verdict)
+from figures import (data_plane, derive, flow_figures, fmt, median, percentile, purge_figures, ratio, stats,
+                     targets, users_figures, verdict)
 from harness import DEFAULT_THRESHOLD, log
+from scenarios import FLEET_REPLICAS, FLEET_TEST, FLOW_LIMITS, IDLE_TEST, RATE_TEST
 
 
 def row(name, values, unit="", digits=2):
@@ -135,6 +136,7 @@ def render(data, run_name):
         tc = {k: median([x["cpu_ms"] for x in g.get(k, []) if x]) for k in ("off", "otlp", "otlp-down")}
         lines.append("| `aqw run` CPU per message, trace export OTLP on / off, collector down / off | "
                      f"{fmt(ratio(tc['otlp'], tc['off']))} / {fmt(ratio(tc['otlp-down'], tc['off']))} |")
+    lines += fleet_summary(data.get("l"))
     lines.append("")
 
     lines += [f"## (a) Throughput and CPU: {N['throughput']} keyed jobs", ""]
@@ -273,6 +275,7 @@ def render(data, run_name):
     lines += purge_section(data.get("i") or [], N)
     lines += dashboard_section(data.get("j") or {}, N)
     lines += users_section(data.get("k") or {}, N)
+    lines += fleet_section(data.get("l"), N)
 
     lines += ["## Commands", "", "```sh", f"bash scripts/bench.sh{' --smoke' if SMOKE else ''}" +
               (f" --reps {REPS}" if not SMOKE and REPS != 3 else ""), "```", "",
@@ -399,6 +402,119 @@ def users_section(k, N):
     return lines
 
 
+def fleet_sim_at(l, replicas):
+    """(l)'s fleet simulation at `replicas` at peak, or None."""
+    return next((x for x in (l or {}).get("sim") or [] if x and x.get("replicas") == replicas), None)
+
+
+def fleet_summary(l):
+    """(l)'s rows of the summary table."""
+    if not l:
+        return []
+    lines = []
+    sims = [x for x in l.get("sim") or [] if x]
+    if sims:
+        lines.append("| handler calls during a provider outage (300 jobs), " +
+                     " / ".join(f"{x['replicas']}" for x in sims) + " replicas (l) | " +
+                     " / ".join(str(x["outage_calls"]) for x in sims) + " |")
+    idle = l.get("idle")
+    if idle:
+        lines.append("| idle storage requests per replica-minute, 1 / 20 functions (l) | "
+                     f"{idle['1']['total']} / {idle['20']['total']} |")
+    f = flow_figures(l.get("limits"))
+    if f and f["cpu_ratio"] is not None:
+        lines.append(f"| CPU per message, flow limits on / off (l; work loop) | {fmt(f['cpu_ratio'])} |")
+    return lines
+
+
+FLOW_NAMES = {"off": "off (no `limits`, as (a))", "on": f"on (`limits`: `{json.dumps(FLOW_LIMITS)}`)"}
+
+
+def fleet_section(l, N):
+    """(l), issue 37: the engine's fleet simulation (handler calls during a
+    provider outage, idle requests per replica-minute, the fleet-wide rate
+    limit), and the happy path's CPU per message with flow limits on and off."""
+    if not l:
+        return []
+    hours = l.get("hours")
+    lines = ["## (l) Fleet (issue 37): the engine's fleet simulation, and flow limits on the happy path", ""]
+    lines += ["| figure | value |", "|---|---|"]
+    for replicas in FLEET_REPLICAS:
+        x = fleet_sim_at(l, replicas)
+        calls = "n/a"
+        if x:
+            calls = f"{x['outage_calls']}" + (f" (for {x['jobs']} jobs)" if x.get("jobs") else "")
+        lines.append(f"| **handler calls during a full provider outage, {replicas} replicas at peak** | "
+                     f"**{calls}** |")
+    for replicas in FLEET_REPLICAS:
+        x = fleet_sim_at(l, replicas)
+        if x:
+            lines.append(f"| {replicas} replicas: breaker trips alerted / storage requests per message over the "
+                         f"run / poisoned (the failing shard's jobs) | {x.get('trips')} / "
+                         f"{fmt(x.get('requests_per_message'))} / {x.get('poisoned')} ({x.get('shard_jobs')}) |")
+            lines.append(f"| {replicas} replicas: idle storage requests per replica-minute after the run "
+                         f"({hours} quiet hour(s)) | {fmt(x['idle_per_replica_minute'], 1)} |")
+    idle = l.get("idle")
+    for n in ("1", "20"):
+        v = (idle or {}).get(n)
+        ops = ", ".join(f"`{k}` {c}" for k, c in sorted((v.get("by_operation") or {}).items())) if v else ""
+        lines.append(f"| **idle storage requests per replica-minute, one replica with {n} "
+                     f"function{'s' if n != '1' else ''}** | **{v['total'] if v else 'n/a'}**"
+                     f"{' (' + ops + ')' if ops else ''} |")
+    rate = l.get("rate")
+    lines.append("| fleet-wide rate limit over 12 replicas: handler calls per second (limit; answered 429) | " +
+                 (f"{fmt(rate['rate'])} ({fmt(rate['limit'], 0)}; {rate.get('answered_429')} of "
+                  f"{rate.get('calls')} calls) |" if rate else "n/a |"))
+    lines += ["",
+              "Handler calls during the outage: `" + FLEET_TEST + "` (the engine's deterministic fleet "
+              "simulation, seed 1: replicas as tasks over the in-memory store on paused tokio time, release build) "
+              "with `AQW_FLEET_REPLICAS` " + " and ".join(map(str, FLEET_REPLICAS)) + "; 300 jobs arrive as the provider starts answering every call "
+              "with 503 for 45–90 s while the autoscaler grows the fleet from a quarter of the replicas to all of "
+              "them, and the figure counts the calls that met the outage (the test fails at one call per job). "
+              f"Idle requests after the run: every storage request of the fleet over {hours} quiet simulated "
+              "hour(s) after the queue drained, per replica and minute (`maxPollingInterval` 60 s). Idle "
+              "requests with 1 and 20 functions: `" + IDLE_TEST + "`, one idle replica on empty queues over "
+              "10 simulated minutes after a 5-minute warm-up, by storage operation. Rate limit: `" +
+              RATE_TEST + "`, 150 jobs on 12 replicas with `callsPerSecond` 10 against a provider that answers "
+              "429 beyond 10 calls per one-second window, the rate measured in simulated time.", ""]
+
+    f = flow_figures(l.get("limits"))
+    if f:
+        runs = {m: [x for x in (l.get("limits") or {}).get(m) or [] if x] for m in ("off", "on")}
+        lines += ["| flow limits | metric | median | min | max | unit |", "|---|---|---|---|---|---|"]
+        for m, xs in runs.items():
+            lines.append(row(f"{FLOW_NAMES[m]} | CPU per message, work loop", [x["cpu_ms"] for x in xs], "ms", 3))
+            lines.append(row(f"{FLOW_NAMES[m]} | CPU per message, whole process",
+                             [x["process_cpu_ms"] for x in xs], "ms", 3))
+            lines.append(row(f"{FLOW_NAMES[m]} | storage requests per message",
+                             [x["requests_per_message"] for x in xs], "requests"))
+            lines.append(row(f"{FLOW_NAMES[m]} | throughput", [x["rps"] for x in xs], "msg/s", 0))
+        paired = ", ".join(fmt(x) for x in f["paired_cpu"]) or "–"
+        lines += ["", f"**CPU per message, flow limits on / off: {fmt(f['cpu_ratio'])}** (work loop; whole process "
+                  f"{fmt(f['process_cpu_ratio'])}; per repetition {paired}); storage requests per message on / off: "
+                  f"{fmt(f['requests_ratio'])}.", ""]
+        lines.append("Breakdown (operation:status, summed over the repetitions, divided by messages):")
+        lines.append("")
+        for m, xs in runs.items():
+            tot, n = {}, 0
+            for x in xs:
+                for k, v in data_plane((x.get("json") or {}).get("requests")).items():
+                    tot[k] = tot.get(k, 0) + v
+                n += x.get("n") or 0
+            if n:
+                lines.append(f"- {m}: " + ", ".join(f"`{k}` {v / n:.3f}" for k, v in sorted(tot.items())))
+        lines += ["", f"Flow limits: the app of (a)'s default run (`examples/bench_worker`, the in-process no-op "
+                  f"handler, {N.get('flow')} keyed jobs fed in waves, default settings) with and without `limits` "
+                  "on its function, set to the most each setting allows so that they do their bookkeeping (a "
+                  "rate row and a slots row in the control table, read and written under ETags around each "
+                  "receive) but never hold a receive at Azurite's speed; both modes in a random order per "
+                  "repetition, each on a freshly restarted Azurite. CPU per message is the worker's own "
+                  "`cpu_s` / `handled` (the work loop, start-up excluded) and the process's rusage / jobs; "
+                  "requests per message are aqw's `aqw_storage_requests_total` when the last job settled, "
+                  "without the one-off admin calls.", ""]
+    return lines
+
+
 def render_only(data, run_name):
     """The report of an `--only` run: its one section."""
     N = data["sizes"]
@@ -412,6 +528,7 @@ def render_only(data, run_name):
     lines += purge_section(data.get("i") or [], N)
     lines += dashboard_section(data.get("j") or {}, N)
     lines += users_section(data.get("k") or {}, N)
+    lines += fleet_section(data.get("l"), N)
     if data.get("errors"):
         lines += ["## Errors", ""] + [f"- {e}" for e in data["errors"]] + [""]
     return "\n".join(lines)

@@ -1,14 +1,16 @@
-"""The bench's scenarios (a)–(k): each runs its contenders against Azurite,
+"""The bench's scenarios (a)–(l): each runs its contenders against Azurite,
 checks the counts (a mismatch is an error, never a slow run) and returns the
 raw figures results.json keeps."""
+import json
 import os
 import random
+import re
 import signal
 import statistics
 import threading
 import time
 
-from figures import percentile
+from figures import per_message, percentile
 from harness import (DEFAULT_THRESHOLD, PROBE_ENV, Feeder, free_port, log, metric_by, rand, scrape, subs,
                      wait_http, wait_log_count, write_app)
 
@@ -35,8 +37,9 @@ def worker_cmd(b, kind, r, app_dir, n):
     raise ValueError(kind)
 
 
-def keyed_run(b, kind, n, rep, r=None, tag=None, queues=None, label=None):
-    """Feed n keyed jobs and run one worker until all n are settled."""
+def keyed_run(b, kind, n, rep, r=None, tag=None, queues=None, label=None, limits=None):
+    """Feed n keyed jobs and run one worker until all n are settled (`limits`:
+    the function's `aqw.functions.Bench.limits`, none by default)."""
     r = r or b.fresh()
     tag = tag or r["tag"]
     label = label or f"{kind}-{rep}"
@@ -44,7 +47,7 @@ def keyed_run(b, kind, n, rep, r=None, tag=None, queues=None, label=None):
     qs = dict(queues or {})
     if kind == "aqw-tuned":
         qs.update(batchSize=32, newBatchThreshold=32)
-    write_app(app_dir, r["queue"], r["keys"], r["poison"], queues=qs)
+    write_app(app_dir, r["queue"], r["keys"], r["poison"], queues=qs, limits=limits)
     feeder = Feeder(b, r["queue"], n, tag, f"{label}-enqueue")
     if not feeder.wait_ready():
         feeder.finish()
@@ -867,4 +870,187 @@ def users(b):
                 out[kind].append(users_run(b, kind, n, rep, http))
     finally:
         http.close()
+    return out
+
+
+# ---------------------------------------------------------------------------
+# (l) fleet (issue 37): the engine's fleet simulation, and flow limits on the
+# happy path
+# ---------------------------------------------------------------------------
+
+# The engine's test suite (crates/aqw-core/tests/engine), in release: the
+# fleet simulation runs many replicas as tasks over the in-memory store on
+# paused tokio time, so its figures are counts, not timings.
+ENGINE_TESTS = ["cargo", "test", "-p", "aqw-core", "--release", "--test", "engine"]
+FLEET_TEST = "fleet::a_fleet_through_outages_scaling_and_a_quiet_day_loses_and_doubles_nothing"
+IDLE_TEST = "fleet::an_idle_replicas_control_reads_do_not_grow_with_its_functions"
+RATE_TEST = "flow::twelve_replicas_keep_a_fleet_wide_rate_limit"
+# Replicas at the fleet's peak: the issue's 12, and the test's default 50.
+FLEET_REPLICAS = (12, 50)
+
+# Flow limits for the happy-path pair: the most each setting allows, so the
+# limits do their bookkeeping (rows read and written under ETags per receive)
+# but never hold a receive at Azurite's few hundred jobs a second.
+FLOW_LIMITS = {"callsPerSecond": 1000, "inFlight": 10000}
+FLOW_MODES = ("off", "on")
+
+_FLEET_FIELDS = (
+    # (name, pattern, type, required)
+    ("seed", r"^fleet seed (\d+):", int, False),
+    ("replicas", r"(\d+) replicas at peak", int, False),
+    ("jobs", r"(\d+) jobs, outage", int, False),
+    ("outage", r"outage (\S+\.\.\S+):", str, False),
+    ("requests_per_message", r"([\d.]+) storage requests per message", float, False),
+    ("outage_calls", r"(\d+) handler calls during the outage", int, True),
+    ("trips", r"(\d+) breaker trip\(s\)", int, False),
+    ("idle_per_replica_minute", r"([\d.]+) idle storage requests per replica-minute", float, True),
+    ("poisoned", r"(\d+) poisoned", int, False),
+    ("shard_jobs", r"failing shard had (\d+) jobs", int, False),
+)
+
+
+def parse_fleet(text):
+    """The figures of the fleet simulation's `fleet seed N: ...` line: a dict,
+    or a string saying what is missing."""
+    line = next((x for x in text.splitlines() if x.startswith("fleet seed ")), None)
+    if line is None:
+        return "no `fleet seed N: ...` line in its output"
+    out = {}
+    for name, pattern, kind, required in _FLEET_FIELDS:
+        m = re.search(pattern, line)
+        if m is None and required:
+            return f"no {name.replace('_', ' ')} in its line: {line!r}"
+        out[name] = kind(m.group(1)) if m else None
+    return out
+
+
+def parse_idle(text):
+    """`idle storage requests per replica-minute: 1 function A ({..}), 20
+    functions B ({..})`: {functions: dict(total, by_operation)} for 1 and 20,
+    or a string saying what is missing."""
+    line = next((x for x in text.splitlines() if x.startswith("idle storage requests per replica-minute:")), None)
+    if line is None:
+        return "no `idle storage requests per replica-minute: ...` line in its output"
+    out = {}
+    for functions, total, ops in re.findall(r"(\d+) functions? (\d+) \((\{[^}]*\})\)", line):
+        try:
+            by_op = json.loads(ops)  # Rust's Debug of a BTreeMap<String, u64> is JSON
+        except ValueError:
+            by_op = None
+        out[int(functions)] = dict(total=int(total), by_operation=by_op)
+    missing = [str(f) for f in (1, 20) if f not in out]
+    if missing:
+        return f"no figure for {' and '.join(missing)} function(s) in its line: {line!r}"
+    return {"1": out[1], "20": out[20]}
+
+
+def parse_rate(text):
+    """`fleet rate limit: C calls for J jobs in S s: R calls/s against a limit
+    of L; N answered 429`: a dict, or a string saying what is missing."""
+    line = next((x for x in text.splitlines() if x.startswith("fleet rate limit:")), None)
+    if line is None:
+        return "no `fleet rate limit: ...` line in its output"
+    m = re.search(r"([\d.]+) calls/s against a limit of ([\d.]+)", line)
+    if m is None:
+        return f"no rate in its line: {line!r}"
+    out = dict(rate=float(m.group(1)), limit=float(m.group(2)))
+    for name, pattern in (("calls", r"(\d+) calls for"), ("jobs", r"for (\d+) jobs"),
+                          ("seconds", r"in ([\d.]+) s:"), ("answered_429", r"(\d+) answered 429")):
+        g = re.search(pattern, line)
+        out[name] = float(g.group(1)) if g and name == "seconds" else (int(g.group(1)) if g else None)
+    return out
+
+
+def engine_test(b, name, label, env=None):
+    """One test of the engine's suite (release build, `--exact`, its output
+    not captured): its stdout, or None (the failure is reported)."""
+    cmd = [*ENGINE_TESTS, "--manifest-path", os.path.join(b.root, "Cargo.toml"), "--", "--exact", name,
+           "--nocapture"]
+    b.commands.setdefault(f"(l) {label}", show_env(b, cmd, {}, env))
+    res = b.run(cmd, f"fleet-{label}", env=env)
+    if res is None:
+        return None
+    with open(os.path.join(b.work, f"fleet-{label}.out")) as f:
+        out = f.read()
+    # A name that matches no test runs none, and passes.
+    if not re.search(r"test result: ok\. 1 passed", out):
+        b.fail(f"(l) {label}: `{name}` did not run (renamed?): see {os.path.join(b.work, f'fleet-{label}.out')}")
+        return None
+    return out
+
+
+def fleet_sim(b):
+    """The engine's fleet figures: the simulation at each FLEET_REPLICAS, an
+    idle replica with 1 and 20 functions, and the fleet-wide rate limit."""
+    out = dict(sim=[], idle=None, rate=None, hours=b.sizes["fleet_hours"])
+    log("(l) fleet: building the engine's tests in release (cargo test --no-run)")
+    build = b.run([*ENGINE_TESTS, "--manifest-path", os.path.join(b.root, "Cargo.toml"), "--no-run"],
+                  "fleet-build", timeout=1800)
+    if build is None:
+        return out
+    out["build_seconds"] = build["wall"]
+    for replicas in FLEET_REPLICAS:
+        env = {"AQW_FLEET_REPLICAS": str(replicas), "AQW_FLEET_HOURS": str(out["hours"])}
+        log(f"(l) fleet simulation: {replicas} replicas at peak, {out['hours']} quiet hour(s)")
+        text = engine_test(b, FLEET_TEST, f"sim-{replicas}", env)
+        if text is None:
+            continue
+        f = parse_fleet(text)
+        if isinstance(f, str):
+            b.fail(f"(l) fleet simulation at {replicas} replicas: {f}")
+            continue
+        if f.get("replicas") not in (None, replicas):
+            b.fail(f"(l) fleet simulation: asked for {replicas} replicas, it ran {f['replicas']}")
+        out["sim"].append(dict(f, replicas=replicas))
+    for key, test, parse, what in (("idle", IDLE_TEST, parse_idle, "idle replica"),
+                                   ("rate", RATE_TEST, parse_rate, "fleet-wide rate limit")):
+        log(f"(l) {what}: {test}")
+        text = engine_test(b, test, key)
+        if text is None:
+            continue
+        got = parse(text)
+        if isinstance(got, str):
+            b.fail(f"(l) {what}: {got}")
+        else:
+            out[key] = got
+    return out
+
+
+def flow_run(b, mode, n, rep):
+    """n keyed jobs through bench_worker, the app of (a)'s default run, with
+    FLOW_LIMITS on its function (`mode` "on") or none ("off"); or None."""
+    r = b.fresh()
+    label = f"flow-{mode}-{rep}"
+    log(f"(l) flow limits {mode} rep {rep + 1}/{b.reps}: {n} keyed jobs")
+    res = keyed_run(b, "aqw-default", n, rep, r, label=label, limits=FLOW_LIMITS if mode == "on" else None)
+    b.cleanup_run(r)
+    if res is None:
+        return None
+    j = res["json"]
+    oc = j.get("outcomes", {})
+    if oc.get("completed", 0) != n or j.get("handled") != n:
+        b.fail(f"(l) {label}: outcomes {oc}, handled {j.get('handled')} (expected {n} completed)")
+        return None
+    res.update(mode=mode, cpu_ms=j["cpu_s"] * 1000 / j["handled"], process_cpu_ms=res["cpu"] * 1000 / n,
+               requests_per_message=per_message(j.get("requests"), n))
+    return res
+
+
+def flow_limits(b):
+    """The happy path with flow limits off and on, in a random order per
+    repetition: {mode: [figures or None per repetition]}."""
+    n = b.sizes["flow"]
+    out = {m: [] for m in FLOW_MODES}
+    for rep in range(b.reps):
+        order = list(FLOW_MODES)
+        random.shuffle(order)
+        for mode in order:
+            out[mode].append(flow_run(b, mode, n, rep))
+    return out
+
+
+def fleet(b):
+    """(l): the engine's fleet figures, then the flow limits pair."""
+    out = fleet_sim(b)
+    out["limits"] = flow_limits(b)
     return out

@@ -60,7 +60,7 @@ class Flags(unittest.TestCase):
             with self.subTest(argv=argv):
                 with self.assertRaises(aqw_bench.Usage) as cm:
                     self.parse(*argv)
-                self.assertEqual(str(cm.exception), "--only takes one of: breaker, purge, dashboard, users, traces")
+                self.assertEqual(str(cm.exception), "--only takes one of: breaker, purge, dashboard, users, traces, fleet")
 
     def test_needs_setup(self):
         def status(*argv):
@@ -493,3 +493,96 @@ class LogLines(unittest.TestCase):
             t0 = time.monotonic()
             self.assertIsNone(harness.wait_log_count(p, scenarios.COMPLETED_EVENT, 4, 20))
             self.assertLess(time.monotonic() - t0, 5)
+
+
+FLEET_OUT = """
+running 1 test
+fleet seed 1: 12 replicas at peak, 300 jobs, outage 6s..83s: 11.35 storage requests per message, 63 handler \
+calls during the outage for 300 jobs, 6 breaker trip(s) alerted by the fleet, 32.8 idle storage requests per \
+replica-minute, 21 poisoned (the failing shard had 21 jobs)
+test fleet::a_fleet_through_outages_scaling_and_a_quiet_day_loses_and_doubles_nothing ... ok
+"""
+IDLE_OUT = ('idle storage requests per replica-minute: 1 function 32 ({"queue.receive": 1, "table.query": 30, '
+            '"table.update": 1}), 20 functions 70 ({"queue.receive": 20, "table.query": 30, "table.update": 20})\n')
+RATE_OUT = ("fleet rate limit: 150 calls for 150 jobs in 14.9 s: 10.00 calls/s against a limit of 10; "
+            "0 answered 429\n")
+
+
+def flow_run(mode, cpu_ms, requests, n=40):
+    return dict(rc=0, wall=3.0, cpu=cpu_ms * 2 * n / 1000, rss_mb=13.0, timed_out=False, n=n, rps=200.0,
+                mode=mode, cpu_ms=cpu_ms, process_cpu_ms=cpu_ms * 2,
+                requests_per_message=figures.per_message(requests, n),
+                json=dict(handled=n, cpu_s=cpu_ms * n / 1000, requests=requests))
+
+
+def fleet_results():
+    off = {"queue.receive:200": 4, "table.insert:204": 40, "table.merge:204": 40, "queue.delete:204": 40}
+    on = dict(off, **{"table.get:200": 8, "table.update:204": 8})
+    return dict(hours=1, build_seconds=2.0,
+                sim=[dict(scenarios.parse_fleet(FLEET_OUT), replicas=12),
+                     dict(scenarios.parse_fleet(FLEET_OUT.replace("12 replicas", "50 replicas")
+                                                .replace("63 handler", "264 handler")), replicas=50)],
+                idle=scenarios.parse_idle(IDLE_OUT), rate=scenarios.parse_rate(RATE_OUT),
+                limits={"off": [flow_run("off", 0.5, off), flow_run("off", 0.4, off)],
+                        "on": [flow_run("on", 0.6, on), flow_run("on", 0.44, on)]})
+
+
+class FleetBench(unittest.TestCase):
+    """(l), issue 37: the engine's fleet figures and the flow limits pair."""
+
+    def test_only_fleet(self):
+        self.assertEqual(aqw_bench.parse_args(["--smoke", "--only", "fleet"])["only"], "fleet")
+
+    def test_the_fleet_line_is_parsed(self):
+        f = scenarios.parse_fleet(FLEET_OUT)
+        self.assertEqual(f, dict(seed=1, replicas=12, jobs=300, outage="6s..83s", requests_per_message=11.35,
+                                 outage_calls=63, trips=6, idle_per_replica_minute=32.8, poisoned=21,
+                                 shard_jobs=21))
+
+    def test_a_missing_line_or_figure_says_so(self):
+        self.assertEqual(scenarios.parse_fleet("running 0 tests\n"), "no `fleet seed N: ...` line in its output")
+        broken = scenarios.parse_fleet(FLEET_OUT.replace("handler calls during the outage", "calls"))
+        self.assertTrue(broken.startswith("no outage calls in its line"), broken)
+        self.assertTrue(scenarios.parse_idle("x\n").startswith("no `idle storage requests"))
+        self.assertTrue(scenarios.parse_idle(IDLE_OUT.split(", 20 functions")[0] + "\n")
+                        .startswith("no figure for 20 function(s)"))
+        self.assertEqual(scenarios.parse_rate(""), "no `fleet rate limit: ...` line in its output")
+
+    def test_the_idle_and_rate_lines_are_parsed(self):
+        idle = scenarios.parse_idle(IDLE_OUT)
+        self.assertEqual(idle["1"], dict(total=32, by_operation={"queue.receive": 1, "table.query": 30,
+                                                                 "table.update": 1}))
+        self.assertEqual(idle["20"]["total"], 70)
+        self.assertEqual(scenarios.parse_rate(RATE_OUT), dict(rate=10.0, limit=10.0, calls=150, jobs=150,
+                                                             seconds=14.9, answered_429=0))
+
+    def test_flow_figures_are_on_off_ratios(self):
+        f = figures.flow_figures(fleet_results()["limits"])
+        self.assertAlmostEqual(f["cpu_ratio"], 0.52 / 0.45)
+        self.assertEqual(f["paired_cpu"], [0.6 / 0.5, 0.44 / 0.4])
+        self.assertAlmostEqual(f["requests_ratio"], 3.5 / 3.1)
+        self.assertIsNone(figures.flow_figures(None))
+
+    def test_the_section_gives_every_figure_of_the_issue(self):
+        text = "\n".join(report.fleet_section(fleet_results(), {"flow": 40}))
+        self.assertIn("## (l) Fleet (issue 37)", text)
+        self.assertIn("| **handler calls during a full provider outage, 12 replicas at peak** | **63 (for 300 jobs)** |",
+                      text)
+        self.assertIn("| **handler calls during a full provider outage, 50 replicas at peak** | **264 (for 300 jobs)** |",
+                      text)
+        self.assertIn("| **idle storage requests per replica-minute, one replica with 1 function** | **32** (", text)
+        self.assertIn("| **idle storage requests per replica-minute, one replica with 20 functions** | **70** (",
+                      text)
+        self.assertIn("CPU per message, flow limits on / off: 1.16**", text)
+        self.assertIn("- on: `queue.delete:204` 1.000, `queue.receive:200` 0.100, `table.get:200` 0.200", text)
+        self.assertEqual(report.fleet_section(None, {}), [])
+
+    def test_a_full_report_with_l_has_the_section_and_summary_rows(self):
+        data = dict(synthetic(), l=fleet_results())
+        text = report.render(dict(data, f={int(k): v for k, v in data["f"].items()}), "x")
+        self.assertIn("| handler calls during a provider outage (300 jobs), 12 / 50 replicas (l) | 63 / 264 |", text)
+        self.assertIn("| idle storage requests per replica-minute, 1 / 20 functions (l) | 32 / 70 |", text)
+        self.assertIn("| CPU per message, flow limits on / off (l; work loop) | 1.16 |", text)
+        headings = [x for x in text.splitlines() if x.startswith("## ")]
+        self.assertEqual(headings[-2:], ["## (l) Fleet (issue 37): the engine's fleet simulation, and flow limits "
+                                         "on the happy path", "## Commands"])

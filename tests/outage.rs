@@ -462,10 +462,10 @@ async fn in_serve_mode_a_paused_function_parks_a_fresh_copy_and_answers_200() {
 }
 
 /// A worker process as users run it: `aqw run` on the app folder.
-struct Process(std::process::Child);
+pub(crate) struct Process(std::process::Child);
 
 impl Process {
-    fn start(app: &TestApp) -> Self {
+    pub(crate) fn start(app: &TestApp) -> Self {
         let child = std::process::Command::new(crate::common::aqw_bin())
             .args(["run", "--app"])
             .arg(app.path())

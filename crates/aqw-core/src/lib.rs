@@ -81,6 +81,7 @@
 //! | the circuit breaker of one function as a pure state machine (closed → open → half-open), what counts toward it, its settings and defaults | `crates/aqw-core/src/breaker.rs` |
 //! | the control row of each function in `aqwcontrol`: pause / resume by an operator, the breaker state a worker publishes; `ControlStore` | `crates/aqw-core/src/control.rs` |
 //! | what the poll loop asks before receiving: the pause and the breaker, watched and published per function (`Gate`) | `crates/aqw-core/src/gate.rs` |
+//! | flow control across the fleet: a function's calls per second (a GCRA row) and calls in flight (a lease-based semaphore row), and calls in flight per key value, in the control table's `limits` partition | `crates/aqw-core/src/flow/` (`mod.rs` `Flow`, `rate.rs` the GCRA row, `slots.rs` the semaphore row, `rows.rs` read-modify-write under the ETag) |
 //! | retry delay (exponential + jitter, or fixed) and the Functions polling back-off, as pure values | `crates/aqw-core/src/retry.rs` |
 //! | idempotency: the key table's layout (RowKey = SHA-256 of the key) and the module's exports | `crates/aqw-core/src/idempotency/mod.rs` |
 //! | the key from business facts (template / `idempotencyKey` / `none`), `IdempotencyKey` | `crates/aqw-core/src/idempotency/key.rs` |
