@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// How often a running function reads its control row: a pause or resume
-/// is honoured within this (plus one in-flight receive), at one table read
-/// per function per interval.
+/// is honoured within this (plus one in-flight receive), at one partition
+/// query per worker per interval for all its functions.
 pub const WATCH_INTERVAL: Duration = Duration::from_secs(2);
 
 const PARTITION: &str = "function";
