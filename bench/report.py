@@ -290,7 +290,8 @@ def render(data, run_name):
               "host.json of the aqw runs: `extensions.queues` = `{\"messageEncoding\": \"base64\"}` (plus "
               "`batchSize`/`newBatchThreshold` 32 for tuned, `maxDequeueCount` 1 for the replay setup, "
               "`maxPollingInterval` 00:00:01 for the poisoned case), `aqw.functions.Bench` = "
-              "`{\"queue\": Q, \"key\": \"bench:{/id}\"}` (`\"none\"` for keyless), `aqw.tables` = fresh names. "
+              "`{\"queue\": Q, \"key\": \"bench:{/id}\"}` (`\"none\"` for keyless; plus `\"limits\": "
+              f"{json.dumps(FLOW_LIMITS)}` for (l)'s flow limits on), `aqw.tables` = fresh names. "
               f"Raw per-run data: `.bench/{run_name}/results.json`.", ""]
     if errors:
         lines += ["## Errors", ""] + [f"- {e}" for e in errors] + [""]
@@ -505,9 +506,10 @@ def fleet_section(l, N):
                 lines.append(f"- {m}: " + ", ".join(f"`{k}` {v / n:.3f}" for k, v in sorted(tot.items())))
         lines += ["", f"Flow limits: the app of (a)'s default run (`examples/bench_worker`, the in-process no-op "
                   f"handler, {N.get('flow')} keyed jobs fed in waves, default settings) with and without `limits` "
-                  "on its function, set to the most each setting allows so that they do their bookkeeping (a "
-                  "rate row and a slots row in the control table, read and written under ETags around each "
-                  "receive) but never hold a receive at Azurite's speed; both modes in a random order per "
+                  "on its function, set to the most each setting allows so that they do their bookkeeping (before "
+                  "each receive, slots taken on the function's in-flight row and calls reserved on its rate row; "
+                  "each slot handed back as its job ends; rows of the control table, written under ETags) but "
+                  "never hold a receive at Azurite's speed; both modes in a random order per "
                   "repetition, each on a freshly restarted Azurite. CPU per message is the worker's own "
                   "`cpu_s` / `handled` (the work loop, start-up excluded) and the process's rusage / jobs; "
                   "requests per message are aqw's `aqw_storage_requests_total` when the last job settled, "

@@ -889,8 +889,9 @@ RATE_TEST = "flow::twelve_replicas_keep_a_fleet_wide_rate_limit"
 FLEET_REPLICAS = (12, 50)
 
 # Flow limits for the happy-path pair: the most each setting allows, so the
-# limits do their bookkeeping (rows read and written under ETags per receive)
-# but never hold a receive at Azurite's few hundred jobs a second.
+# limits do their bookkeeping (slots taken and calls reserved on control-table
+# rows before each receive, each slot handed back as its job ends) but never
+# hold a receive at Azurite's few hundred jobs a second.
 FLOW_LIMITS = {"callsPerSecond": 1000, "inFlight": 10000}
 FLOW_MODES = ("off", "on")
 

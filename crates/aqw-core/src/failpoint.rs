@@ -48,6 +48,12 @@ pub fn arm(name: &str) {
     ARMED.with(|a| *a.borrow_mut() = Some(name.to_string()));
 }
 
+/// Disarm this thread's point, if it was not hit.
+#[cfg(feature = "failpoints")]
+pub fn disarm() {
+    ARMED.with(|a| *a.borrow_mut() = None);
+}
+
 /// Whether an [`arm`]ed point is still waiting to be hit on this thread.
 #[cfg(feature = "failpoints")]
 pub fn armed() -> Option<String> {

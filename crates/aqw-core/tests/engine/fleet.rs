@@ -2,13 +2,16 @@
 //! in this process, over one in-memory store, on paused tokio time, through
 //! a seeded fault schedule: a full provider outage while an autoscaler adds
 //! replicas, a partial outage (one shard of keys down), replicas removed,
-//! then a quiet rest of the day. After each run it checks the invariants
-//! (every job's effect applied exactly once, or the job has a poison
-//! record; nothing poisoned by the full outage; only the failing shard
-//! poisoned by the partial one; nothing left on the queue) and prints the
-//! figures: storage requests per message, handler calls during the outage,
-//! how long the fleet took to follow the first trip, and idle storage
-//! requests per replica-minute.
+//! a provider rate limit (429 with `Retry-After` beyond 10 calls a second)
+//! with storage latency, job crashes at seeded steps (a failpoint unwinds
+//! the job's task), a storage outage, then a quiet rest of the day. After
+//! each run it checks the invariants (every job's effect applied exactly
+//! once, or the job has a poison record; nothing poisoned by the full
+//! outage or the rate limit; only the failing shard poisoned by the partial
+//! one; nothing left on the queue, so nothing expired unseen) and prints
+//! the figures: storage requests per message, handler calls during the
+//! outage, how soon the fleet held (90 % of the outage's calls came within
+//! that time of its start), and idle storage requests per replica-minute.
 //!
 //! `AQW_FLEET_SEED=<n>` replays one seed (a failing run prints its seed);
 //! `AQW_FLEET_REPLICAS` and `AQW_FLEET_HOURS` change the size.
@@ -53,6 +56,15 @@ struct Schedule {
     /// One key in `shard_modulo` fails (503) in `[partial.0, partial.1)`.
     partial: (Duration, Duration),
     shard_modulo: u64,
+    /// Beyond 10 calls a second the provider answers 429 with
+    /// `Retry-After: 1` in `[rate_limit.0, rate_limit.1)`; storage answers
+    /// slowly (`latency`) meanwhile.
+    rate_limit: (Duration, Duration),
+    latency: Duration,
+    /// Failpoints armed (one job crashes at each), and when.
+    crashes: Vec<(Duration, &'static str)>,
+    /// Storage answers nothing in `[storage_outage.0, storage_outage.1)`.
+    storage_outage: (Duration, Duration),
     /// The quiet rest of the run, for the idle figures.
     quiet: Duration,
 }
@@ -63,6 +75,17 @@ impl Schedule {
         let start = r.secs(3, 10);
         let outage = (start, start + r.secs(45, 90));
         let partial_start = outage.1 + r.secs(120, 240);
+        let partial = (partial_start, partial_start + r.secs(60, 120));
+        let limit_start = partial.1 + r.secs(60, 120);
+        let rate_limit = (limit_start, limit_start + r.secs(60, 120));
+        let points = ["claim.after", "effect.after", "done.after"];
+        let crashes = (0..3)
+            .map(|i| {
+                let at = rate_limit.0 + r.secs(1, 8) + Duration::from_secs(3 * i as u64);
+                (at, points[(i + r.next() as usize) % points.len()])
+            })
+            .collect();
+        let storage_start = rate_limit.1 + r.secs(60, 120);
         Self {
             seed,
             replicas_at_start: (replicas / 4).max(2),
@@ -71,8 +94,12 @@ impl Schedule {
             outage,
             scale_out_at: start + r.secs(5, 20),
             scale_in_at: outage.1 + r.secs(20, 60),
-            partial: (partial_start, partial_start + r.secs(60, 120)),
+            partial,
             shard_modulo: 7 + r.next() % 5,
+            rate_limit,
+            latency: Duration::from_millis(5 + r.next() % 50),
+            crashes,
+            storage_outage: (storage_start, storage_start + r.secs(10, 40)),
             quiet: Duration::from_secs(hours * 3600),
         }
     }
@@ -88,6 +115,8 @@ fn in_shard(n: u64, modulo: u64) -> bool {
 struct Figures {
     requests_per_message: f64,
     calls_during_outage: usize,
+    held_within: Duration,
+    crashes: usize,
     trips: usize,
     idle_requests_per_replica_minute: f64,
     poisoned: usize,
@@ -115,8 +144,8 @@ async fn a_fleet_through_outages_scaling_and_a_quiet_day_loses_and_doubles_nothi
         println!(
             "fleet seed {seed}: {} replicas at peak, {} jobs, outage {:?}..{:?}: \
              {:.2} storage requests per message, {} handler calls during the outage \
-             for {} jobs, {} breaker trip(s) alerted by the fleet, \
-             {:.1} idle storage requests per replica-minute, {} poisoned \
+             for {} jobs (90 % of them within {:?} of its start), {} breaker trip(s) alerted by the fleet, \
+             {} job crash(es), {:.1} idle storage requests per replica-minute, {} poisoned \
              (the failing shard had {} jobs)",
             schedule.replicas_at_peak,
             schedule.jobs,
@@ -125,7 +154,9 @@ async fn a_fleet_through_outages_scaling_and_a_quiet_day_loses_and_doubles_nothi
             figures.requests_per_message,
             figures.calls_during_outage,
             schedule.jobs,
+            figures.held_within,
             figures.trips,
+            figures.crashes,
             figures.idle_requests_per_replica_minute,
             figures.poisoned,
             figures.shard_jobs,
@@ -136,8 +167,20 @@ async fn a_fleet_through_outages_scaling_and_a_quiet_day_loses_and_doubles_nothi
 async fn run(s: &Schedule) -> Figures {
     let t0 = Instant::now();
     let (outage, partial, modulo) = (s.outage, s.partial, s.shard_modulo);
+    let rate_limit = s.rate_limit;
+    let window = std::sync::Mutex::new((Instant::now(), 0u32));
     let env = Env::new(move |job, _| {
         let at = t0.elapsed();
+        if at >= rate_limit.0 && at < rate_limit.1 {
+            let mut w = window.lock().unwrap();
+            if w.0.elapsed() >= Duration::from_secs(1) {
+                *w = (Instant::now(), 0);
+            }
+            w.1 += 1;
+            if w.1 > 10 {
+                return Behave::Later(Duration::from_secs(1));
+            }
+        }
         let n: u64 = serde_json::from_str::<serde_json::Value>(&job.payload)
             .ok()
             .and_then(|v| v["n"].as_u64())
@@ -195,6 +238,7 @@ async fn run(s: &Schedule) -> Figures {
         env.enqueue(&job).await;
         jobs.push(job);
     }
+    let crashes = faults_after_the_partial_outage(s, &env, t0, &mut jobs).await;
     env.drained(minutes(60)).await;
     let settled_requests = env.storage.total_requests();
     // The quiet rest of the day: idle cost per replica-minute.
@@ -232,10 +276,17 @@ async fn run(s: &Schedule) -> Figures {
         fail("messages left on the source queue");
     }
     let calls = env.provider.calls();
-    let calls_during_outage = calls
+    let outage_starts: Vec<Duration> = calls
         .iter()
-        .filter(|c| c.outcome == CallOutcome::Failed("HTTP 503 provider down".into()))
-        .count();
+        .zip(env.provider.call_starts())
+        .filter(|(c, _)| c.outcome == CallOutcome::Failed("HTTP 503 provider down".into()))
+        .map(|(_, at)| at - (t0 + s.outage.0))
+        .collect();
+    let calls_during_outage = outage_starts.len();
+    let held_within = outage_starts
+        .get((outage_starts.len() * 9 / 10).saturating_sub(1))
+        .copied()
+        .unwrap_or_default();
     // Trips alerted: only a replica that tripped itself alerts; followers
     // only log.
     let trips = env
@@ -252,12 +303,59 @@ async fn run(s: &Schedule) -> Figures {
     Figures {
         requests_per_message: settled_requests as f64 / jobs.len() as f64,
         calls_during_outage,
+        held_within,
+        crashes,
         trips,
         idle_requests_per_replica_minute: idle as f64
             / (replicas_now as f64 * s.quiet.as_secs_f64() / 60.0).max(1.0),
         poisoned: poisoned.len(),
         shard_jobs: shard.len(),
     }
+}
+
+/// The schedule's later faults: 100 jobs arriving into the provider's rate
+/// limit while storage is slow, a job crashing at each seeded failpoint,
+/// then 30 jobs arriving just before storage stops answering for a while;
+/// how many crashes happened.
+async fn faults_after_the_partial_outage(
+    s: &Schedule,
+    env: &Env,
+    t0: Instant,
+    jobs: &mut Vec<JobSpec>,
+) -> usize {
+    tokio::time::sleep_until(t0 + s.rate_limit.0).await;
+    env.storage.set_latency(s.latency);
+    for n in 1..=100u64 {
+        let job = env.job_with(&format!("l{n}"), serde_json::json!({ "n": 1000 + n }));
+        env.enqueue(&job).await;
+        jobs.push(job);
+    }
+    let mut crashes = s.crashes.clone();
+    crashes.sort();
+    let mut fired = 0;
+    for (at, point) in crashes {
+        tokio::time::sleep_until(t0 + at).await;
+        if aqw_core::failpoint::armed().is_none() {
+            fired += 1;
+        }
+        aqw_core::failpoint::arm(point);
+    }
+    tokio::time::sleep_until(t0 + s.rate_limit.1).await;
+    env.storage.set_latency(Duration::ZERO);
+    fired += usize::from(aqw_core::failpoint::armed().is_none());
+    aqw_core::failpoint::disarm();
+    tokio::time::sleep_until(t0 + s.storage_outage.0 - Duration::from_secs(1)).await;
+    for n in 1..=30u64 {
+        let job = env.job_with(&format!("s{n}"), serde_json::json!({ "n": 2000 + n }));
+        env.enqueue(&job).await;
+        jobs.push(job);
+    }
+    tokio::time::sleep_until(t0 + s.storage_outage.0).await;
+    env.storage.set_unavailable(true);
+    tokio::time::sleep_until(t0 + s.storage_outage.1).await;
+    env.storage.set_unavailable(false);
+    // The first look at `armed` counts no crash: nothing was armed yet.
+    fired - 1
 }
 
 /// Storage requests per minute of one idle replica with `functions`
