@@ -403,9 +403,9 @@ def users_section(k, N):
     return lines
 
 
-def fleet_sim_at(l, replicas):
-    """(l)'s fleet simulation at `replicas` at peak, or None."""
-    return next((x for x in (l or {}).get("sim") or [] if x and x.get("replicas") == replicas), None)
+def fleet_sims(l, replicas):
+    """(l)'s runs of the fleet simulation at `replicas` at peak."""
+    return [x for x in (l or {}).get("sim") or [] if x and x.get("replicas") == replicas]
 
 
 def fleet_summary(l):
@@ -413,11 +413,11 @@ def fleet_summary(l):
     if not l:
         return []
     lines = []
-    sims = [x for x in l.get("sim") or [] if x]
-    if sims:
+    sims = {r: fleet_sims(l, r) for r in FLEET_REPLICAS}
+    if any(sims.values()):
         lines.append("| handler calls during a provider outage (300 jobs), " +
-                     " / ".join(f"{x['replicas']}" for x in sims) + " replicas (l) | " +
-                     " / ".join(str(x["outage_calls"]) for x in sims) + " |")
+                     " / ".join(str(r) for r in sims) + " replicas at peak (l; median of the runs) | " +
+                     " / ".join(fmt(median([x["outage_calls"] for x in xs]), 0) for xs in sims.values()) + " |")
     idle = l.get("idle")
     if idle:
         lines.append("| idle storage requests per replica-minute, 1 / 20 functions (l) | "
@@ -439,22 +439,23 @@ def fleet_section(l, N):
         return []
     hours = l.get("hours")
     lines = ["## (l) Fleet (issue 37): the engine's fleet simulation, and flow limits on the happy path", ""]
-    lines += ["| figure | value |", "|---|---|"]
+    lines += ["| replicas at peak | metric | median | min | max | unit |", "|---|---|---|---|---|---|"]
     for replicas in FLEET_REPLICAS:
-        x = fleet_sim_at(l, replicas)
-        calls = "n/a"
-        if x:
-            calls = f"{x['outage_calls']}" + (f" (for {x['jobs']} jobs)" if x.get("jobs") else "")
-        lines.append(f"| **handler calls during a full provider outage, {replicas} replicas at peak** | "
-                     f"**{calls}** |")
-    for replicas in FLEET_REPLICAS:
-        x = fleet_sim_at(l, replicas)
-        if x:
-            lines.append(f"| {replicas} replicas: breaker trips alerted / storage requests per message over the "
-                         f"run / poisoned (the failing shard's jobs) | {x.get('trips')} / "
-                         f"{fmt(x.get('requests_per_message'))} / {x.get('poisoned')} ({x.get('shard_jobs')}) |")
-            lines.append(f"| {replicas} replicas: idle storage requests per replica-minute after the run "
-                         f"({hours} quiet hour(s)) | {fmt(x['idle_per_replica_minute'], 1)} |")
+        xs = fleet_sims(l, replicas)
+        jobs = next((x["jobs"] for x in xs if x.get("jobs")), None)
+        col = lambda key: [x.get(key) for x in xs]  # noqa: E731
+        lines.append(row(f"{replicas} | **handler calls during a full provider outage**"
+                         + (f" ({jobs} jobs)" if jobs else ""), col("outage_calls"), "calls", 0))
+        if any(v is not None for v in col("outage_calls_p90_s")):
+            lines.append(row(f"{replicas} | 90 % of those calls within, from the outage's start",
+                             col("outage_calls_p90_s"), "s"))
+        lines.append(row(f"{replicas} | breaker trips alerted by the fleet", col("trips"), "trips", 0))
+        lines.append(row(f"{replicas} | storage requests per message over the run", col("requests_per_message"),
+                         "requests"))
+        lines.append(row(f"{replicas} | idle storage requests per replica-minute after the run ({hours} quiet "
+                         "hour(s))", col("idle_per_replica_minute"), "requests", 1))
+        lines.append(row(f"{replicas} | poisoned (only the failing shard's jobs may be)", col("poisoned"), "jobs", 0))
+    lines += ["", "| figure | value |", "|---|---|"]
     idle = l.get("idle")
     for n in ("1", "20"):
         v = (idle or {}).get(n)
@@ -467,16 +468,19 @@ def fleet_section(l, N):
                  (f"{fmt(rate['rate'])} ({fmt(rate['limit'], 0)}; {rate.get('answered_429')} of "
                   f"{rate.get('calls')} calls) |" if rate else "n/a |"))
     lines += ["",
-              "Handler calls during the outage: `" + FLEET_TEST + "` (the engine's deterministic fleet "
-              "simulation, seed 1: replicas as tasks over the in-memory store on paused tokio time, release build) "
-              "with `AQW_FLEET_REPLICAS` " + " and ".join(map(str, FLEET_REPLICAS)) + "; 300 jobs arrive as the provider starts answering every call "
-              "with 503 for 45–90 s while the autoscaler grows the fleet from a quarter of the replicas to all of "
-              "them, and the figure counts the calls that met the outage (the test fails at one call per job). "
-              f"Idle requests after the run: every storage request of the fleet over {hours} quiet simulated "
-              "hour(s) after the queue drained, per replica and minute (`maxPollingInterval` 60 s). Idle "
-              "requests with 1 and 20 functions: `" + IDLE_TEST + "`, one idle replica on empty queues over "
-              "10 simulated minutes after a 5-minute warm-up, by storage operation. Rate limit: `" +
-              RATE_TEST + "`, 150 jobs on 12 replicas with `callsPerSecond` 10 against a provider that answers "
+              "Handler calls during the outage: `" + FLEET_TEST + "` (the engine's fleet simulation: replicas "
+              "as tasks over the in-memory store on paused tokio time, release build) with `AQW_FLEET_REPLICAS` "
+              + " and ".join(map(str, FLEET_REPLICAS)) + "; 300 jobs arrive as the provider starts answering every "
+              "call with 503 for 45–90 s while the autoscaler grows the fleet from a quarter of the replicas to all "
+              "of them, and the figure counts the calls that met the outage (the test fails at one call per job). "
+              f"{l.get('runs') or 1} run(s) per size of seed 1: the schedule is seeded, but the engine's jitter "
+              "(`rand::thread_rng`) and its replicas' ids are not, so the counts move from run to run. Idle "
+              "requests after the run: every "
+              f"storage request of the fleet over {hours} quiet simulated hour(s) after the queue drained, per "
+              "replica and minute (`maxPollingInterval` 60 s). Idle requests with 1 and 20 functions: `" + IDLE_TEST
+              + "`, one idle replica on empty queues over 10 simulated minutes after a 5-minute warm-up, by storage "
+              "operation. Rate limit: `" + RATE_TEST + "`, 150 jobs on 12 replicas with `callsPerSecond` 10 against "
+              "a provider that answers "
               "429 beyond 10 calls per one-second window, the rate measured in simulated time.", ""]
 
     f = flow_figures(l.get("limits"))

@@ -887,6 +887,10 @@ IDLE_TEST = "fleet::an_idle_replicas_control_reads_do_not_grow_with_its_function
 RATE_TEST = "flow::twelve_replicas_keep_a_fleet_wide_rate_limit"
 # Replicas at the fleet's peak: the issue's 12, and the test's default 50.
 FLEET_REPLICAS = (12, 50)
+# Runs of the simulation per size: its schedule is seeded, but the engine's
+# jitter (rand::thread_rng) and its replicas' ids (uuid v4) are not, so its
+# counts vary from run to run.
+FLEET_RUNS = dict(smoke=3, full=5)
 
 # Flow limits for the happy-path pair: the most each setting allows, so the
 # limits do their bookkeeping (slots taken and calls reserved on control-table
@@ -903,7 +907,9 @@ _FLEET_FIELDS = (
     ("outage", r"outage (\S+\.\.\S+):", str, False),
     ("requests_per_message", r"([\d.]+) storage requests per message", float, False),
     ("outage_calls", r"(\d+) handler calls during the outage", int, True),
+    ("outage_calls_p90_s", r"90 % of them within ([\d.]+)s", float, False),
     ("trips", r"(\d+) breaker trip\(s\)", int, False),
+    ("crashes", r"(\d+) job crash", int, False),
     ("idle_per_replica_minute", r"([\d.]+) idle storage requests per replica-minute", float, True),
     ("poisoned", r"(\d+) poisoned", int, False),
     ("shard_jobs", r"failing shard had (\d+) jobs", int, False),
@@ -962,12 +968,12 @@ def parse_rate(text):
     return out
 
 
-def engine_test(b, name, label, env=None):
+def engine_test(b, name, label, env=None, command=None):
     """One test of the engine's suite (release build, `--exact`, its output
     not captured): its stdout, or None (the failure is reported)."""
     cmd = [*ENGINE_TESTS, "--manifest-path", os.path.join(b.root, "Cargo.toml"), "--", "--exact", name,
            "--nocapture"]
-    b.commands.setdefault(f"(l) {label}", show_env(b, cmd, {}, env))
+    b.commands.setdefault(f"(l) {command or label}", show_env(b, cmd, {}, env))
     res = b.run(cmd, f"fleet-{label}", env=env)
     if res is None:
         return None
@@ -983,7 +989,7 @@ def engine_test(b, name, label, env=None):
 def fleet_sim(b):
     """The engine's fleet figures: the simulation at each FLEET_REPLICAS, an
     idle replica with 1 and 20 functions, and the fleet-wide rate limit."""
-    out = dict(sim=[], idle=None, rate=None, hours=b.sizes["fleet_hours"])
+    out = dict(sim=[], idle=None, rate=None, hours=b.sizes["fleet_hours"], runs=FLEET_RUNS[b.mode])
     log("(l) fleet: building the engine's tests in release (cargo test --no-run)")
     build = b.run([*ENGINE_TESTS, "--manifest-path", os.path.join(b.root, "Cargo.toml"), "--no-run"],
                   "fleet-build", timeout=1800)
@@ -992,17 +998,19 @@ def fleet_sim(b):
     out["build_seconds"] = build["wall"]
     for replicas in FLEET_REPLICAS:
         env = {"AQW_FLEET_REPLICAS": str(replicas), "AQW_FLEET_HOURS": str(out["hours"])}
-        log(f"(l) fleet simulation: {replicas} replicas at peak, {out['hours']} quiet hour(s)")
-        text = engine_test(b, FLEET_TEST, f"sim-{replicas}", env)
-        if text is None:
-            continue
-        f = parse_fleet(text)
-        if isinstance(f, str):
-            b.fail(f"(l) fleet simulation at {replicas} replicas: {f}")
-            continue
-        if f.get("replicas") not in (None, replicas):
-            b.fail(f"(l) fleet simulation: asked for {replicas} replicas, it ran {f['replicas']}")
-        out["sim"].append(dict(f, replicas=replicas))
+        log(f"(l) fleet simulation: {replicas} replicas at peak, {out['hours']} quiet hour(s), "
+            f"{out['runs']} run(s)")
+        for run in range(out["runs"]):
+            text = engine_test(b, FLEET_TEST, f"sim-{replicas}-{run}", env, command=f"sim-{replicas}")
+            if text is None:
+                continue
+            f = parse_fleet(text)
+            if isinstance(f, str):
+                b.fail(f"(l) fleet simulation at {replicas} replicas: {f}")
+                continue
+            if f.get("replicas") not in (None, replicas):
+                b.fail(f"(l) fleet simulation: asked for {replicas} replicas, it ran {f['replicas']}")
+            out["sim"].append(dict(f, replicas=replicas, run=run))
     for key, test, parse, what in (("idle", IDLE_TEST, parse_idle, "idle replica"),
                                    ("rate", RATE_TEST, parse_rate, "fleet-wide rate limit")):
         log(f"(l) {what}: {test}")

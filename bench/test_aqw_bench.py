@@ -498,8 +498,8 @@ class LogLines(unittest.TestCase):
 FLEET_OUT = """
 running 1 test
 fleet seed 1: 12 replicas at peak, 300 jobs, outage 6s..83s: 11.35 storage requests per message, 63 handler \
-calls during the outage for 300 jobs, 6 breaker trip(s) alerted by the fleet, 32.8 idle storage requests per \
-replica-minute, 21 poisoned (the failing shard had 21 jobs)
+calls during the outage for 300 jobs (90 % of them within 1.369s of its start), 6 breaker trip(s) alerted by the \
+fleet, 3 job crash(es), 32.8 idle storage requests per replica-minute, 21 poisoned (the failing shard had 21 jobs)
 test fleet::a_fleet_through_outages_scaling_and_a_quiet_day_loses_and_doubles_nothing ... ok
 """
 IDLE_OUT = ('idle storage requests per replica-minute: 1 function 32 ({"queue.receive": 1, "table.query": 30, '
@@ -518,10 +518,11 @@ def flow_run(mode, cpu_ms, requests, n=40):
 def fleet_results():
     off = {"queue.receive:200": 4, "table.insert:204": 40, "table.merge:204": 40, "queue.delete:204": 40}
     on = dict(off, **{"table.get:200": 8, "table.update:204": 8})
-    return dict(hours=1, build_seconds=2.0,
-                sim=[dict(scenarios.parse_fleet(FLEET_OUT), replicas=12),
-                     dict(scenarios.parse_fleet(FLEET_OUT.replace("12 replicas", "50 replicas")
-                                                .replace("63 handler", "264 handler")), replicas=50)],
+    at50 = [FLEET_OUT.replace("12 replicas", "50 replicas").replace("63 handler", f"{c} handler")
+            for c in (264, 195, 233)]
+    return dict(hours=1, build_seconds=2.0, runs=3,
+                sim=[*(dict(scenarios.parse_fleet(FLEET_OUT), replicas=12, run=i) for i in range(3)),
+                     *(dict(scenarios.parse_fleet(t), replicas=50, run=i) for i, t in enumerate(at50))],
                 idle=scenarios.parse_idle(IDLE_OUT), rate=scenarios.parse_rate(RATE_OUT),
                 limits={"off": [flow_run("off", 0.5, off), flow_run("off", 0.4, off)],
                         "on": [flow_run("on", 0.6, on), flow_run("on", 0.44, on)]})
@@ -536,8 +537,13 @@ class FleetBench(unittest.TestCase):
     def test_the_fleet_line_is_parsed(self):
         f = scenarios.parse_fleet(FLEET_OUT)
         self.assertEqual(f, dict(seed=1, replicas=12, jobs=300, outage="6s..83s", requests_per_message=11.35,
-                                 outage_calls=63, trips=6, idle_per_replica_minute=32.8, poisoned=21,
-                                 shard_jobs=21))
+                                 outage_calls=63, outage_calls_p90_s=1.369, trips=6, crashes=3,
+                                 idle_per_replica_minute=32.8, poisoned=21, shard_jobs=21))
+        # The figures the issue asks for are enough: the others may come and go.
+        short = ("fleet seed 2: 63 handler calls during the outage for 300 jobs, "
+                 "32.8 idle storage requests per replica-minute\n")
+        self.assertEqual({k: v for k, v in scenarios.parse_fleet(short).items() if v is not None},
+                         dict(seed=2, outage_calls=63, idle_per_replica_minute=32.8))
 
     def test_a_missing_line_or_figure_says_so(self):
         self.assertEqual(scenarios.parse_fleet("running 0 tests\n"), "no `fleet seed N: ...` line in its output")
@@ -566,10 +572,14 @@ class FleetBench(unittest.TestCase):
     def test_the_section_gives_every_figure_of_the_issue(self):
         text = "\n".join(report.fleet_section(fleet_results(), {"flow": 40}))
         self.assertIn("## (l) Fleet (issue 37)", text)
-        self.assertIn("| **handler calls during a full provider outage, 12 replicas at peak** | **63 (for 300 jobs)** |",
+        self.assertIn("| 12 | **handler calls during a full provider outage** (300 jobs) | 63 | 63 | 63 | calls |",
                       text)
-        self.assertIn("| **handler calls during a full provider outage, 50 replicas at peak** | **264 (for 300 jobs)** |",
+        self.assertIn("| 50 | **handler calls during a full provider outage** (300 jobs) | 233 | 195 | 264 | calls |",
                       text)
+        self.assertIn("| 12 | 90 % of those calls within, from the outage's start | 1.37 | 1.37 | 1.37 | s |", text)
+        self.assertIn("3 run(s) per size of seed 1", text)
+        self.assertIn("| fleet-wide rate limit over 12 replicas: handler calls per second (limit; answered 429) | "
+                      "10.00 (10; 0 of 150 calls) |", text)
         self.assertIn("| **idle storage requests per replica-minute, one replica with 1 function** | **32** (", text)
         self.assertIn("| **idle storage requests per replica-minute, one replica with 20 functions** | **70** (",
                       text)
@@ -580,7 +590,8 @@ class FleetBench(unittest.TestCase):
     def test_a_full_report_with_l_has_the_section_and_summary_rows(self):
         data = dict(synthetic(), l=fleet_results())
         text = report.render(dict(data, f={int(k): v for k, v in data["f"].items()}), "x")
-        self.assertIn("| handler calls during a provider outage (300 jobs), 12 / 50 replicas (l) | 63 / 264 |", text)
+        self.assertIn("| handler calls during a provider outage (300 jobs), 12 / 50 replicas at peak (l; median of "
+                      "the runs) | 63 / 233 |", text)
         self.assertIn("| idle storage requests per replica-minute, 1 / 20 functions (l) | 32 / 70 |", text)
         self.assertIn("| CPU per message, flow limits on / off (l; work loop) | 1.16 |", text)
         headings = [x for x in text.splitlines() if x.startswith("## ")]

@@ -331,6 +331,17 @@ pub enum ConfigCmd {
 
 #[derive(Subcommand)]
 pub enum KeysCmd {
+    /// Ask the provider (the function's handler.lookup) whether the key's
+    /// provider key took effect: applied, not applied or unknown.
+    #[command(
+        after_help = "Exit codes: 0 the provider answered (applied or not applied), 1 unknown, not asked (no handler.lookup) or the key was never claimed, 2 bad arguments, 3 storage error.\n\nExample:\n  aqw keys check SendReceipt receipt:o-1"
+    )]
+    Check {
+        /// The function the key belongs to.
+        function: String,
+        /// The full key, as `poison list` or `poison show` prints it.
+        key: String,
+    },
     /// Show the idempotency record of one key.
     #[command(after_help = "Example:\n  aqw keys show SendReceipt receipt:o-1")]
     Show {

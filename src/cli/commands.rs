@@ -38,6 +38,9 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Failure> {
         Command::Keys(KeysCmd::Show { function, key }) => {
             keys_show(&cli.app, &function, &key, output).await
         }
+        Command::Keys(KeysCmd::Check { function, key }) => {
+            keys_check(&cli.app, &function, &key, output).await
+        }
         Command::Keys(KeysCmd::Purge(a)) => super::purge::keys(&load(&cli.app)?, a, output).await,
     }
 }
@@ -194,6 +197,46 @@ async fn keys_show(
     Ok(Exit::Ok)
 }
 
+/// `keys check`: the key's record, then the provider's answer for its
+/// provider key.
+async fn keys_check(
+    app_dir: &Path,
+    function: &str,
+    key: &str,
+    output: Output,
+) -> Result<Exit, Failure> {
+    let app = load(app_dir)?;
+    let f = app
+        .function(function)
+        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
+    let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
+    let Some(rec) = ops::key_record(&app, &storage, function, key).await? else {
+        render::key_record(function, key, None, output);
+        return Ok(Exit::NeedsAPerson);
+    };
+    let lookup = aqw::handlers::lookup::of(&f.handler);
+    let answer = aqw::handlers::lookup::ask(lookup, &rec.provider_key).await;
+    render::key_check(&rec, &answer, output);
+    Ok(Exit::needs_a_person_if(!matches!(
+        answer,
+        aqw::handlers::lookup::LookupAnswer::Applied { .. }
+            | aqw::handlers::lookup::LookupAnswer::NotApplied { .. }
+    )))
+}
+
+/// For each dry-run item whose key may have taken effect, the provider's
+/// answer from the function's lookup (or that it was not asked).
+async fn check_uncertain(app: &AppConfig, queue: &str, report: &mut ops::ReplayReport) {
+    let lookup = app
+        .function_for_queue(queue)
+        .and_then(|f| aqw::handlers::lookup::of(&f.handler));
+    for item in report.items.iter_mut() {
+        if let Some(pk) = &item.uncertain_provider_key {
+            item.provider_check = Some(aqw::handlers::lookup::ask(lookup, pk).await.line());
+        }
+    }
+}
+
 async fn poison(app_dir: &Path, cmd: PoisonCmd, output: Output) -> Result<Exit, Failure> {
     let app = load(app_dir)?;
     match cmd {
@@ -216,7 +259,13 @@ async fn poison(app_dir: &Path, cmd: PoisonCmd, output: Output) -> Result<Exit, 
             poison_list(&app, &queue, &filter, output).await
         }
         PoisonCmd::Show { queue, id, pretty } => {
-            let report = ops::show(&queue_ops(&app, &queue)?, &id).await?;
+            let mut report = ops::show(&queue_ops(&app, &queue)?, &id).await?;
+            if let Some(pk) = report.uncertain_provider_key() {
+                let lookup = app
+                    .function_for_queue(&queue)
+                    .and_then(|f| aqw::handlers::lookup::of(&f.handler));
+                report.provider_check = Some(aqw::handlers::lookup::ask(lookup, pk).await.line());
+            }
             render::poison_show(&report, pretty, output);
             Ok(Exit::Ok)
         }
@@ -353,9 +402,12 @@ async fn poison_replay(
             }
         }
     };
-    let report = ops::replay(&ops, &opts, &progress).await?;
+    let mut report = ops::replay(&ops, &opts, &progress).await?;
     if let Some(b) = bar {
         b.finish_and_clear();
+    }
+    if report.dry_run {
+        check_uncertain(app, &queue, &mut report).await;
     }
     render::poison_replay(&report, opts.wait.is_some(), output);
     Ok(Exit::needs_a_person_if(report.needs_a_person()))

@@ -216,13 +216,7 @@ pub fn poison_show(report: &ShowReport, pretty: bool, output: Output) {
         None => outln!("key state:     no record"),
     }
     print_window_and_copy(report);
-    if r.uncertain_attempts > 0 {
-        outln!(
-            "uncertain:     {} attempt(s) may have taken effect; the provider key {} keeps a retry from doubling it",
-            r.uncertain_attempts,
-            report.key_record.as_ref().map_or("-", |k| k.provider_key.as_str())
-        );
-    }
+    print_uncertain(report);
     if let Some(note) = &report.redacted {
         outln!("redacted:      {note}");
     }
@@ -243,6 +237,21 @@ pub fn poison_show(report: &ShowReport, pretty: bool, output: Output) {
             r.message
         ),
         _ => {}
+    }
+}
+
+/// Attempts that may have taken effect, and what the provider said of them.
+fn print_uncertain(report: &ShowReport) {
+    let r = &report.record;
+    if r.uncertain_attempts > 0 {
+        outln!(
+            "uncertain:     {} attempt(s) may have taken effect; the provider key {} keeps a retry from doubling it",
+            r.uncertain_attempts,
+            report.key_record.as_ref().map_or("-", |k| k.provider_key.as_str())
+        );
+    }
+    if let Some(check) = &report.provider_check {
+        outln!("provider says: {check}");
     }
 }
 
@@ -376,6 +385,12 @@ pub fn poison_replay(report: &ReplayReport, waited: bool, output: Output) {
             i.action.as_str(),
             extra
         );
+        if let Some(pk) = &i.uncertain_provider_key {
+            outln!("    ! an attempt may have taken effect (provider key {pk})");
+            if let Some(check) = &i.provider_check {
+                outln!("      the provider says: {check}");
+            }
+        }
     }
     outln!(
         "{}: {} selected, {} replayed, {} already done, {} not replayed{}",
@@ -390,6 +405,31 @@ pub fn poison_replay(report: &ReplayReport, waited: bool, output: Output) {
             String::new()
         }
     );
+}
+
+/// `keys check`: the key, its provider key, and the provider's answer.
+pub fn key_check(rec: &KeyRecord, answer: &aqw::handlers::lookup::LookupAnswer, output: Output) {
+    let uncertain = rec
+        .history
+        .iter()
+        .filter(|a| a.may_have_taken_effect)
+        .count();
+    if output == Output::Json {
+        print_json(&serde_json::json!({
+            "key": rec.key,
+            "function": rec.function,
+            "status": rec.status.as_str(),
+            "providerKey": rec.provider_key,
+            "uncertainAttempts": uncertain,
+            "provider": answer,
+        }));
+        return;
+    }
+    outln!("key:          {}", rec.key);
+    outln!("status:       {}", rec.status.as_str());
+    outln!("providerKey:  {}", rec.provider_key);
+    outln!("uncertain:    {uncertain} attempt(s) may have taken effect");
+    outln!("provider:     {}", answer.line());
 }
 
 /// `keys show`.

@@ -88,13 +88,26 @@ fn handler_spec(
             timeout,
             replay_header,
             refused_statuses,
-        }) => HandlerSpec::Http {
-            url: parse_http_url(url).map_err(|m| f(&format!("{path}.handler.url"), m))?,
-            timeout: opt_timespan(host_file, &format!("{path}.handler.timeout"), timeout)?
-                .unwrap_or(Duration::from_secs(30)),
-            answers: provider_answers(replay_header.as_deref(), refused_statuses)
-                .map_err(|(field, m)| f(&format!("{path}.handler.{field}"), m))?,
-        },
+            replay_marker,
+            lookup,
+        }) => {
+            let mut answers = provider_answers(replay_header.as_deref(), refused_statuses)
+                .map_err(|(field, m)| f(&format!("{path}.handler.{field}"), m))?;
+            answers.replay_marker = replay_marker
+                .as_ref()
+                .map(|m| super::lookup::replay_marker(m, host_file, path))
+                .transpose()?;
+            answers.lookup = lookup
+                .as_ref()
+                .map(|l| super::lookup::lookup(l, host_file, path))
+                .transpose()?;
+            HandlerSpec::Http {
+                url: parse_http_url(url).map_err(|m| f(&format!("{path}.handler.url"), m))?,
+                timeout: opt_timespan(host_file, &format!("{path}.handler.timeout"), timeout)?
+                    .unwrap_or(Duration::from_secs(30)),
+                answers,
+            }
+        }
         Some(RawHandler::Exec { command, timeout }) => {
             if command.is_empty() || command[0].is_empty() {
                 return Err(f(
@@ -140,6 +153,8 @@ fn provider_answers(
             Some(h) => Some(h.to_string()),
         },
         refused_statuses: refused_statuses.to_vec(),
+        replay_marker: None,
+        lookup: None,
     })
 }
 

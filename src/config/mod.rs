@@ -23,6 +23,7 @@ mod alert;
 mod breaker;
 mod functions;
 mod limits;
+mod lookup;
 mod raw;
 mod retention;
 mod settings;

@@ -250,11 +250,32 @@ pub(super) enum RawHandler {
         /// request (besides 425, 429 and 503).
         #[serde(rename = "refusedStatuses", default)]
         refused_statuses: Vec<u16>,
+        /// The provider's replay signal in its JSON body.
+        #[serde(rename = "replayMarker")]
+        replay_marker: Option<RawReplayMarker>,
+        /// How to ask the provider whether a provider key took effect.
+        lookup: Option<RawLookup>,
     },
     Exec {
         command: Vec<String>,
         timeout: Option<String>,
     },
+}
+
+/// `handler.replayMarker`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawReplayMarker {
+    pub(super) pointer: String,
+    pub(super) value: serde_json::Value,
+}
+
+/// `handler.lookup`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLookup {
+    pub(super) url: String,
+    pub(super) timeout: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -224,11 +224,18 @@ pub async fn record(
         return d.refuse(StatusCode::BAD_REQUEST, "Which record? (?id=…)");
     };
     tri!(no_such_record(&v, id));
-    let report = match ops::show(ops, id).await {
+    let mut report = match ops::show(ops, id).await {
         Ok(r) => r,
         Err(OpsError::Usage(m)) => return refusal(StatusCode::NOT_FOUND, "No such record", &v, &m),
         Err(e) => return d.ops_error(&v, e),
     };
+    if let Some(pk) = report.uncertain_provider_key() {
+        let lookup = ops
+            .function
+            .as_ref()
+            .and_then(|f| crate::handlers::lookup::of(&f.handler));
+        report.provider_check = Some(crate::handlers::lookup::ask(lookup, pk).await.line());
+    }
     let payload = PayloadView::of(&report.record);
     let editable = PayloadView::editable(&report.record);
     let p = RecordPage {
@@ -239,6 +246,7 @@ pub async fn record(
         editable: &editable,
         window: report.provider_window.as_ref(),
         redacted: report.redacted.as_deref(),
+        provider_check: report.provider_check.as_deref(),
     };
     page(
         StatusCode::OK,

@@ -301,6 +301,31 @@ pub struct RecordPage<'a> {
     pub window: Option<&'a ProviderWindow>,
     /// What the function's `redact` masked in the payload shown, if anything.
     pub redacted: Option<&'a str>,
+    /// What the provider's lookup said of an uncertain key's provider key.
+    pub provider_check: Option<&'a str>,
+}
+
+/// An uncertain record's line: resolved once its key is done (with the
+/// provider's answer to the completing attempt); otherwise the lookup's
+/// answer, or "check the provider".
+fn uncertain_line(p: &RecordPage) -> String {
+    let n = p.record.uncertain_attempts;
+    if let Some(k) = p.key.filter(|k| k.status.is_settled()) {
+        let answer = k
+            .completed_answer()
+            .map(|a| format!(" ({})", a.summary()))
+            .unwrap_or_default();
+        return format!(
+            "{n} attempt(s) may have taken effect; resolved: the key is {}{answer}, so the effect happened once",
+            k.status.as_str()
+        );
+    }
+    match p.provider_check {
+        Some(check) => format!("{n} attempt(s) may have taken effect; the provider says: {check}"),
+        None => {
+            format!("{n} attempt(s) may have taken effect: check the provider before replaying")
+        }
+    }
 }
 
 pub fn record_page(p: &RecordPage, v: &Viewer) -> Markup {
@@ -315,7 +340,7 @@ pub fn record_page(p: &RecordPage, v: &Viewer) -> Markup {
             dt { "first attempt / dequeued" } dd { (r.first_attempt_at) " / " (r.dequeue_count) " time(s)" }
             dt { "error (" (r.error.kind.as_str()) ")" } dd { pre.wrap #record-error { (scrub(&r.error.message)) } }
             @if r.uncertain_attempts > 0 {
-                dt { "uncertain" } dd #record-uncertain { (r.uncertain_attempts) " attempt(s) may have taken effect: check the provider before replaying" }
+                dt { "uncertain" } dd #record-uncertain { (uncertain_line(p)) }
             }
             dt { "origin / encoding / poison copy" } dd { (r.origin) " / " (r.encoding.as_str()) " / " (r.copy_format.as_str()) }
         }

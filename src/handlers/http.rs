@@ -131,10 +131,9 @@ pub fn classify_with(
         }
         // In progress: the first request with this key is still running;
         // it may complete, so this attempt may have taken effect.
-        409 => Some(HandlerError::Retryable {
+        409 => Some(HandlerError::InProgress {
             message: format!("{message} (in progress: the provider is still processing this key)"),
             retry_after,
-            may_have_taken_effect: true,
         }),
         408 | 500..=599 => Some(HandlerError::Retryable {
             message,
@@ -176,8 +175,9 @@ impl Handler for HttpHandler {
             .get("retry-after")
             .and_then(|v| v.to_str().ok())
             .and_then(parse_retry_after);
-        let replayed = replay_signalled(&resp.headers, self.answers.replay_header.as_deref());
         let body = String::from_utf8_lossy(&resp.body);
+        let replayed = replay_signalled(&resp.headers, self.answers.replay_header.as_deref())
+            || (self.answers.replay_marker.as_ref()).is_some_and(|m| m.found_in(&body));
         let tail: String = body.chars().take(512).collect();
         match classify_with(
             status,
@@ -190,6 +190,11 @@ impl Handler for HttpHandler {
                 body: body_excerpt(&body),
                 replayed,
             })),
+            // A failure the provider says it replays: its saved answer to
+            // an earlier attempt, which no retry with this key can change.
+            Some(e) if replayed => Err(HandlerError::ReplayedFailure {
+                message: format!("{e} (replayed: the provider answered this Idempotency-Key with the failure it saved from an earlier attempt)"),
+            }),
             Some(e) => Err(e),
         }
     }
@@ -313,7 +318,13 @@ mod tests {
         // provider's own refusal is declared; 409 is "in progress".
         assert!(uncertain(503, &[]), "503 is unknown unless declared");
         assert!(!uncertain(503, &[503]), "declared refused");
-        assert!(uncertain(409, &[]), "409: the first request may complete");
+        assert!(
+            matches!(
+                classify_with(409, None, "", &[]),
+                Some(HandlerError::InProgress { .. })
+            ),
+            "409: in progress, the first request may complete"
+        );
         assert!(
             matches!(
                 classify_with(503, Some(Duration::from_secs(2)), "", &[]),
@@ -403,7 +414,7 @@ mod tests {
         let url = provider(200, &[("idempotent-replayed", "true")]).await;
         let answers = ProviderAnswers {
             replay_header: Some("Idempotent-Replayed".into()),
-            refused_statuses: vec![],
+            ..Default::default()
         };
         let h = HttpHandler::new(url, Duration::from_secs(5))
             .unwrap()
@@ -454,18 +465,25 @@ mod tests {
             .unwrap()
             .reading_answers(ProviderAnswers {
                 replay_header: None,
-                refused_statuses: vec![],
+                ..Default::default()
             });
         let answer = off.handle(&job(None)).await.unwrap().provider.unwrap();
         assert!(!answer.replayed, "switched off");
     }
 
     /// Issue 38: 409 from an idempotent provider is "in progress": retried
-    /// (not poisoned at once), and uncertain, since the first request may
-    /// still complete; a proxy's 503 is uncertain too; 422 stays permanent.
+    /// (not poisoned at once, its own kind, the engine marks it uncertain:
+    /// the first request may still complete); a proxy's 503 is uncertain
+    /// too; 422 stays permanent.
     #[tokio::test]
     async fn in_progress_is_retried_and_a_proxys_503_is_uncertain() {
-        for (status, uncertain) in [(409, true), (503, true), (429, false)] {
+        let url = provider(409, &[]).await;
+        let h = HttpHandler::new(url, Duration::from_secs(5)).unwrap();
+        assert!(matches!(
+            h.handle(&job(None)).await,
+            Err(HandlerError::InProgress { .. })
+        ));
+        for (status, uncertain) in [(503, true), (429, false)] {
             let url = provider(status, &[]).await;
             let h = HttpHandler::new(url, Duration::from_secs(5)).unwrap();
             match h.handle(&job(None)).await {

@@ -7,6 +7,7 @@
 
 pub mod exec;
 pub mod http;
+pub mod lookup;
 
 pub use aqw_core::handler::{Handler, HandlerError, HandlerSpec, Job, ProviderAnswer, Success};
 use std::collections::HashMap;

@@ -242,7 +242,9 @@ pub fn fate(facts: &Facts, attempt: &AttemptResult, policy: &Policy, jitter: f64
             retry_after,
             uncertain,
         } => {
-            if *kind != ErrorKind::Permanent && dc < max {
+            // Permanent and replayed failures cannot pass on a retry.
+            let final_now = matches!(kind, ErrorKind::Permanent | ErrorKind::ReplayedFailure);
+            if !final_now && dc < max {
                 let after = retry_after
                     .unwrap_or_else(|| retry_delay(&policy.retry, dc, jitter))
                     .min(MAX_RETRY_DELAY);

@@ -87,6 +87,28 @@ pub enum HandlerError {
         /// What went wrong.
         message: String,
     },
+    /// The provider is still processing an earlier request with this
+    /// provider key (HTTP 409 from an idempotent provider: the IETF
+    /// Idempotency-Key draft, Stripe's `idempotency_key_in_use`): the first
+    /// request may yet complete, so the job is retried with the same key.
+    /// Not counted toward the breaker; poisoned as `in_progress` if it
+    /// lasts to the cap.
+    #[error("{message}")]
+    InProgress {
+        /// What the provider said.
+        message: String,
+        /// The provider's `Retry-After`, if it gave one.
+        retry_after: Option<Duration>,
+    },
+    /// The provider answered from its idempotency store with a failure it
+    /// saved from an earlier attempt (Stripe saves 500s too): no retry with
+    /// this provider key can succeed inside the provider's window, so the
+    /// job is poisoned at once as `replayed_failure`.
+    #[error("{message}")]
+    ReplayedFailure {
+        /// What the provider answered.
+        message: String,
+    },
 }
 
 impl HandlerError {
@@ -133,6 +155,55 @@ pub struct ProviderAnswers {
     pub replay_header: Option<String>,
     /// Statuses that mean "refused, not applied", besides 425 and 429.
     pub refused_statuses: Vec<u16>,
+    /// A body marker by which the provider says it answered a replay: a
+    /// JSON pointer into the response body and the value it holds then
+    /// (`handler.replayMarker`); `None`: not read.
+    pub replay_marker: Option<ReplayMarker>,
+    /// How to ask the provider whether a provider key took effect
+    /// (`handler.lookup`); `None`: it cannot be asked.
+    pub lookup: Option<Lookup>,
+}
+
+/// `handler.lookup`: an HTTP GET that tells whether the provider applied a
+/// provider key. `{providerKey}` in the URL is replaced by the key
+/// (percent-encoded), which also goes in `Idempotency-Key`. A 2xx means
+/// applied, 404 or 410 not applied; anything else, a timeout or no answer
+/// is unknown, with the reason.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Lookup {
+    /// The URL template.
+    pub url: String,
+    /// How long one lookup may take.
+    #[serde(with = "humantime_secs")]
+    pub timeout: Duration,
+}
+
+mod humantime_secs {
+    pub(super) fn serialize<S: serde::Serializer>(
+        d: &std::time::Duration,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+}
+
+/// `handler.replayMarker`: the provider's replay signal in its JSON body.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ReplayMarker {
+    /// Where in the body (a JSON pointer, `/idempotent_replayed`).
+    pub pointer: String,
+    /// The value there that means "replayed" (`true`).
+    pub value: serde_json::Value,
+}
+
+impl ReplayMarker {
+    /// Whether `body` (JSON) holds the marker.
+    pub fn found_in(&self, body: &str) -> bool {
+        serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v.pointer(&self.pointer).cloned())
+            .is_some_and(|v| v == self.value)
+    }
 }
 
 /// The replay header read unless a function says otherwise: Stripe's,
@@ -145,6 +216,8 @@ impl Default for ProviderAnswers {
         Self {
             replay_header: Some(DEFAULT_REPLAY_HEADER.to_string()),
             refused_statuses: vec![],
+            replay_marker: None,
+            lookup: None,
         }
     }
 }

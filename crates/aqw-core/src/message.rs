@@ -97,6 +97,15 @@ pub enum ErrorKind {
     /// Dequeued past `maxDequeueCount` without completing: its attempts
     /// ended with no verdict (a worker that crashed or lost its lease).
     Crashed,
+    /// The provider answered every attempt "still processing an earlier
+    /// request with this key" (HTTP 409) up to the cap.
+    #[serde(rename = "in_progress")]
+    InProgress,
+    /// The provider answered with a failure it saved from an earlier
+    /// attempt under the same `Idempotency-Key`: no retry with that key can
+    /// succeed inside the provider's window.
+    #[serde(rename = "replayed_failure")]
+    ReplayedFailure,
 }
 
 impl ErrorKind {
@@ -108,6 +117,8 @@ impl ErrorKind {
             ErrorKind::Decode => "decode",
             ErrorKind::Timeout => "timeout",
             ErrorKind::Crashed => "crashed",
+            ErrorKind::InProgress => "in_progress",
+            ErrorKind::ReplayedFailure => "replayed_failure",
         }
     }
     /// The kind named `s`; anything unknown is `Retryable`.
@@ -117,6 +128,8 @@ impl ErrorKind {
             "decode" => ErrorKind::Decode,
             "timeout" => ErrorKind::Timeout,
             "crashed" => ErrorKind::Crashed,
+            "in_progress" => ErrorKind::InProgress,
+            "replayed_failure" => ErrorKind::ReplayedFailure,
             _ => ErrorKind::Retryable,
         }
     }

@@ -136,7 +136,8 @@ pub(super) fn history_with(history: &[Attempt], attempt: Attempt) -> String {
     serde_json::to_string(&all[skip..]).unwrap_or_else(|_| "[]".into())
 }
 
-pub(super) fn short_error(error: &str) -> String {
+/// An error as the attempt history keeps it: scrubbed and cut.
+pub(crate) fn short_error(error: &str) -> String {
     scrubbed_and_cut(error, HISTORY_ERROR_MAX, "…")
 }
 

@@ -167,7 +167,7 @@ async fn run_and_settle(
 ) -> Outcome {
     let jitter = rand::thread_rng().gen();
     let (run, success) = ctx.run(payload, hard_stop).await;
-    let timeout_message;
+    let (timeout_message, replayed_message);
     let attempt = match &run {
         HandlerRun::Finished(Ok(_)) => AttemptResult::Succeeded,
         HandlerRun::Interrupted => AttemptResult::Interrupted,
@@ -183,19 +183,20 @@ async fn run_and_settle(
         }
         HandlerRun::Finished(Err(e)) => failed_attempt(e),
     };
-    // Only a refusal with a delay can be a "later": the key's age is read
-    // (a time parse) for those alone, not on every job.
-    let said_later = matches!(
-        attempt,
-        AttemptResult::Failed {
-            retry_after: Some(_),
-            ..
+    // The same saved failure on every attempt: the provider replays it.
+    let attempt = match replays_its_failure(ctx, &attempt) {
+        Some(m) => {
+            replayed_message = m;
+            AttemptResult::Failed {
+                kind: ErrorKind::ReplayedFailure,
+                message: &replayed_message,
+                retry_after: None,
+                uncertain: false,
+            }
         }
-    );
-    if let Some(after) = said_later
-        .then(|| crate::decide::later(&attempt, ctx.deferred_for(), policy))
-        .flatten()
-    {
+        None => attempt,
+    };
+    if let Some(after) = later_delay(ctx, &attempt, policy) {
         // The provider said "later" (a rate limit): it spends no attempt.
         // It still counts toward the breaker: a provider answering "later"
         // to nearly every call (a 503 with Retry-After, a gateway in
@@ -211,6 +212,66 @@ async fn run_and_settle(
     tell_breaker(ctx.rt, &attempt, facts.dequeue_count);
     let fate = fate(facts, &attempt, policy, jitter);
     ctx.by_fate(fate, success).await
+}
+
+/// How long to wait when the provider said "later" (see
+/// [`crate::decide::later`]). Only a refusal with a delay can be one: the
+/// key's age is read (a time parse) for those alone, not on every job.
+fn later_delay(
+    ctx: &Settling<'_>,
+    attempt: &AttemptResult<'_>,
+    policy: &Policy,
+) -> Option<std::time::Duration> {
+    let said_later = matches!(
+        attempt,
+        AttemptResult::Failed {
+            retry_after: Some(_),
+            ..
+        }
+    );
+    said_later
+        .then(|| crate::decide::later(attempt, ctx.deferred_for(), policy))
+        .flatten()
+}
+
+/// How many attempts in a row a provider with a key window must answer
+/// the same HTTP 500 and body before aqw takes it for a replayed failure.
+pub const SAME_FAILURE_ATTEMPTS: usize = 3;
+
+/// Whether this failure is the provider replaying a failure it saved under
+/// the provider key (Stripe keeps "the resulting status code and body of
+/// the first request … regardless of whether it succeeds or fails", 500s
+/// included): the function declares `providerKeyWindow` (its provider
+/// remembers keys), the answer is an HTTP 500 with a body, and the last
+/// [`SAME_FAILURE_ATTEMPTS`] − 1 attempts of the key ended with exactly
+/// the same text, while the breaker does not hold (an outage's answers
+/// look alike too). Then the record's text, in plain words.
+fn replays_its_failure(ctx: &Settling<'_>, attempt: &AttemptResult<'_>) -> Option<String> {
+    let AttemptResult::Failed {
+        kind: ErrorKind::Retryable,
+        message,
+        ..
+    } = attempt
+    else {
+        return None;
+    };
+    let window = ctx.rt.function.provider_key_window?;
+    let history = &ctx.claim.as_ref()?.history;
+    if !message.starts_with("HTTP 500: ") || ctx.rt.gate.holds().is_some() {
+        return None;
+    }
+    let short = crate::idempotency::record::short_error(message);
+    let earlier = SAME_FAILURE_ATTEMPTS - 1;
+    let same = history.len() >= earlier
+        && history[history.len() - earlier..]
+            .iter()
+            .all(|a| a.outcome == "retried" && a.error.as_deref() == Some(short.as_str()));
+    same.then(|| {
+        format!(
+            "{message} (the same answer to {SAME_FAILURE_ATTEMPTS} attempts with one Idempotency-Key: the provider replays the failure it saved; no retry with this key can succeed within its window of {}; see the runbook's cached-failure case)",
+            humanize(window)
+        )
+    })
 }
 
 /// How long to park a message the gate does not let run, if so: while the
@@ -307,6 +368,22 @@ fn failed_attempt(e: &HandlerError) -> AttemptResult<'_> {
             retry_after: None,
             uncertain: false,
         },
+        // The first request may still complete: the provider key holds it.
+        HandlerError::InProgress {
+            message,
+            retry_after,
+        } => AttemptResult::Failed {
+            kind: ErrorKind::InProgress,
+            message,
+            retry_after: *retry_after,
+            uncertain: true,
+        },
+        HandlerError::ReplayedFailure { message } => AttemptResult::Failed {
+            kind: ErrorKind::ReplayedFailure,
+            message,
+            retry_after: None,
+            uncertain: false,
+        },
     }
 }
 
@@ -319,4 +396,14 @@ pub fn producer_context(
     let pointer = rt.app.trace_parent.as_deref()?;
     let payload = decode(&msg.text, rt.app.message_encoding).ok()?;
     crate::traces::context_in_payload(pointer, &payload)
+}
+
+/// A window for a person: `24h`, `90m`, `45s`.
+fn humanize(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        s if s >= 3600 && s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s >= 60 && s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
 }

@@ -107,9 +107,29 @@ pub struct ReplayItem {
     /// With --wait: what the provider answered the attempt that completed
     /// the key (`provider: replayed` proves the effect happened only once).
     pub provider: Option<String>,
+    /// The provider key, when an attempt of a key not yet done may have
+    /// taken effect: check the provider before replaying (a dry run says so).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uncertain_provider_key: Option<String>,
+    /// What the provider's lookup said of that key (set by the caller that
+    /// can ask, the CLI or the dashboard).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_check: Option<String>,
 }
 
 impl ReplayItem {
+    /// Note the key's state as replay found it (and, when it is not done
+    /// and an attempt may have taken effect, its provider key); whether
+    /// the key is done.
+    fn note_key(&mut self, rec: Option<&KeyRecord>) -> bool {
+        self.key_state = Some(rec.map_or("none".into(), |r| r.state_summary()));
+        let done = rec.is_some_and(|r| r.status.is_settled());
+        self.uncertain_provider_key = rec
+            .filter(|r| !done && r.history.iter().any(|a| a.may_have_taken_effect))
+            .map(|r| r.provider_key.clone());
+        done
+    }
+
     fn new(id: &str, key: Option<IdempotencyKey>, action: ReplayAction) -> Self {
         ReplayItem {
             id: id.to_string(),
@@ -119,6 +139,8 @@ impl ReplayItem {
             detail: None,
             confirmed: None,
             key_state: None,
+            uncertain_provider_key: None,
+            provider_check: None,
             provider: None,
         }
     }
@@ -367,14 +389,7 @@ async fn replay_one(
     let item_key = key.clone().or(rec.key.clone());
     let mut item = ReplayItem::new(&rec.message_id, item_key, ReplayAction::Failed);
     let key_state = key_state(ops, key.as_ref()).await?;
-    item.key_state = Some(
-        key_state
-            .as_ref()
-            .map_or("none".into(), |(r, _)| r.state_summary()),
-    );
-    let done = key_state
-        .as_ref()
-        .is_some_and(|(r, _)| r.status.is_settled());
+    let done = item.note_key(key_state.as_ref().map(|(r, _)| r));
     if opts.dry_run {
         item.action = ReplayAction::would(done);
         return Ok(item);

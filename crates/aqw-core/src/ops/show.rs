@@ -26,6 +26,22 @@ pub struct ShowReport {
     /// `record.message` (None when nothing was): they are then not the
     /// exact text, which stays stored and is what a replay sends.
     pub redacted: Option<String>,
+    /// When an attempt of a key not yet done may have taken effect: what
+    /// the provider's lookup said of its provider key (set by the caller
+    /// that can ask, the CLI or the dashboard).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_check: Option<String>,
+}
+
+impl ShowReport {
+    /// The provider key to check: the key is not done and an attempt may
+    /// have taken effect.
+    pub fn uncertain_provider_key(&self) -> Option<&str> {
+        self.key_record
+            .as_ref()
+            .filter(|r| !r.status.is_settled() && r.history.iter().any(|a| a.may_have_taken_effect))
+            .map(|r| r.provider_key.as_str())
+    }
 }
 
 /// `aqw poison show`: record `id` (importing a raw host copy first if
@@ -81,5 +97,6 @@ pub async fn show(ops: &QueueOps, id: &str) -> OpsResult<ShowReport> {
         decode_error,
         provider_window,
         redacted,
+        provider_check: None,
     })
 }

@@ -44,6 +44,8 @@ pub enum Behave {
     Fail(String),
     /// A refusal with `Retry-After` (a 429): "later", nothing applied.
     Later(Duration),
+    /// "Still processing an earlier request with this key" (a 409).
+    InProgress,
 }
 
 /// How one call to the provider ended.
@@ -204,6 +206,13 @@ impl Provider {
             Behave::Fail(m) => (
                 CallOutcome::Failed(m.clone()),
                 Err(HandlerError::permanent(m)),
+            ),
+            Behave::InProgress => (
+                CallOutcome::Failed("HTTP 409".into()),
+                Err(HandlerError::InProgress {
+                    message: "HTTP 409: in progress".into(),
+                    retry_after: None,
+                }),
             ),
         };
         st.calls.push(Call {

@@ -22,6 +22,7 @@
 //! - `outage.rs`: the breaker in a full and a partial provider outage, and a
 //!   storage outage.
 
+mod answers;
 mod common;
 mod crashes;
 mod fleet;
