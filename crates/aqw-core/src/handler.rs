@@ -223,6 +223,9 @@ impl Default for ProviderAnswers {
 }
 
 /// What runs a function's job.
+// One per function, built once at load: the `http` variant's size costs
+// nothing worth a box (and a box would change every match on it).
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum HandlerSpec {
     /// The built-in `http` handler: the payload is POSTed to `url`.
