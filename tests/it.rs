@@ -39,6 +39,7 @@ mod oncall3;
 mod operations;
 mod outage;
 mod poison_format;
+mod provider_answers;
 #[cfg(feature = "failpoints")]
 mod provider_window;
 mod recovery;

@@ -342,6 +342,25 @@ pub enum KeysCmd {
         /// The full key, as `poison list` or `poison show` prints it.
         key: String,
     },
+    /// Give a key a new provider key, for a provider that replays a saved
+    /// failure under the old one (replayed_failure). Only once the provider
+    /// confirms the old key took no effect: a retry under a new key is a new
+    /// request to it. Kept in the key's history with who and why.
+    #[command(
+        after_help = "Exit codes: 0 replaced, 1 refused (never claimed, done, or held by a running attempt), 2 bad arguments, 3 storage error.\n\nExample:\n  aqw keys new-provider-key SendReceipt receipt:o-1 --reason \"ledger support: no charge under the old key (ticket 4411)\""
+    )]
+    NewProviderKey {
+        /// The function the key belongs to.
+        function: String,
+        /// The full key.
+        key: String,
+        /// Why, with the provider's confirmation (kept in the history).
+        #[arg(long)]
+        reason: String,
+        /// Who is doing it (default: $USER; needed).
+        #[arg(long, env = "USER")]
+        by: String,
+    },
     /// Show the idempotency record of one key.
     #[command(after_help = "Example:\n  aqw keys show SendReceipt receipt:o-1")]
     Show {

@@ -41,6 +41,12 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Failure> {
         Command::Keys(KeysCmd::Check { function, key }) => {
             keys_check(&cli.app, &function, &key, output).await
         }
+        Command::Keys(KeysCmd::NewProviderKey {
+            function,
+            key,
+            reason,
+            by,
+        }) => new_provider_key(&cli.app, (&function, &key), &reason, &by, output).await,
         Command::Keys(KeysCmd::Purge(a)) => super::purge::keys(&load(&cli.app)?, a, output).await,
     }
 }
@@ -222,6 +228,54 @@ async fn keys_check(
         aqw::handlers::lookup::LookupAnswer::Applied { .. }
             | aqw::handlers::lookup::LookupAnswer::NotApplied { .. }
     )))
+}
+
+/// `keys new-provider-key`: a fresh provider key for a key not yet done.
+async fn new_provider_key(
+    app_dir: &Path,
+    (function, key): (&str, &str),
+    reason: &str,
+    by: &str,
+    output: Output,
+) -> Result<Exit, Failure> {
+    if reason.trim().is_empty() || by.trim().is_empty() {
+        return Err(Failure::usage(
+            "give --reason (the provider's confirmation) and --by (or set $USER)",
+        ));
+    }
+    let app = load(app_dir)?;
+    let f = app
+        .function(function)
+        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
+    let key = aqw::idempotency::IdempotencyKey::new(key).map_err(Failure::usage)?;
+    let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
+    let keys =
+        aqw::idempotency::KeyStore::new(aqw::storage::Storage::table(&storage, &app.keys_table));
+    let replaced = keys
+        .replace_provider_key(function, &key, by, reason)
+        .await
+        .map_err(|e| Failure::runtime(format!("{e:#}")))?;
+    let (code, json, text) = match replaced {
+        Ok(new) => (
+            Exit::Ok,
+            serde_json::json!({"key": key.as_str(), "replaced": true, "providerKey": new}),
+            format!(
+                "key {}: new provider key {new}; replay its record to run it under the new key",
+                key.as_str()
+            ),
+        ),
+        Err(why) => (
+            Exit::NeedsAPerson,
+            serde_json::json!({"key": key.as_str(), "replaced": false, "why": why}),
+            format!("not replaced: {why}"),
+        ),
+    };
+    if output == Output::Json {
+        render::print_json(&json);
+    } else {
+        outln!("{text}");
+    }
+    Ok(code)
 }
 
 /// For each dry-run item whose key may have taken effect, the provider's

@@ -289,11 +289,19 @@ fn handler_row(handler: &HandlerSpec, look: &Lookup, at: &str) -> (String, Sourc
             answers,
         } => (
             format!(
-                "http POST {} (timeout {}, replay header {}, refused {})",
+                "http POST {} (timeout {}, replay header {}, replay marker {}, refused {}, lookup {})",
                 safe_url(url.as_str()),
                 secs(*timeout),
                 answers.replay_header.as_deref().unwrap_or("none"),
-                refused(&answers.refused_statuses)
+                answers
+                    .replay_marker
+                    .as_ref()
+                    .map_or("none".into(), |m| format!("{} = {}", m.pointer, m.value)),
+                refused(&answers.refused_statuses),
+                answers
+                    .lookup
+                    .as_ref()
+                    .map_or("none".into(), |l| format!("GET {}", safe_url(&l.url))),
             ),
             look.host(at),
         ),

@@ -556,6 +556,68 @@ impl KeyStore {
         Ok(())
     }
 
+    /// Replace a key's provider key by a fresh one (issue 38): for a
+    /// provider that replays a saved failure under the old one, once it has
+    /// confirmed the old one took no effect. Refused (the `Err` text) for a
+    /// key never claimed, settled, or held by a running attempt. The history
+    /// keeps who, why and the old key; the new key's window starts now
+    /// (`FirstSeen`). Returns the new provider key.
+    pub async fn replace_provider_key(
+        &self,
+        function: &str,
+        key: &IdempotencyKey,
+        by: &str,
+        reason: &str,
+    ) -> StorageResult<Result<String, String>> {
+        let (pk, rk) = (key.partition_key(function), key.row_key());
+        for _ in 0..5 {
+            let Some((e, etag)) = self.table.get(&pk, &rk).await? else {
+                return Ok(Err(format!(
+                    "key {} was never claimed: its first attempt mints a provider key",
+                    key.as_str()
+                )));
+            };
+            let now = crate::clock::now_utc();
+            let rec = KeyRecord::from_entity(&pk, &rk, &e);
+            if rec.status.is_settled() {
+                return Ok(Err(format!(
+                    "key {} is {}: nothing is left to run",
+                    key.as_str(),
+                    rec.status.as_str()
+                )));
+            }
+            if rec.lease_live(now).is_some() {
+                return Ok(Err(format!(
+                    "key {} is held by a running attempt; try again when it ends",
+                    key.as_str()
+                )));
+            }
+            let fresh = Uuid::new_v4().to_string();
+            let note = Attempt {
+                at: fmt_time(now),
+                message_id: rec.message_id.clone().unwrap_or_default(),
+                dequeue_count: 0,
+                outcome: "provider key replaced".into(),
+                error: Some(short_error(&format!(
+                    "by {by}: {reason} (was {})",
+                    rec.provider_key
+                ))),
+                may_have_taken_effect: false,
+                provider: None,
+            };
+            let mut update = Entity::new();
+            update.insert("ProviderKey".into(), json!(fresh));
+            update.insert("FirstSeen".into(), json!(fmt_time(now)));
+            update.insert("History".into(), json!(history_with(&rec.history, note)));
+            match self.table.merge(&pk, &rk, &update, Some(&etag)).await {
+                Ok(_) => return Ok(Ok(fresh)),
+                Err(StorageError::PreconditionFailed | StorageError::NotFound) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StorageError::PreconditionFailed)
+    }
+
     /// Test seam: set when `key`'s provider key was minted (`FirstSeen`), so
     /// a test can make a key older than a provider's window without waiting.
     #[cfg(feature = "failpoints")]
