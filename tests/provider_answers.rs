@@ -191,7 +191,7 @@ async fn keys_check_and_the_dry_run_show_the_providers_answer() {
         json!({"maxDequeueCount": 2}),
         json!({}),
     );
-    app.enqueue(r#"{"orderId":"u-1"}"#).await;
+    let id = app.enqueue(r#"{"orderId":"u-1"}"#).await;
     let timed_out = Scripted::new(|_, _| Err(HandlerError::uncertain("POST /effects: timed out")));
     let w = app.start_worker(timed_out);
     eventually("the poison copy", Duration::from_secs(60), || async {
@@ -218,6 +218,8 @@ async fn keys_check_and_the_dry_run_show_the_providers_answer() {
         "{text}"
     );
     assert!(text.contains("the provider says: applied"), "{text}");
+    let page = record_page(&app, &id).await;
+    assert!(page.contains("the provider says: applied"), "{page}");
     *script.lock().unwrap() = (503, vec![], "");
     let (code, text) = run(&["keys", "check", "Job", "receipt:u-1", "--output", "json"]);
     assert_eq!(code, Some(1), "{text}");
@@ -279,6 +281,29 @@ async fn keys_check_and_the_dry_run_show_the_providers_answer() {
     ]);
     assert_eq!(code, Some(2), "--reason is needed");
     app.cleanup().await;
+}
+
+/// The dashboard's record page of `id` (read-only, through its router).
+async fn record_page(app: &TestApp, id: &str) -> String {
+    use aqw::dashboard::{self, Dashboard, Options};
+    use tower::ServiceExt as _;
+    let options = Options {
+        read_only: true,
+        ..Options::default()
+    };
+    let router = dashboard::app(Arc::new(
+        Dashboard::new(app.config.clone(), options).unwrap(),
+    ));
+    let uri = format!("/q/{}/record?id={id}", app.queue);
+    let req = axum::http::Request::builder()
+        .uri(uri)
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let resp = router.oneshot(req).await.unwrap();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 fn key(k: &str) -> aqw::idempotency::IdempotencyKey {
