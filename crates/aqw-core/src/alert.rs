@@ -241,7 +241,7 @@ impl Alerts {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AlertFormat {
-    /// aqw's own JSON (the body documented in the README), for scripts,
+    /// aqw's own JSON (the body documented in docs/runbooks.md, step 1 of the procedure), for scripts,
     /// relays and incident tools.
     #[default]
     Generic,

@@ -7,7 +7,7 @@
 //!
 //! Logs and alerts carry no payload, only errors and keys; a key rule over a
 //! redacted field puts that value in the key, which is shown (say so in the
-//! README rather than hide keys, which the procedure needs).
+//! docs/configuration.md rather than hide keys, which the procedure needs).
 
 use serde_json::Value;
 use std::borrow::Cow;
@@ -67,6 +67,14 @@ impl Redaction {
                 text.len()
             ));
         };
+        // One reading only: with a key twice in an object, readers disagree
+        // on which value counts (serde_json keeps the last), so a redacted
+        // field could hide behind its twin and show in the exact text.
+        if let Some(key) = duplicate_key(text) {
+            return Masked::Hidden(format!(
+                "{MASK}: the payload has the key {key:?} twice in one object, so it cannot be read unambiguously, and this function redacts fields"
+            ));
+        }
         let mut masked = vec![];
         for p in &self.pointers {
             if let Some(v) = value.pointer_mut(p) {
@@ -109,6 +117,77 @@ impl Redaction {
             return Cow::Borrowed(edited);
         }
         Cow::Owned(serde_json::to_string(&fixed).unwrap_or_else(|_| edited.to_string()))
+    }
+}
+
+/// The first key found twice in one object of the JSON `text`, if any.
+pub fn duplicate_key(text: &str) -> Option<String> {
+    let err = serde_json::from_str::<Unique>(text).err()?;
+    // The marker (a NUL, which no serde_json message holds) sets our error
+    // apart from a syntax error, which is not a duplicate.
+    let msg = err.to_string();
+    let start = msg.find('\u{0}')? + 1;
+    let end = msg[start..]
+        .rfind(" at line ")
+        .map_or(msg.len(), |i| start + i);
+    Some(msg[start..end].to_string())
+}
+
+/// Walks a JSON document and fails at the first key an object holds twice.
+struct Unique;
+
+/// The error [`Unique`] fails with: the marker, then the key.
+struct DuplicateKey(String);
+
+impl std::fmt::Display for DuplicateKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "\u{0}{}", self.0)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Unique {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Unique)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Unique {
+    type Value = Unique;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("JSON")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Unique, A::Error> {
+        use serde::de::Error;
+        let mut seen = std::collections::HashSet::new();
+        while let Some(k) = map.next_key::<String>()? {
+            if !seen.insert(k.clone()) {
+                return Err(A::Error::custom(DuplicateKey(k)));
+            }
+            map.next_value::<Unique>()?;
+        }
+        Ok(Unique)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Unique, A::Error> {
+        while seq.next_element::<Unique>()?.is_some() {}
+        Ok(Unique)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+    fn visit_unit<E>(self) -> Result<Unique, E> {
+        Ok(Unique)
     }
 }
 
@@ -160,6 +239,27 @@ mod tests {
 
     fn r(p: &[&str]) -> Redaction {
         Redaction::parse(&p.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()
+    }
+
+    /// Issue 40: a twin key cannot unmask a redacted field; a payload with
+    /// a key twice in one object is hidden whole under redaction.
+    #[test]
+    fn duplicate_keys_hide_the_whole_payload() {
+        let red = r(&["/card/number"]);
+        let bypass = r#"{"card":{"number":"4111111111111111"},"card":"none"}"#;
+        let shown = red.mask(bypass);
+        assert!(matches!(shown, Masked::Hidden(_)), "{shown:?}");
+        assert!(!shown.text().contains("4111"), "{}", shown.text());
+        assert!(shown.text().contains("\"card\" twice"), "{}", shown.text());
+        let nested = r#"{"a":[{"x":1,"y":{"k":1,"k":2}}]}"#;
+        assert_eq!(duplicate_key(nested).as_deref(), Some("k"));
+        assert_eq!(duplicate_key(r#"{"a":{"k":1},"b":{"k":2}}"#), None);
+        assert_eq!(duplicate_key("not json"), None);
+        // An escaped twin is the same key.
+        assert_eq!(
+            duplicate_key(r#"{"card":1,"c\u0061rd":2}"#).as_deref(),
+            Some("card")
+        );
     }
 
     #[test]

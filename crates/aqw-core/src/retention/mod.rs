@@ -152,7 +152,7 @@ pub async fn purge_keys(
     let cutoff = run.cutoff();
     run.pacer.turn().await;
     // Read before the scan: a record opening later refers to a key whose
-    // message is still alive, so younger than any purge cutoff (see README).
+    // message is still alive, so younger than any purge cutoff (docs/design.md, "Retention: why no purge runs a job twice").
     let open = open_record_keys(records).await?;
     let mut total = PurgeCounts::default();
     'functions: for f in functions {
