@@ -15,7 +15,10 @@ Exit codes:
   3  storage or runtime error
 
 Settings come from the environment, then local.settings.json Values in the
-app folder (the environment wins). NO_COLOR turns colour off.";
+app folder (the environment wins). NO_COLOR turns colour off.
+
+On call? docs/oncall.md: one screen per incident kind, from the alert to a
+proven resolution (https://github.com/aqw/aqw/blob/main/docs/oncall.md).";
 
 #[derive(Parser)]
 #[command(

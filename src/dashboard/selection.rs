@@ -139,9 +139,9 @@ pub(super) fn groups(queue: &str, records: &[PoisonRecord]) -> Vec<Group> {
         .map(|gs| {
             gs.iter()
                 .map(|g| Group {
-                    id: format!("{}|{}", s(g, "errorKind"), s(g, "error")),
+                    id: format!("{}|{}", s(g, "errorKind"), s(g, "errorGroup")),
                     kind: s(g, "errorKind"),
-                    text: s(g, "error"),
+                    text: s(g, "errorGroup"),
                     count: g["count"].as_u64().unwrap_or(0) as usize,
                 })
                 .collect()

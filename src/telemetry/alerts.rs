@@ -39,16 +39,19 @@ fn generic_body(
             "count": g.count,
             "errorKind": g.kind,
             "status": g.status,
-            "error": g.text,
+            "error": g.example,
+            "errorGroup": g.text,
             "messageIds": g.ids,
             "keys": g.keys,
             "mayHaveTakenEffect": g.uncertain_ids,
             "show": g.ids.first().map(|id| show_command(queue, id)),
         })).collect::<Vec<_>>(),
-        "mayHaveTakenEffect": batch.iter().filter(|a| a.uncertain).count(),
+        "uncertainRecords": batch.iter().filter(|a| a.uncertain).count(),
         "next": list_command(queue),
+        "runbook": super::groups::ONCALL_URL,
         "hint": format!("read each group with `aqw poison list {queue} --status open`, then `aqw poison show {queue} ID`; replay once the cause is fixed, discard a job that must never run"),
-        // The first record, kept for receivers written against the old body.
+        // The window's first record, kept for receivers written against
+        // the old body (its group has the rest).
         "messageId": batch.first().map(|a| a.message_id.clone()),
         "dashboardUrl": dashboard,
     })
@@ -106,7 +109,12 @@ pub fn start(webhook: Option<Webhook>, window: Duration) -> Alerts {
 fn post_breaker_event(client: &reqwest::Client, webhook: &Webhook, body: serde_json::Value) {
     // Slack and Teams take their own shapes: the event's summary as
     // one line of text there, aqw's JSON as it is otherwise.
-    let summary = body["summary"].as_str().unwrap_or_default();
+    let summary = format!(
+        "{}\nOn call: {}",
+        body["summary"].as_str().unwrap_or_default(),
+        super::groups::ONCALL_URL
+    );
+    let summary = summary.as_str();
     let body = match webhook.format {
         AlertFormat::Generic => body.clone(),
         AlertFormat::Slack => super::chat::slack_text(summary),
@@ -118,7 +126,12 @@ fn post_breaker_event(client: &reqwest::Client, webhook: &Webhook, body: serde_j
 struct QueueWindow {
     last_sent: Option<Instant>,
     pending: Vec<PoisonAlert>,
+    /// When the oldest pending record arrived.
+    since: Option<Instant>,
 }
+
+/// How long the first record of a burst waits for the others.
+const GATHER: Duration = Duration::from_secs(1);
 
 async fn alert_loop(
     webhook: Option<Webhook>,
@@ -137,7 +150,11 @@ async fn alert_loop(
     loop {
         tokio::select! {
             msg = rx.recv() => match msg {
-                Some(AlertEvent::Poisoned(a)) => windows.entry(a.queue.clone()).or_insert(QueueWindow { last_sent: None, pending: vec![] }).pending.push(a),
+                Some(AlertEvent::Poisoned(a)) => {
+                    let w = windows.entry(a.queue.clone()).or_insert(QueueWindow { last_sent: None, pending: vec![], since: None });
+                    w.since.get_or_insert_with(Instant::now);
+                    w.pending.push(a);
+                }
                 Some(AlertEvent::Breaker(body) | AlertEvent::Notice(body)) => {
                     if let (Some(webhook), Some(client)) = (&webhook, &client) {
                         post_breaker_event(client, webhook, body);
@@ -148,11 +165,15 @@ async fn alert_loop(
             _ = tick.tick() => {}
         }
         for (queue, w) in windows.iter_mut() {
-            let due = w.last_sent.is_none_or(|t| t.elapsed() >= window);
+            // A window's first alert waits a second for the rest of a
+            // burst: poisonings in the same second land in one alert.
+            let gathered = w.since.is_some_and(|t| t.elapsed() >= GATHER);
+            let due = gathered && w.last_sent.is_none_or(|t| t.elapsed() >= window);
             if w.pending.is_empty() || !due {
                 continue;
             }
             let batch = std::mem::take(&mut w.pending);
+            w.since = None;
             w.last_sent = Some(Instant::now());
             let body = alert_body(queue, &batch);
             tracing::error!(
@@ -233,6 +254,48 @@ mod tests {
             error: error.into(),
             poisoned_at: time::OffsetDateTime::from_unix_timestamp(1_800_000_000 + at).unwrap(),
             uncertain: error.contains("timed out"),
+        }
+    }
+
+    /// Issue 39: the alert shows the real error (an example of the group,
+    /// not its masked key), its top-level fields do not mix records, and
+    /// every format links the on-call guide.
+    #[test]
+    fn the_alert_shows_the_exact_error_and_links_the_oncall_guide() {
+        let batch = [
+            alert(
+                "m1",
+                Some("k1"),
+                "permanent",
+                "account acct-closed is closed (since 2026-01-01)",
+                0,
+            ),
+            alert(
+                "m2",
+                Some("k2"),
+                "permanent",
+                "account acct-closed is closed (since 2026-02-01)",
+                1,
+            ),
+        ];
+        let body = alert_body("credits", &batch);
+        let g = &body["groups"][0];
+        assert_eq!(g["count"], 2);
+        assert_eq!(
+            g["error"],
+            "account acct-closed is closed (since 2026-01-01)"
+        );
+        assert_eq!(g["errorGroup"], "account acct-closed is closed (since #)");
+        assert_eq!(body["runbook"], super::super::groups::ONCALL_URL);
+        assert_eq!(body["uncertainRecords"], 0);
+        assert!(
+            body.get("mayHaveTakenEffect").is_none(),
+            "no top-level field of another record"
+        );
+        for format in [AlertFormat::Slack, AlertFormat::Teams] {
+            let text = render_alert(format, "credits", &batch, None).to_string();
+            assert!(text.contains("docs/oncall.md"), "{text}");
+            assert!(text.contains("(since 2026-01-01)"), "{text}");
         }
     }
 

@@ -89,7 +89,7 @@ pub(super) fn slack_body(queue: &str, batch: &[PoisonAlert], dashboard: Option<&
         let text = format!(
             "*{}*\n```{}```\nFirst record {} · inspect: {}",
             mrkdwn(&group_title(g)),
-            mrkdwn(&g.text.replace("```", "'''")),
+            mrkdwn(&g.example.replace("```", "'''")),
             code(first),
             code(&show_command(queue, first)),
         );
@@ -102,6 +102,10 @@ pub(super) fn slack_body(queue: &str, batch: &[PoisonAlert], dashboard: Option<&
         0 => format!("Every open record: {}", code(&list_command(queue))),
         n => format!("{n} more group(s): {}", code(&list_command(queue))),
     };
+    let next = format!(
+        "{next} · on call: <{}|docs/oncall.md>",
+        super::groups::ONCALL_URL
+    );
     blocks.push(
         json!({"type": "context", "elements": [{"type": "mrkdwn", "text": clip(&next, 3000)}]}),
     );
@@ -146,7 +150,7 @@ fn teams_group(queue: &str, g: &AlertGroup) -> Value {
         "separator": true,
         "items": [
             {"type": "TextBlock", "text": group_title(g), "weight": "Bolder", "wrap": true},
-            {"type": "TextBlock", "text": g.text, "fontType": "Monospace", "wrap": true},
+            {"type": "TextBlock", "text": g.example, "fontType": "Monospace", "wrap": true},
             {"type": "FactSet", "facts": [
                 {"title": "First record", "value": first},
                 {"title": "Inspect", "value": show_command(queue, first)},
@@ -179,6 +183,10 @@ pub(super) fn teams_body(queue: &str, batch: &[PoisonAlert], dashboard: Option<&
         0 => format!("Every open record: {}", list_command(queue)),
         n => format!("{n} more group(s): {}", list_command(queue)),
     };
+    let next = format!(
+        "{next} · on call: [docs/oncall.md]({})",
+        super::groups::ONCALL_URL
+    );
     body.push(json!({"type": "TextBlock", "text": next, "isSubtle": true, "wrap": true, "separator": true}));
     let mut card = json!({
         "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",

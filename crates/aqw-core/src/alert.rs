@@ -72,8 +72,12 @@ pub struct AlertGroup<'a> {
     pub kind: &'a str,
     /// The HTTP status code in the group's error text, if it has one.
     pub status: Option<u16>,
-    /// The error's first line with what varies masked (see [`error_group`]).
+    /// The error's first line with what varies masked (see [`error_group`]):
+    /// what the group is keyed on.
     pub text: String,
+    /// The exact error of the group's first record (scrubbed of secrets,
+    /// first line, at most 300 characters): what a person reads.
+    pub example: String,
     /// How many records of the window fall in the group.
     pub count: usize,
     /// Up to five sample message ids, the first record first.
@@ -100,6 +104,10 @@ pub fn group_alerts(batch: &[PoisonAlert]) -> Vec<AlertGroup<'_>> {
                     kind: &a.error_kind,
                     status,
                     text,
+                    example: scrub(a.error.lines().next().unwrap_or("").trim())
+                        .chars()
+                        .take(300)
+                        .collect(),
                     count: 0,
                     ids: vec![],
                     keys: vec![],
@@ -125,6 +133,9 @@ pub fn group_alerts(batch: &[PoisonAlert]) -> Vec<AlertGroup<'_>> {
     groups.sort_by(|a, b| b.count.cmp(&a.count).then(a.text.cmp(&b.text)));
     groups
 }
+
+/// The on-call guide every alert links to: one screen per incident kind.
+pub const ONCALL_URL: &str = "https://github.com/aqw/aqw/blob/main/docs/oncall.md";
 
 /// The command that shows one record.
 pub fn show_command(queue: &str, id: &str) -> String {
