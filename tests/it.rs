@@ -28,6 +28,7 @@ mod fleet;
 // Crash points and the key store's test seam exist in `failpoints` builds only.
 #[cfg(feature = "failpoints")]
 mod failpoints;
+mod free_text;
 mod identity;
 mod identity_https;
 mod keys;

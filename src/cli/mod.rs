@@ -12,11 +12,17 @@ macro_rules! outln {
 }
 
 /// Write one line of output to stdout (see [`outln`]).
+/// Control characters (but newline and tab) and bidirectional overrides are
+/// written as `\uXXXX` (valid in JSON, visible in a terminal): free text
+/// from a record or a control row cannot recolour the terminal or reorder
+/// the line (issue 40).
 pub(crate) fn write_line(line: std::fmt::Arguments<'_>) {
     use std::io::Write;
+    let text = line.to_string();
+    let text = aqw_core::scrub::json_safe(&text);
     let mut out = std::io::stdout().lock();
     let written = out
-        .write_fmt(line)
+        .write_all(text.as_bytes())
         .and_then(|()| out.write_all(b"\n"))
         .and_then(|()| out.flush());
     if let Err(e) = written {

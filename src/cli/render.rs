@@ -10,6 +10,8 @@ use aqw::ops::{
 };
 use aqw::poison::PoisonRecord;
 
+use aqw_core::scrub::one_line;
+
 pub fn print_json(v: &impl serde::Serialize) {
     outln!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
@@ -79,11 +81,16 @@ pub fn status_control(lines: &[QueueStatus], output: Output) {
     for l in lines {
         if let Some(p) = &l.control.pause {
             let why = if p.reason.is_empty() {
-                "no reason given"
+                "no reason given".to_string()
             } else {
-                p.reason.as_str()
+                one_line(&p.reason)
             };
-            outln!("PAUSED   {} by {} at {}: {why}", l.function, p.by, p.at);
+            outln!(
+                "PAUSED   {} by {} at {}: {why}",
+                l.function,
+                one_line(&p.by),
+                p.at
+            );
         }
         if let Some(b) = l.control.breaker.as_ref().filter(|b| b.state != "closed") {
             outln!(
@@ -92,7 +99,7 @@ pub fn status_control(lines: &[QueueStatus], output: Output) {
                 b.state,
                 b.at,
                 b.worker,
-                b.reason
+                one_line(&b.reason)
             );
         }
     }
@@ -302,9 +309,10 @@ fn print_closing(r: &PoisonRecord) {
     }
     if let Some(by) = &r.discarded_by {
         outln!(
-            "discarded:     {} by {by}: {}",
+            "discarded:     {} by {}: {}",
             r.discarded_at.as_deref().unwrap_or("-"),
-            r.discard_reason.as_deref().unwrap_or("-")
+            one_line(by),
+            one_line(r.discard_reason.as_deref().unwrap_or("-"))
         );
     }
 }
@@ -457,9 +465,10 @@ pub fn key_record(function: &str, key: &str, rec: Option<&KeyRecord>, output: Ou
     outln!("replayCount:  {}", r.replay_count);
     if let Some(by) = &r.cancelled_by {
         outln!(
-            "cancelled:    {} by {by}: {} (a delivery of this job is a duplicate)",
+            "cancelled:    {} by {}: {} (a delivery of this job is a duplicate)",
             r.cancelled_at.as_deref().unwrap_or("-"),
-            r.cancel_reason.as_deref().unwrap_or("-")
+            one_line(by),
+            one_line(r.cancel_reason.as_deref().unwrap_or("-"))
         );
     }
     outln!(

@@ -75,6 +75,13 @@ pub fn layout(title: &str, v: &Viewer, refresh: Option<u32>, body: Markup) -> Ma
     }
 }
 
+/// Free text (keys, errors, reasons, names) as shown: control characters
+/// and bidirectional overrides visibly escaped (issue 40); maud escapes
+/// the HTML.
+fn shown(text: &str) -> String {
+    aqw_core::scrub::printable(text).into_owned()
+}
+
 fn nav(v: &Viewer) -> Markup {
     html! {
         nav {
@@ -268,7 +275,7 @@ fn records_table(p: &ListPage, v: &Viewer, group_of: &dyn Fn(&PoisonRecord) -> S
                 } }
                 td { (when(&r.poisoned_at)) }
                 td.id { a href=(record_url(p.queue, &r.message_id)) { (r.message_id) } }
-                td.id { (r.key.as_deref().unwrap_or("-")) }
+                td.id { (shown(r.key.as_deref().unwrap_or("-"))) }
                 td { (r.function) }
                 td { span class={ "badge st-" (r.status.as_str()) } { (r.status.as_str()) }
                      @if r.uncertain_attempts > 0 { " " span.badge.uncertain title="an attempt's outcome is unknown: check the provider" { "may have taken effect" } } }
@@ -336,10 +343,10 @@ pub fn record_page(p: &RecordPage, v: &Viewer) -> Markup {
             dt { "status" } dd { span #record-status class={ "badge st-" (r.status.as_str()) } { (r.status.as_str()) } }
             dt { "record id" } dd.id { (r.message_id) }
             dt { "queue / function" } dd { (r.queue) " / " (r.function) }
-            dt { "key" } dd.id #record-key { (r.key.as_deref().unwrap_or("-")) }
+            dt { "key" } dd.id #record-key { (shown(r.key.as_deref().unwrap_or("-"))) }
             dt { "poisoned at" } dd { (when(&r.poisoned_at)) " (" (r.poisoned_at) ")" }
             dt { "first attempt / dequeued" } dd { (r.first_attempt_at) " / " (r.dequeue_count) " time(s)" }
-            dt { "error (" (r.error.kind.as_str()) ")" } dd { pre.wrap #record-error { (scrub(&r.error.message)) } }
+            dt { "error (" (r.error.kind.as_str()) ")" } dd { pre.wrap #record-error { (shown(&scrub(&r.error.message))) } }
             @if r.uncertain_attempts > 0 {
                 dt { "uncertain" } dd #record-uncertain { (uncertain_line(p)) }
             }
@@ -391,7 +398,7 @@ fn key_state(k: Option<&KeyRecord>) -> Markup {
             dt { "first seen / completed" } dd { (k.first_seen.as_deref().unwrap_or("-")) " / " (k.completed_at.as_deref().unwrap_or("-")) }
             @if let Some(e) = &k.last_error { dt { "last error" } dd { pre.wrap { (scrub(e)) } } }
             @if let Some(by) = &k.cancelled_by {
-                dt { "closed" } dd { "by " (by) " at " (k.cancelled_at.as_deref().unwrap_or("-")) ": " (k.cancel_reason.as_deref().unwrap_or("")) }
+                dt { "closed" } dd { "by " (by) " at " (k.cancelled_at.as_deref().unwrap_or("-")) ": " (shown(k.cancel_reason.as_deref().unwrap_or(""))) }
             }
         }
         h3 { "Attempt history (newest last)" }
@@ -418,7 +425,7 @@ fn audit(r: &PoisonRecord) -> Markup {
                     @if let Some(n) = &r.replay_note { " (" (n) ")" } }
             }
             @if let Some(by) = &r.discarded_by {
-                li { "discarded by " b { (by) } " at " (at(&r.discarded_at)) ": " q { (r.discard_reason.as_deref().unwrap_or("")) } }
+                li { "discarded by " b { (by) } " at " (at(&r.discarded_at)) ": " q { (shown(r.discard_reason.as_deref().unwrap_or(""))) } }
             }
             @if let Some(by) = &r.replaced_by {
                 li { "replaced (fixed payload) by " b { (by) } " at " (at(&r.replaced_at)) "; new message "
@@ -534,7 +541,7 @@ pub fn progress_page(queue: &str, rows: &[Progress], stopped: Option<&str>) -> M
             tbody { @for r in rows { tr {
                 td.id { a href=(record_url(queue, &r.id)) { (r.id) } }
                 td { (r.record.as_ref().map(|x| x.status.as_str()).unwrap_or("missing")) }
-                td.id { (r.key.as_deref().unwrap_or("-")) }
+                td.id { (shown(r.key.as_deref().unwrap_or("-"))) }
                 td { @if r.settled { span.badge.good.confirmed { "confirmed " (r.key_status.as_deref().unwrap_or("")) } }
                      @else { span.badge { (r.key_status.as_deref().unwrap_or("not yet claimed")) } } }
             } } }
@@ -562,13 +569,13 @@ pub fn message(text: &str) -> Markup {
 pub(super) fn receiving(queue: &str, c: &crate::control::Control, v: &Viewer) -> Markup {
     html! {
         @if let Some(p) = &c.pause {
-            span.badge.bad { "paused" } " by " (p.by) " at " (p.at)
-            @if !p.reason.is_empty() { ": " (p.reason) }
+            span.badge.bad { "paused" } " by " (shown(&p.by)) " at " (p.at)
+            @if !p.reason.is_empty() { ": " (shown(&p.reason)) }
         } @else {
             span.badge.good { "yes" }
         }
         @if let Some(b) = c.breaker.as_ref().filter(|_| c.breaker_open()) {
-            " " span.badge.bad { "breaker " (b.state) } " " (b.reason)
+            " " span.badge.bad { "breaker " (b.state) } " " (shown(&b.reason))
         }
         @if v.can_act {
             @if c.pause.is_some() {

@@ -18,13 +18,30 @@ pub use aqw_core::alert::{error_group, PoisonAlert};
 pub use aqw_core::scrub::{scrub, scrubbed};
 pub use gauges::render_metrics;
 
+/// One formatted event as one line: a newline inside it (free text such as a
+/// pause reason, in the text format) written as `\n`, and control
+/// characters and bidirectional overrides as `\uXXXX` (valid in the JSON
+/// format), so no field can forge a line or recolour a terminal (issue 40).
+fn one_event(text: &str) -> std::borrow::Cow<'_, str> {
+    let body = text.strip_suffix('\n').unwrap_or(text);
+    if !body.contains('\n') && aqw_core::scrub::json_safe(body).len() == body.len() {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = aqw_core::scrub::json_safe(body).replace('\n', "\\n");
+    if text.ends_with('\n') {
+        out.push('\n');
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Log writer that scrubs every formatted event before it reaches stderr.
 struct ScrubbingStderr;
 
 impl Write for ScrubbingStderr {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let text = String::from_utf8_lossy(buf);
-        std::io::stderr().write_all(scrubbed(&text).as_bytes())?;
+        let scrubbed = scrubbed(&text);
+        std::io::stderr().write_all(one_event(&scrubbed).as_bytes())?;
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -526,5 +543,29 @@ mod tests {
             line["timestamp"].as_str().is_some_and(|t| t.ends_with('Z')),
             "{out}"
         );
+    }
+}
+
+#[cfg(test)]
+mod one_event_tests {
+    use super::one_event;
+
+    /// Issue 40: a field with a newline cannot forge a log line, and no
+    /// control character or bidi override reaches the terminal raw.
+    #[test]
+    fn one_event_is_one_line_with_hidden_characters_escaped() {
+        let line = "INFO paused reason=ledger\nINFO forged \u{1b}[31m \u{202E}x\n";
+        let out = one_event(line);
+        assert_eq!(out.matches('\n').count(), 1, "{out:?}");
+        assert!(out.ends_with('\n'));
+        assert!(
+            !out.contains('\u{1b}') && !out.contains('\u{202E}'),
+            "{out:?}"
+        );
+        assert!(
+            out.contains("ledger\\nINFO forged \\u001b[31m \\u202ex"),
+            "{out:?}"
+        );
+        assert_eq!(one_event("plain\n"), "plain\n");
     }
 }

@@ -104,10 +104,12 @@ pub fn group_alerts(batch: &[PoisonAlert]) -> Vec<AlertGroup<'_>> {
                     kind: &a.error_kind,
                     status,
                     text,
-                    example: scrub(a.error.lines().next().unwrap_or("").trim())
-                        .chars()
-                        .take(300)
-                        .collect(),
+                    example: crate::scrub::printable(&scrub(
+                        a.error.lines().next().unwrap_or("").trim(),
+                    ))
+                    .chars()
+                    .take(300)
+                    .collect(),
                     count: 0,
                     ids: vec![],
                     keys: vec![],

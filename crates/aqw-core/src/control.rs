@@ -130,9 +130,13 @@ impl ControlStore {
     pub async fn pause(&self, function: &str, by: &str, reason: &str) -> StorageResult<()> {
         let mut u = Entity::new();
         u.insert(col::PAUSED.into(), json!(true));
-        u.insert(col::PAUSED_BY.into(), json!(by));
+        // Neutralised on the way in too: one line, no control characters.
+        u.insert(col::PAUSED_BY.into(), json!(crate::scrub::one_line(by)));
         u.insert(col::PAUSED_AT.into(), json!(now_rfc3339()));
-        u.insert(col::PAUSE_REASON.into(), json!(reason));
+        u.insert(
+            col::PAUSE_REASON.into(),
+            json!(crate::scrub::one_line(reason)),
+        );
         self.upsert(function, u).await
     }
 

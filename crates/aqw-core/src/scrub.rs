@@ -103,9 +103,72 @@ pub fn scrubbed(text: &str) -> std::borrow::Cow<'_, str> {
     out
 }
 
+/// Whether `c` must not reach a terminal, a log line or a page as it is:
+/// a control character (but newline and tab) or a bidirectional override
+/// or isolate, which can forge a line, recolour a terminal or reorder the
+/// text around it.
+fn hidden_char(c: char) -> bool {
+    (c.is_control() && c != '\n' && c != '\t')
+        || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}')
+}
+
+/// `text` with control characters (but newline and tab) and bidirectional
+/// overrides written as `\u{…}`, so what is shown is what is there: for a
+/// person's terminal, the dashboard and chat alerts (issue 40).
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    escape_hidden(text, |c, out| {
+        out.push_str(&format!("\\u{{{:04x}}}", c as u32))
+    })
+}
+
+/// `text` with the same characters written as JSON's `\uXXXX` escapes: for
+/// output that may be JSON (a log line, `--output json`), where the escape
+/// stays valid and decodes to the same text.
+pub fn json_safe(text: &str) -> std::borrow::Cow<'_, str> {
+    escape_hidden(text, |c, out| out.push_str(&format!("\\u{:04x}", c as u32)))
+}
+
+/// One line of free text (a reason, a key, an error) for a line of
+/// output: [`printable`], newlines and tabs escaped too.
+pub fn one_line(text: &str) -> String {
+    printable(text).replace('\n', "\\n").replace('\t', "\\t")
+}
+
+fn escape_hidden(text: &str, escape: impl Fn(char, &mut String)) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(hidden_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if hidden_char(c) {
+            escape(c, &mut out);
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hidden_characters_are_shown_escaped() {
+        assert_eq!(
+            printable("a\u{202E}b\u{1b}[31m\n"),
+            "a\\u{202e}b\\u{001b}[31m\n"
+        );
+        assert_eq!(printable("plain\ttext"), "plain\ttext");
+        assert_eq!(json_safe("x\u{202E}y"), "x\\u202ey");
+        let decoded: String =
+            serde_json::from_str(&format!("\"{}\"", json_safe("x\u{202E}y"))).unwrap();
+        assert_eq!(
+            decoded, "x\u{202E}y",
+            "the JSON escape decodes to the same text"
+        );
+        assert_eq!(one_line("a\nINFO forged"), "a\\nINFO forged");
+    }
 
     #[test]
     fn scrub_removes_secrets() {

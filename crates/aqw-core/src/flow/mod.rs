@@ -82,7 +82,12 @@ pub struct Flow {
     held: Mutex<HashMap<String, u32>>,
     /// One writer per row in this replica.
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Rows with a release waiting to be written.
+    to_sync: Mutex<std::collections::HashSet<String>>,
 }
+
+/// How long a released slot waits for others to be written with it.
+const RELEASE_DELAY: Duration = Duration::from_millis(100);
 
 /// What the limits allow one receive.
 #[derive(Debug)]
@@ -138,6 +143,7 @@ impl Flow {
                 limits: limits.clone(),
                 held: Mutex::default(),
                 locks: Mutex::default(),
+                to_sync: Mutex::default(),
             })
         })
     }
@@ -276,11 +282,22 @@ impl Flow {
         self.sync(row).await;
     }
 
+    /// A job's slot ends: counted down at once, written after
+    /// [`RELEASE_DELAY`] with whatever else ended meanwhile (one read and at
+    /// most one write for a burst of jobs ending, not two per job). A take
+    /// in between writes the count anyway.
     fn give_back_one(self: &Arc<Self>, row: &str) {
         self.count_down(row, 1);
+        if !self.to_sync.lock().unwrap().insert(row.to_string()) {
+            return;
+        }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (flow, row) = (self.clone(), row.to_string());
-            rt.spawn(async move { flow.sync(&row).await });
+            rt.spawn(async move {
+                tokio::time::sleep(RELEASE_DELAY).await;
+                flow.to_sync.lock().unwrap().remove(&row);
+                flow.sync(&row).await;
+            });
         }
     }
 

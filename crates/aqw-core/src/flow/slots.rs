@@ -89,10 +89,17 @@ pub(super) async fn set(
 ) -> StorageResult<()> {
     rows::update(table, rk, |row: Option<&Versioned>, now| {
         let mut holders = live(row.map(|r| &r.entity), now);
+        let fresh = now + HOLD_TTL.as_secs_f64() / 2.0;
         if mine == 0 {
             if holders.remove(me).is_none() && row.is_some() {
                 return Change::Keep(());
             }
+        } else if holders
+            .get(me)
+            .is_some_and(|(n, until)| *n == mine && *until > fresh)
+        {
+            // Already written (a take wrote it) and not due for renewal.
+            return Change::Keep(());
         } else {
             holders.insert(me.to_string(), (mine, now + HOLD_TTL.as_secs_f64()));
         }

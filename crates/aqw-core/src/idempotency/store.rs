@@ -477,7 +477,10 @@ impl KeyStore {
         update.insert("LeaseUntil".into(), json!(""));
         update.insert("CancelledAt".into(), json!(fmt_time(now)));
         update.insert("CancelledBy".into(), json!(by));
-        update.insert("CancelReason".into(), json!(cap_error(reason)));
+        update.insert(
+            "CancelReason".into(),
+            json!(cap_error(&crate::scrub::one_line(reason))),
+        );
         for _ in 0..5 {
             match self.table.get(&pk, &rk).await {
                 Ok(Some((e, etag))) => {

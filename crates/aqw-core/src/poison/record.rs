@@ -518,8 +518,12 @@ pub(super) fn discarded_update(by: &str, reason: &str) -> Entity {
     let mut u = Entity::new();
     u.insert(col::STATUS.into(), json!(RecordStatus::Discarded.as_str()));
     u.insert(col::DISCARDED_AT.into(), json!(now_rfc3339()));
-    u.insert(col::DISCARDED_BY.into(), json!(by));
-    u.insert(col::DISCARD_REASON.into(), json!(reason));
+    // Neutralised on the way in too: one line, no control characters.
+    u.insert(col::DISCARDED_BY.into(), json!(crate::scrub::one_line(by)));
+    u.insert(
+        col::DISCARD_REASON.into(),
+        json!(crate::scrub::one_line(reason)),
+    );
     u
 }
 

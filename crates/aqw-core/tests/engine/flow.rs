@@ -258,3 +258,33 @@ async fn a_backlog_behind_a_rate_limit_outlives_its_ttl() {
     env.provider.assert_applied_once(&jobs);
     assert!(env.records().await.is_empty());
 }
+
+/// What the limits cost in storage requests: 200 jobs on 2 replicas with
+/// `inFlight` and `callsPerSecond` set (high enough not to throttle) and
+/// without. Printed; the extra per job stays below two requests (a receive
+/// adds a read and a write per limit, shared by its batch; ending jobs'
+/// slots are written together).
+#[tokio::test(start_paused = true)]
+async fn what_the_limits_cost_in_storage_requests() {
+    async fn per_job(limits: FlowLimits) -> f64 {
+        let env = Env::new(|_, _| Behave::Succeed);
+        env.provider.set_delay(Duration::from_millis(20));
+        for n in 0..200 {
+            env.enqueue(&env.job(&format!("c{n}"))).await;
+        }
+        env.storage.reset_request_counts();
+        let running = fleet(&env, 2, &limits);
+        env.drained(minutes(10)).await;
+        stop(running).await;
+        env.storage.total_requests() as f64 / 200.0
+    }
+    let off = per_job(FlowLimits::default()).await;
+    let on = per_job(FlowLimits {
+        calls_per_second: Some(1000.0),
+        in_flight: Some(1000),
+        ..Default::default()
+    })
+    .await;
+    println!("storage requests per job: limits off {off:.2}, on {on:.2}");
+    assert!(on - off < 2.0, "limits off {off:.2}, on {on:.2}");
+}
