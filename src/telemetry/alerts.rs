@@ -175,26 +175,32 @@ async fn alert_loop(
             let batch = std::mem::take(&mut w.pending);
             w.since = None;
             w.last_sent = Some(Instant::now());
-            let body = alert_body(queue, &batch);
-            tracing::error!(
-                event = "aqw.poison.alert",
-                queue = %queue,
-                count = batch.len(),
-                groups = %body["groups"],
-                next = %body["next"].as_str().unwrap_or_default(),
-                "{} message(s) poisoned on {queue} in this window",
-                batch.len()
-            );
-            if let (Some(webhook), Some(client)) = (webhook.clone(), client.clone()) {
-                let body = render_alert(
-                    webhook.format,
-                    queue,
-                    &batch,
-                    webhook.dashboard_url.as_ref(),
-                );
-                tokio::spawn(post_with_backoff(client, webhook, body));
-            }
+            send_window(queue, &batch, webhook.as_ref(), client.as_ref());
         }
+    }
+}
+
+/// One queue's window: the ERROR summary line, and the POST when there is
+/// a webhook.
+fn send_window(
+    queue: &str,
+    batch: &[PoisonAlert],
+    webhook: Option<&Webhook>,
+    client: Option<&reqwest::Client>,
+) {
+    let body = alert_body(queue, batch);
+    tracing::error!(
+        event = "aqw.poison.alert",
+        queue = %queue,
+        count = batch.len(),
+        groups = %body["groups"],
+        next = %body["next"].as_str().unwrap_or_default(),
+        "{} message(s) poisoned on {queue} in this window",
+        batch.len()
+    );
+    if let (Some(webhook), Some(client)) = (webhook, client) {
+        let body = render_alert(webhook.format, queue, batch, webhook.dashboard_url.as_ref());
+        tokio::spawn(post_with_backoff(client.clone(), webhook.clone(), body));
     }
 }
 

@@ -139,6 +139,18 @@ pub enum NextAction {
     },
 }
 
+/// A new record for a key closed before its first claim: `update` plus the
+/// columns a claim would have written.
+fn never_claimed(mut fresh: Entity, function: &str, key: &IdempotencyKey) -> Entity {
+    fresh.insert("Key".into(), json!(key.as_str()));
+    fresh.insert("Function".into(), json!(function));
+    fresh.insert("ProviderKey".into(), json!(Uuid::new_v4().to_string()));
+    fresh.insert("Attempts".into(), json!(0));
+    fresh.insert("LastError".into(), json!(""));
+    fresh.insert("ReplayCount".into(), json!(0));
+    fresh
+}
+
 /// Error from finishing a claim.
 #[derive(Debug, thiserror::Error)]
 pub enum FinishError {
@@ -503,13 +515,7 @@ impl KeyStore {
                 }
                 Ok(None) | Err(StorageError::NotFound) => {
                     // Never claimed: record it closed, so a first delivery is a duplicate too.
-                    let mut fresh = update.clone();
-                    fresh.insert("Key".into(), json!(key.as_str()));
-                    fresh.insert("Function".into(), json!(function));
-                    fresh.insert("ProviderKey".into(), json!(Uuid::new_v4().to_string()));
-                    fresh.insert("Attempts".into(), json!(0));
-                    fresh.insert("LastError".into(), json!(""));
-                    fresh.insert("ReplayCount".into(), json!(0));
+                    let fresh = never_claimed(update.clone(), function, key);
                     match self.table.insert(&pk, &rk, &fresh).await {
                         Ok(_) => return Ok(Ok(KeyStatus::Cancelled)),
                         Err(StorageError::Conflict) => continue,
