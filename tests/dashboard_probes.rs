@@ -588,3 +588,39 @@ async fn ids_with_a_slash_are_404_and_progress_stops_refreshing() {
     assert!(old.body.contains("Stopped refreshing"), "{}", old.body);
     app.cleanup().await;
 }
+
+/// Issue 40: a client that never finishes its headers, or its body, is cut
+/// off (the connection closes; a trickled body gets 408), instead of
+/// holding a connection open without end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_are_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = keyed_app();
+    let d = start(&app, &["--read-only"], &[]);
+    let host = format!("127.0.0.1:{}", d.port);
+    let answer = |mut s: tokio::net::TcpStream| async move {
+        let mut got = Vec::new();
+        // Ends when the server closes the connection.
+        let _ = s.read_to_end(&mut got).await;
+        String::from_utf8_lossy(&got).into_owned()
+    };
+    let mut s = tokio::net::TcpStream::connect(&host).await.unwrap();
+    s.write_all(format!("GET / HTTP/1.1\r\nHost: {host}\r\n").as_bytes())
+        .await
+        .unwrap();
+    let closed = tokio::time::timeout(DEADLINE, answer(s)).await;
+    assert!(
+        closed.is_ok(),
+        "a connection with partial headers stays open"
+    );
+    let mut s = tokio::net::TcpStream::connect(&host).await.unwrap();
+    let head = format!(
+        "POST /login HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\ntoken=ab"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let reply = tokio::time::timeout(DEADLINE, answer(s))
+        .await
+        .expect("a connection with a partial body stays open");
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    app.cleanup().await;
+}

@@ -102,11 +102,18 @@ impl AuthConfig {
             .map(str::trim)
             .filter(|s| !s.is_empty())
             .map(|s| {
-                IpRange::parse(s).ok_or_else(|| {
+                let range = IpRange::parse(s).ok_or_else(|| {
                     format!(
                         "AQW_DASHBOARD_TRUSTED_PROXIES: {s:?} is not an IP address or CIDR range"
                     )
-                })
+                })?;
+                // Trusting every address is trusting no front end at all.
+                if range.covers_everything() {
+                    return Err(format!(
+                        "AQW_DASHBOARD_TRUSTED_PROXIES: {s:?} covers every address, so anyone could send principal headers; name the front end's addresses"
+                    ));
+                }
+                Ok(range)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let trust_principal = match env("AQW_DASHBOARD_TRUST_PRINCIPAL").as_deref() {
@@ -161,7 +168,47 @@ fn check_secret(name: &str, secret: &str) -> Result<(), String> {
              it is easy to guess however long; use a random one ({hint})"
         ));
     }
+    if let Some(why) = weak_pattern(secret) {
+        return Err(format!(
+            "{name} {why}: it is among the first guesses; use a random one ({hint})"
+        ));
+    }
     Ok(())
+}
+
+/// Words that open every guessing list.
+const WEAK_WORDS: &[&str] = &[
+    "password", "passw0rd", "qwerty", "letmein", "changeme", "iloveyou", "admin123", "welcome1",
+];
+
+/// Why `secret` follows a pattern guessers try first: a common password
+/// word, or mostly one ascending run (`0123456789abcdef`, `abcdefgh…`).
+fn weak_pattern(secret: &str) -> Option<String> {
+    let lower = secret.to_ascii_lowercase();
+    if let Some(w) = WEAK_WORDS.iter().find(|w| lower.contains(*w)) {
+        return Some(format!("contains the common password word {w:?}"));
+    }
+    // The next character of an ascending run: digits then letters, as in hex.
+    let next = |c: char| match c {
+        '9' => Some('a'),
+        c => char::from_u32(c as u32 + 1),
+    };
+    let chars: Vec<char> = lower.chars().collect();
+    let (mut longest, mut run) = (1, 1);
+    for pair in chars.windows(2) {
+        run = if next(pair[0]) == Some(pair[1]) {
+            run + 1
+        } else {
+            1
+        };
+        longest = longest.max(run);
+    }
+    (longest * 4 >= chars.len() * 3).then(|| {
+        format!(
+            "is mostly one ascending run ({longest} of {} characters)",
+            chars.len()
+        )
+    })
 }
 
 /// How a principal authenticated.
@@ -594,11 +641,23 @@ mod tests {
         let err = check_secret("AQW_DASHBOARD_TOKEN", &"ab".repeat(12)).unwrap_err();
         assert!(err.contains("only 2 different characters"), "{err}");
         assert!(!err.contains("abab"));
-        assert!(check_secret("AQW_DASHBOARD_TOKEN", "0123456789abcdef").is_ok());
+        // Issue 40: the patterns guessers try first.
+        for weak in ["0123456789abcdef", "password12345678", "Qwerty-9f2k1m0x7z"] {
+            let err = check_secret("AQW_DASHBOARD_TOKEN", weak).unwrap_err();
+            assert!(!err.contains(weak), "{err}");
+        }
+        assert!(check_secret("AQW_DASHBOARD_TOKEN", "test-token-0123456789abcdef").is_ok());
+        assert!(check_secret("AQW_DASHBOARD_TOKEN", "9f2k1m0x7zq4w8e6").is_ok());
         let env = |k: &str| {
             (k == "AQW_DASHBOARD_TRUSTED_PROXIES").then(|| "10.0.0.0/8, nope".to_string())
         };
         assert!(AuthConfig::from_env(env).unwrap_err().contains("\"nope\""));
+        // Issue 40: a list that trusts every address is no guard.
+        for all in ["0.0.0.0/0", "10.0.0.0/8, ::/0"] {
+            let env = |k: &str| (k == "AQW_DASHBOARD_TRUSTED_PROXIES").then(|| all.to_string());
+            let err = AuthConfig::from_env(env).unwrap_err();
+            assert!(err.contains("covers every address"), "{err}");
+        }
     }
 
     #[test]
@@ -613,8 +672,8 @@ mod tests {
         };
         assert!(AuthConfig::from_env(env(&[("AQW_DASHBOARD_TOKEN", "short")])).is_err());
         assert!(AuthConfig::from_env(env(&[("AQW_DASHBOARD_TRUST_PRINCIPAL", "yes")])).is_err());
-        let c = AuthConfig::from_env(env(&[("AQW_DASHBOARD_TOKEN", "0123456789abcdef")])).unwrap();
+        let c = AuthConfig::from_env(env(&[("AQW_DASHBOARD_TOKEN", "9f2k1m0x7zq4w8e6")])).unwrap();
         assert_eq!(c.user, "dashboard");
-        assert!(!format!("{c:?}").contains("0123456789abcdef"));
+        assert!(!format!("{c:?}").contains("9f2k1m0x7zq4w8e6"));
     }
 }

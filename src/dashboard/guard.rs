@@ -56,6 +56,11 @@ impl IpRange {
         (prefix <= max).then_some(IpRange { net: ip, prefix })
     }
 
+    /// A `/0`: every address of its family.
+    pub fn covers_everything(&self) -> bool {
+        self.prefix == 0
+    }
+
     pub fn contains(&self, ip: IpAddr) -> bool {
         let bits = |ip: IpAddr| match ip {
             IpAddr::V4(v4) => (u128::from(u32::from(v4)) << 96, 32u32),

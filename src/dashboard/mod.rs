@@ -221,6 +221,7 @@ pub fn app(state: Arc<Dashboard>) -> Router {
             guard::check,
         ))
         .layer(axum::middleware::from_fn(security_headers))
+        .layer(axum::middleware::from_fn(read_body_in_time))
         .with_state(state)
 }
 
@@ -255,16 +256,89 @@ async fn security_headers(req: Request<axum::body::Body>, next: Next) -> Respons
     r
 }
 
-/// Serve the dashboard on `listener` until `shutdown`.
+/// How long a connection may take to send a request's headers (and how
+/// long an idle kept-alive connection stays open): a client that trickles
+/// its headers, or holds a connection without a request, is cut off.
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long a request's body may take to arrive.
+pub const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// The largest request body the dashboard reads (a fixed payload is at
+/// most 64 KiB of queue message, form-encoded).
+pub const MAX_BODY: usize = 1 << 20;
+
+/// Serve the dashboard on `listener` until `shutdown`: HTTP/1.1, each
+/// connection with [`HEADER_READ_TIMEOUT`] and each body with
+/// [`BODY_READ_TIMEOUT`] (issue 40: a connection with partial headers or a
+/// partial body stayed open for over 40 s). Written on hyper's connection
+/// builder because `axum::serve` has no read timeouts.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<Dashboard>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let service = app(state).into_make_service_with_connect_info::<SocketAddr>();
-    axum::serve(listener, service)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    let router = app(state);
+    let connections = tokio_util::task::TaskTracker::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                // A failed accept (too many open files) is the connection's
+                // problem, not the dashboard's.
+                Err(_) => continue,
+            },
+            _ = shutdown.cancelled() => break,
+        };
+        let service = router
+            .clone()
+            .layer(axum::Extension(axum::extract::ConnectInfo(peer)));
+        let shutdown = shutdown.clone();
+        connections.spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT);
+            let conn = builder.serve_connection(
+                hyper_util::rt::TokioIo::new(stream),
+                hyper_util::service::TowerToHyperService::new(service),
+            );
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+    }
+    connections.close();
+    connections.wait().await;
+    Ok(())
+}
+
+/// Read the whole body within [`BODY_READ_TIMEOUT`] and [`MAX_BODY`]
+/// before any handler runs: 408 for a body that trickles, 413 for one too
+/// large.
+async fn read_body_in_time(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let (parts, body) = req.into_parts();
+    match tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, MAX_BODY)).await {
+        Ok(Ok(bytes)) => {
+            next.run(axum::extract::Request::from_parts(parts, bytes.into()))
+                .await
+        }
+        Ok(Err(_)) => (
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            "request body too large",
+        )
+            .into_response(),
+        Err(_) => (
+            axum::http::StatusCode::REQUEST_TIMEOUT,
+            "request body not received in time",
+        )
+            .into_response(),
+    }
 }
 
 /// Whether `addr` only accepts connections from this machine.
