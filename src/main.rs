@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     aqw::storage::quiet_library_backtraces();
-    let args = cli::Cli::parse();
+    let args = cli::Cli::try_parse().unwrap_or_else(|e| cli::parse_error(e));
     // Exporters come from the process environment (OTEL_*,
     // APPLICATIONINSIGHTS_CONNECTION_STRING); the guard flushes them at exit.
     let traces = match traces::export::targets_from_env(|k| std::env::var(k).ok())

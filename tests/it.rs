@@ -37,6 +37,7 @@ mod log_filter;
 mod monitoring;
 mod oncall;
 mod oncall3;
+mod oncall4;
 mod operations;
 mod outage;
 mod poison_format;

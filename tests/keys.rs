@@ -404,7 +404,11 @@ async fn keys_show_prints_the_record() {
     assert_eq!(v["key"], "job:shown");
     assert_eq!(v["providerKey"].as_str().unwrap().len(), 36);
     let text = aqw(app.path(), &["keys", "show", "Job", "job:missing"]);
-    assert_eq!(text.status.code(), Some(0));
+    assert_eq!(
+        text.status.code(),
+        Some(1),
+        "a key never claimed needs a look"
+    );
     assert!(String::from_utf8_lossy(&text.stdout).contains("no record"));
     app.cleanup().await;
 }

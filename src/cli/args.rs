@@ -66,8 +66,11 @@ pub enum Command {
         after_help = "Examples:\n  aqw enqueue receipts --payload '{\"orderId\":\"o-1\"}'\n  jq -c . order.json | aqw enqueue receipts -"
     )]
     Enqueue(EnqueueArgs),
-    /// Depth and poison count per queue; exit 1 while any poison record is open.
-    #[command(after_help = "Examples:\n  aqw status\n  aqw status --output json")]
+    /// Depth and poison count per queue; exit 1 while any poison record is
+    /// open, a function is paused, or a breaker is not closed.
+    #[command(
+        after_help = "Exit codes: 0 nothing needs a person; 1 a poison record is open, a function is paused, or a breaker is open or half-open (its own or the fleet's); 2 bad arguments or configuration; 3 storage error.\n\nExamples:\n  aqw status\n  aqw status --output json"
+    )]
     Status,
     /// Stop a function receiving (every worker and `aqw serve`, within seconds); in-flight jobs finish.
     #[command(
@@ -365,7 +368,9 @@ pub enum KeysCmd {
         by: String,
     },
     /// Show the idempotency record of one key.
-    #[command(after_help = "Example:\n  aqw keys show SendReceipt receipt:o-1")]
+    #[command(
+        after_help = "Exit codes: 0 shown, 1 the key was never claimed (no record), 2 bad arguments, 3 storage error.\n\nExample:\n  aqw keys show SendReceipt receipt:o-1"
+    )]
     Show {
         /// The function the key belongs to.
         function: String,

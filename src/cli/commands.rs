@@ -200,7 +200,8 @@ async fn keys_show(
     let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
     let rec = ops::key_record(&app, &storage, function, key).await?;
     render::key_record(function, key, rec.as_ref(), output);
-    Ok(Exit::Ok)
+    // A key never claimed is worth a look: a typo, or a job not yet run.
+    Ok(Exit::needs_a_person_if(rec.is_none()))
 }
 
 /// `keys check`: the key's record, then the provider's answer for its

@@ -34,6 +34,22 @@ pub(crate) fn write_line(line: std::fmt::Arguments<'_>) {
     }
 }
 
+/// Exit on a command line clap refused, as clap does (exit 2, or 0 for
+/// `--help`), naming `$USER` when it is the missing `--by`'s default.
+pub fn parse_error(e: clap::Error) -> ! {
+    let missing_by = e.kind() == clap::error::ErrorKind::MissingRequiredArgument
+        && e.to_string().contains("--by")
+        && std::env::var_os("USER").is_none();
+    if missing_by {
+        let _ = e.print();
+        eprintln!(
+            "aqw: who is doing it is kept on the record: give --by NAME, or set $USER (it is not set here)"
+        );
+        std::process::exit(2);
+    }
+    e.exit()
+}
+
 pub mod args;
 mod commands;
 pub mod exit;

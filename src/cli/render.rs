@@ -269,7 +269,7 @@ fn print_window_and_copy(report: &ShowReport) {
     if let Some(w) = &report.provider_window {
         outln!("provider key:  {}", w.summary());
     }
-    print_closing(r);
+    print_closing(r, report.replacement_key_record.as_ref());
     outln!(
         "encoding:      {} ({} bytes of message text)",
         r.encoding.as_str(),
@@ -283,7 +283,7 @@ fn print_window_and_copy(report: &ShowReport) {
 }
 
 /// How a record was closed: replayed, replaced or discarded, by whom.
-fn print_closing(r: &PoisonRecord) {
+fn print_closing(r: &PoisonRecord, replacement: Option<&KeyRecord>) {
     if let Some(by) = &r.past_provider_window_by {
         outln!(
             "past window:   overridden by {by} at {}: {}",
@@ -305,6 +305,10 @@ fn print_closing(r: &PoisonRecord) {
             r.replacement_message_id.as_deref().unwrap_or("-"),
             r.replacement_key.as_deref().unwrap_or("-"),
             r.replacement_size_diff.unwrap_or(0)
+        );
+        outln!(
+            "new key:       {}",
+            replacement.map_or("not claimed yet".into(), key_state_line)
         );
     }
     if let Some(by) = &r.discarded_by {

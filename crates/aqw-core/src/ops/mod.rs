@@ -141,10 +141,15 @@ impl QueueOps {
 
     /// The key state of a record, if its function and key are known.
     pub async fn key_record(&self, rec: &PoisonRecord) -> OpsResult<Option<KeyRecord>> {
-        let (Some(f), Some(k)) = (self.function.as_ref(), rec.key.as_ref()) else {
+        self.key_named(rec.key.as_deref()).await
+    }
+
+    /// The record of key `k` of the queue's function, if both exist.
+    pub async fn key_named(&self, k: Option<&str>) -> OpsResult<Option<KeyRecord>> {
+        let (Some(f), Some(k)) = (self.function.as_ref(), k) else {
             return Ok(None);
         };
-        let key = IdempotencyKey::new(k.clone()).map_err(OpsError::Usage)?;
+        let key = IdempotencyKey::new(k).map_err(OpsError::Usage)?;
         match self.keys.get(&f.name, &key).await {
             Ok(r) => Ok(r),
             Err(StorageError::NotFound) => Ok(None),

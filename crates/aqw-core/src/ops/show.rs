@@ -13,6 +13,10 @@ pub struct ShowReport {
     pub record: PoisonRecord,
     /// The key's record, when the function and key are known and it exists.
     pub key_record: Option<KeyRecord>,
+    /// For a record replaced by a fix: the new key's record, if it has one
+    /// (how the corrected job went).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replacement_key_record: Option<KeyRecord>,
     /// The payload as JSON, when it is JSON.
     pub payload: Option<serde_json::Value>,
     /// The payload as text, when it decodes.
@@ -58,6 +62,7 @@ pub async fn show(ops: &QueueOps, id: &str) -> OpsResult<ShowReport> {
         }
     };
     let key_record = ops.key_record(&record).await?;
+    let replacement_key_record = ops.key_named(record.replacement_key.as_deref()).await?;
     let window = ops.function.as_ref().and_then(|f| f.provider_key_window);
     let provider_window = key_record
         .as_ref()
@@ -92,6 +97,7 @@ pub async fn show(ops: &QueueOps, id: &str) -> OpsResult<ShowReport> {
     Ok(ShowReport {
         record,
         key_record,
+        replacement_key_record,
         payload,
         payload_text,
         decode_error,
