@@ -73,3 +73,64 @@ async fn a_replaced_record_shows_its_new_keys_state() {
     );
     app.cleanup().await;
 }
+
+/// `aqw keys list`: a function's keys by prefix, status and time, with a
+/// limit, as text and JSON; exit 1 while a listed key is poisoned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_list_filters_by_prefix_status_and_time() {
+    use crate::common::{eventually, Scripted};
+    use aqw::handlers::{HandlerError, Success};
+    let app = TestApp::new(
+        json!({"key": "order:{/orderId}"}),
+        json!({"maxDequeueCount": 1}),
+        json!({}),
+    );
+    for id in ["a1", "a2", "b1"] {
+        app.enqueue(&json!({ "orderId": id }).to_string()).await;
+    }
+    let h = Scripted::new(|job, _| {
+        if job.payload.contains("b1") {
+            Err(HandlerError::permanent("HTTP 404: no such order"))
+        } else {
+            Ok(Success::default())
+        }
+    });
+    let w = app.start_worker(h);
+    eventually("every job settled", Duration::from_secs(60), || async {
+        (app.source_count().await == 0 && app.poison_messages().await.len() == 1).then_some(())
+    })
+    .await;
+    w.stop().await;
+    let list = |args: &[&str]| {
+        let mut all = vec!["keys", "list", "Job"];
+        all.extend_from_slice(args);
+        let out = aqw(app.path(), &all);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
+    };
+    let (code, text) = list(&["--prefix", "order:a"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("order:a1") && text.contains("order:a2") && !text.contains("order:b1"),
+        "{text}"
+    );
+    assert!(text.contains("2 key(s)"), "{text}");
+    let (code, text) = list(&["--status", "poisoned", "--output", "json"]);
+    assert_eq!(code, Some(1), "a poisoned key needs a person");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 1);
+    assert_eq!(v[0]["key"], "order:b1");
+    let (_, text) = list(&["--since", "01:00:00", "--limit", "2"]);
+    assert!(text.contains("2 key(s)"), "{text}");
+    let (code, text) = list(&["--until", "01:00:00"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        text.contains("0 key(s)"),
+        "changed in the last hour: {text}"
+    );
+    let (code, _) = list(&["--status", "nonsense"]);
+    assert_eq!(code, Some(2));
+    app.cleanup().await;
+}

@@ -151,6 +151,19 @@ pub struct DashboardArgs {
     pub read_only: bool,
 }
 
+/// Which keys `keys list` shows.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KeyStatusFilter {
+    /// Claimed, not finished (running, or its attempt ended without a verdict).
+    Pending,
+    /// The effect happened.
+    Done,
+    /// The job was poisoned; a replay runs it.
+    Poisoned,
+    /// Closed by an operator: a delivery is a duplicate.
+    Cancelled,
+}
+
 /// Which records `poison list` shows.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StatusFilter {
@@ -337,6 +350,30 @@ pub enum ConfigCmd {
 
 #[derive(Subcommand)]
 pub enum KeysCmd {
+    /// List a function's keys (every page), oldest change first within each
+    /// key-hash partition; filtered by the service.
+    #[command(
+        after_help = "Cost: one query over the keys table, one request per 1,000 rows the service scans (the\nfilters run on the service; the table holds every function's keys of this account).\n\nExit codes: 0 listed (none is not an error), 1 some listed key is pending or poisoned, 2 bad arguments, 3 storage error.\n\nExamples:\n  aqw keys list GrantCredit --prefix credits:acct-7: --status poisoned\n  aqw keys list GrantCredit --since 02:00:00 --output json"
+    )]
+    List {
+        /// The function whose keys to list.
+        function: String,
+        /// Keys starting with this text.
+        #[arg(long)]
+        prefix: Option<String>,
+        /// Keys in this state only.
+        #[arg(long, value_enum)]
+        status: Option<KeyStatusFilter>,
+        /// Changed at or after: RFC 3339 time or a duration ago (hh:mm:ss).
+        #[arg(long)]
+        since: Option<String>,
+        /// Changed before: RFC 3339 time or a duration ago (hh:mm:ss).
+        #[arg(long)]
+        until: Option<String>,
+        /// At most this many (default: all).
+        #[arg(long)]
+        limit: Option<usize>,
+    },
     /// Ask the provider (the function's handler.lookup) whether the key's
     /// provider key took effect: applied, not applied or unknown.
     #[command(

@@ -3,8 +3,8 @@
 //! and says which exit code that means.
 
 use super::args::{
-    Cli, Command, ConfigCmd, DashboardArgs, EnqueueArgs, KeysCmd, Output, PauseArgs, PoisonCmd,
-    ResumeArgs, StatusFilter,
+    Cli, Command, ConfigCmd, DashboardArgs, EnqueueArgs, KeyStatusFilter, KeysCmd, Output,
+    PauseArgs, PoisonCmd, ResumeArgs, StatusFilter,
 };
 use super::exit::{Exit, Failure};
 use super::render;
@@ -38,6 +38,7 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Failure> {
         Command::Keys(KeysCmd::Show { function, key }) => {
             keys_show(&cli.app, &function, &key, output).await
         }
+        cmd @ Command::Keys(KeysCmd::List { .. }) => keys_list(&cli.app, cmd, output).await,
         Command::Keys(KeysCmd::Check { function, key }) => {
             keys_check(&cli.app, &function, &key, output).await
         }
@@ -202,6 +203,52 @@ async fn keys_show(
     render::key_record(function, key, rec.as_ref(), output);
     // A key never claimed is worth a look: a typo, or a job not yet run.
     Ok(Exit::needs_a_person_if(rec.is_none()))
+}
+
+/// `keys list`: the function's keys the filters select.
+async fn keys_list(app_dir: &Path, cmd: Command, output: Output) -> Result<Exit, Failure> {
+    let Command::Keys(KeysCmd::List {
+        function,
+        prefix,
+        status,
+        since,
+        until,
+        limit,
+    }) = cmd
+    else {
+        unreachable!("keys_list is called with keys list only");
+    };
+    let app = load(app_dir)?;
+    let f = app
+        .function(&function)
+        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
+    let query = aqw::idempotency::KeyQuery {
+        prefix,
+        status: status.map(|s| match s {
+            KeyStatusFilter::Pending => aqw::idempotency::KeyStatus::Pending,
+            KeyStatusFilter::Done => aqw::idempotency::KeyStatus::Done,
+            KeyStatusFilter::Poisoned => aqw::idempotency::KeyStatus::Poisoned,
+            KeyStatusFilter::Cancelled => aqw::idempotency::KeyStatus::Cancelled,
+        }),
+        since: since.as_deref().map(parse_time).transpose()?,
+        until: until.as_deref().map(parse_time).transpose()?,
+        limit,
+    };
+    let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
+    let keys =
+        aqw::idempotency::KeyStore::new(aqw::storage::Storage::table(&storage, &app.keys_table));
+    let listed = keys
+        .list(&function, &query)
+        .await
+        .map_err(|e| Failure::runtime(format!("{e:#}")))?;
+    render::key_list(&listed, output);
+    let unsettled = listed.iter().any(|k| {
+        matches!(
+            k.status,
+            aqw::idempotency::KeyStatus::Pending | aqw::idempotency::KeyStatus::Poisoned
+        )
+    });
+    Ok(Exit::needs_a_person_if(unsettled))
 }
 
 /// `keys check`: the key's record, then the provider's answer for its

@@ -419,6 +419,27 @@ pub fn poison_replay(report: &ReplayReport, waited: bool, output: Output) {
     );
 }
 
+/// `keys list`: one line per key (status, attempts, uncertain attempts,
+/// the key), or the records as JSON.
+pub fn key_list(keys: &[KeyRecord], output: Output) {
+    if output == Output::Json {
+        print_json(&keys);
+        return;
+    }
+    outln!("{:<10} {:>8} {:>9}  KEY", "STATUS", "ATTEMPTS", "UNCERTAIN");
+    for k in keys {
+        let uncertain = k.history.iter().filter(|a| a.may_have_taken_effect).count();
+        outln!(
+            "{:<10} {:>8} {:>9}  {}",
+            k.status.as_str(),
+            k.attempts,
+            uncertain,
+            one_line(&k.key)
+        );
+    }
+    outln!("{} key(s)", keys.len());
+}
+
 /// `keys check`: the key, its provider key, and the provider's answer.
 pub fn key_check(rec: &KeyRecord, answer: &aqw::handlers::lookup::LookupAnswer, output: Output) {
     let uncertain = rec

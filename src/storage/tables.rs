@@ -314,6 +314,15 @@ fn odata_filter(filter: &Filter) -> String {
             format!("({})", any.join(" or "))
         }
         Filter::ChangedBefore(t) => format!("Timestamp lt {}", odata_datetime(*t)),
+        Filter::ChangedSince(t) => format!("Timestamp ge {}", odata_datetime(*t)),
+        Filter::StartsWith { column, prefix } => match prefix_end(prefix) {
+            Some(end) => format!(
+                "({column} ge {} and {column} lt {})",
+                odata_string(prefix),
+                odata_string(&end)
+            ),
+            None => format!("{column} ge {}", odata_string(prefix)),
+        },
         Filter::And(all) if all.is_empty() => "PartitionKey ne ''".to_string(),
         Filter::And(all) => {
             let each: Vec<String> = all
@@ -323,6 +332,17 @@ fn odata_filter(filter: &Filter) -> String {
             each.join(" and ")
         }
     }
+}
+
+/// The first string after every string starting with `prefix`: the prefix
+/// with its last character raised by one (`None` for an empty prefix, or a
+/// last character that cannot be raised: then only the lower bound holds).
+fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    let last = chars.pop()?;
+    let next = char::from_u32(last as u32 + 1)?;
+    chars.push(next);
+    Some(chars.into_iter().collect())
 }
 
 /// A queried entity with its ETag (`odata.etag`) and keys.

@@ -7,7 +7,8 @@ use crate::storage::{Filter, Row, Storage, TableOp, TableQuery, TableStore, MAX_
 use serde_json::{json, Value};
 use time::OffsetDateTime;
 
-/// Typed queries: a partition, `Eq`, `OneOf`, `And`, `ChangedBefore`, and
+/// Typed queries: a partition, `Eq`, `OneOf`, `And`, `ChangedBefore`,
+/// `ChangedSince`, `StartsWith`, and
 /// `select` (only the named columns; keys and ETag always), rows ordered by
 /// (PartitionKey, RowKey).
 pub async fn table_queries(storage: &dyn Storage) -> CheckResult {
@@ -78,6 +79,14 @@ async fn insert_and_query_all(t: &dyn TableStore) -> CheckResult {
 
 /// Filtered queries and the rows (`PartitionKey/RowKey`) each must return.
 fn filter_cases() -> Vec<(TableQuery<'static>, Vec<&'static str>)> {
+    let mut cases = value_cases();
+    cases.extend(time_and_prefix_cases());
+    cases.extend(since_and_prefix_cases());
+    cases
+}
+
+/// The cases on column values: `Eq`, `OneOf`, `And`, with and without a partition.
+fn value_cases() -> Vec<(TableQuery<'static>, Vec<&'static str>)> {
     let q = |partition, filter| TableQuery {
         partition,
         filter: Some(filter),
@@ -116,6 +125,17 @@ fn filter_cases() -> Vec<(TableQuery<'static>, Vec<&'static str>)> {
         ),
         (q(None, Filter::eq("Status", "nothing")), vec![]),
         (q(Some("p3"), Filter::eq("Status", "done")), vec![]),
+    ]
+}
+
+/// The cases on `ChangedBefore` (the service's `Timestamp`).
+fn time_and_prefix_cases() -> Vec<(TableQuery<'static>, Vec<&'static str>)> {
+    let q = |partition, filter| TableQuery {
+        partition,
+        filter: Some(filter),
+        select: &[],
+    };
+    vec![
         (
             q(
                 Some("p2"),
@@ -127,6 +147,61 @@ fn filter_cases() -> Vec<(TableQuery<'static>, Vec<&'static str>)> {
             q(
                 Some("p2"),
                 Filter::ChangedBefore(OffsetDateTime::now_utc() - time::Duration::days(30)),
+            ),
+            vec![],
+        ),
+    ]
+}
+
+/// The cases on `ChangedSince` and on string prefixes.
+fn since_and_prefix_cases() -> Vec<(TableQuery<'static>, Vec<&'static str>)> {
+    let q = |partition, filter| TableQuery {
+        partition,
+        filter: Some(filter),
+        select: &[],
+    };
+    vec![
+        (
+            q(
+                Some("p2"),
+                Filter::ChangedSince(OffsetDateTime::now_utc() - time::Duration::days(30)),
+            ),
+            vec!["p2/a", "p2/b"],
+        ),
+        (
+            q(
+                None,
+                Filter::ChangedSince(OffsetDateTime::now_utc() + time::Duration::days(30)),
+            ),
+            vec![],
+        ),
+        (
+            q(
+                None,
+                Filter::StartsWith {
+                    column: "Kind",
+                    prefix: "ot".into(),
+                },
+            ),
+            vec!["p1/d"],
+        ),
+        (
+            q(
+                Some("p1"),
+                Filter::StartsWith {
+                    column: "Status",
+                    prefix: "d".into(),
+                },
+            ),
+            vec!["p1/a", "p1/d"],
+        ),
+        (
+            q(
+                None,
+                Filter::StartsWith {
+                    column: "Status",
+                    prefix: "donez".into(),
+                },
             ),
             vec![],
         ),

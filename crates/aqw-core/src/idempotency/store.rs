@@ -139,6 +139,21 @@ pub enum NextAction {
     },
 }
 
+/// What `aqw keys list` selects.
+#[derive(Debug, Clone, Default)]
+pub struct KeyQuery {
+    /// Keys starting with this text.
+    pub prefix: Option<String>,
+    /// Keys in this status.
+    pub status: Option<KeyStatus>,
+    /// Keys whose record changed at or after this time.
+    pub since: Option<OffsetDateTime>,
+    /// Keys whose record changed before this time.
+    pub until: Option<OffsetDateTime>,
+    /// At most this many.
+    pub limit: Option<usize>,
+}
+
 /// A new record for a key closed before its first claim: `update` plus the
 /// columns a claim would have written.
 fn never_claimed(mut fresh: Entity, function: &str, key: &IdempotencyKey) -> Entity {
@@ -563,6 +578,47 @@ impl KeyStore {
             }
         }
         Ok(())
+    }
+
+    /// The keys of `function` that `query` selects, in key-hash order,
+    /// every page followed (`aqw keys list`). The function, status, prefix
+    /// and time bounds are filtered by the service (one query over the
+    /// table, a request per 1,000 rows it scans); at most `query.limit`
+    /// come back.
+    pub async fn list(&self, function: &str, query: &KeyQuery) -> StorageResult<Vec<KeyRecord>> {
+        let mut filter = crate::storage::Filter::eq("Function", function);
+        if let Some(p) = query.prefix.as_ref().filter(|p| !p.is_empty()) {
+            filter = filter.and(crate::storage::Filter::StartsWith {
+                column: "Key",
+                prefix: p.clone(),
+            });
+        }
+        if let Some(s) = query.status {
+            filter = filter.and(crate::storage::Filter::eq("Status", s.as_str()));
+        }
+        if let Some(t) = query.since {
+            filter = filter.and(crate::storage::Filter::ChangedSince(t));
+        }
+        if let Some(t) = query.until {
+            filter = filter.and(crate::storage::Filter::ChangedBefore(t));
+        }
+        let rows = match self
+            .table
+            .query_where(&crate::storage::TableQuery {
+                partition: None,
+                filter: Some(filter),
+                select: &[],
+            })
+            .await
+        {
+            Err(StorageError::NotFound) => return Ok(vec![]),
+            other => other?,
+        };
+        Ok(rows
+            .iter()
+            .take(query.limit.unwrap_or(usize::MAX))
+            .map(|r| KeyRecord::from_entity(&r.partition_key, &r.row_key, &r.entity))
+            .collect())
     }
 
     /// Replace a key's provider key by a fresh one (issue 38): for a

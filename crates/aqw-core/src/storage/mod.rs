@@ -227,6 +227,17 @@ pub enum Filter {
     /// The Azure adapter compares at whole seconds (OData's `datetime'…'`),
     /// rounding the bound down, so a row exactly at the bound never matches.
     ChangedBefore(OffsetDateTime),
+    /// The row last changed at or after this time (at whole seconds,
+    /// rounding the bound down, as [`Filter::ChangedBefore`]).
+    ChangedSince(OffsetDateTime),
+    /// A string column starts with the prefix (a range on the server:
+    /// `ge prefix and lt` the prefix with its last character raised).
+    StartsWith {
+        /// The column's name.
+        column: &'static str,
+        /// The prefix.
+        prefix: String,
+    },
     /// Every one of the filters matches.
     And(Vec<Filter>),
 }
@@ -272,6 +283,13 @@ impl Filter {
             Filter::ChangedBefore(t) => {
                 let whole = t.replace_nanosecond(0).unwrap_or(*t);
                 changed < whole
+            }
+            Filter::ChangedSince(t) => {
+                let whole = t.replace_nanosecond(0).unwrap_or(*t);
+                changed >= whole
+            }
+            Filter::StartsWith { column, prefix } => {
+                text(column).is_some_and(|t| t.starts_with(prefix.as_str()))
             }
             Filter::And(all) => all.iter().all(|f| f.matches(entity, changed)),
         }
