@@ -31,7 +31,16 @@ async fn poison_then_replay_byte_exact(encoding: &str, text: String) {
     let out = aqw(
         app.path(),
         &[
-            "poison", "replay", &app.queue, "--id", &id, "--by", "t", "--output", "json",
+            "poison",
+            "replay",
+            "--uncertain-checked",
+            &app.queue,
+            "--id",
+            &id,
+            "--by",
+            "t",
+            "--output",
+            "json",
         ],
     );
     assert_eq!(

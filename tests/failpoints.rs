@@ -193,6 +193,7 @@ async fn replay_point(point: &'static str) {
     let replay = [
         "poison",
         "replay",
+        "--uncertain-checked",
         &app.queue,
         "--all",
         "--by",
@@ -204,7 +205,16 @@ async fn replay_point(point: &'static str) {
     let out = aqw(
         app.path(),
         &[
-            "poison", "replay", &app.queue, "--all", "--by", "t", "--wait", "00:01:00", "--output",
+            "poison",
+            "replay",
+            "--uncertain-checked",
+            &app.queue,
+            "--all",
+            "--by",
+            "t",
+            "--wait",
+            "00:01:00",
+            "--output",
             "json",
         ],
     );

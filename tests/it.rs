@@ -29,6 +29,7 @@ mod fleet;
 #[cfg(feature = "failpoints")]
 mod failpoints;
 mod free_text;
+mod hostile_input;
 mod identity;
 mod identity_https;
 mod keys;

@@ -76,7 +76,7 @@ async fn a_mixed_window_alerts_once_with_every_cause_grouped() {
             .sum();
         assert_eq!(sum, body["count"].as_u64().unwrap(), "{body}");
         for g in body["groups"].as_array().unwrap() {
-            let cause = format!("{} {}", g["errorKind"], g["error"]);
+            let cause = format!("{} {}", g["errorKind"], g["errorGroup"]);
             let e = by_cause.entry(cause).or_default();
             e.0 += g["count"].as_u64().unwrap();
             e.1.extend(g["keys"].as_array().unwrap().iter().cloned());
@@ -201,7 +201,7 @@ fn help_ends_with_examples_and_exit_codes() {
         "{text}"
     );
     let out = std::process::Command::new(aqw_bin())
-        .args(["poison", "replay", "--help"])
+        .args(["poison", "replay", "--uncertain-checked", "--help"])
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("Examples:"));
@@ -366,7 +366,16 @@ async fn attempt_history_flags_an_attempt_that_may_have_taken_effect() {
     // Fixed, replayed, done: the history stays, as history.
     let out = aqw(
         app.path(),
-        &["poison", "replay", &app.queue, "--id", &id, "--by", "t"],
+        &[
+            "poison",
+            "replay",
+            "--uncertain-checked",
+            &app.queue,
+            "--id",
+            &id,
+            "--by",
+            "t",
+        ],
     );
     assert_eq!(out.status.code(), Some(0));
     let w = app.start_worker(Scripted::new(|_, _| Ok(aqw::handlers::Success::done())));

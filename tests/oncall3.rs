@@ -131,7 +131,16 @@ async fn a_timed_out_payment_is_proved_once_by_the_providers_replay() {
     assert_eq!(snapshot(&app).await, before, "a dry run changed nothing");
 
     let wait = [
-        "poison", "replay", &q, "--id", &id, "--by", "op", "--wait", "00:00:30",
+        "poison",
+        "replay",
+        "--uncertain-checked",
+        &q,
+        "--id",
+        &id,
+        "--by",
+        "op",
+        "--wait",
+        "00:00:30",
     ];
     let out = aqw(app.path(), &wait);
     let report = text(&out);
@@ -216,7 +225,15 @@ fn every_write_command_rehearses(app: &TestApp, id: &str) {
         dry.contains("- /amount: 12") && dry.contains("+ /amount: 13"),
         "{dry}"
     );
-    let replay = ["poison", "replay", q, "--id", id, "--dry-run"];
+    let replay = [
+        "poison",
+        "replay",
+        "--uncertain-checked",
+        q,
+        "--id",
+        id,
+        "--dry-run",
+    ];
     let dry = text(&aqw(app.path(), &replay));
     assert!(
         dry.contains("key pay:o-77 (poisoned after 2 attempt(s))"),

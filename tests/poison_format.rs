@@ -163,7 +163,16 @@ async fn replay_byte_exact(app: &TestApp, format: &str, id: &str, text: &str) {
     let out = aqw(
         app.path(),
         &[
-            "poison", "replay", &app.queue, "--id", id, "--by", "oncall", "--output", "json",
+            "poison",
+            "replay",
+            "--uncertain-checked",
+            &app.queue,
+            "--id",
+            id,
+            "--by",
+            "oncall",
+            "--output",
+            "json",
         ],
     );
     assert_eq!(out.status.code(), Some(0), "{format}: {}", json_out(&out));
@@ -323,7 +332,14 @@ async fn a_functions_host_copy_is_still_a_host_record_beside_raw_copies() {
     let out = aqw(
         app.path(),
         &[
-            "poison", "replay", &app.queue, "--id", &host_id, "--by", "x",
+            "poison",
+            "replay",
+            "--uncertain-checked",
+            &app.queue,
+            "--id",
+            &host_id,
+            "--by",
+            "x",
         ],
     );
     assert_eq!(

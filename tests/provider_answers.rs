@@ -211,7 +211,14 @@ async fn keys_check_and_the_dry_run_show_the_providers_answer() {
         "{text}"
     );
     assert!(text.contains("uncertain:    2 attempt(s)"), "{text}");
-    let (code, text) = run(&["poison", "replay", &app.queue, "--all", "--dry-run"]);
+    let (code, text) = run(&[
+        "poison",
+        "replay",
+        "--uncertain-checked",
+        &app.queue,
+        "--all",
+        "--dry-run",
+    ]);
     assert_eq!(code, Some(0), "{text}");
     assert!(
         text.contains("! an attempt may have taken effect (provider key"),
@@ -227,6 +234,22 @@ async fn keys_check_and_the_dry_run_show_the_providers_answer() {
     assert_eq!(v["provider"]["answer"], "unknown", "{text}");
     let (code, _) = run(&["keys", "check", "Job", "receipt:never"]);
     assert_eq!(code, Some(1), "a key never claimed cannot be checked");
+    // Issue 39: the provider cannot tell, and nobody checked: not replayed.
+    let (code, text) = run(&["poison", "replay", &app.queue, "--all", "--by", "op"]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("ask the provider first (aqw keys check Job receipt:u-1)"),
+        "{text}"
+    );
+    // The lookup answers: replayed without the flag, its answer kept.
+    *script.lock().unwrap() = (404, vec![], "");
+    let (code, text) = run(&["poison", "replay", &app.queue, "--all", "--by", "op"]);
+    assert_eq!(code, Some(0), "{text}");
+    let rec = crate::common::poison_record(&app, &id).await;
+    assert_eq!(
+        rec.replay_note.as_deref(),
+        Some("uncertain attempt checked with the provider: not applied (the provider answered HTTP 404)")
+    );
     // The provider confirmed no effect: a new provider key, kept with who and why.
     let before = app
         .keys()

@@ -85,7 +85,14 @@ async fn replay_past_the_window_is_refused_until_overridden() {
         vec!["--id", ids[0].as_str()],
         vec!["--all", "--dry-run"],
     ] {
-        let mut a = vec!["poison", "replay", app.queue.as_str(), "--by", "oncall"];
+        let mut a = vec![
+            "poison",
+            "replay",
+            "--uncertain-checked",
+            app.queue.as_str(),
+            "--by",
+            "oncall",
+        ];
         a.extend(args);
         let out = aqw(app.path(), &a);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -106,7 +113,14 @@ async fn replay_past_the_window_is_refused_until_overridden() {
     let out = aqw(
         app.path(),
         &[
-            "poison", "replay", &app.queue, "--id", &ids[1], "--by", "oncall",
+            "poison",
+            "replay",
+            "--uncertain-checked",
+            &app.queue,
+            "--id",
+            &ids[1],
+            "--by",
+            "oncall",
         ],
     );
     assert_eq!(
@@ -128,6 +142,7 @@ fn assert_overridden_replay(app: &TestApp, id: &str) {
         &[
             "poison",
             "replay",
+            "--uncertain-checked",
             &app.queue,
             "--id",
             id,

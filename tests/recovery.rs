@@ -37,6 +37,8 @@ fn replay_all(concurrency: usize) -> aqw::ops::ReplayOptions {
         wait: None,
         concurrency,
         past_provider_window: false,
+        uncertain_checked: true,
+        provider_answers: Default::default(),
     }
 }
 
@@ -112,8 +114,18 @@ async fn exhaust_then_recover_with_the_original_key() {
     let out = aqw(
         app.path(),
         &[
-            "poison", "replay", &app.queue, "--id", &id, "--by", "oncall", "--wait", "00:00:30",
-            "--output", "json",
+            "poison",
+            "replay",
+            "--uncertain-checked",
+            &app.queue,
+            "--id",
+            &id,
+            "--by",
+            "oncall",
+            "--wait",
+            "00:00:30",
+            "--output",
+            "json",
         ],
     );
     let report = json_out(&out);
@@ -149,7 +161,15 @@ async fn exhaust_then_recover_with_the_original_key() {
     let again = aqw(
         app.path(),
         &[
-            "poison", "replay", &app.queue, "--all", "--by", "oncall", "--output", "json",
+            "poison",
+            "replay",
+            "--uncertain-checked",
+            &app.queue,
+            "--all",
+            "--by",
+            "oncall",
+            "--output",
+            "json",
         ],
     );
     assert_eq!(again.status.code(), Some(0));
@@ -199,6 +219,7 @@ async fn dry_run_changes_nothing() {
         &[
             "poison",
             "replay",
+            "--uncertain-checked",
             &app.queue,
             "--all",
             "--dry-run",
@@ -246,7 +267,16 @@ async fn already_done_key_is_closed_not_reput() {
     let out = aqw(
         app.path(),
         &[
-            "poison", "replay", &app.queue, "--id", &id, "--by", "x", "--output", "json",
+            "poison",
+            "replay",
+            "--uncertain-checked",
+            &app.queue,
+            "--id",
+            &id,
+            "--by",
+            "x",
+            "--output",
+            "json",
         ],
     );
     let report = json_out(&out);
@@ -288,7 +318,16 @@ async fn functions_host_raw_poison_message_is_listed_and_replayed_as_is() {
     let out = aqw(
         app.path(),
         &[
-            "poison", "replay", &app.queue, "--id", &pid, "--by", "x", "--output", "json",
+            "poison",
+            "replay",
+            "--uncertain-checked",
+            &app.queue,
+            "--id",
+            &pid,
+            "--by",
+            "x",
+            "--output",
+            "json",
         ],
     );
     assert_eq!(
@@ -321,7 +360,14 @@ async fn replay_killed_between_reput_and_record_update_then_rerun() {
     for point in ["replay.after_put", "replay.after_record"] {
         let out = std::process::Command::new(aqw_bin())
             .args([
-                "poison", "replay", &app.queue, "--all", "--by", "x", "--app",
+                "poison",
+                "replay",
+                "--uncertain-checked",
+                &app.queue,
+                "--all",
+                "--by",
+                "x",
+                "--app",
             ])
             .arg(app.path())
             .env("AzureWebJobsStorage", CONN)
@@ -336,7 +382,15 @@ async fn replay_killed_between_reput_and_record_update_then_rerun() {
     let out = aqw(
         app.path(),
         &[
-            "poison", "replay", &app.queue, "--all", "--by", "x", "--output", "json",
+            "poison",
+            "replay",
+            "--uncertain-checked",
+            &app.queue,
+            "--all",
+            "--by",
+            "x",
+            "--output",
+            "json",
         ],
     );
     assert_eq!(json_out(&out)["selected"], 0, "nothing left to replay");
@@ -374,7 +428,16 @@ async fn replay_rate_is_respected() {
     let out = aqw(
         app.path(),
         &[
-            "poison", "replay", &app.queue, "--all", "--rate", "20", "--by", "x", "--output",
+            "poison",
+            "replay",
+            "--uncertain-checked",
+            &app.queue,
+            "--all",
+            "--rate",
+            "20",
+            "--by",
+            "x",
+            "--output",
             "json",
         ],
     );
@@ -418,7 +481,14 @@ async fn discard_needs_reason_and_name_and_closes_the_record() {
             "--reason",
             "test data",
         ],
-        vec!["poison", "replay", &app.queue, "--id", &id],
+        vec![
+            "poison",
+            "replay",
+            "--uncertain-checked",
+            &app.queue,
+            "--id",
+            &id,
+        ],
     ] {
         let out = std::process::Command::new(aqw_bin())
             .args(&args)

@@ -136,7 +136,14 @@ async fn redacted_fields_never_show_and_replay_and_fix_keep_them() {
     let out = aqw(
         app.path(),
         &[
-            "poison", "replay", &app.queue, "--id", keyed_id, "--by", "oncall",
+            "poison",
+            "replay",
+            "--uncertain-checked",
+            &app.queue,
+            "--id",
+            keyed_id,
+            "--by",
+            "oncall",
         ],
     );
     assert_eq!(

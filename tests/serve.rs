@@ -389,7 +389,15 @@ async fn serve_mode_poison_records_replay_byte_exact_through_aqw_run() {
     }
     let out = aqw(
         app_.path(),
-        &["poison", "replay", &app_.queue, "--all", "--by", "t"],
+        &[
+            "poison",
+            "replay",
+            "--uncertain-checked",
+            &app_.queue,
+            "--all",
+            "--by",
+            "t",
+        ],
     );
     assert_eq!(
         out.status.code(),
@@ -518,6 +526,7 @@ async fn a_deferral_at_the_last_attempt_becomes_a_record_not_a_silent_host_poiso
         &[
             "poison",
             "replay",
+            "--uncertain-checked",
             &app_.queue,
             "--id",
             "m-late",

@@ -617,7 +617,14 @@ async fn replay_and_discard_spans_link_to_the_poisoned_attempt() {
         );
     };
     run(&[
-        "poison", "replay", &app.queue, "--id", &replayed, "--by", "tester",
+        "poison",
+        "replay",
+        "--uncertain-checked",
+        &app.queue,
+        "--id",
+        &replayed,
+        "--by",
+        "tester",
     ]);
     run(&[
         "poison", "discard", &app.queue, "--id", &discarded, "--reason", "test", "--by", "tester",

@@ -259,6 +259,12 @@ pub enum PoisonCmd {
         /// providerKeyWindow (the provider may have forgotten it); kept on the record.
         #[arg(long)]
         past_provider_window: bool,
+        /// The provider was checked for the records with an attempt that may
+        /// have taken effect (`aqw keys check`): replay them too. Kept on
+        /// each record. Not needed where the function's handler.lookup
+        /// answered.
+        #[arg(long)]
+        uncertain_checked: bool,
     },
     /// Put a corrected payload in place of a poisoned one (a bad producer's
     /// message), closing the old record as replaced.

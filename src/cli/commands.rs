@@ -326,6 +326,46 @@ async fn new_provider_key(
     Ok(code)
 }
 
+/// Before a replay, where the function has a `handler.lookup`: the
+/// provider's answers for the records whose key may have taken effect
+/// (found by a dry run of the same selection), applied or not applied only;
+/// an unknown answer leaves the record to `--uncertain-checked`.
+async fn provider_answers(
+    app: &AppConfig,
+    ops: &QueueOps,
+    opts: &ReplayOptions,
+) -> Result<std::collections::HashMap<String, String>, Failure> {
+    let mut answers = std::collections::HashMap::new();
+    let Some(lookup) = app
+        .function_for_queue(&ops.queue)
+        .and_then(|f| aqw::handlers::lookup::of(&f.handler))
+    else {
+        return Ok(answers);
+    };
+    let dry = ReplayOptions {
+        dry_run: true,
+        wait: None,
+        provider_answers: Default::default(),
+        ..opts.clone()
+    };
+    let report = ops::replay(ops, &dry, &|_: usize, _: usize| {}).await?;
+    for pk in report
+        .items
+        .iter()
+        .filter_map(|i| i.uncertain_provider_key.as_ref())
+    {
+        let answer = aqw::handlers::lookup::ask(Some(lookup), pk).await;
+        if matches!(
+            answer,
+            aqw::handlers::lookup::LookupAnswer::Applied { .. }
+                | aqw::handlers::lookup::LookupAnswer::NotApplied { .. }
+        ) {
+            answers.insert(pk.clone(), answer.line());
+        }
+    }
+    Ok(answers)
+}
+
 /// For each dry-run item whose key may have taken effect, the provider's
 /// answer from the function's lookup (or that it was not asked).
 async fn check_uncertain(app: &AppConfig, queue: &str, report: &mut ops::ReplayReport) {
@@ -493,8 +533,11 @@ async fn poison_replay(
         unreachable!("poison_replay is called with PoisonCmd::Replay only");
     };
     let queue = queue.clone();
-    let opts = replay_options(cmd)?;
+    let mut opts = replay_options(cmd)?;
     let ops = queue_ops(app, &queue)?;
+    if !opts.dry_run && !opts.uncertain_checked {
+        opts.provider_answers = provider_answers(app, &ops, &opts).await?;
+    }
     let bar = progress_bar(output);
     let progress = |done: usize, total: usize| {
         if let Some(b) = &bar {
@@ -529,6 +572,7 @@ fn replay_options(cmd: PoisonCmd) -> Result<ReplayOptions, Failure> {
         wait,
         concurrency,
         past_provider_window,
+        uncertain_checked,
         ..
     } = cmd
     else {
@@ -558,6 +602,8 @@ fn replay_options(cmd: PoisonCmd) -> Result<ReplayOptions, Failure> {
         wait: parse_wait(wait.as_deref())?,
         concurrency: concurrency as usize,
         past_provider_window,
+        uncertain_checked,
+        provider_answers: Default::default(),
     })
 }
 

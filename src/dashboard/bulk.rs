@@ -179,6 +179,8 @@ pub async fn replay(
         rate: Some(BULK_RATE),
         concurrency: ops::DEFAULT_REPLAY_CONCURRENCY,
         past_provider_window: get(&form, "past_provider_window").is_some(),
+        // The review page's "may have taken effect" mark is the check.
+        uncertain_checked: true,
         ..ReplayOptions::default()
     };
     let report = match ops::replay(ops, &opts, &|_, _| {}).await {

@@ -257,6 +257,19 @@ pub async fn record(
     )
 }
 
+/// The provider's answer for each item whose key may have taken effect.
+async fn ask_about_uncertain(ops: &ops::QueueOps, report: &mut ops::ReplayReport) {
+    let lookup = ops
+        .function
+        .as_ref()
+        .and_then(|f| crate::handlers::lookup::of(&f.handler));
+    for item in report.items.iter_mut() {
+        if let Some(pk) = &item.uncertain_provider_key {
+            item.provider_check = Some(crate::handlers::lookup::ask(lookup, pk).await.line());
+        }
+    }
+}
+
 pub async fn replay(
     State(d): S,
     Path(queue): Path<String>,
@@ -284,15 +297,16 @@ pub async fn replay(
         by: p.name.clone(),
         concurrency: ops::DEFAULT_REPLAY_CONCURRENCY,
         past_provider_window: get(&form, "past_provider_window").is_some(),
+        // The review page's "may have taken effect" mark is the check.
+        uncertain_checked: true,
         ..ReplayOptions::default()
     };
-    let report = match ops::replay(ops, &opts, &|_, _| {}).await {
+    let mut report = match ops::replay(ops, &opts, &|_, _| {}).await {
         Ok(r) => r,
         Err(e) => return d.ops_error(&v, e),
     };
-    let trouble = report
-        .items
-        .iter()
+    ask_about_uncertain(ops, &mut report).await;
+    let trouble = (report.items.iter())
         .any(|i| matches!(i.action, ReplayAction::Failed | ReplayAction::Skipped));
     if dry_run || trouble {
         let title = if dry_run {

@@ -489,8 +489,15 @@ pub fn dry_run_table(queue: &str, r: &ReplayReport) -> Markup {
             thead { tr { th { "id" } th { "key" } th { (if r.dry_run { "would" } else { "did" }) } th { "detail" } } }
             tbody { @for i in &r.items { tr {
                 td.id { a href=(record_url(queue, &i.id)) { (i.id) } }
-                td.id { (i.key.as_deref().unwrap_or("-")) }
-                td { (i.action.as_str()) } td { (i.detail.as_deref().unwrap_or("")) }
+                td.id { (shown(i.key.as_deref().unwrap_or("-"))) }
+                td { (i.action.as_str()) }
+                td {
+                    (i.detail.as_deref().unwrap_or(""))
+                    @if let Some(pk) = &i.uncertain_provider_key {
+                        " " span.badge.uncertain.dry-run-uncertain { "may have taken effect: provider key " (pk) }
+                        @if let Some(check) = &i.provider_check { " — the provider says: " (check) }
+                    }
+                }
             } } }
         }
     }

@@ -35,6 +35,15 @@ pub struct ReplayOptions {
     /// Replay records whose provider key is older than the function's
     /// `providerKeyWindow` too (`--past-provider-window`); kept on each.
     pub past_provider_window: bool,
+    /// The operator checked the provider for the records with an attempt
+    /// that may have taken effect (`--uncertain-checked`); without it, and
+    /// without an answer in `provider_answers`, such a record is not
+    /// replayed (issue 39). Kept on each record it let through.
+    pub uncertain_checked: bool,
+    /// What the provider's lookup answered, by provider key (`applied` or
+    /// `not applied`): a record whose key has an answer needs no flag, and
+    /// the answer is kept on it.
+    pub provider_answers: HashMap<String, String>,
 }
 
 /// What replay did (or would do) with one record. Serialized in kebab-case
@@ -405,6 +414,14 @@ async fn replay_one(
         let why = format!("already {}", current.status.as_str());
         return Ok(item.with(ReplayAction::Skipped, why));
     }
+    let function = ops
+        .function
+        .as_ref()
+        .map_or("FUNCTION", |f| f.name.as_str());
+    let checked = match uncertain_gate(&item, opts, function) {
+        Ok(note) => note,
+        Err(why) => return Ok(item.with(ReplayAction::Skipped, why)),
+    };
     if done {
         let how = Replayed::KeyAlreadyDone;
         let past = past_window.as_ref();
@@ -425,8 +442,38 @@ async fn replay_one(
         key_state: key_state.as_ref(),
         receipts,
         past_window,
+        checked: checked.as_deref(),
     };
     put.run(ops, &current, &opts.by, etag, item).await
+}
+
+/// A record whose key may have taken effect is replayed only once the
+/// provider was asked: its lookup answered (`Ok` with the answer, kept on
+/// the record), or the operator says it was checked (`Ok` with who did);
+/// otherwise `Err` with what to do. `Ok(None)` for every other record.
+fn uncertain_gate(
+    item: &ReplayItem,
+    opts: &ReplayOptions,
+    function: &str,
+) -> Result<Option<String>, String> {
+    let Some(pk) = &item.uncertain_provider_key else {
+        return Ok(None);
+    };
+    if let Some(answer) = opts.provider_answers.get(pk) {
+        return Ok(Some(format!(
+            "uncertain attempt checked with the provider: {answer}"
+        )));
+    }
+    if opts.uncertain_checked {
+        return Ok(Some(format!(
+            "uncertain attempt: the provider checked by {} (--uncertain-checked)",
+            opts.by
+        )));
+    }
+    let key = item.key.as_ref().map_or("KEY", |k| k.as_str());
+    Err(format!(
+        "an attempt may have taken effect (provider key {pk}): ask the provider first (aqw keys check {function} {key}), then replay with --uncertain-checked"
+    ))
 }
 
 /// The key record of `key` (of the queue's function) with its ETag, if any.
@@ -452,6 +499,8 @@ struct Put<'a> {
     receipts: &'a Held,
     /// Set when this record is replayed past the provider's key window.
     past_window: Option<WindowOverride<'a>>,
+    /// How an uncertain attempt was checked, kept on the record.
+    checked: Option<&'a str>,
 }
 
 impl Put<'_> {
@@ -483,6 +532,7 @@ impl Put<'_> {
         failpoint::hit("replay.after_put");
         let how = Replayed::Reput {
             new_message_id: &receipt.id,
+            note: self.checked,
         };
         if let Some(why) = self
             .close_and_count(ops, current, by, how, &mut etag)

@@ -470,6 +470,8 @@ pub enum Replayed<'a> {
     Reput {
         /// The id of the message put on the source queue.
         new_message_id: &'a str,
+        /// How an uncertain attempt was checked before (the replay note).
+        note: Option<&'a str>,
     },
     /// Its key was already done: closed without a re-put (the record's
     /// replay note says so).
@@ -550,8 +552,14 @@ pub(super) fn replayed_update(by: &str, replay_count: u32, how: Replayed<'_>) ->
     u.insert(col::REPLAYED_BY.into(), json!(by));
     u.insert(col::REPLAY_COUNT.into(), json!(replay_count));
     match how {
-        Replayed::Reput { new_message_id } => {
+        Replayed::Reput {
+            new_message_id,
+            note,
+        } => {
             u.insert(col::REPLAY_MESSAGE_ID.into(), json!(new_message_id));
+            if let Some(n) = note {
+                u.insert(col::REPLAY_NOTE.into(), json!(n));
+            }
         }
         Replayed::KeyAlreadyDone => {
             u.insert(col::REPLAY_NOTE.into(), json!(NOTE_ALREADY_DONE));
@@ -599,6 +607,7 @@ mod tests {
             2,
             Replayed::Reput {
                 new_message_id: "m2",
+                note: None,
             },
         );
         assert_eq!(reput[col::REPLAY_MESSAGE_ID], json!("m2"));
