@@ -3,8 +3,8 @@
 //! and says which exit code that means.
 
 use super::args::{
-    Cli, Command, ConfigCmd, DashboardArgs, EnqueueArgs, KeyStatusFilter, KeysCmd, Output,
-    PauseArgs, PoisonCmd, ResumeArgs, StatusFilter,
+    Cli, Command, ConfigCmd, DashboardArgs, EnqueueArgs, KeysCmd, Output, PauseArgs, PoisonCmd,
+    ResumeArgs, StatusFilter,
 };
 use super::exit::{Exit, Failure};
 use super::render;
@@ -31,23 +31,31 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Failure> {
         Command::Pause(a) => pause(&cli.app, a, output).await,
         Command::Resume(a) => resume(&cli.app, a, output).await,
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "aqw", &mut std::io::stdout());
+            // Into a buffer, then out as one line: a closed pipe exits
+            // quietly (clap_complete panics on a write error).
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "aqw", &mut script);
+            outln!("{}", String::from_utf8_lossy(&script).trim_end());
             Ok(Exit::Ok)
         }
         Command::Config(ConfigCmd::Show) => config_show(&cli.app, output),
         Command::Keys(KeysCmd::Show { function, key }) => {
-            keys_show(&cli.app, &function, &key, output).await
+            super::keys::keys_show(&cli.app, &function, &key, output).await
         }
-        cmd @ Command::Keys(KeysCmd::List { .. }) => keys_list(&cli.app, cmd, output).await,
+        cmd @ Command::Keys(KeysCmd::List { .. }) => {
+            super::keys::keys_list(&cli.app, cmd, output).await
+        }
         Command::Keys(KeysCmd::Check { function, key }) => {
-            keys_check(&cli.app, &function, &key, output).await
+            super::keys::keys_check(&cli.app, &function, &key, output).await
         }
         Command::Keys(KeysCmd::NewProviderKey {
             function,
             key,
             reason,
             by,
-        }) => new_provider_key(&cli.app, (&function, &key), &reason, &by, output).await,
+        }) => {
+            super::keys::new_provider_key(&cli.app, (&function, &key), &reason, &by, output).await
+        }
         Command::Keys(KeysCmd::Purge(a)) => super::purge::keys(&load(&cli.app)?, a, output).await,
     }
 }
@@ -186,144 +194,6 @@ fn config_show(app_dir: &Path, output: Output) -> Result<Exit, Failure> {
     let look = config::show::lookup(app_dir).map_err(|e| Failure::usage(format!("{e:#}")))?;
     render::config_show(&config::show::effective(&app, &look), output);
     Ok(Exit::Ok)
-}
-
-async fn keys_show(
-    app_dir: &Path,
-    function: &str,
-    key: &str,
-    output: Output,
-) -> Result<Exit, Failure> {
-    let app = load(app_dir)?;
-    let f = app
-        .function(function)
-        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
-    let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
-    let rec = ops::key_record(&app, &storage, function, key).await?;
-    render::key_record(function, key, rec.as_ref(), output);
-    // A key never claimed is worth a look: a typo, or a job not yet run.
-    Ok(Exit::needs_a_person_if(rec.is_none()))
-}
-
-/// `keys list`: the function's keys the filters select.
-async fn keys_list(app_dir: &Path, cmd: Command, output: Output) -> Result<Exit, Failure> {
-    let Command::Keys(KeysCmd::List {
-        function,
-        prefix,
-        status,
-        since,
-        until,
-        limit,
-    }) = cmd
-    else {
-        unreachable!("keys_list is called with keys list only");
-    };
-    let app = load(app_dir)?;
-    let f = app
-        .function(&function)
-        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
-    let query = aqw::idempotency::KeyQuery {
-        prefix,
-        status: status.map(|s| match s {
-            KeyStatusFilter::Pending => aqw::idempotency::KeyStatus::Pending,
-            KeyStatusFilter::Done => aqw::idempotency::KeyStatus::Done,
-            KeyStatusFilter::Poisoned => aqw::idempotency::KeyStatus::Poisoned,
-            KeyStatusFilter::Cancelled => aqw::idempotency::KeyStatus::Cancelled,
-        }),
-        since: since.as_deref().map(parse_time).transpose()?,
-        until: until.as_deref().map(parse_time).transpose()?,
-        limit,
-    };
-    let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
-    let keys =
-        aqw::idempotency::KeyStore::new(aqw::storage::Storage::table(&storage, &app.keys_table));
-    let listed = keys
-        .list(&function, &query)
-        .await
-        .map_err(|e| Failure::runtime(format!("{e:#}")))?;
-    render::key_list(&listed, output);
-    let unsettled = listed.iter().any(|k| {
-        matches!(
-            k.status,
-            aqw::idempotency::KeyStatus::Pending | aqw::idempotency::KeyStatus::Poisoned
-        )
-    });
-    Ok(Exit::needs_a_person_if(unsettled))
-}
-
-/// `keys check`: the key's record, then the provider's answer for its
-/// provider key.
-async fn keys_check(
-    app_dir: &Path,
-    function: &str,
-    key: &str,
-    output: Output,
-) -> Result<Exit, Failure> {
-    let app = load(app_dir)?;
-    let f = app
-        .function(function)
-        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
-    let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
-    let Some(rec) = ops::key_record(&app, &storage, function, key).await? else {
-        render::key_record(function, key, None, output);
-        return Ok(Exit::NeedsAPerson);
-    };
-    let lookup = aqw::handlers::lookup::of(&f.handler);
-    let answer = aqw::handlers::lookup::ask(lookup, &rec.provider_key).await;
-    render::key_check(&rec, &answer, output);
-    Ok(Exit::needs_a_person_if(!matches!(
-        answer,
-        aqw::handlers::lookup::LookupAnswer::Applied { .. }
-            | aqw::handlers::lookup::LookupAnswer::NotApplied { .. }
-    )))
-}
-
-/// `keys new-provider-key`: a fresh provider key for a key not yet done.
-async fn new_provider_key(
-    app_dir: &Path,
-    (function, key): (&str, &str),
-    reason: &str,
-    by: &str,
-    output: Output,
-) -> Result<Exit, Failure> {
-    if reason.trim().is_empty() || by.trim().is_empty() {
-        return Err(Failure::usage(
-            "give --reason (the provider's confirmation) and --by (or set $USER)",
-        ));
-    }
-    let app = load(app_dir)?;
-    let f = app
-        .function(function)
-        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
-    let key = aqw::idempotency::IdempotencyKey::new(key).map_err(Failure::usage)?;
-    let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
-    let keys =
-        aqw::idempotency::KeyStore::new(aqw::storage::Storage::table(&storage, &app.keys_table));
-    let replaced = keys
-        .replace_provider_key(function, &key, by, reason)
-        .await
-        .map_err(|e| Failure::runtime(format!("{e:#}")))?;
-    let (code, json, text) = match replaced {
-        Ok(new) => (
-            Exit::Ok,
-            serde_json::json!({"key": key.as_str(), "replaced": true, "providerKey": new}),
-            format!(
-                "key {}: new provider key {new}; replay its record to run it under the new key",
-                key.as_str()
-            ),
-        ),
-        Err(why) => (
-            Exit::NeedsAPerson,
-            serde_json::json!({"key": key.as_str(), "replaced": false, "why": why}),
-            format!("not replaced: {why}"),
-        ),
-    };
-    if output == Output::Json {
-        render::print_json(&json);
-    } else {
-        outln!("{text}");
-    }
-    Ok(code)
 }
 
 /// Before a replay, where the function has a `handler.lookup`: the
@@ -581,9 +451,9 @@ fn replay_options(cmd: PoisonCmd) -> Result<ReplayOptions, Failure> {
     if !all && ids.is_empty() {
         return Err(Failure::usage("give --id ID (repeatable) or --all"));
     }
-    if rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
+    if rate.is_some_and(|r| !(0.001..=10_000.0).contains(&r)) {
         return Err(Failure::usage(
-            "--rate must be a positive number of messages per second",
+            "--rate must be a number of messages per second from 0.001 to 10000",
         ));
     }
     Ok(ReplayOptions {
@@ -622,7 +492,7 @@ fn progress_bar(output: Output) -> Option<indicatif::ProgressBar> {
     Some(b)
 }
 
-fn load(app: &Path) -> Result<Arc<AppConfig>, Failure> {
+pub(super) fn load(app: &Path) -> Result<Arc<AppConfig>, Failure> {
     config::load(app)
         .map(Arc::new)
         .map_err(|e| Failure::usage(format!("{e:#}")))
@@ -643,7 +513,7 @@ fn queue_ops(app: &Arc<AppConfig>, queue: &str) -> Result<QueueOps, Failure> {
     Ok(QueueOps::new(app.clone(), queue, &storage))
 }
 
-fn parse_time(s: &str) -> Result<time::OffsetDateTime, Failure> {
+pub(super) fn parse_time(s: &str) -> Result<time::OffsetDateTime, Failure> {
     ops::parse_time(s).map_err(Failure::usage)
 }
 
@@ -654,9 +524,15 @@ fn parse_error_regex(error: Option<&str>) -> Result<Option<regex::Regex>, Failur
         .map_err(|e| Failure::usage(format!("--error: {e}")))
 }
 
+/// `--wait`: a timespan of at most a day (a replayed key is done within its
+/// retries, far sooner).
 fn parse_wait(wait: Option<&str>) -> Result<Option<Duration>, Failure> {
-    wait.map(|w| config::parse_timespan(w).map_err(|e| Failure::usage(format!("--wait: {e}"))))
-        .transpose()
+    let Some(w) = wait else { return Ok(None) };
+    let d = config::parse_timespan(w).map_err(|e| Failure::usage(format!("--wait: {e}")))?;
+    if d > Duration::from_secs(24 * 3600) {
+        return Err(Failure::usage("--wait must be at most 1.00:00:00 (a day)"));
+    }
+    Ok(Some(d))
 }
 
 /// The payload of `enqueue` and `poison fix`: exactly one of `--payload`,

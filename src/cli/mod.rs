@@ -53,6 +53,7 @@ pub fn parse_error(e: clap::Error) -> ! {
 pub mod args;
 mod commands;
 pub mod exit;
+mod keys;
 mod purge;
 mod render;
 
@@ -70,7 +71,14 @@ pub use exit::{Exit, Failure};
 /// of jobs a second at ~0.3 ms of CPU each; nothing CPU-bound shares it
 /// (the dashboard is its own command and keeps a thread per core).
 pub fn runtime(cli: &Cli) -> Result<tokio::runtime::Runtime, Failure> {
-    let setting = std::env::var("TOKIO_WORKER_THREADS").ok();
+    let setting = match std::env::var("TOKIO_WORKER_THREADS") {
+        Ok(s) => Some(s),
+        Err(std::env::VarError::NotPresent) => None,
+        // tokio would read it itself and panic on it.
+        Err(std::env::VarError::NotUnicode(_)) => {
+            return Err(Failure::usage("TOKIO_WORKER_THREADS is not valid UTF-8"))
+        }
+    };
     let threads = worker_threads(&cli.command, setting.as_deref()).map_err(Failure::usage)?;
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
@@ -82,15 +90,20 @@ pub fn runtime(cli: &Cli) -> Result<tokio::runtime::Runtime, Failure> {
         .map_err(|e| Failure::runtime(format!("cannot start the async runtime: {e}")))
 }
 
+/// The most worker threads a command may ask for: far more than a machine
+/// has cores, and far below what makes tokio's own arithmetic overflow.
+const MAX_WORKER_THREADS: usize = 1024;
+
 /// Worker threads for `command` (`None`: tokio's default, one per core).
 /// A setting tokio would panic on is a usage error here.
 fn worker_threads(command: &args::Command, setting: Option<&str>) -> Result<Option<usize>, String> {
     use args::Command as C;
     match (setting, command) {
         (Some(text), _) => match text.trim().parse::<usize>() {
-            Ok(n) if n >= 1 => Ok(Some(n)),
+            Ok(n) if (1..=MAX_WORKER_THREADS).contains(&n) => Ok(Some(n)),
             _ => Err(format!(
-                "TOKIO_WORKER_THREADS must be a whole number of threads, 1 or more (got {text:?})"
+                "TOKIO_WORKER_THREADS must be a whole number of threads from 1 to {MAX_WORKER_THREADS} (got {:?})",
+                aqw_core::scrub::one_line(text)
             )),
         },
         (None, C::Run | C::Serve) => Ok(Some(1)),

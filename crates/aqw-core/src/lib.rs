@@ -87,6 +87,7 @@
 //! | the key from business facts (template / `idempotencyKey` / `none`), `IdempotencyKey` | `crates/aqw-core/src/idempotency/key.rs` |
 //! | key first: claim by insert or `If-Match` take-over, pending → done | `crates/aqw-core/src/idempotency/store.rs` |
 //! | the key record's columns and status, its attempt history | `crates/aqw-core/src/idempotency/record.rs` |
+//! | the operator's key commands: list a function's keys (server-side filter), a new provider key for a replayed failure | `crates/aqw-core/src/idempotency/operator.rs` |
 //! | what retention may read of the key table: a function's partitions, settled keys older than a cutoff (server-side filter) | `crates/aqw-core/src/idempotency/purge.rs` |
 //! | message encoding (base64/none), the 64 KiB limit, the kind and text of the error that poisons a message | `crates/aqw-core/src/message.rs` |
 //! | the poison path's write order, stated once, and the module's exports | `crates/aqw-core/src/poison/mod.rs` |

@@ -75,7 +75,7 @@ const DEFAULT_SWEEP_RATE: f64 = 5.0;
 /// sets on it (up to [`MAX_VISIBILITY_TIMEOUT`]). `None`: no finite bound
 /// (messages that never expire).
 pub fn key_retention_floor(source_message_ttl: Option<Duration>) -> Option<Duration> {
-    source_message_ttl.map(|ttl| ttl + MAX_VISIBILITY_TIMEOUT)
+    source_message_ttl.map(|ttl| ttl.saturating_add(MAX_VISIBILITY_TIMEOUT))
 }
 
 /// `"never"` or a timespan of at least a second.

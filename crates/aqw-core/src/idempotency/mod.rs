@@ -9,11 +9,13 @@
 //! so exactly one worker holds a key at a time.
 
 pub mod key;
+pub mod operator;
 pub mod purge;
 pub mod record;
 pub mod store;
 
 pub use key::{derive_key, IdempotencyKey, KeySpec, KeyTemplate};
+pub use operator::KeyQuery;
 pub use purge::PurgeCandidate;
 pub use record::*;
 pub use store::*;

@@ -139,21 +139,6 @@ pub enum NextAction {
     },
 }
 
-/// What `aqw keys list` selects.
-#[derive(Debug, Clone, Default)]
-pub struct KeyQuery {
-    /// Keys starting with this text.
-    pub prefix: Option<String>,
-    /// Keys in this status.
-    pub status: Option<KeyStatus>,
-    /// Keys whose record changed at or after this time.
-    pub since: Option<OffsetDateTime>,
-    /// Keys whose record changed before this time.
-    pub until: Option<OffsetDateTime>,
-    /// At most this many.
-    pub limit: Option<usize>,
-}
-
 /// A new record for a key closed before its first claim: `update` plus the
 /// columns a claim would have written.
 fn never_claimed(mut fresh: Entity, function: &str, key: &IdempotencyKey) -> Entity {
@@ -181,7 +166,7 @@ pub enum FinishError {
 /// The idempotency table.
 #[derive(Clone)]
 pub struct KeyStore {
-    table: Arc<dyn TableStore>,
+    pub(super) table: Arc<dyn TableStore>,
 }
 
 impl KeyStore {
@@ -578,109 +563,6 @@ impl KeyStore {
             }
         }
         Ok(())
-    }
-
-    /// The keys of `function` that `query` selects, in key-hash order,
-    /// every page followed (`aqw keys list`). The function, status, prefix
-    /// and time bounds are filtered by the service (one query over the
-    /// table, a request per 1,000 rows it scans); at most `query.limit`
-    /// come back.
-    pub async fn list(&self, function: &str, query: &KeyQuery) -> StorageResult<Vec<KeyRecord>> {
-        let mut filter = crate::storage::Filter::eq("Function", function);
-        if let Some(p) = query.prefix.as_ref().filter(|p| !p.is_empty()) {
-            filter = filter.and(crate::storage::Filter::StartsWith {
-                column: "Key",
-                prefix: p.clone(),
-            });
-        }
-        if let Some(s) = query.status {
-            filter = filter.and(crate::storage::Filter::eq("Status", s.as_str()));
-        }
-        if let Some(t) = query.since {
-            filter = filter.and(crate::storage::Filter::ChangedSince(t));
-        }
-        if let Some(t) = query.until {
-            filter = filter.and(crate::storage::Filter::ChangedBefore(t));
-        }
-        let rows = match self
-            .table
-            .query_where(&crate::storage::TableQuery {
-                partition: None,
-                filter: Some(filter),
-                select: &[],
-            })
-            .await
-        {
-            Err(StorageError::NotFound) => return Ok(vec![]),
-            other => other?,
-        };
-        Ok(rows
-            .iter()
-            .take(query.limit.unwrap_or(usize::MAX))
-            .map(|r| KeyRecord::from_entity(&r.partition_key, &r.row_key, &r.entity))
-            .collect())
-    }
-
-    /// Replace a key's provider key by a fresh one (issue 38): for a
-    /// provider that replays a saved failure under the old one, once it has
-    /// confirmed the old one took no effect. Refused (the `Err` text) for a
-    /// key never claimed, settled, or held by a running attempt. The history
-    /// keeps who, why and the old key; the new key's window starts now
-    /// (`FirstSeen`). Returns the new provider key.
-    pub async fn replace_provider_key(
-        &self,
-        function: &str,
-        key: &IdempotencyKey,
-        by: &str,
-        reason: &str,
-    ) -> StorageResult<Result<String, String>> {
-        let (pk, rk) = (key.partition_key(function), key.row_key());
-        for _ in 0..5 {
-            let Some((e, etag)) = self.table.get(&pk, &rk).await? else {
-                return Ok(Err(format!(
-                    "key {} was never claimed: its first attempt mints a provider key",
-                    key.as_str()
-                )));
-            };
-            let now = crate::clock::now_utc();
-            let rec = KeyRecord::from_entity(&pk, &rk, &e);
-            if rec.status.is_settled() {
-                return Ok(Err(format!(
-                    "key {} is {}: nothing is left to run",
-                    key.as_str(),
-                    rec.status.as_str()
-                )));
-            }
-            if rec.lease_live(now).is_some() {
-                return Ok(Err(format!(
-                    "key {} is held by a running attempt; try again when it ends",
-                    key.as_str()
-                )));
-            }
-            let fresh = Uuid::new_v4().to_string();
-            let note = Attempt {
-                at: fmt_time(now),
-                message_id: rec.message_id.clone().unwrap_or_default(),
-                dequeue_count: 0,
-                outcome: "provider key replaced".into(),
-                error: Some(short_error(&format!(
-                    "by {by}: {reason} (was {})",
-                    rec.provider_key
-                ))),
-                may_have_taken_effect: false,
-                provider: None,
-            };
-            let mut update = Entity::new();
-            update.insert("ProviderKey".into(), json!(fresh));
-            update.insert("FirstSeen".into(), json!(fmt_time(now)));
-            update.insert("History".into(), json!(history_with(&rec.history, note)));
-            match self.table.merge(&pk, &rk, &update, Some(&etag)).await {
-                Ok(_) => return Ok(Ok(fresh)),
-                Err(StorageError::PreconditionFailed | StorageError::NotFound) => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(StorageError::PreconditionFailed)
     }
 
     /// Test seam: set when `key`'s provider key was minted (`FirstSeen`), so

@@ -79,7 +79,8 @@ async fn run_handler(
     let deadline = rt
         .app
         .function_timeout
-        .map(|t| tokio::time::Instant::now() + t);
+        // A timeout past what an instant holds is no timeout.
+        .and_then(|t| tokio::time::Instant::now().checked_add(t));
     let mut renew_at = tokio::time::Instant::now() + half;
     loop {
         let timeout = async {

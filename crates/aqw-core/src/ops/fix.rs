@@ -254,7 +254,7 @@ async fn wait_settled(
     k: &IdempotencyKey,
     wait: Duration,
 ) -> OpsResult<bool> {
-    let deadline = tokio::time::Instant::now() + wait;
+    let deadline = super::replay::far_or(wait);
     loop {
         let done = ops
             .keys

@@ -339,10 +339,9 @@ async fn replay_all(
     progress: &(dyn Fn(usize, usize) + Sync),
 ) {
     let total = selected.len();
-    let interval = opts
-        .rate
-        .filter(|r| *r > 0.0)
-        .map(|r| Duration::from_secs_f64(1.0 / r));
+    let interval = opts.rate.filter(|r| *r > 0.0).map(|r| {
+        Duration::try_from_secs_f64(1.0 / r).unwrap_or(crate::storage::MAX_VISIBILITY_TIMEOUT)
+    });
     let start = tokio::time::Instant::now();
     let mut done = 0;
     let mut results = futures::stream::iter(selected.into_iter().enumerate().map(
@@ -476,6 +475,14 @@ fn uncertain_gate(
     ))
 }
 
+/// Now plus `wait`, or a year from now when `wait` is beyond what an
+/// instant can hold (a `--wait` typed as a huge span).
+pub(super) fn far_or(wait: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(wait)
+        .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
+}
+
 /// The key record of `key` (of the queue's function) with its ETag, if any.
 async fn key_state(
     ops: &QueueOps,
@@ -598,7 +605,7 @@ const INTERRUPTED_KEYLESS: &str =
 
 /// `--wait`: poll each replayed key until done or the deadline.
 async fn confirm(ops: &QueueOps, report: &mut ReplayReport, wait: Duration) -> OpsResult<()> {
-    let deadline = tokio::time::Instant::now() + wait;
+    let deadline = far_or(wait);
     let Some(f) = ops.function.clone() else {
         return Ok(());
     };

@@ -124,8 +124,13 @@ impl PurgeRun<'_> {
         }
     }
 
+    /// Now minus `older_than`; a span longer than the calendar reaches back
+    /// is "before anything", which nothing is older than.
     fn cutoff(&self) -> OffsetDateTime {
-        crate::clock::now_utc() - self.older_than
+        let span = time::Duration::try_from(self.older_than).unwrap_or(time::Duration::MAX);
+        crate::clock::now_utc()
+            .checked_sub(span)
+            .unwrap_or(time::PrimitiveDateTime::MIN.assume_utc())
     }
 
     fn report(&self, what: &'static str, table: &str, counts: PurgeCounts) -> PurgeReport {

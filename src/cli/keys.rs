@@ -1,0 +1,151 @@
+//! `aqw keys …`: show, list, check (the provider's lookup) and
+//! new-provider-key.
+
+use super::args::{Command, KeyStatusFilter, KeysCmd, Output};
+use super::commands::{load, parse_time};
+use super::exit::{Exit, Failure};
+use super::render;
+use aqw::ops;
+use std::path::Path;
+
+pub(super) async fn keys_show(
+    app_dir: &Path,
+    function: &str,
+    key: &str,
+    output: Output,
+) -> Result<Exit, Failure> {
+    let app = load(app_dir)?;
+    let f = app
+        .function(function)
+        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
+    let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
+    let rec = ops::key_record(&app, &storage, function, key).await?;
+    render::key_record(function, key, rec.as_ref(), output);
+    // A key never claimed is worth a look: a typo, or a job not yet run.
+    Ok(Exit::needs_a_person_if(rec.is_none()))
+}
+
+/// `keys list`: the function's keys the filters select.
+pub(super) async fn keys_list(
+    app_dir: &Path,
+    cmd: Command,
+    output: Output,
+) -> Result<Exit, Failure> {
+    let Command::Keys(KeysCmd::List {
+        function,
+        prefix,
+        status,
+        since,
+        until,
+        limit,
+    }) = cmd
+    else {
+        unreachable!("keys_list is called with keys list only");
+    };
+    let app = load(app_dir)?;
+    let f = app
+        .function(&function)
+        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
+    let query = aqw::idempotency::KeyQuery {
+        prefix,
+        status: status.map(|s| match s {
+            KeyStatusFilter::Pending => aqw::idempotency::KeyStatus::Pending,
+            KeyStatusFilter::Done => aqw::idempotency::KeyStatus::Done,
+            KeyStatusFilter::Poisoned => aqw::idempotency::KeyStatus::Poisoned,
+            KeyStatusFilter::Cancelled => aqw::idempotency::KeyStatus::Cancelled,
+        }),
+        since: since.as_deref().map(parse_time).transpose()?,
+        until: until.as_deref().map(parse_time).transpose()?,
+        limit,
+    };
+    let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
+    let keys =
+        aqw::idempotency::KeyStore::new(aqw::storage::Storage::table(&storage, &app.keys_table));
+    let listed = keys
+        .list(&function, &query)
+        .await
+        .map_err(|e| Failure::runtime(format!("{e:#}")))?;
+    render::key_list(&listed, output);
+    let unsettled = listed.iter().any(|k| {
+        matches!(
+            k.status,
+            aqw::idempotency::KeyStatus::Pending | aqw::idempotency::KeyStatus::Poisoned
+        )
+    });
+    Ok(Exit::needs_a_person_if(unsettled))
+}
+
+/// `keys check`: the key's record, then the provider's answer for its
+/// provider key.
+pub(super) async fn keys_check(
+    app_dir: &Path,
+    function: &str,
+    key: &str,
+    output: Output,
+) -> Result<Exit, Failure> {
+    let app = load(app_dir)?;
+    let f = app
+        .function(function)
+        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
+    let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
+    let Some(rec) = ops::key_record(&app, &storage, function, key).await? else {
+        render::key_record(function, key, None, output);
+        return Ok(Exit::NeedsAPerson);
+    };
+    let lookup = aqw::handlers::lookup::of(&f.handler);
+    let answer = aqw::handlers::lookup::ask(lookup, &rec.provider_key).await;
+    render::key_check(&rec, &answer, output);
+    Ok(Exit::needs_a_person_if(!matches!(
+        answer,
+        aqw::handlers::lookup::LookupAnswer::Applied { .. }
+            | aqw::handlers::lookup::LookupAnswer::NotApplied { .. }
+    )))
+}
+
+/// `keys new-provider-key`: a fresh provider key for a key not yet done.
+pub(super) async fn new_provider_key(
+    app_dir: &Path,
+    (function, key): (&str, &str),
+    reason: &str,
+    by: &str,
+    output: Output,
+) -> Result<Exit, Failure> {
+    if reason.trim().is_empty() || by.trim().is_empty() {
+        return Err(Failure::usage(
+            "give --reason (the provider's confirmation) and --by (or set $USER)",
+        ));
+    }
+    let app = load(app_dir)?;
+    let f = app
+        .function(function)
+        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
+    let key = aqw::idempotency::IdempotencyKey::new(key).map_err(Failure::usage)?;
+    let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
+    let keys =
+        aqw::idempotency::KeyStore::new(aqw::storage::Storage::table(&storage, &app.keys_table));
+    let replaced = keys
+        .replace_provider_key(function, &key, by, reason)
+        .await
+        .map_err(|e| Failure::runtime(format!("{e:#}")))?;
+    let (code, json, text) = match replaced {
+        Ok(new) => (
+            Exit::Ok,
+            serde_json::json!({"key": key.as_str(), "replaced": true, "providerKey": new}),
+            format!(
+                "key {}: new provider key {new}; replay its record to run it under the new key",
+                key.as_str()
+            ),
+        ),
+        Err(why) => (
+            Exit::NeedsAPerson,
+            serde_json::json!({"key": key.as_str(), "replaced": false, "why": why}),
+            format!("not replaced: {why}"),
+        ),
+    };
+    if output == Output::Json {
+        render::print_json(&json);
+    } else {
+        outln!("{text}");
+    }
+    Ok(code)
+}
