@@ -110,6 +110,13 @@ stop() {
     kill "$pid" 2>/dev/null || true
     for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$pid" 2>/dev/null || true
+    # Wait for it to be gone and its ports closed: a restart that starts
+    # while the old process still holds them finds them "listening" and
+    # waits on an Azurite that will never answer (seen under load).
+    for _ in $(seq 1 100); do
+      if ! kill -0 "$pid" 2>/dev/null && ! listening; then break; fi
+      sleep 0.1
+    done
     rm -f "$state/azurite.pid"
   fi
 }

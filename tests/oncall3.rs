@@ -157,6 +157,21 @@ async fn a_timed_out_payment_is_proved_once_by_the_providers_replay() {
         &["poison", "list", &q, "--status", "open"],
     ));
     assert!(open.contains("(0 open, 1 in all)"), "{open}");
+    // Issue 39: the warning resolves once the key is done.
+    let show = text(&aqw(app.path(), &["poison", "show", &q, &id]));
+    assert!(
+        show.contains("resolved:      the key is done (provider: replayed)"),
+        "{show}"
+    );
+    let all = text(&aqw(app.path(), &["poison", "list", &q]));
+    assert!(
+        !all.contains("check the provider before replaying"),
+        "{all}"
+    );
+    assert!(
+        all.contains("record replayed: `aqw poison show` says how its key ended"),
+        "{all}"
+    );
     w.stop().await;
     app.cleanup().await;
 }

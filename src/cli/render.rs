@@ -173,10 +173,17 @@ fn print_record_list(records: &[PoisonRecord]) {
             String::new()
         };
         outln!("{:<id_w$}  {first}{tail}", "");
-        if r.uncertain_attempts > 0 {
+        if r.uncertain_attempts > 0 && r.status == aqw::poison::RecordStatus::Open {
             outln!(
                 "{:<id_w$}  [{} attempt(s) may have taken effect: check the provider before replaying]",
                 "", r.uncertain_attempts
+            );
+        } else if r.uncertain_attempts > 0 {
+            // Closed: the warning no longer asks for a check; the key says
+            // how it ended.
+            outln!(
+                "{:<id_w$}  [{} attempt(s) may have taken effect; record {}: `aqw poison show` says how its key ended]",
+                "", r.uncertain_attempts, r.status.as_str()
             );
         }
     }
@@ -259,6 +266,21 @@ fn print_uncertain(report: &ShowReport) {
     }
     if let Some(check) = &report.provider_check {
         outln!("provider says: {check}");
+    }
+    // Resolved: once the key is done, the uncertainty is answered.
+    if let Some(k) = report
+        .key_record
+        .as_ref()
+        .filter(|k| r.uncertain_attempts > 0 && k.status.is_settled())
+    {
+        let answer = k
+            .completed_answer()
+            .map(|a| format!(" ({})", a.summary()))
+            .unwrap_or_default();
+        outln!(
+            "resolved:      the key is {}{answer}: the effect happened once",
+            k.status.as_str()
+        );
     }
 }
 
