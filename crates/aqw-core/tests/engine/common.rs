@@ -660,3 +660,34 @@ pub async fn replay_all(ops: QueueOps) -> ReplayReport {
         .await
         .expect("replay")
 }
+
+/// A provider that takes 10 calls in each one-second window and answers a
+/// 429 with `Retry-After: 1` beyond ("later").
+pub fn ten_calls_a_second() -> impl Fn(&Job, usize) -> Behave + Send + Sync + 'static {
+    let window = Mutex::new((tokio::time::Instant::now(), 0u32));
+    move |_, _| {
+        let mut w = window.lock().unwrap();
+        if w.0.elapsed() >= Duration::from_secs(1) {
+            *w = (tokio::time::Instant::now(), 0);
+        }
+        w.1 += 1;
+        if w.1 > 10 {
+            Behave::Later(Duration::from_secs(1))
+        } else {
+            Behave::Succeed
+        }
+    }
+}
+
+impl Env {
+    /// `n` jobs named `<prefix><i>` on the source queue; their keys.
+    pub async fn enqueue_many(&self, prefix: &str, n: usize) -> Vec<String> {
+        let mut keys = Vec::with_capacity(n);
+        for i in 0..n {
+            let job = self.job(&format!("{prefix}{i}"));
+            self.enqueue(&job).await;
+            keys.push(job.key);
+        }
+        keys
+    }
+}

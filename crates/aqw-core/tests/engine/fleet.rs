@@ -422,26 +422,8 @@ async fn an_idle_replicas_control_reads_do_not_grow_with_its_functions() {
 /// than one attempt on a refusal (each waits as a fresh copy).
 #[tokio::test(start_paused = true)]
 async fn a_rate_limited_provider_walks_no_job_to_poison() {
-    let window = Arc::new(std::sync::Mutex::new((Instant::now(), 0u32)));
-    let limit = window.clone();
-    let env = Env::new(move |_, _| {
-        let mut w = limit.lock().unwrap();
-        if w.0.elapsed() >= Duration::from_secs(1) {
-            *w = (Instant::now(), 0);
-        }
-        w.1 += 1;
-        if w.1 > 10 {
-            Behave::Later(Duration::from_secs(1))
-        } else {
-            Behave::Succeed
-        }
-    });
-    let mut jobs = Vec::new();
-    for n in 0..150 {
-        let job = env.job(&format!("r{n}"));
-        env.enqueue(&job).await;
-        jobs.push(job.key.clone());
-    }
+    let env = Env::new(ten_calls_a_second());
+    let jobs = env.enqueue_many("r", 150).await;
     let fleet: Vec<Running> = (0..12).map(|_| start(env.worker())).collect();
     env.drained(minutes(30)).await;
     for r in fleet {

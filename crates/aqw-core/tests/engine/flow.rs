@@ -39,26 +39,8 @@ async fn stop(fleet: Vec<Running>) {
 /// within 10 % of the limit (in simulated time).
 #[tokio::test(start_paused = true)]
 async fn twelve_replicas_keep_a_fleet_wide_rate_limit() {
-    let window = Arc::new(std::sync::Mutex::new((Instant::now(), 0u32)));
-    let limit = window.clone();
-    let env = Env::new(move |_, _| {
-        let mut w = limit.lock().unwrap();
-        if w.0.elapsed() >= Duration::from_secs(1) {
-            *w = (Instant::now(), 0);
-        }
-        w.1 += 1;
-        if w.1 > 10 {
-            Behave::Later(Duration::from_secs(1))
-        } else {
-            Behave::Succeed
-        }
-    });
-    let mut jobs = Vec::new();
-    for n in 0..150 {
-        let job = env.job(&format!("r{n}"));
-        env.enqueue(&job).await;
-        jobs.push(job.key.clone());
-    }
+    let env = Env::new(ten_calls_a_second());
+    let jobs = env.enqueue_many("r", 150).await;
     let limits = FlowLimits {
         calls_per_second: Some(10.0),
         ..Default::default()
