@@ -25,6 +25,7 @@ mod dashboard_browser;
 mod dashboard_probes;
 mod deploy;
 mod fleet;
+mod flex;
 // Crash points and the key store's test seam exist in `failpoints` builds only.
 #[cfg(feature = "failpoints")]
 mod failpoints;
