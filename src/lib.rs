@@ -65,6 +65,7 @@ pub use aqw_core::job;
 pub use aqw_core::message;
 pub use aqw_core::ops;
 pub use aqw_core::poison;
+pub use aqw_core::producer;
 pub use aqw_core::redact;
 pub use aqw_core::retention;
 pub use aqw_core::retry;

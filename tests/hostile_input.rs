@@ -655,6 +655,23 @@ fn templates(q: &str, id: &str, files: &Path, held_port: u16) -> Vec<Template> {
             vec![pos(q), opt("--file", &valid_file), Part::Flag("--force")],
         ),
         cmd(&["enqueue"], vec![keep_pos(q), pos("-")]).stdin(payload.as_bytes()),
+        cmd(
+            &["enqueue"],
+            vec![
+                keep_pos(q),
+                keep("--payload", payload),
+                opt("--delay", "00:00:01"),
+                opt("--ttl", "01:00:00"),
+            ],
+        ),
+        cmd(
+            &["enqueue"],
+            vec![
+                keep_pos(q),
+                keep("--payload", payload),
+                opt("--at", "2099-01-01T00:00:00Z"),
+            ],
+        ),
         cmd(&["status"], vec![]).env(
             &[],
             &[

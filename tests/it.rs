@@ -23,6 +23,7 @@ mod contract;
 mod dashboard;
 mod dashboard_browser;
 mod dashboard_probes;
+mod delayed;
 mod deploy;
 mod fleet;
 mod flex;

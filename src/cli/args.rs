@@ -63,7 +63,7 @@ pub enum Command {
     Serve,
     /// Put a job on a queue, encoded per the app's messageEncoding.
     #[command(
-        after_help = "Examples:\n  aqw enqueue receipts --payload '{\"orderId\":\"o-1\"}'\n  jq -c . order.json | aqw enqueue receipts -"
+        after_help = "Examples:\n  aqw enqueue receipts --payload '{\"orderId\":\"o-1\"}'\n  jq -c . order.json | aqw enqueue receipts -\n  aqw enqueue receipts --file order.json --delay 00:30:00\n  aqw enqueue receipts --file order.json --at 2026-12-24T18:00:00Z --ttl never"
     )]
     Enqueue(EnqueueArgs),
     /// Depth and poison count per queue; exit 1 while any poison record is
@@ -118,6 +118,16 @@ pub struct EnqueueArgs {
     /// Enqueue even if the worker would poison it at once (no key derivable).
     #[arg(long)]
     pub force: bool,
+    /// Deliver after this long ([d.]hh:mm:ss, under 7 days and shorter than --ttl).
+    #[arg(long, value_name = "DURATION", conflicts_with = "at")]
+    pub delay: Option<String>,
+    /// Deliver at this time (RFC 3339, within 7 days).
+    #[arg(long, value_name = "TIME")]
+    pub at: Option<String>,
+    /// The message's time-to-live from the put ([d.]hh:mm:ss, at least 1 s,
+    /// or `never`); default: the service's 7 days.
+    #[arg(long, value_name = "DURATION|never")]
+    pub ttl: Option<String>,
 }
 
 #[derive(Args)]

@@ -139,9 +139,12 @@ async fn enqueue(app_dir: &Path, a: EnqueueArgs, output: Output) -> Result<Exit,
     // aqw.tracing.parent says (joining TRACEPARENT from the environment).
     let span = aqw::traces::enqueue_span(&a.queue);
     let payload = ops::with_trace_context(&app, &payload, &span);
+    let delivery = parse_delivery(a.delay.as_deref(), a.at.as_deref(), a.ttl.as_deref())?;
     let job = ops::prepare_enqueue(&app, &a.queue, &payload, a.force)?;
     let storage = aqw::app::connect(&job.connection).map_err(|e| Failure::usage(e.to_string()))?;
-    let done = ops::enqueue(job, &storage).instrument(span).await?;
+    let done = ops::enqueue_with(job, delivery, &storage)
+        .instrument(span)
+        .await?;
     render::enqueued(&done, output);
     Ok(Exit::Ok)
 }
@@ -533,6 +536,41 @@ fn parse_wait(wait: Option<&str>) -> Result<Option<Duration>, Failure> {
         return Err(Failure::usage("--wait must be at most 1.00:00:00 (a day)"));
     }
     Ok(Some(d))
+}
+
+/// `enqueue --delay/--at/--ttl` as a [`ops::Delivery`]: each value checked,
+/// and the pair against the service's rules, before anything is sent.
+fn parse_delivery(
+    delay: Option<&str>,
+    at: Option<&str>,
+    ttl: Option<&str>,
+) -> Result<ops::Delivery, Failure> {
+    let ttl = match ttl {
+        None => aqw::storage::Ttl::Default,
+        Some("never") => aqw::storage::Ttl::Never,
+        Some(t) => aqw::storage::Ttl::After(
+            config::parse_timespan(t).map_err(|e| Failure::usage(format!("--ttl: {e}")))?,
+        ),
+    };
+    let delivery = match (delay, at) {
+        (Some(d), _) => {
+            let d =
+                config::parse_timespan(d).map_err(|e| Failure::usage(format!("--delay: {e}")))?;
+            ops::Delivery::after(d, ttl)
+        }
+        (None, Some(t)) => {
+            let when =
+                time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+                    .map_err(|_| {
+                        Failure::usage(format!(
+                            "--at: \"{t}\" is not an RFC 3339 time (2026-12-24T18:00:00Z)"
+                        ))
+                    })?;
+            ops::Delivery::at(when, aqw_core::clock::now_utc(), ttl)
+        }
+        (None, None) => ops::Delivery::after(std::time::Duration::ZERO, ttl),
+    };
+    delivery.map_err(|e| Failure::usage(format!("--delay/--at/--ttl: {e}")))
 }
 
 /// The payload of `enqueue` and `poison fix`: exactly one of `--payload`,

@@ -3,7 +3,7 @@
 use super::args::Output;
 use aqw::config::show::Setting;
 use aqw::config::MessageEncoding;
-use aqw::idempotency::{Attempt, KeyRecord, KeyStatus, HISTORY_LEN};
+use aqw::idempotency::{fmt_time, Attempt, KeyRecord, KeyStatus, HISTORY_LEN};
 use aqw::ops::{
     DiscardRehearsal, Enqueued, FixAction, FixRehearsal, FixReport, QueueStatus, ReplayReport,
     ShowReport,
@@ -24,11 +24,15 @@ pub fn enqueued(e: &Enqueued, output: Output) {
     };
     if output == Output::Json {
         print_json(
-            &serde_json::json!({"queue": e.queue, "messageId": e.message_id, "key": e.key.as_ref().map(|k| k.to_string()), "encoding": enc}),
+            &serde_json::json!({"queue": e.queue, "messageId": e.message_id, "key": e.key.as_ref().map(|k| k.to_string()), "encoding": enc, "visibleAt": e.visible_at.map(fmt_time)}),
         );
     } else {
+        let when = e
+            .visible_at
+            .map(|t| format!(", visible at {}", fmt_time(t)))
+            .unwrap_or_default();
         outln!(
-            "enqueued {} to {} (key {}, encoding {enc})",
+            "enqueued {} to {} (key {}, encoding {enc}{when})",
             e.message_id,
             e.queue,
             e.key

@@ -1,11 +1,95 @@
 //! `aqw enqueue`: put a job on a queue, refusing what the worker would poison
-//! at once (no key derivable) unless forced.
+//! at once (no key derivable) unless forced, now or after a delay
+//! ([`Delivery`]).
 
 use super::{OpsError, OpsResult};
 use crate::config::{AppConfig, Connection, MessageEncoding};
 use crate::idempotency::derive_key;
 use crate::idempotency::IdempotencyKey;
-use crate::storage::{Storage, Ttl};
+use crate::storage::{Storage, Ttl, MAX_VISIBILITY_TIMEOUT};
+use std::time::Duration;
+use time::OffsetDateTime;
+
+/// The time-to-live Queue Storage gives a message put without one.
+const SERVICE_DEFAULT_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// When a job becomes visible, and how long it may then wait: `aqw enqueue
+/// --delay/--at/--ttl` and [`crate::producer::Producer`].
+///
+/// The service's rules (Put Message, Queue service REST API): the initial
+/// visibility is at most 7 days and shorter than the time-to-live; a
+/// time-to-live is at least 1 second, or never (-1). They are checked here,
+/// so a bad value is an error naming it rather than a 400 from storage, and
+/// a job can never be put to expire before it is delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    delay: Duration,
+    ttl: Ttl,
+}
+
+impl Default for Delivery {
+    /// Visible at once, with the service's 7-day time-to-live.
+    fn default() -> Self {
+        Self {
+            delay: Duration::ZERO,
+            ttl: Ttl::Default,
+        }
+    }
+}
+
+impl Delivery {
+    /// Visible `delay` after the put, expiring per `ttl` (counted from the put).
+    pub fn after(delay: Duration, ttl: Ttl) -> Result<Self, String> {
+        let span = crate::ops::fmt_span;
+        if let Ttl::After(t) = ttl {
+            if t < Duration::from_secs(1) {
+                return Err("the time-to-live must be at least 1 second (or never)".into());
+            }
+        }
+        if delay > MAX_VISIBILITY_TIMEOUT {
+            return Err(format!(
+                "a delay of {} is beyond the 7 days Queue Storage holds a message invisible; \
+                 keep the job elsewhere and enqueue it later",
+                span(delay)
+            ));
+        }
+        let lifetime = match ttl {
+            Ttl::Default => Some(SERVICE_DEFAULT_TTL),
+            Ttl::Never => None,
+            Ttl::After(t) => Some(t),
+        };
+        if let Some(lifetime) = lifetime.filter(|l| delay >= *l) {
+            return Err(format!(
+                "the job would expire before it is delivered: a delay of {} is not shorter \
+                 than its time-to-live of {} (give a longer time-to-live, or never)",
+                span(delay),
+                span(lifetime)
+            ));
+        }
+        Ok(Self { delay, ttl })
+    }
+
+    /// Visible at `when` (after `now`), expiring per `ttl`.
+    pub fn at(when: OffsetDateTime, now: OffsetDateTime, ttl: Ttl) -> Result<Self, String> {
+        let ahead = when - now;
+        if !ahead.is_positive() {
+            return Err(format!(
+                "{when} is not in the future; leave the time out to enqueue now"
+            ));
+        }
+        Self::after(Duration::try_from(ahead).unwrap_or(Duration::MAX), ttl)
+    }
+
+    /// How long after the put the job becomes visible.
+    pub fn delay(&self) -> Duration {
+        self.delay
+    }
+
+    /// The message's time-to-live.
+    pub fn ttl(&self) -> Ttl {
+        self.ttl
+    }
+}
 
 /// A job checked and encoded, ready to put.
 #[derive(Debug, Clone)]
@@ -33,6 +117,8 @@ pub struct Enqueued {
     pub key: Option<IdempotencyKey>,
     /// How its text is encoded.
     pub encoding: MessageEncoding,
+    /// When it becomes visible (`None`: at once).
+    pub visible_at: Option<OffsetDateTime>,
 }
 
 /// Check a payload the way the worker will: the queue must be consumed by a
@@ -95,14 +181,28 @@ pub fn with_trace_context(app: &AppConfig, payload: &str, span: &tracing::Span) 
     }
 }
 
-/// Put a prepared job on its queue (creating the queue if missing).
+/// Put a prepared job on its queue now (creating the queue if missing).
 pub async fn enqueue(job: PreparedEnqueue, storage: &dyn Storage) -> OpsResult<Enqueued> {
+    enqueue_with(job, Delivery::default(), storage).await
+}
+
+/// Put a prepared job on its queue per `delivery` (creating the queue if
+/// missing).
+pub async fn enqueue_with(
+    job: PreparedEnqueue,
+    delivery: Delivery,
+    storage: &dyn Storage,
+) -> OpsResult<Enqueued> {
     let queue = storage.queue(&job.queue);
-    let receipt = crate::poison::put_creating(queue.as_ref(), &job.text, Ttl::Default).await?;
+    let receipt =
+        crate::poison::put_creating_after(queue.as_ref(), &job.text, delivery.delay, delivery.ttl)
+            .await?;
+    let visible_at = (!delivery.delay.is_zero()).then(|| crate::clock::now_utc() + delivery.delay);
     Ok(Enqueued {
         queue: job.queue,
         message_id: receipt.id,
         key: job.key,
         encoding: job.encoding,
+        visible_at,
     })
 }

@@ -27,7 +27,9 @@ mod window;
 
 pub use control::{control_store, pause, resume};
 pub use discard::discard;
-pub use enqueue::{enqueue, prepare_enqueue, with_trace_context, Enqueued, PreparedEnqueue};
+pub use enqueue::{
+    enqueue, enqueue_with, prepare_enqueue, with_trace_context, Delivery, Enqueued, PreparedEnqueue,
+};
 pub use fix::{fix, FixAction, FixReport};
 pub use keys::key_record;
 pub use list::{list, list_summaries};

@@ -62,10 +62,21 @@ pub async fn put_creating(
     text: &str,
     ttl: Ttl,
 ) -> StorageResult<PutReceipt> {
-    match queue.put(text, Duration::ZERO, ttl).await {
+    put_creating_after(queue, text, Duration::ZERO, ttl).await
+}
+
+/// Put on a queue invisible for `delay` (a delayed job), creating the
+/// queue on first use.
+pub async fn put_creating_after(
+    queue: &dyn QueueStore,
+    text: &str,
+    delay: Duration,
+    ttl: Ttl,
+) -> StorageResult<PutReceipt> {
+    match queue.put(text, delay, ttl).await {
         Err(StorageError::NotFound) => {
             queue.create_if_missing().await?;
-            queue.put(text, Duration::ZERO, ttl).await
+            queue.put(text, delay, ttl).await
         }
         other => other,
     }

@@ -37,7 +37,7 @@ pub mod record;
 pub mod sink;
 pub mod store;
 
-pub use copies::{put_creating, Held};
+pub use copies::{put_creating, put_creating_after, Held};
 pub use envelope::{
     host_record_id, poison_queue_name, PoisonEnvelope, PoisonFormat, RecordRef, ENVELOPE_VERSION,
     POISON_SUFFIX,

@@ -28,6 +28,7 @@ mod crashes;
 mod fleet;
 mod flow;
 mod outage;
+mod producer;
 mod replay;
 mod retention;
 mod verification;
