@@ -48,6 +48,7 @@ mod provider_window;
 mod recovery;
 mod redaction;
 mod reliability;
+mod report;
 mod retention;
 mod serve;
 mod traces;
