@@ -814,7 +814,22 @@ fn templates(q: &str, id: &str, files: &Path, held_port: u16) -> Vec<Template> {
                 Part::Flag("--dry-run"),
             ],
         ),
+        cmd(
+            &["poison", "report"],
+            vec![pos(q), opt("--since", "01:00:00")],
+        ),
         cmd(&["keys", "show"], vec![pos("Job"), pos("job:o-1")]),
+        cmd(
+            &["keys", "list"],
+            vec![
+                pos("Job"),
+                opt("--prefix", "job:"),
+                opt("--status", "poisoned"),
+                opt("--since", "01:00:00"),
+                opt("--until", "2100-01-01T00:00:00Z"),
+                opt("--limit", "10"),
+            ],
+        ),
         cmd(&["keys", "check"], vec![pos("Job"), pos("job:o-1")]),
         cmd(
             &["keys", "new-provider-key"],
@@ -956,6 +971,10 @@ async fn a_closed_stdout_exits_quietly() {
         vec!["poison", "show", q, &id, "--output", "json"],
         vec!["poison", "replay", q, "--all", "--dry-run"],
         vec!["poison", "purge", q, "--dry-run"],
+        vec!["poison", "report", q],
+        vec!["poison", "report", q, "--output", "json"],
+        vec!["keys", "list", "Job"],
+        vec!["keys", "list", "Job", "--output", "json"],
         vec!["keys", "show", "Job", "job:o-1"],
         vec!["keys", "purge", "--dry-run"],
         vec!["completions", "bash"],

@@ -50,6 +50,7 @@ mod provider_window;
 mod recovery;
 mod redaction;
 mod reliability;
+mod report;
 mod retention;
 mod serve;
 mod traces;

@@ -1,7 +1,8 @@
 //! On-call, fourth round (issue 39): the smaller fixes — `status --help`
 //! names every exit-1 condition, a missing `$USER` is named in the error
-//! that asks for `--by`, `keys show` of a key never claimed exits 1, and
-//! `poison show` of a replaced record shows the new key's state.
+//! that asks for `--by`, `keys show` of a key never claimed exits 1,
+//! `poison show` of a replaced record shows the new key's state, and
+//! `keys list` filters (prefix, status, time, limit) and follows every page.
 
 use crate::common::{aqw, aqw_bin, poisoned_by_worker, TestApp};
 use serde_json::json;
@@ -132,5 +133,64 @@ async fn keys_list_filters_by_prefix_status_and_time() {
     );
     let (code, _) = list(&["--status", "nonsense"]);
     assert_eq!(code, Some(2));
+    app.cleanup().await;
+}
+
+/// `aqw keys list` follows every page: 1,100 keys of the function (the
+/// service pages at 1,000 rows) among 100 of another function come back
+/// whole through the service's filter, in one partition and across two,
+/// and `--limit` stops early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_list_follows_every_page() {
+    use aqw::storage::{Storage, TableOp};
+    let app = TestApp::new(json!({"key": "order:{/orderId}"}), json!({}), json!({}));
+    let table = app.storage().table(&app.keys_table);
+    table.create_if_missing().await.unwrap();
+    for batch in 0..12 {
+        let ops = (0..100)
+            .map(|i| {
+                let n = batch * 100 + i;
+                let function = if n % 12 == 5 { "Other" } else { "Job" };
+                let entity = json!({
+                    "Key": format!("order:{n:05}"),
+                    "Function": function,
+                    "Status": "done",
+                    "ProviderKey": uuid::Uuid::new_v4().to_string(),
+                    "Attempts": 1
+                });
+                TableOp::Insert {
+                    row_key: format!("r{n:05}"),
+                    entity: entity.as_object().unwrap().clone(),
+                }
+            })
+            .collect();
+        // Two partitions: the query crosses them as the key table's does.
+        let partition = if batch < 6 { "p-a" } else { "p-b" };
+        table.transaction(partition, ops).await.unwrap();
+    }
+    let list = |args: &[&str]| {
+        let mut all = vec!["keys", "list", "Job", "--output", "json"];
+        all.extend_from_slice(args);
+        let out = aqw(app.path(), &all);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let keys = list(&[]);
+    let keys = keys.as_array().unwrap();
+    let distinct: std::collections::HashSet<&str> =
+        keys.iter().map(|k| k["key"].as_str().unwrap()).collect();
+    assert_eq!(
+        (keys.len(), distinct.len()),
+        (1100, 1100),
+        "every page, each key once"
+    );
+    assert!(keys.iter().all(|k| k["function"] == "Job"));
+    assert_eq!(list(&["--limit", "1050"]).as_array().unwrap().len(), 1050);
+    assert_eq!(list(&["--status", "pending"]).as_array().unwrap().len(), 0);
     app.cleanup().await;
 }

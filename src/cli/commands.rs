@@ -284,6 +284,9 @@ async fn poison(app_dir: &Path, cmd: PoisonCmd, output: Output) -> Result<Exit, 
             render::poison_show(&report, pretty, output);
             Ok(Exit::Ok)
         }
+        PoisonCmd::Report { queue, since } => {
+            super::report::poison_report(&app, &queue, since.as_deref(), output).await
+        }
         cmd @ PoisonCmd::Fix { .. } => poison_fix(&app, cmd, output).await,
         cmd @ PoisonCmd::Discard { .. } => poison_discard(&app, cmd, output).await,
         cmd @ PoisonCmd::Replay { .. } => poison_replay(&app, cmd, output).await,
@@ -501,7 +504,7 @@ pub(super) fn load(app: &Path) -> Result<Arc<AppConfig>, Failure> {
         .map_err(|e| Failure::usage(format!("{e:#}")))
 }
 
-fn queue_ops(app: &Arc<AppConfig>, queue: &str) -> Result<QueueOps, Failure> {
+pub(super) fn queue_ops(app: &Arc<AppConfig>, queue: &str) -> Result<QueueOps, Failure> {
     let connection = app
         .function_for_queue(queue)
         .map(|f| &f.connection)

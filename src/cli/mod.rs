@@ -1,6 +1,6 @@
 //! The command line over the library: [`args`] (clap's types), [`commands`]
 //! (dispatch to `aqw::ops` and friends), [`render`] (text and JSON output),
-//! `purge` (the two purge commands) and [`exit`] (the exit codes, decided once).
+//! `purge` (the two purge commands), `report` (`poison report`) and [`exit`] (the exit codes, decided once).
 
 /// `println!` for the CLI's output: a closed pipe (`aqw poison list q |
 /// head`) ends the process quietly with exit 0, as ripgrep does, instead of
@@ -56,6 +56,7 @@ pub mod exit;
 mod keys;
 mod purge;
 mod render;
+mod report;
 
 pub use args::Cli;
 pub use exit::{Exit, Failure};

@@ -8,8 +8,7 @@ use super::groups::{
     dashboard_link, group_alerts, list_command, show_command, window_facts, PoisonAlert,
 };
 use serde_json::json;
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::mpsc;
 /// The webhook body (and the ERROR log summary) for one queue's window:
 /// counts grouped by error kind and error text, each group with samples and
@@ -123,20 +122,10 @@ fn post_breaker_event(client: &reqwest::Client, webhook: &Webhook, body: serde_j
     tokio::spawn(post_with_backoff(client.clone(), webhook.clone(), body));
 }
 
-struct QueueWindow {
-    last_sent: Option<Instant>,
-    pending: Vec<PoisonAlert>,
-    /// When the oldest pending record arrived.
-    since: Option<Instant>,
-}
-
-/// How long the first record of a burst waits for the others.
-const GATHER: Duration = Duration::from_secs(1);
-
 async fn alert_loop(
     webhook: Option<Webhook>,
     window: Duration,
-    mut rx: mpsc::UnboundedReceiver<AlertEvent>,
+    rx: mpsc::UnboundedReceiver<AlertEvent>,
 ) {
     // Only a webhook needs a client.
     let client = webhook.as_ref().map(|_| {
@@ -145,39 +134,15 @@ async fn alert_loop(
             .build()
             .unwrap_or_default()
     });
-    let mut windows: HashMap<String, QueueWindow> = HashMap::new();
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    loop {
-        tokio::select! {
-            msg = rx.recv() => match msg {
-                Some(AlertEvent::Poisoned(a)) => {
-                    let w = windows.entry(a.queue.clone()).or_insert(QueueWindow { last_sent: None, pending: vec![], since: None });
-                    w.since.get_or_insert_with(Instant::now);
-                    w.pending.push(a);
-                }
-                Some(AlertEvent::Breaker(body) | AlertEvent::Notice(body)) => {
-                    if let (Some(webhook), Some(client)) = (&webhook, &client) {
-                        post_breaker_event(client, webhook, body);
-                    }
-                }
-                None => break,
-            },
-            _ = tick.tick() => {}
+    let deliver = |queue: &str, batch: Vec<PoisonAlert>| {
+        send_window(queue, &batch, webhook.as_ref(), client.as_ref())
+    };
+    let event = |body: serde_json::Value| {
+        if let (Some(webhook), Some(client)) = (&webhook, &client) {
+            post_breaker_event(client, webhook, body);
         }
-        for (queue, w) in windows.iter_mut() {
-            // A window's first alert waits a second for the rest of a
-            // burst: poisonings in the same second land in one alert.
-            let gathered = w.since.is_some_and(|t| t.elapsed() >= GATHER);
-            let due = gathered && w.last_sent.is_none_or(|t| t.elapsed() >= window);
-            if w.pending.is_empty() || !due {
-                continue;
-            }
-            let batch = std::mem::take(&mut w.pending);
-            w.since = None;
-            w.last_sent = Some(Instant::now());
-            send_window(queue, &batch, webhook.as_ref(), client.as_ref());
-        }
-    }
+    };
+    aqw_core::alert::gather(window, rx, deliver, event).await;
 }
 
 /// One queue's window: the ERROR summary line, and the POST when there is

@@ -10,8 +10,12 @@
 
 use crate::scrub::scrub;
 use regex::Regex;
+use std::collections::HashMap;
 use std::sync::LazyLock;
+use std::time::Duration;
 use tokio::sync::mpsc;
+// tokio's clock: the gather and the window run on paused time in tests.
+use tokio::time::Instant;
 
 /// A new poison record, for the alert.
 #[derive(Debug, Clone)]
@@ -250,6 +254,59 @@ impl Alerts {
     }
 }
 
+/// How long the first record of a burst waits for the others.
+pub const GATHER: Duration = Duration::from_secs(1);
+
+struct QueueWindow {
+    last_sent: Option<Instant>,
+    pending: Vec<PoisonAlert>,
+    /// When the oldest pending record arrived.
+    since: Option<Instant>,
+}
+
+/// The alert delivery's windowing, apart from what delivers a window (the
+/// binary's `telemetry::alerts` posts it; a test drives this on paused
+/// tokio time): poison alerts gathered per
+/// queue, `deliver`ed as one batch once the first has waited [`GATHER`]
+/// and the queue's last window is `window` old; other events passed to
+/// `event` at once. Ends when every sender is gone.
+pub async fn gather(
+    window: Duration,
+    mut rx: mpsc::UnboundedReceiver<AlertEvent>,
+    mut deliver: impl FnMut(&str, Vec<PoisonAlert>),
+    mut event: impl FnMut(serde_json::Value),
+) {
+    let mut windows: HashMap<String, QueueWindow> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            msg = rx.recv() => match msg {
+                Some(AlertEvent::Poisoned(a)) => {
+                    let w = windows.entry(a.queue.clone()).or_insert(QueueWindow { last_sent: None, pending: vec![], since: None });
+                    w.since.get_or_insert_with(Instant::now);
+                    w.pending.push(a);
+                }
+                Some(AlertEvent::Breaker(body) | AlertEvent::Notice(body)) => event(body),
+                None => break,
+            },
+            _ = tick.tick() => {}
+        }
+        for (queue, w) in windows.iter_mut() {
+            // A window's first alert waits a second for the rest of a
+            // burst: poisonings in the same second land in one alert.
+            let gathered = w.since.is_some_and(|t| t.elapsed() >= GATHER);
+            let due = gathered && w.last_sent.is_none_or(|t| t.elapsed() >= window);
+            if w.pending.is_empty() || !due {
+                continue;
+            }
+            let batch = std::mem::take(&mut w.pending);
+            w.since = None;
+            w.last_sent = Some(Instant::now());
+            deliver(queue, batch);
+        }
+    }
+}
+
 /// The shape of the webhook body (`aqw.alert.format`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -308,5 +365,98 @@ impl std::fmt::Debug for Webhook {
             .field("format", &self.format)
             .field("signed", &self.secret.is_some())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod gather_tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use tokio::time::{sleep, Instant};
+
+    fn alert(queue: &str, id: &str) -> PoisonAlert {
+        PoisonAlert {
+            queue: queue.into(),
+            poison_queue: format!("{queue}-poison"),
+            function: "GrantCredit".into(),
+            message_id: id.into(),
+            key: None,
+            error_kind: "retryable".into(),
+            error: "HTTP 503".into(),
+            poisoned_at: time::OffsetDateTime::UNIX_EPOCH,
+            uncertain: false,
+        }
+    }
+
+    /// A window as delivered: its queue, its records' ids, when (since start).
+    type Sent = Arc<Mutex<Vec<(String, Vec<String>, Duration)>>>;
+
+    fn sent_ids(sent: &Sent) -> Vec<(String, Vec<String>)> {
+        let sent = sent.lock().unwrap();
+        sent.iter()
+            .map(|(q, ids, _)| (q.clone(), ids.clone()))
+            .collect()
+    }
+
+    fn window(q: &str, ids: &[&str]) -> (String, Vec<String>) {
+        (q.into(), ids.iter().map(|s| s.to_string()).collect())
+    }
+
+    /// Issue 39: poisonings in the same second land in one alert (the
+    /// first waits [`GATHER`] for the rest), a breaker event goes at once,
+    /// the next record of the queue waits for its window, and another queue
+    /// has its own.
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_in_one_second_is_one_alert_and_the_next_waits_for_the_window() {
+        let (alerts, rx) = Alerts::channel();
+        let sent: Sent = Arc::default();
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let start = Instant::now();
+        let (log, seen) = (sent.clone(), events.clone());
+        let task = tokio::spawn(gather(
+            Duration::from_secs(60),
+            rx,
+            move |q: &str, batch: Vec<PoisonAlert>| {
+                let ids = batch.into_iter().map(|a| a.message_id).collect();
+                log.lock()
+                    .unwrap()
+                    .push((q.to_string(), ids, start.elapsed()));
+            },
+            move |body| seen.lock().unwrap().push(body),
+        ));
+        alerts.poisoned(alert("credits", "m1"));
+        sleep(Duration::from_millis(300)).await;
+        alerts.poisoned(alert("credits", "m2"));
+        sleep(Duration::from_millis(600)).await;
+        alerts.poisoned(alert("credits", "m3"));
+        alerts.poisoned(alert("receipts", "r1"));
+        sleep(Duration::from_millis(50)).await;
+        assert!(sent_ids(&sent).is_empty(), "the burst is still gathering");
+
+        sleep(Duration::from_millis(350)).await;
+        assert_eq!(sent_ids(&sent), [window("credits", &["m1", "m2", "m3"])]);
+        let at = sent.lock().unwrap()[0].2;
+        assert!(
+            at >= GATHER && at < GATHER + Duration::from_millis(300),
+            "{at:?}"
+        );
+        alerts.breaker(serde_json::json!({"event": "aqw.breaker.open"}));
+        alerts.poisoned(alert("credits", "m4"));
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(
+            events.lock().unwrap().len(),
+            1,
+            "a breaker event goes at once"
+        );
+
+        sleep(Duration::from_secs(1)).await;
+        let receipts = window("receipts", &["r1"]);
+        assert_eq!(sent_ids(&sent)[1..], [receipts], "its own window");
+        sleep(Duration::from_secs(58)).await;
+        assert_eq!(sent_ids(&sent).len(), 2, "m4 waits for the credits window");
+        sleep(Duration::from_secs(2)).await;
+        assert_eq!(sent_ids(&sent)[2..], [window("credits", &["m4"])]);
+        drop(alerts);
+        task.await.unwrap();
     }
 }

@@ -100,7 +100,7 @@
 //! | redaction: the `redact` pointers masked wherever a person sees a payload (`poison show`, the dashboard), restored in a fix; the stored payload stays exact | `crates/aqw-core/src/redact.rs` |
 //! | retention: the purge's guards (filter, open records, `If-Match` batches of 100), counts, the request pacer | `crates/aqw-core/src/retention/mod.rs` |
 //! | the background sweep of `aqw run`: one sweeper per account by a lease row, bounded rate | `crates/aqw-core/src/retention/sweep.rs` |
-//! | the operator's commands, one file each, returning data, as procedures over `KeyStore`, `PoisonStore` and `ControlStore`: list, show, replay, fix, discard, status, enqueue, keys, pause / resume, purge; the provider's key window that replay and fix check | `crates/aqw-core/src/ops/` (`mod.rs`, `control.rs`, `list.rs`, `show.rs`, `replay.rs`, `fix.rs`, `discard.rs`, `rehearse.rs` (the dry runs of fix and discard), `status.rs`, `enqueue.rs`, `keys.rs`, `purge.rs`, `window.rs`) |
+//! | the operator's commands, one file each, returning data, as procedures over `KeyStore`, `PoisonStore` and `ControlStore`: list, show, replay, fix, discard, report (an incident as one table), status, enqueue, keys, pause / resume, purge; the provider's key window that replay and fix check | `crates/aqw-core/src/ops/` (`mod.rs`, `control.rs`, `list.rs`, `show.rs`, `replay.rs`, `fix.rs`, `discard.rs`, `rehearse.rs` (the dry runs of fix and discard), `report.rs`, `status.rs`, `enqueue.rs`, `keys.rs`, `purge.rs`, `window.rs`) |
 //! | poll heartbeats: a worker's last poll per queue, written once a minute, read by `aqw status` | `crates/aqw-core/src/heartbeat.rs` |
 //! | test-only crash points, compiled out of release builds | `crates/aqw-core/src/failpoint.rs` |
 //! | the storage port: queues, tables, the typed query (`Filter`); only the Azure adapter writes OData | `crates/aqw-core/src/storage/mod.rs` |
@@ -113,7 +113,7 @@
 //! | one function's runtime over any storage; queues and tables created before polling; sweep targets | `crates/aqw-core/src/runtime.rs` |
 //! | the poll loops of `aqw run`: permits before receive, back-off, heartbeats, drain on shutdown; `Health` | `crates/aqw-core/src/worker.rs` |
 //! | the handler contract: `Job`, `Success`, `HandlerError` (retryable, uncertain, permanent), `HandlerSpec` | `crates/aqw-core/src/handler.rs` |
-//! | the poison alert's content (grouped by cause) and the engine's `Alerts` handle | `crates/aqw-core/src/alert.rs` |
+//! | the poison alert's content (grouped by cause), the engine's `Alerts` handle and the delivery's windowing (`gather`: a burst gathered for a second into one alert, then one per queue per window) | `crates/aqw-core/src/alert.rs` |
 //! | secrets scrubbed from every log line, error and record | `crates/aqw-core/src/scrub.rs` |
 //! | the job's spans and the W3C context they carry (the API side; exporters are the binary's) | `crates/aqw-core/src/traces.rs` |
 //! | this map, and the module list | `crates/aqw-core/src/lib.rs` |

@@ -1,5 +1,5 @@
 //! The operator's procedure: status, list, show,
-//! replay, discard, fix, enqueue, `keys show` and the purges, one file each. Each command
+//! report, replay, discard, fix, enqueue, `keys show` and the purges, one file each. Each command
 //! returns data; the binary renders it and decides the exit code.
 //!
 //! This file holds what the commands share: [`QueueOps`] (the stores of one
@@ -21,6 +21,7 @@ mod list;
 mod purge;
 mod rehearse;
 mod replay;
+mod report;
 mod show;
 mod status;
 mod window;
@@ -37,6 +38,9 @@ pub use purge::{purge_keys, purge_records, PurgeOptions};
 pub use rehearse::{payload_diff, rehearse_discard, rehearse_fix, DiscardRehearsal, FixRehearsal};
 pub use replay::{
     replay, ReplayAction, ReplayItem, ReplayOptions, ReplayReport, DEFAULT_REPLAY_CONCURRENCY,
+};
+pub use report::{
+    report, IncidentReport, KeyOutcome, NewKey, ReportAnswer, ReportRow, ReportTotals, Uncertain,
 };
 pub use show::{show, ShowReport};
 pub use status::{status, QueueStatus};
@@ -164,7 +168,12 @@ impl QueueOps {
 /// (`hh:mm:ss`), as `poison list --since` and the dashboard take it.
 pub fn parse_time(s: &str) -> Result<OffsetDateTime, String> {
     if let Ok(t) = OffsetDateTime::parse(s, &Rfc3339) {
-        return Ok(t);
+        // In UTC, as the service compares it: a time at the edge of the
+        // date type with a far offset (9999-12-31T23:59:59-23:59) has no
+        // UTC form and is refused rather than panicking later.
+        return t.checked_to_offset(time::UtcOffset::UTC).ok_or_else(|| {
+            format!("\"{s}\" is out of range: give a time between the years -9999 and 9999 in UTC")
+        });
     }
     let ago = crate::config::parse_timespan(s).map_err(|_| {
         format!("\"{s}\" is neither an RFC 3339 time nor a duration ago (hh:mm:ss)")
@@ -188,6 +197,10 @@ mod parse_time_tests {
         assert!(parse_time("01:00:00").is_ok());
         assert!(parse_time("2026-12-01T00:00:00Z").is_ok());
         assert!(parse_time("yesterday").is_err());
+        let e = parse_time("9999-12-31T23:59:59-23:59").unwrap_err();
+        assert!(e.contains("out of range"), "{e}");
+        let t = parse_time("2026-12-01T01:00:00+01:00").unwrap();
+        assert_eq!((t.offset(), t.hour()), (time::UtcOffset::UTC, 0));
     }
 }
 

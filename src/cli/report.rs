@@ -1,0 +1,169 @@
+//! `aqw poison report`: the incident as one table (the engine's
+//! `ops::report`), as aligned text or JSON.
+
+use super::args::Output;
+use super::commands::{parse_time, queue_ops};
+use super::exit::{Exit, Failure};
+use super::render::print_json;
+use aqw::config::AppConfig;
+use aqw::ops::{IncidentReport, KeyOutcome, ReportRow};
+use aqw_core::scrub::one_line;
+use std::sync::Arc;
+
+/// `poison report QUEUE [--since T]`: exit 1 while a record is open or an
+/// attempt is still uncertain.
+pub(super) async fn poison_report(
+    app: &Arc<AppConfig>,
+    queue: &str,
+    since: Option<&str>,
+    output: Output,
+) -> Result<Exit, Failure> {
+    let since = since.map(parse_time).transpose()?;
+    let report = aqw::ops::report(&queue_ops(app, queue)?, since).await?;
+    if output == Output::Json {
+        print_json(&report);
+    } else {
+        print_text(&report);
+    }
+    Ok(Exit::needs_a_person_if(report.needs_a_person()))
+}
+
+/// The provider's answer to the completing attempt, in a few words.
+fn provider_cell(k: &KeyOutcome) -> String {
+    match (&k.provider, k.state) {
+        (Some(a), _) => format!("{} (HTTP {})", a.answer, a.status),
+        (None, "done") => "not recorded".into(),
+        (None, _) => "-".into(),
+    }
+}
+
+fn uncertain_cell(k: &KeyOutcome) -> String {
+    match &k.uncertain {
+        None => "-".into(),
+        Some(u) if u.resolved => format!("{} resolved", u.attempts),
+        Some(u) => format!("{} open", u.attempts),
+    }
+}
+
+/// A row's cells, in the table's column order.
+fn cells(r: &ReportRow) -> [String; 10] {
+    let time = |t: Option<&str>| t.map_or("-".into(), |t| t.chars().take(19).collect());
+    [
+        one_line(&r.id),
+        one_line(&r.function),
+        time(Some(&r.poisoned_at)),
+        r.decision.to_string(),
+        r.by.as_deref().map_or("-".into(), one_line),
+        time(r.at.as_deref()),
+        r.key.as_deref().map_or("-".into(), one_line),
+        r.key_state.state.to_string(),
+        provider_cell(&r.key_state),
+        uncertain_cell(&r.key_state),
+    ]
+}
+
+const HEADERS: [&str; 10] = [
+    "ID",
+    "FUNCTION",
+    "POISONED AT",
+    "DECISION",
+    "BY",
+    "AT",
+    "KEY",
+    "KEY STATE",
+    "PROVIDER",
+    "UNCERTAIN",
+];
+
+fn print_text(report: &IncidentReport) {
+    if report.records.is_empty() {
+        let since = report
+            .since
+            .as_deref()
+            .map_or(String::new(), |s| format!(" since {s}"));
+        outln!("no poison records for {}{since}", one_line(&report.queue));
+        return;
+    }
+    let rows: Vec<[String; 10]> = report.records.iter().map(cells).collect();
+    let mut widths = HEADERS.map(|h| h.chars().count());
+    for row in &rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: &[String]| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        padded.join("  ").trim_end().to_string()
+    };
+    outln!("{}", line(&HEADERS.map(str::to_string)));
+    let indent = " ".repeat(widths[0] + 2);
+    for (row, r) in rows.iter().zip(&report.records) {
+        outln!("{}", line(row));
+        print_details(r, &indent);
+    }
+    print_totals(report);
+}
+
+/// Beneath a row: what happened, why, the uncertain attempt's provider
+/// key, and the key a fix created.
+fn print_details(r: &ReportRow, indent: &str) {
+    let mut lines = r.error.lines();
+    let first = lines.next().unwrap_or("");
+    let more = lines.count();
+    let tail = if more > 0 {
+        format!("  (+{more} more line(s): aqw poison show)")
+    } else {
+        String::new()
+    };
+    outln!(
+        "{indent}happened:  {}: {}{tail}",
+        r.error_kind,
+        one_line(first)
+    );
+    if let Some(why) = &r.why {
+        outln!("{indent}why:       {}", one_line(why));
+    }
+    if let Some(u) = r.key_state.uncertain.as_ref().filter(|u| !u.resolved) {
+        let pk = u.provider_key.as_deref().unwrap_or("-");
+        let key = r.key.as_deref().map_or("-".into(), one_line);
+        outln!(
+            "{indent}uncertain: {} attempt(s) may have taken effect under provider key {pk}: aqw keys check {} {key}",
+            u.attempts,
+            one_line(&r.function)
+        );
+    }
+    if let Some(n) = &r.new_key {
+        outln!(
+            "{indent}new key:   {} (fix, message {}): {}, provider {}, uncertain {}",
+            one_line(&n.key),
+            n.message_id.as_deref().unwrap_or("-"),
+            n.state.state,
+            provider_cell(&n.state),
+            uncertain_cell(&n.state)
+        );
+    }
+}
+
+fn print_totals(report: &IncidentReport) {
+    let t = &report.totals;
+    outln!(
+        "{} record(s): {} open, {} replayed, {} fixed, {} discarded",
+        t.records,
+        t.open,
+        t.replayed,
+        t.fixed,
+        t.discarded
+    );
+    outln!(
+        "{} key(s): {} done exactly once, {} done more than once, {} not done, {} still uncertain",
+        t.keys,
+        t.keys_done_once,
+        t.keys_done_more_than_once,
+        t.keys_not_done,
+        t.uncertain
+    );
+}
