@@ -52,6 +52,7 @@ mod redaction;
 mod reliability;
 mod report;
 mod retention;
+mod schedules;
 mod serve;
 mod traces;
 mod worker;

@@ -156,7 +156,21 @@ async fn status(app_dir: &Path, output: Output) -> Result<Exit, Failure> {
         lines.push(ops::status(&queue_ops(&app, &f.queue)?).await?);
     }
     let open: usize = lines.iter().map(|l| l.open_records).sum();
-    render::status(&lines, open, output);
+    let mut schedules = Vec::new();
+    for s in &app.schedules {
+        let f = app.function(&s.function).ok_or_else(|| {
+            Failure::usage(format!(
+                "schedule {}: no function named {}",
+                s.name, s.function
+            ))
+        })?;
+        let qo = queue_ops(&app, &f.queue)?;
+        let status = aqw_core::schedule::status(&app, s, qo.control.table().as_ref(), &qo.keys)
+            .await
+            .map_err(ops::OpsError::from)?;
+        schedules.push(status);
+    }
+    render::status(&lines, &schedules, open, output);
     render::status_control(&lines, output);
     let held = lines.iter().any(|l| l.held());
     Ok(Exit::needs_a_person_if(open > 0 || held))

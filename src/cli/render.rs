@@ -10,6 +10,7 @@ use aqw::ops::{
 };
 use aqw::poison::PoisonRecord;
 
+use aqw_core::schedule::ScheduleStatus;
 use aqw_core::scrub::one_line;
 
 pub fn print_json(v: &impl serde::Serialize) {
@@ -44,11 +45,47 @@ pub fn enqueued(e: &Enqueued, output: Output) {
 }
 
 /// `status`: one line per queue.
-pub fn status(lines: &[QueueStatus], open: usize, output: Output) {
+pub fn status(lines: &[QueueStatus], schedules: &[ScheduleStatus], open: usize, output: Output) {
     if output == Output::Json {
-        print_json(&serde_json::json!({"queues": lines, "openPoisonRecords": open}));
+        print_json(
+            &serde_json::json!({"queues": lines, "schedules": schedules, "openPoisonRecords": open}),
+        );
         return;
     }
+    status_queues(lines);
+    status_schedules(schedules);
+}
+
+/// `status`: one line per schedule (none when the app has none).
+fn status_schedules(schedules: &[ScheduleStatus]) {
+    if schedules.is_empty() {
+        return;
+    }
+    outln!("");
+    outln!(
+        "{:<20} {:<20} {:<22}  {:<22}  LAST TICK",
+        "SCHEDULE",
+        "FUNCTION",
+        "WHEN",
+        "NEXT TICK"
+    );
+    for s in schedules {
+        let last = match (&s.last_tick, &s.last_outcome) {
+            (Some(t), Some(o)) => format!("{t} ({o})"),
+            (Some(t), None) => t.clone(),
+            (None, _) => "none yet".to_string(),
+        };
+        outln!(
+            "{:<20} {:<20} {:<22}  {:<22}  {last}",
+            one_line(&s.name),
+            s.function,
+            format!("{} (catch-up {})", s.when, s.catch_up),
+            s.next.as_deref().unwrap_or("never")
+        );
+    }
+}
+
+fn status_queues(lines: &[QueueStatus]) {
     outln!(
         "{:<20} {:<24} {:>8} {:>8} {:>6}  {:<20}  LAST POLL",
         "FUNCTION",

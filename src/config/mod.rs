@@ -15,6 +15,7 @@
 //! * `alert.rs`: the alert's format, dashboard link and signing secret;
 //! * `functions.rs`: function discovery and each function's config;
 //! * `retention.rs`: `aqw.retention`, checked against the key-purge safety floor;
+//! * `schedules.rs`: `aqw.schedules`, each checked against its function's key;
 //! * `mod.rs`: the ready types and [`load`], which runs the steps in order.
 //!
 //! Connection strings are parsed in [`crate::storage::connection`].
@@ -26,6 +27,7 @@ mod limits;
 mod lookup;
 mod raw;
 mod retention;
+mod schedules;
 mod settings;
 pub mod show;
 mod timespan;
@@ -122,6 +124,7 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
         shutdown_timeout: a.shutdown_timeout,
         max_deferral: a.max_deferral,
         retention,
+        schedules: schedules::schedules(host_file, &raw.aqw.schedules, &functions)?,
         functions,
         skipped,
     })

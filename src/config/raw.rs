@@ -96,6 +96,20 @@ pub(super) struct RawAqw {
     pub(super) max_deferral: Option<String>,
     pub(super) breaker: Option<RawBreaker>,
     pub(super) retention: Option<RawRetention>,
+    #[serde(default)]
+    pub(super) schedules: BTreeMap<String, RawSchedule>,
+}
+
+/// `aqw.schedules.<Name>` (checked in [`super::schedules`]).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawSchedule {
+    pub(super) function: String,
+    pub(super) cron: Option<String>,
+    pub(super) time_zone: Option<String>,
+    pub(super) every: Option<String>,
+    pub(super) catch_up: Option<String>,
+    pub(super) payload: Option<serde_json::Value>,
 }
 
 /// `aqw.retention` (checked in [`super::retention`]).

@@ -142,6 +142,18 @@ pub fn effective(app: &AppConfig, look: &Lookup) -> Vec<Setting> {
     for f in &app.functions {
         function_rows(f, look, &mut row);
     }
+    for s in &app.schedules {
+        row(
+            &format!("schedules.{}", s.name),
+            format!(
+                "{} → {} (catch-up {})",
+                s.when.describe(),
+                s.function,
+                s.catch_up.as_str()
+            ),
+            look.host(&format!("/aqw/schedules/{}", s.name)),
+        );
+    }
     out
 }
 

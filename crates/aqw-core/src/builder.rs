@@ -256,6 +256,7 @@ impl Worker {
 
     /// [`Self::run`], reporting readiness and the last poll in `health`.
     pub async fn run_reporting(self, health: Arc<Health>, shutdown: CancellationToken) {
+        crate::schedule::spawn(&self.app, &self.runtimes, &shutdown);
         run_runtimes(&self.app, &self.runtimes, health, shutdown).await
     }
 }

@@ -44,6 +44,11 @@ struct BreakerState {
 }
 
 impl Gate {
+    /// The control rows this gate reads (the schedules keep theirs there too).
+    pub fn control(&self) -> &ControlStore {
+        &self.control
+    }
+
     /// The gate of `function` on this worker: unpaused until the control row
     /// says otherwise, with a breaker when `settings` is set (`None`: no
     /// breaker). Transitions are published through `control` and `alerts`.

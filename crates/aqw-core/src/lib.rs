@@ -108,6 +108,7 @@
 //! | the storage contract: one suite of checks, run on the memory store here and on Azurite in the binary's tests | `crates/aqw-core/src/contract/` (`mod.rs` the list and runner, `queue.rs`, `table.rs`, `query.rs`) |
 //! | the engine's wall clock: the system's, or tokio's in a simulation | `crates/aqw-core/src/clock.rs` |
 //! | a worker built in code: settings and handlers in, `Worker::run(shutdown)`; `handler_fn` | `crates/aqw-core/src/builder.rs` |
+//! | schedules: ticks as keyed jobs (`{/schedule}:{/tick}`), cron in a time zone or an interval, the catch-up policy; the task that claims each tick in the control row and puts it, and the status | `crates/aqw-core/src/schedule/` (`mod.rs` ticks and policy, `run.rs` the task and the row) |
 //! | the producer API: typed jobs put exactly as `aqw enqueue` puts them (key check, encoding, size, delay and time-to-live) | `crates/aqw-core/src/producer.rs` |
 //! | the ready configuration (`AppConfig`, `FunctionConfig`, connection, retention, timespans, names) and its defaults | `crates/aqw-core/src/config/` (`mod.rs`, `connection.rs`, `retention.rs`, `timespan.rs`) |
 //! | one function's runtime over any storage; queues and tables created before polling; sweep targets | `crates/aqw-core/src/runtime.rs` |
@@ -145,6 +146,7 @@ pub mod redact;
 pub mod retention;
 pub mod retry;
 pub mod runtime;
+pub mod schedule;
 pub mod scrub;
 pub mod storage;
 pub mod traces;

@@ -172,6 +172,8 @@ pub struct AppConfig {
     /// Function folders aqw does not run: disabled, or not a queue trigger.
     /// `aqw run` warns about each; `aqw serve` answers their invocations 404.
     pub skipped: Vec<SkippedFunction>,
+    /// `aqw.schedules`: ticks put as keyed jobs on a function's queue.
+    pub schedules: Vec<crate::schedule::Schedule>,
 }
 
 /// A function of the app folder that aqw leaves alone, and why.
@@ -227,6 +229,7 @@ impl AppConfig {
             retention: Retention::default(),
             functions: vec![],
             skipped: vec![],
+            schedules: vec![],
         }
     }
 

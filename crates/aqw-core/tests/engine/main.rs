@@ -31,4 +31,5 @@ mod outage;
 mod producer;
 mod replay;
 mod retention;
+mod schedules;
 mod verification;

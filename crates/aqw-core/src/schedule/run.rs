@@ -1,0 +1,282 @@
+//! The schedule task of every worker: wake at each tick, claim the due ticks
+//! in the schedule's control row under its ETag, put them, clear the claim.
+//!
+//! The row (`schedules` partition of the control table, RowKey = the
+//! schedule's name): `last` (the newest tick claimed), `pending` (ticks
+//! claimed and maybe not yet put, space-separated), `claimedAt`,
+//! `claimedBy`. Cost per schedule and tick: one read per replica, and for
+//! the one replica whose claim lands two merges and one put per due tick.
+//! Nothing is read between ticks: each replica computes the next tick
+//! itself.
+
+use super::{tick_text, Schedule};
+use crate::config::AppConfig;
+use crate::idempotency::derive_key;
+use crate::runtime::FunctionRuntime;
+use crate::storage::{Entity, QueueStore, StorageError, StorageResult, TableStore, Ttl};
+use rand::Rng;
+use serde::Serialize;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// The control table's partition of the schedule rows.
+pub const PARTITION: &str = "schedules";
+
+/// A claim older than this whose ticks were not cleared is put again by
+/// whoever sees it (the claimer crashed between the claim and the put).
+pub const STALE_CLAIM: Duration = Duration::from_secs(30);
+
+/// After a storage error, the next try.
+const RETRY_AFTER: Duration = Duration::from_secs(15);
+
+/// Replicas wake up to this long after a tick, at random, so they do not
+/// all read the row in the same millisecond.
+const WAKE_JITTER_MS: u64 = 1_000;
+
+/// The schedules of `app` whose function runs here, one task each, until
+/// `shutdown`.
+pub fn spawn(app: &AppConfig, rts: &[Arc<FunctionRuntime>], shutdown: &CancellationToken) {
+    for s in &app.schedules {
+        let Some(rt) = rts.iter().find(|rt| rt.function.name == s.function) else {
+            continue;
+        };
+        let control = rt.gate.control().table().clone();
+        let target = Target {
+            queue: rt.source.clone(),
+            encoding: app.message_encoding,
+        };
+        tokio::spawn(run(
+            s.clone(),
+            control,
+            target,
+            rt.worker_id.clone(),
+            shutdown.clone(),
+        ));
+    }
+}
+
+/// Where a schedule's ticks go: its function's queue, in the app's encoding.
+#[derive(Clone)]
+pub struct Target {
+    /// The function's source queue.
+    pub queue: Arc<dyn QueueStore>,
+    /// The app's `messageEncoding`.
+    pub encoding: crate::message::MessageEncoding,
+}
+
+/// One schedule's task: a round at each tick until `shutdown`.
+pub async fn run(
+    schedule: Schedule,
+    control: Arc<dyn TableStore>,
+    target: Target,
+    worker_id: String,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let wake = match round(&schedule, control.as_ref(), &target, &worker_id).await {
+            Ok(Some(next)) => next,
+            Ok(None) => return, // no tick ever again (a cron pattern past its last year)
+            Err(e) => {
+                warn!(event = "aqw.schedule.error", schedule = %schedule.name, error = %e, "schedule round failed; trying again");
+                crate::clock::now_utc() + RETRY_AFTER
+            }
+        };
+        let jitter = Duration::from_millis(rand::thread_rng().gen_range(0..WAKE_JITTER_MS));
+        let wait = Duration::try_from(wake - crate::clock::now_utc()).unwrap_or_default() + jitter;
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// The row as read.
+struct Row {
+    last: OffsetDateTime,
+    pending: Vec<OffsetDateTime>,
+    claimed_at: Option<OffsetDateTime>,
+    etag: crate::storage::Etag,
+}
+
+fn parse_time(v: Option<&Value>) -> Option<OffsetDateTime> {
+    v.and_then(Value::as_str)
+        .and_then(|s| OffsetDateTime::parse(s, &Rfc3339).ok())
+}
+
+async fn read_row(control: &dyn TableStore, name: &str) -> StorageResult<Option<Row>> {
+    let (e, etag) = match control.get(PARTITION, name).await {
+        Ok(Some(r)) => r,
+        Ok(None) | Err(StorageError::NotFound) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let pending = e
+        .get("pending")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|t| OffsetDateTime::parse(t, &Rfc3339).ok())
+        .collect();
+    Ok(Some(Row {
+        last: parse_time(e.get("last")).unwrap_or(OffsetDateTime::UNIX_EPOCH),
+        pending,
+        claimed_at: parse_time(e.get("claimedAt")),
+        etag,
+    }))
+}
+
+fn row_entity(last: OffsetDateTime, pending: &[OffsetDateTime], by: &str) -> Entity {
+    let mut e = Entity::new();
+    e.insert("last".into(), tick_text(last).into());
+    let pending: Vec<String> = pending.iter().map(|t| tick_text(*t)).collect();
+    e.insert("pending".into(), pending.join(" ").into());
+    e.insert(
+        "claimedAt".into(),
+        tick_text(crate::clock::now_utc()).into(),
+    );
+    e.insert("claimedBy".into(), by.into());
+    e
+}
+
+/// One round: put what is due (or what a crashed claimer left), and say
+/// when to wake next.
+async fn round(
+    s: &Schedule,
+    control: &dyn TableStore,
+    queue: &Target,
+    by: &str,
+) -> StorageResult<Option<OffsetDateTime>> {
+    let now = crate::clock::now_utc();
+    let Some(row) = read_row(control, &s.name).await? else {
+        // A new schedule starts now: no tick before it existed runs.
+        let start = s.when.latest_at(now).unwrap_or(now);
+        match insert_creating(control, &s.name, &row_entity(start, &[], by)).await {
+            Ok(()) | Err(StorageError::Conflict) => {}
+            Err(e) => return Err(e),
+        }
+        info!(event = "aqw.schedule.started", schedule = %s.name, next = %s.when.next_after(now).map(tick_text).unwrap_or_default(), "schedule started");
+        return Ok(s.when.next_after(now));
+    };
+    if !row.pending.is_empty() {
+        let claimed = row.claimed_at.unwrap_or(OffsetDateTime::UNIX_EPOCH);
+        if now - claimed < STALE_CLAIM {
+            // Its claimer is probably putting them: look again when the
+            // claim goes stale, not at the next tick (a day away, maybe).
+            return Ok(Some(claimed + STALE_CLAIM));
+        }
+        // The claimer died before clearing: put its ticks again (their keys
+        // settle a copy it did put), then clear under the same ETag.
+        put_ticks(s, queue, &row.pending).await?;
+        let cleared = row_entity(row.last, &[], by);
+        let _ = control
+            .merge(PARTITION, &s.name, &cleared, Some(&row.etag))
+            .await;
+        return Ok(Some(now));
+    }
+    let (due, moved_to) = s.due(row.last, now);
+    if moved_to == row.last {
+        return Ok(s.when.next_after(row.last.max(now)));
+    }
+    let claim = row_entity(moved_to, &due, by);
+    let etag = match control
+        .merge(PARTITION, &s.name, &claim, Some(&row.etag))
+        .await
+    {
+        Ok(etag) => etag,
+        // Another replica claimed first: it puts them.
+        Err(StorageError::PreconditionFailed) => return Ok(s.when.next_after(now)),
+        Err(e) => return Err(e),
+    };
+    put_ticks(s, queue, &due).await?;
+    let cleared = row_entity(moved_to, &[], by);
+    let _ = control
+        .merge(PARTITION, &s.name, &cleared, Some(&etag))
+        .await;
+    // `all` may have more missed ticks to put: go again at once.
+    let next = s.when.next_after(moved_to).filter(|t| *t > now);
+    Ok(Some(next.unwrap_or(now)))
+}
+
+async fn insert_creating(control: &dyn TableStore, rk: &str, e: &Entity) -> StorageResult<()> {
+    match control.insert(PARTITION, rk, e).await {
+        Err(StorageError::NotFound) => {
+            control.create_if_missing().await?;
+            control.insert(PARTITION, rk, e).await.map(|_| ())
+        }
+        other => other.map(|_| ()),
+    }
+}
+
+async fn put_ticks(s: &Schedule, target: &Target, ticks: &[OffsetDateTime]) -> StorageResult<()> {
+    for tick in ticks {
+        let text = crate::message::encode(&s.tick_payload(*tick), target.encoding);
+        crate::poison::put_creating(target.queue.as_ref(), &text, Ttl::Default).await?;
+        info!(event = "aqw.schedule.tick", schedule = %s.name, tick = %tick_text(*tick), "tick enqueued");
+    }
+    Ok(())
+}
+
+/// One schedule as `aqw status` shows it.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduleStatus {
+    /// The schedule.
+    pub name: String,
+    /// Its function.
+    pub function: String,
+    /// When it ticks.
+    pub when: String,
+    /// Its catch-up policy.
+    pub catch_up: &'static str,
+    /// The next tick.
+    pub next: Option<String>,
+    /// The newest tick put on the queue.
+    pub last_tick: Option<String>,
+    /// That tick's key.
+    pub last_key: Option<String>,
+    /// That key's state (`done`, `pending`, `poisoned`, `cancelled`), or
+    /// `not run yet`.
+    pub last_outcome: Option<String>,
+}
+
+/// Schedule `s` as `aqw status` shows it: its row in `control`, and the
+/// state of its newest tick's key in `keys`.
+pub async fn status(
+    app: &AppConfig,
+    s: &Schedule,
+    control: &dyn TableStore,
+    keys: &crate::idempotency::KeyStore,
+) -> StorageResult<ScheduleStatus> {
+    let now = crate::clock::now_utc();
+    let row = read_row(control, &s.name).await?;
+    let last_tick = row
+        .as_ref()
+        .map(|r| r.last)
+        .filter(|t| *t > OffsetDateTime::UNIX_EPOCH);
+    let function = app.functions.iter().find(|f| f.name == s.function);
+    let last_key = match (last_tick, function) {
+        (Some(t), Some(f)) => derive_key(&f.key, &s.tick_payload(t)).ok().flatten(),
+        _ => None,
+    };
+    let last_outcome = match &last_key {
+        Some(k) => Some(match keys.get(&s.function, k).await? {
+            Some(rec) => rec.status.as_str().to_string(),
+            None => "not run yet".to_string(),
+        }),
+        None => None,
+    };
+    Ok(ScheduleStatus {
+        name: s.name.clone(),
+        function: s.function.clone(),
+        when: s.when.describe(),
+        catch_up: s.catch_up.as_str(),
+        next: s.when.next_after(now).map(tick_text),
+        last_tick: last_tick.map(tick_text),
+        last_key: last_key.map(|k| k.to_string()),
+        last_outcome,
+    })
+}

@@ -1,0 +1,111 @@
+//! `aqw.schedules`: each schedule checked where it is written, so an error
+//! names `aqw.schedules.<Name>.<field>`. A schedule must name a function of
+//! the app whose key carries the tick (two ticks derive two keys), or each
+//! tick after the first would be settled as a duplicate and never run.
+
+use super::raw::RawSchedule;
+use super::ConfigError;
+use crate::config::FunctionConfig;
+use crate::idempotency::derive_key;
+use aqw_core::schedule::{CatchUp, Schedule, When};
+use std::collections::BTreeMap;
+
+/// The schedules of `aqw.schedules`, checked against `functions`.
+pub(super) fn schedules(
+    host_file: &str,
+    raw: &BTreeMap<String, RawSchedule>,
+    functions: &[FunctionConfig],
+) -> Result<Vec<Schedule>, ConfigError> {
+    raw.iter()
+        .map(|(name, r)| schedule(host_file, name, r, functions))
+        .collect()
+}
+
+fn schedule(
+    host_file: &str,
+    name: &str,
+    raw: &RawSchedule,
+    functions: &[FunctionConfig],
+) -> Result<Schedule, ConfigError> {
+    let path = format!("aqw.schedules.{name}");
+    let err = |field: &str, msg: String| {
+        let at = if field.is_empty() {
+            path.clone()
+        } else {
+            format!("{path}.{field}")
+        };
+        ConfigError::new(host_file, at, msg)
+    };
+    let when = match (&raw.cron, &raw.every) {
+        (Some(c), None) => When::cron(c, raw.time_zone.as_deref()).map_err(|m| err("cron", m))?,
+        (None, Some(e)) => {
+            if raw.time_zone.is_some() {
+                return Err(err(
+                    "timeZone",
+                    "applies to cron only (an interval has no wall clock)".into(),
+                ));
+            }
+            let d = super::parse_timespan(e).map_err(|m| err("every", m))?;
+            When::every(d).map_err(|m| err("every", m))?
+        }
+        _ => return Err(err("", "give exactly one of cron or every".into())),
+    };
+    let catch_up = match &raw.catch_up {
+        None => CatchUp::default(),
+        Some(c) => CatchUp::parse(c).map_err(|m| err("catchUp", m))?,
+    };
+    let payload = match &raw.payload {
+        None => serde_json::Map::new(),
+        Some(serde_json::Value::Object(m)) => m.clone(),
+        Some(_) => {
+            return Err(err(
+                "payload",
+                "must be a JSON object (its fields join each tick's job)".into(),
+            ))
+        }
+    };
+    if payload.contains_key("schedule") || payload.contains_key("tick") {
+        return Err(err(
+            "payload",
+            "must not set schedule or tick: aqw writes them".into(),
+        ));
+    }
+    let s = Schedule {
+        name: name.to_string(),
+        function: raw.function.clone(),
+        when,
+        payload,
+        catch_up,
+    };
+    check_key_carries_the_tick(&s, functions).map_err(|m| err("function", m))?;
+    Ok(s)
+}
+
+/// The function exists and two ticks derive two keys.
+fn check_key_carries_the_tick(s: &Schedule, functions: &[FunctionConfig]) -> Result<(), String> {
+    let f = functions
+        .iter()
+        .find(|f| f.name == s.function)
+        .ok_or_else(|| {
+            let known: Vec<&str> = functions.iter().map(|f| f.name.as_str()).collect();
+            format!(
+                "\"{}\" is not a function of this app (known: {})",
+                s.function,
+                known.join(", ")
+            )
+        })?;
+    let now = time::OffsetDateTime::now_utc();
+    let (a, b) = (s.when.latest_at(now), s.when.next_after(now));
+    let (Some(a), Some(b)) = (a, b) else {
+        return Err("the schedule never ticks".into());
+    };
+    let key = |t| derive_key(&f.key, &s.tick_payload(t));
+    match (key(a), key(b)) {
+        (Ok(Some(ka)), Ok(Some(kb))) if ka != kb => Ok(()),
+        _ => Err(format!(
+            "the key of function \"{}\" must carry the tick, or every tick after the first is settled as a duplicate: \
+             give it \"key\": \"{{/schedule}}:{{/tick}}\"",
+            f.name
+        )),
+    }
+}
