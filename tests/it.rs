@@ -50,5 +50,6 @@ mod redaction;
 mod reliability;
 mod retention;
 mod serve;
+mod serve_backoff;
 mod traces;
 mod worker;
