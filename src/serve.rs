@@ -4,9 +4,18 @@
 //! each invocation to `/{FunctionName}`. aqw runs the same [`process`] as
 //! `aqw run`, with a [`Settle`] that only tells the host what to do:
 //! success, duplicate or a completed poison copy → 200 (the host deletes the
-//! message); a retryable failure below the cap → 500 (the host retries after
-//! its `visibilityTimeout`). At the cap aqw writes its own poison envelope and
-//! record first, so the host never makes its second, error-less copy.
+//! message). The host's answer to a non-2xx is fixed: below its
+//! `maxDequeueCount` it makes the message visible again after its one
+//! `visibilityTimeout` (default 0), at it it poisons the message without an
+//! error (`QueueProcessor.CompleteProcessingMessageAsync`). So a keyed job's
+//! retryable failure below the cap is a fresh copy visible after aqw's own
+//! retry delay (exponential with jitter, `Retry-After` honoured) and a 200;
+//! the key counts the attempts the copies spent
+//! (`aqw_core::job::process`, `carried_attempts`), and at the cap aqw writes
+//! its own poison envelope and record first. A keyless job has no key to
+//! count on: its failure below the cap is a 500, and the host's fixed retry
+//! and DequeueCount apply. docs/operations.md ("Attempts, backoff and
+//! maintenance under `aqw serve`") cites the host's lines.
 //!
 //! # What the host really sends
 //!
@@ -130,6 +139,9 @@ impl Settle for HostSettle {
         true
     }
     fn delivers_while_paused(&self) -> bool {
+        true
+    }
+    fn parks_retries(&self) -> bool {
         true
     }
 }
@@ -531,7 +543,8 @@ fn answer(span: &tracing::Span, outcome: &Outcome, log: String) -> Response {
         Outcome::Completed
         | Outcome::Duplicate
         | Outcome::Poisoned { .. }
-        | Outcome::Parked { .. } => invocation_response(StatusCode::OK, vec![log]),
+        | Outcome::Parked { .. }
+        | Outcome::RetriedAsCopy { .. } => invocation_response(StatusCode::OK, vec![log]),
         Outcome::Retried { .. } | Outcome::Deferred { .. } | Outcome::Released => {
             span.in_scope(|| {
                 warn!(
@@ -594,6 +607,7 @@ pub async fn serve(
     }
     let gates = rts.iter().map(|rt| rt.gate.clone()).collect();
     tokio::spawn(aqw_core::gate::Gate::watch_all(gates, shutdown.clone()));
+    let maintenance = start_maintenance(&app, &rts, &shutdown);
     let state = ServeState::new(rts);
     let hard_stop = state.hard_stop.clone();
     tracing::info!(
@@ -613,10 +627,26 @@ pub async fn serve(
             });
         })
         .await?;
+    let _ = maintenance.await;
     if let Some(o) = ops {
         o.abort();
     }
     Ok(())
+}
+
+/// What `aqw run` runs beside its poll loops (the sweep, heartbeats, flow
+/// renewals: `worker::serve_maintenance`), and a warning for each
+/// per-function setting the host applies in aqw's place.
+fn start_maintenance(
+    app: &Arc<AppConfig>,
+    rts: &[Arc<FunctionRuntime>],
+    shutdown: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    for note in crate::config::queues::serve_notes(app) {
+        warn!(event = "aqw.config.not_applied", "{note}");
+    }
+    let (app, rts, stop) = (app.clone(), rts.to_vec(), shutdown.clone());
+    tokio::spawn(async move { crate::worker::serve_maintenance(&app, &rts, stop).await })
 }
 
 /// The host's HttpClient sends its invocation's W3C context: the job joins

@@ -22,6 +22,9 @@ pub async fn run(
     for s in &app.skipped {
         warn!(event = "aqw.function.skipped", function = %s.name, reason = %s.reason, "function not run");
     }
+    for note in crate::config::queues::run_notes(&app) {
+        warn!(event = "aqw.config.not_applied", "{note}");
+    }
     let health = Arc::new(Health::default());
     let server = match app.http_port {
         Some(port) => {

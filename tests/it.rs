@@ -54,5 +54,6 @@ mod report;
 mod retention;
 mod schedules;
 mod serve;
+mod serve_backoff;
 mod traces;
 mod worker;

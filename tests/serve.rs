@@ -35,7 +35,7 @@ fn host_str(s: &str) -> Value {
 
 /// A queue-trigger invocation serialized by the host's rules
 /// (`ToHttpScriptInvocationContext` + `Utility.ApplyBindingData`).
-fn host_invocation(binding: &str, text: &str, id: &str, dequeue: u32) -> String {
+pub(crate) fn host_invocation(binding: &str, text: &str, id: &str, dequeue: u32) -> String {
     let mut meta = Map::new();
     meta.insert("DequeueCount".into(), json!(dequeue.to_string()));
     meta.insert("ExpirationTime".into(), json!("2026-12-09T17:58:31+00:00"));
@@ -81,7 +81,7 @@ fn host_binary_invocation(binding: &str, bytes: &[u8], id: &str, dequeue: u32) -
     v.to_string()
 }
 
-async fn state(app: &TestApp, handler: Arc<dyn Handler>) -> ServeState {
+pub(crate) async fn state(app: &TestApp, handler: Arc<dyn Handler>) -> ServeState {
     let registry = Registry::new().register("Job", handler);
     let rts =
         aqw::app::runtimes(&app.config, &registry, &aqw::telemetry::Alerts::disabled()).unwrap();
@@ -89,7 +89,7 @@ async fn state(app: &TestApp, handler: Arc<dyn Handler>) -> ServeState {
     ServeState::new(rts)
 }
 
-async fn call(state: &ServeState, function: &str, body: String) -> (StatusCode, Value) {
+pub(crate) async fn call(state: &ServeState, function: &str, body: String) -> (StatusCode, Value) {
     let resp = app(state.clone())
         .oneshot(
             Request::post(format!("/{function}"))
@@ -287,22 +287,23 @@ async fn malformed_invocations_get_a_4xx_naming_the_field_and_are_not_poisoned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn host_shaped_failures_get_non_2xx_until_the_cap_then_aqw_poisons_with_a_bare_id() {
+async fn host_shaped_failures_are_put_back_until_the_cap_then_aqw_poisons_with_a_bare_id() {
     let app_ = keyed_app();
     let h = Scripted::new(|_, n| Err(HandlerError::retryable(format!("smtp timeout #{n}"))));
     let s = state(&app_, h.clone()).await;
     let payload = r#"{"orderId":"fx-1","note":"a \"quoted\" \\ line"}"#;
-    for dq in 1..=4 {
-        let (status, v) = call(&s, "Job", host_invocation("job", payload, "m-h2", dq)).await;
-        assert_eq!(
-            status,
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "attempt {dq} must be non-2xx so the host retries"
-        );
+    // Each failure is a fresh copy after the retry delay and a 200; the
+    // key counts the attempts (tests/serve_backoff.rs plays the host whole).
+    for attempt in 1..=5 {
+        let (status, v) = call(&s, "Job", host_invocation("job", payload, "m-h2", 1)).await;
+        assert_eq!(status, StatusCode::OK, "attempt {attempt}: {v}");
         assert!(v.get("error").is_none(), "no field the host ignores: {v}");
     }
-    let (status, v) = call(&s, "Job", host_invocation("job", payload, "m-h2", 5)).await;
-    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(
+        TestApp::exact_count(app_.source().as_ref()).await,
+        4,
+        "a fresh copy per attempt below the cap"
+    );
     assert_eq!(h.calls(), 5);
     for job in h.jobs.lock().unwrap().iter() {
         assert_eq!(job.payload, payload, "the handler sees the original text");

@@ -76,6 +76,7 @@ async fn serve(app_dir: &Path) -> Result<Exit, Failure> {
     let app = load(app_dir)?;
     let registry = aqw::Registry::new();
     aqw::app::preflight(&app, &registry).map_err(Failure::usage)?;
+    aqw::config::queues::serve_refusals(&app).map_err(Failure::usage)?;
     let port = aqw::serve::port_from_env(std::env::var("FUNCTIONS_CUSTOMHANDLER_PORT").ok())
         .map_err(Failure::usage)?;
     let shutdown = CancellationToken::new();

@@ -214,6 +214,8 @@ fn function_config(
         redact,
         limits,
         expiry,
+        // Resolved against the app's queue settings by `super::queues`.
+        overrides: Default::default(),
     })
 }
 

@@ -25,6 +25,7 @@ mod breaker;
 mod functions;
 mod limits;
 mod lookup;
+pub mod queues;
 mod raw;
 mod retention;
 mod schedules;
@@ -96,7 +97,10 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
     let retention = retention::validate(host_file, raw.aqw.retention.as_ref())?;
     let delivery = alert::AlertDelivery::validate(host_file, &raw.aqw, env)?;
     let metrics_interval = validate::metrics_interval(host_file, &raw.aqw)?;
-    let (functions, skipped) = functions::functions(app_dir, host_file, &raw.aqw, env)?;
+    let (mut functions, skipped) = functions::functions(app_dir, host_file, &raw.aqw, env)?;
+    queues::apply_overrides(host_file, &raw.aqw, &q, a.retry, &mut functions)?;
+    let dynamic_concurrency =
+        queues::dynamic_concurrency(host_file, raw.dynamic_concurrency.as_ref())?;
     Ok(AppConfig {
         app_dir: app_dir.to_path_buf(),
         max_dequeue_count: q.max_dequeue_count,
@@ -125,6 +129,7 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
         max_deferral: a.max_deferral,
         retention,
         schedules: schedules::schedules(host_file, &raw.aqw.schedules, &functions)?,
+        dynamic_concurrency,
         functions,
         skipped,
     })

@@ -15,6 +15,9 @@ pub(super) struct RawHost {
     pub(super) queues: RawQueues,
     pub(super) aqw: RawAqw,
     pub(super) function_timeout: Option<String>,
+    /// `concurrency.dynamicConcurrencyEnabled`, as written (checked in
+    /// [`super::queues`]).
+    pub(super) dynamic_concurrency: Option<Value>,
 }
 
 impl RawHost {
@@ -40,11 +43,16 @@ impl RawHost {
                 ))
             }
         };
+        let dynamic_concurrency = root
+            .get("concurrency")
+            .and_then(|c| c.get("dynamicConcurrencyEnabled"))
+            .cloned();
         Ok(Self {
             file: host_file,
             queues,
             aqw,
             function_timeout,
+            dynamic_concurrency,
         })
     }
 }
@@ -231,6 +239,11 @@ pub(super) struct RawFunction {
     pub(super) limits: Option<RawLimits>,
     /// What the expiry guard does: `rescue` (default) or `expected`.
     pub(super) expiry: Option<String>,
+    /// Per-function queue settings (checked in [`super::queues`]).
+    pub(super) max_dequeue_count: Option<i64>,
+    pub(super) visibility_timeout: Option<String>,
+    pub(super) batch_size: Option<i64>,
+    pub(super) retry: Option<RawRetry>,
 }
 
 /// `aqw.functions.<Name>.limits`.

@@ -139,22 +139,66 @@ pub fn effective(app: &AppConfig, look: &Lookup) -> Vec<Setting> {
     row("http.port", port, look.host("/aqw/http/port"));
     delivery_rows(app, look, &mut row);
     environment_rows(look, &mut row);
+    let dynamic = match app.dynamic_concurrency {
+        true => "on: applied by the Functions host under aqw serve; not supported by aqw run, which keeps batchSize",
+        false => "off",
+    };
+    row(
+        "dynamicConcurrency",
+        dynamic.into(),
+        look.host("/concurrency/dynamicConcurrencyEnabled"),
+    );
     for f in &app.functions {
         function_rows(f, look, &mut row);
+        override_rows(app, f, look, &mut row);
     }
-    for s in &app.schedules {
-        row(
-            &format!("schedules.{}", s.name),
-            format!(
-                "{} → {} (catch-up {})",
-                s.when.describe(),
-                s.function,
-                s.catch_up.as_str()
-            ),
-            look.host(&format!("/aqw/schedules/{}", s.name)),
-        );
-    }
+    schedule_rows(app, look, &mut row);
     out
+}
+
+/// Each schedule of `aqw.schedules`: when, which function, the catch-up.
+fn schedule_rows(app: &AppConfig, look: &Lookup, row: &mut impl FnMut(&str, String, Source)) {
+    for s in &app.schedules {
+        let what = format!(
+            "{} → {} (catch-up {})",
+            s.when.describe(),
+            s.function,
+            s.catch_up.as_str()
+        );
+        let at = format!("/aqw/schedules/{}", s.name);
+        row(&format!("schedules.{}", s.name), what, look.host(&at));
+    }
+}
+
+/// A function's own queue settings (`aqw.functions.<Name>.maxDequeueCount`,
+/// `.visibilityTimeout`, `.batchSize`, `.retry`), each shown only when set.
+fn override_rows(
+    app: &AppConfig,
+    f: &super::FunctionConfig,
+    look: &Lookup,
+    row: &mut impl FnMut(&str, String, Source),
+) {
+    let o = &f.overrides;
+    let host = |what: &str| look.host(&format!("/aqw/functions/{}/{what}", f.name));
+    let at = |what: &str| format!("functions.{}.{what}", f.name);
+    if let Some(n) = o.max_dequeue_count {
+        let note = format!("{n} (app: {})", app.max_dequeue_count);
+        row(&at("maxDequeueCount"), note, host("maxDequeueCount"));
+    }
+    if let Some(v) = o.visibility_timeout {
+        row(&at("visibilityTimeout"), secs(v), host("visibilityTimeout"));
+    }
+    if let Some(b) = o.batch_size {
+        let note = format!("{b} (aqw run; the host's batchSize under aqw serve)");
+        row(&at("batchSize"), note, host("batchSize"));
+    }
+    if let Some(r) = &o.retry {
+        let source = match host("retry") {
+            Source::Default => host("visibilityTimeout"),
+            s => s,
+        };
+        row(&at("retry"), retry(r), source);
+    }
 }
 
 /// The tables aqw keeps its keys, records and heartbeats in.

@@ -330,29 +330,53 @@ fn retry_setting(
     raw_aqw: &RawAqw,
     visibility_timeout: Duration,
 ) -> Result<RetryStrategy, ConfigError> {
+    let retry = retry_at(
+        host_file,
+        "aqw.retry",
+        raw_aqw.retry.as_ref(),
+        visibility_timeout,
+    )?;
+    Ok(retry.unwrap_or(RetryStrategy::Exponential {
+        initial_delay: Duration::from_secs(1),
+        max_delay: Duration::from_secs(300),
+    }))
+}
+
+/// A retry setting at `at` (`aqw.retry`, `aqw.functions.<Name>.retry`):
+/// `None` when absent.
+pub(super) fn retry_at(
+    host_file: &str,
+    at: &str,
+    raw: Option<&RawRetry>,
+    visibility_timeout: Duration,
+) -> Result<Option<RetryStrategy>, ConfigError> {
     let host_file = host_file.to_string();
-    let retry = match &raw_aqw.retry {
-        None => RetryStrategy::Exponential {
-            initial_delay: Duration::from_secs(1),
-            max_delay: Duration::from_secs(300),
-        },
+    let strategy = match raw {
+        None => return Ok(None),
         Some(RawRetry::Name(name)) => {
-            retry_strategy(&host_file, name, None, None, visibility_timeout)?
+            retry_strategy(&host_file, at, name, (None, None), visibility_timeout)?
         }
         Some(RawRetry::Full(o)) => {
-            let initial = opt_timespan(&host_file, "aqw.retry.initialDelay", &o.initial_delay)?;
-            let max = opt_timespan(&host_file, "aqw.retry.maxDelay", &o.max_delay)?;
-            retry_strategy(&host_file, &o.strategy, initial, max, visibility_timeout)?
+            let initial =
+                opt_timespan(&host_file, &format!("{at}.initialDelay"), &o.initial_delay)?;
+            let max = opt_timespan(&host_file, &format!("{at}.maxDelay"), &o.max_delay)?;
+            retry_strategy(
+                &host_file,
+                at,
+                &o.strategy,
+                (initial, max),
+                visibility_timeout,
+            )?
         }
     };
-    Ok(retry)
+    Ok(Some(strategy))
 }
 
 fn retry_strategy(
     file: &str,
+    at: &str,
     name: &str,
-    initial: Option<Duration>,
-    max: Option<Duration>,
+    (initial, max): (Option<Duration>, Option<Duration>),
     visibility_timeout: Duration,
 ) -> Result<RetryStrategy, ConfigError> {
     match name {
@@ -362,14 +386,14 @@ fn retry_strategy(
             if initial_delay > max_delay {
                 return Err(ConfigError::new(
                     file,
-                    "aqw.retry.initialDelay",
+                    format!("{at}.initialDelay"),
                     "must not exceed maxDelay",
                 ));
             }
             if max_delay > MAX_VISIBILITY_TIMEOUT {
                 return Err(ConfigError::new(
                     file,
-                    "aqw.retry.maxDelay",
+                    format!("{at}.maxDelay"),
                     "must be at most 7 days",
                 ));
             }
@@ -383,7 +407,7 @@ fn retry_strategy(
         }),
         other => Err(ConfigError::new(
             file,
-            "aqw.retry.strategy",
+            format!("{at}.strategy"),
             format!("\"{other}\" is not one of exponential, fixed"),
         )),
     }

@@ -264,7 +264,9 @@ pub fn fate(facts: &Facts, attempt: &AttemptResult, policy: &Policy, jitter: f64
     }
 }
 
-fn over_the_cap(dc: u32, max: u32, last_error: Option<&str>) -> WithoutRunning {
+/// The poison of a job attempted `dc` times already, past the cap of
+/// `max`: kind `crashed`, with the key's last error when known.
+pub fn over_the_cap(dc: u32, max: u32, last_error: Option<&str>) -> WithoutRunning {
     let mut reason = format!("dequeued {dc} times without completing (maxDequeueCount {max})");
     if let Some(e) = last_error {
         reason.push_str(&format!("; last error: {e}"));

@@ -86,7 +86,7 @@ impl FunctionRuntime {
         )
         .on_account(&function.connection.setting);
         Self {
-            policy: app.policy(),
+            policy: app.policy_for(&function),
             keys: KeyStore::new(storage.table(&app.keys_table)),
             heartbeats: crate::heartbeat::HeartbeatStore::new(storage.table(&app.heartbeat_table)),
             source,

@@ -30,8 +30,8 @@ pub async fn poll_loop(
     health: Arc<Health>,
 ) {
     let app = rt.app.clone();
-    let batch = app.batch_size;
-    let capacity = batch + app.new_batch_threshold;
+    let (batch, threshold) = app.batch_for(&rt.function);
+    let capacity = batch + threshold;
     let permits = Arc::new(Semaphore::new(capacity as usize));
     let mut empty_polls = 0u32;
     let mut failures = 0u32;
@@ -461,7 +461,18 @@ fn spawn_sweeper(
     rts: &[Arc<FunctionRuntime>],
     shutdown: &CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(crate::retention::sweep::run(
+    spawn_sweeper_after(app.retention.sweep.interval, app, rts, shutdown)
+}
+
+/// [`spawn_sweeper`], its first round after `first`.
+fn spawn_sweeper_after(
+    first: Duration,
+    app: &AppConfig,
+    rts: &[Arc<FunctionRuntime>],
+    shutdown: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(crate::retention::sweep::run_after(
+        first,
         crate::runtime::sweep_targets(rts),
         app.retention.clone(),
         rts.first()
@@ -469,6 +480,42 @@ fn spawn_sweeper(
             .unwrap_or_default(),
         shutdown.clone(),
     ))
+}
+
+/// How soon after start an `aqw serve` instance asks for the sweeper lease
+/// (±50 %): Flex instances may live minutes, less than a sweep interval.
+pub const SERVE_FIRST_SWEEP: Duration = Duration::from_secs(60);
+
+/// What `aqw serve` runs beside the Functions host, which polls the queues
+/// itself: the retention sweep (one per account at a time, whatever the
+/// number of instances: the sweeper lease of [`crate::retention::sweep`]),
+/// each function's heartbeat once a minute (the host polls for as long as
+/// the custom handler runs), and the renewal of fleet flow slots. The
+/// gates' watch (pause, the breaker's fleet state) is started by the
+/// caller, as for `aqw run`. Ends at `shutdown`.
+pub async fn serve_maintenance(
+    app: &AppConfig,
+    rts: &[Arc<FunctionRuntime>],
+    shutdown: CancellationToken,
+) {
+    // Soon after start (jittered, so instances started together do not ask
+    // at once), never later than `aqw run` would.
+    let soon = SERVE_FIRST_SWEEP.mul_f64(rand::thread_rng().gen_range(0.5..1.5));
+    let first = soon.min(app.retention.sweep.interval);
+    let sweeper = spawn_sweeper_after(first, app, rts, &shutdown);
+    let flows_stop = shutdown.child_token();
+    for flow in rts.iter().filter_map(|rt| rt.flow.clone()) {
+        tokio::spawn(flow.renew(flows_stop.clone()));
+    }
+    let mut tick = tokio::time::interval(crate::heartbeat::HEARTBEAT_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => rts.iter().for_each(spawn_heartbeat),
+            _ = shutdown.cancelled() => break,
+        }
+    }
+    let _ = sweeper.await;
 }
 
 /// Let in-flight jobs finish within `shutdown_timeout`, then interrupt and

@@ -54,6 +54,25 @@ pub struct FunctionConfig {
     pub limits: crate::flow::FlowLimits,
     /// What the expiry guard does with a held message about to expire.
     pub expiry: Expiry,
+    /// Per-function overrides of the queue settings; unset: the app's.
+    pub overrides: QueueOverrides,
+}
+
+/// The queue settings one function may set for itself
+/// (`aqw.functions.<Name>.maxDequeueCount`, `.visibilityTimeout`,
+/// `.batchSize`, `.retry`); `None` keeps the app's (`extensions.queues`,
+/// `aqw.retry`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QueueOverrides {
+    /// The function's cap on attempts.
+    pub max_dequeue_count: Option<u32>,
+    /// The function's `visibilityTimeout` (the `fixed` retry's delay; shown
+    /// as set, already folded into `retry`).
+    pub visibility_timeout: Option<Duration>,
+    /// Messages received at once for this function (`aqw run`).
+    pub batch_size: Option<u32>,
+    /// The function's retry strategy, resolved with its visibility timeout.
+    pub retry: Option<RetryStrategy>,
 }
 
 /// What the expiry guard ([`crate::worker::rescue_expiring`]) does with a
@@ -92,6 +111,7 @@ impl FunctionConfig {
             redact: crate::redact::Redaction::default(),
             limits: crate::flow::FlowLimits::default(),
             expiry: Expiry::Rescue,
+            overrides: QueueOverrides::default(),
         }
     }
 
@@ -167,6 +187,11 @@ pub struct AppConfig {
     pub max_deferral: Duration,
     /// `aqw.retention`: what the purge commands and the sweep may delete.
     pub retention: Retention,
+    /// `concurrency.dynamicConcurrencyEnabled` in host.json. The Functions
+    /// host applies it to its own queue listener (`aqw serve`); `aqw run`
+    /// does not adapt its concurrency and says so at start-up, keeping
+    /// `batchSize` and `newBatchThreshold`.
+    pub dynamic_concurrency: bool,
     /// The functions aqw runs.
     pub functions: Vec<FunctionConfig>,
     /// Function folders aqw does not run: disabled, or not a queue trigger.
@@ -227,6 +252,7 @@ impl AppConfig {
             shutdown_timeout: Duration::from_secs(25),
             max_deferral: crate::decide::DEFAULT_MAX_DEFERRAL,
             retention: Retention::default(),
+            dynamic_concurrency: false,
             functions: vec![],
             skipped: vec![],
             schedules: vec![],
@@ -242,6 +268,32 @@ impl AppConfig {
             timeout: self.function_timeout,
             host_poisons_failed_last_attempt: false,
             max_deferral: self.max_deferral,
+        }
+    }
+
+    /// [`policy`](Self::policy) with `function`'s overrides
+    /// ([`QueueOverrides`]): its cap and its retry strategy.
+    pub fn policy_for(&self, function: &FunctionConfig) -> crate::decide::Policy {
+        let o = &function.overrides;
+        crate::decide::Policy {
+            max_dequeue_count: o.max_dequeue_count.unwrap_or(self.max_dequeue_count),
+            retry: o.retry.unwrap_or(self.retry),
+            ..self.policy()
+        }
+    }
+
+    /// `function`'s batch size and new-batch threshold under `aqw run`: the
+    /// app's, or its own `batchSize` with the Functions default threshold
+    /// for it (half the batch per core).
+    pub fn batch_for(&self, function: &FunctionConfig) -> (u32, u32) {
+        match function.overrides.batch_size {
+            None => (self.batch_size, self.new_batch_threshold),
+            Some(b) => {
+                let cores = std::thread::available_parallelism()
+                    .map(|n| n.get() as u32)
+                    .unwrap_or(1);
+                (b, (b / 2) * cores)
+            }
         }
     }
 

@@ -193,6 +193,9 @@ pub struct KeyRecord {
     pub cancel_reason: Option<String>,
     /// The last [`HISTORY_LEN`] attempts, oldest first.
     pub history: Vec<Attempt>,
+    /// Attempts spent by earlier queue copies of the job (`aqw serve`'s
+    /// retry with backoff; see `ClaimedKey::carried_attempts`).
+    pub carried_attempts: u32,
     /// The record's PartitionKey.
     pub partition_key: String,
     /// The record's RowKey (hex SHA-256 of the key).
@@ -225,6 +228,7 @@ impl KeyRecord {
             cancelled_at: s("CancelledAt"),
             cancel_reason: s("CancelReason"),
             history: parse_history(e.get("History").and_then(Value::as_str)),
+            carried_attempts: n("CarriedAttempts"),
             partition_key: pk.to_string(),
             row_key: rk.to_string(),
         }

@@ -44,6 +44,12 @@ pub struct ClaimedKey {
     pub dequeue_count: u32,
     /// The attempts before this one, oldest first.
     pub history: Vec<Attempt>,
+    /// Attempts that earlier queue copies of the job spent before `aqw
+    /// serve` put the job back as a fresh copy with its retry delay (the
+    /// `CarriedAttempts` column; a fresh copy starts at DequeueCount 1, so
+    /// the key keeps the count). 0 on a key taken over from `poisoned`: a
+    /// replay starts a new attempt budget.
+    pub carried_attempts: u32,
 }
 
 /// One claim's inputs, shared by its insert and take-over paths.
@@ -103,6 +109,7 @@ impl ClaimRequest<'_> {
             message_id: self.message_id.into(),
             dequeue_count: self.dequeue_count,
             history,
+            carried_attempts: 0,
         }
     }
 }
@@ -298,6 +305,7 @@ impl KeyStore {
             let (attempts, first, history) = (rec.attempts, rec.first_seen, rec.history);
             let mut c = req.claimed(etag, rec.provider_key, attempts, first, history);
             c.previously_pending = attempts > 1;
+            c.carried_attempts = rec.carried_attempts;
             return Ok(Some(NextAction::Run(c)));
         }
         if let Some(until) = rec.lease_live(req.now) {
@@ -325,6 +333,15 @@ impl KeyStore {
             history = parse_history(Some(&text));
             update.insert("History".into(), json!(text));
         }
+        // A poisoned key taken over is a replay (or a new job with its key):
+        // it starts a new attempt budget.
+        let carried = match rec.status {
+            KeyStatus::Poisoned => 0,
+            _ => rec.carried_attempts,
+        };
+        if carried != rec.carried_attempts {
+            update.insert("CarriedAttempts".into(), json!(0));
+        }
         update.insert("Status".into(), json!("pending"));
         update.insert("Attempts".into(), json!(attempts));
         update.insert("LeaseOwner".into(), json!(req.owner));
@@ -335,6 +352,7 @@ impl KeyStore {
             Ok(etag) => {
                 let mut c = req.claimed(etag, rec.provider_key, attempts, rec.first_seen, history);
                 c.previously_pending = true;
+                c.carried_attempts = carried;
                 Ok(Some(c))
             }
             Err(StorageError::PreconditionFailed) | Err(StorageError::NotFound) => Ok(None),
@@ -436,7 +454,34 @@ impl KeyStore {
         error: &str,
         uncertain: bool,
     ) -> Result<(), FinishError> {
+        self.record_failure_with(claim, outcome, error, uncertain, Entity::new())
+            .await
+    }
+
+    /// [`record_failure`](Self::record_failure) of an attempt whose job goes
+    /// on as a fresh queue copy (`aqw serve`'s retry with backoff): the key
+    /// keeps `carried`, the attempts spent so far, for the copy to count on.
+    pub async fn record_failure_carried(
+        &self,
+        claim: &ClaimedKey,
+        error: &str,
+        uncertain: bool,
+        carried: u32,
+    ) -> Result<(), FinishError> {
         let mut update = Entity::new();
+        update.insert("CarriedAttempts".into(), json!(carried));
+        self.record_failure_with(claim, "retried", error, uncertain, update)
+            .await
+    }
+
+    async fn record_failure_with(
+        &self,
+        claim: &ClaimedKey,
+        outcome: &str,
+        error: &str,
+        uncertain: bool,
+        mut update: Entity,
+    ) -> Result<(), FinishError> {
         update.insert("LastError".into(), json!(cap_error(error)));
         update.insert("LeaseUntil".into(), json!(""));
         update.insert(

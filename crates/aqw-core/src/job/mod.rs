@@ -52,7 +52,7 @@ pub async fn process(
     // carries the last error for the over-the-cap case.
     let decoded = decode(&msg.text, rt.app.message_encoding).map_err(|e| e.to_string());
     let (key, key_error) = key_of(&rt.function.key, &decoded);
-    let facts = Facts {
+    let mut facts = Facts {
         dequeue_count: msg.dequeue_count,
         payload: decoded.as_deref().map_err(String::as_str),
         key_error: key_error.as_deref(),
@@ -68,25 +68,20 @@ pub async fn process(
         claim: None,
         first_attempt: None,
         trace,
+        attempt: None,
     };
     // Held until the job settles: its slot under the per-key limit.
     let _key_slot = match admit(rt, settle, &decoded).await {
         Ok(slot) => slot,
         Err(after) => return ctx.park(after).await,
     };
-    // Over the cap, the key's record decides first (see `decide`).
-    let over_cap_record = match &key {
-        Some(k) if msg.dequeue_count > policy.max_dequeue_count => {
-            rt.keys.get(&rt.function.name, k).await.ok().flatten()
-        }
-        _ => None,
-    };
+    let over_cap_record = over_cap_record(rt, key.as_ref(), msg, &policy).await;
     let mut state = initial_key_state(&mut ctx, &policy, over_cap_record.as_ref());
     // A claim finds the key claimed, settled or held, never unclaimed: the
     // second answer is a run or a settlement.
     let payload = loop {
         match next_step(&facts, &state, &policy) {
-            NextStep::Claim => match claim(&mut ctx, &policy).await {
+            NextStep::Claim => match claim_counted(&mut ctx, &mut facts, &policy).await {
                 Ok(claimed) => state = claimed,
                 Err(outcome) => return outcome,
             },
@@ -96,6 +91,44 @@ pub async fn process(
     };
     failpoint::hit("claim.after");
     run_and_settle(&mut ctx, payload.to_string(), &facts, &policy, hard_stop).await
+}
+
+/// [`claim`], then the attempt counted as the key counts it
+/// ([`count_carried`]); the outcome when the job settles here.
+async fn claim_counted(
+    ctx: &mut Settling<'_>,
+    facts: &mut Facts<'_>,
+    policy: &Policy,
+) -> Result<KeyState<'static>, Outcome> {
+    let state = claim(ctx, policy).await?;
+    match count_carried(ctx, facts, policy) {
+        Some(over) => Err(ctx.without_running(over).await),
+        None => Ok(state),
+    }
+}
+
+/// In `aqw serve` a keyed job's retry is a fresh copy (DequeueCount 1
+/// again), so its attempt number is the key's: the attempts its earlier
+/// copies spent plus this copy's DequeueCount. That number replaces the
+/// DequeueCount in the facts, the key's history and the poison record;
+/// past the cap (a copy the host redelivered after a crash or a non-2xx
+/// answer), the job is poisoned without running, with the key's last error.
+fn count_carried(
+    ctx: &mut Settling<'_>,
+    facts: &mut Facts<'_>,
+    policy: &Policy,
+) -> Option<crate::decide::WithoutRunning> {
+    if !ctx.settle.parks_retries() {
+        return None;
+    }
+    let c = ctx.claim.as_mut()?;
+    let n = c.carried_attempts.saturating_add(c.dequeue_count);
+    c.dequeue_count = n;
+    facts.dequeue_count = n;
+    ctx.attempt = Some(n);
+    let last_error = c.history.last().and_then(|a| a.error.as_deref());
+    (n > policy.max_dequeue_count)
+        .then(|| crate::decide::over_the_cap(n, policy.max_dequeue_count, last_error))
 }
 
 /// Whether the job may run now: how long to park it (a fresh copy, which
@@ -119,6 +152,21 @@ async fn admit(
             let jitter = rand::thread_rng().gen_range(0.5..1.5);
             Err(after.mul_f64(jitter))
         }
+    }
+}
+
+/// Over the cap, the key's record decides first (see `decide`): read it.
+async fn over_cap_record(
+    rt: &FunctionRuntime,
+    key: Option<&IdempotencyKey>,
+    msg: &ReceivedMessage,
+    policy: &Policy,
+) -> Option<KeyRecord> {
+    match key {
+        Some(k) if msg.dequeue_count > policy.max_dequeue_count => {
+            rt.keys.get(&rt.function.name, k).await.ok().flatten()
+        }
+        _ => None,
     }
 }
 

@@ -23,6 +23,14 @@ pub enum Outcome {
         /// How long the message stays invisible.
         after: Duration,
     },
+    /// Retryable failure below the cap in `aqw serve`: a fresh copy visible
+    /// after `after` replaced the message, and the key carries the attempts
+    /// spent (the Functions host would retry after its fixed
+    /// `visibilityTimeout` otherwise).
+    RetriedAsCopy {
+        /// When the fresh copy becomes visible.
+        after: Duration,
+    },
     /// Copied to `<queue>-poison` with its record, then deleted.
     Poisoned {
         /// The error the record and envelope carry.
@@ -51,7 +59,7 @@ impl Outcome {
             Outcome::Completed => "completed",
             Outcome::Duplicate => "duplicate",
             Outcome::Deferred { .. } => "deferred",
-            Outcome::Retried { .. } => "retried",
+            Outcome::Retried { .. } | Outcome::RetriedAsCopy { .. } => "retried",
             Outcome::Poisoned { .. } => "poisoned",
             Outcome::Released => "released",
             Outcome::Abandoned { .. } => "abandoned",
@@ -59,6 +67,9 @@ impl Outcome {
         }
     }
 }
+
+/// The error a retried attempt's span carries.
+const RETRY_NOTE: &str = "attempt failed; will retry";
 
 /// Count and log one outcome: the same counters and the same one line per
 /// attempt (`aqw.job.<outcome>`, with `outcome`, `duration_ms`, `trace_id`
@@ -72,7 +83,7 @@ pub fn record_outcome(function: &str, outcome: &Outcome, elapsed: Duration, trac
     let error = match outcome {
         Outcome::Poisoned { reason } => Some(crate::scrub::scrub(reason)),
         Outcome::Abandoned { error } => Some(crate::scrub::scrub(error)),
-        Outcome::Retried { .. } => Some("attempt failed; will retry".to_string()),
+        Outcome::Retried { .. } | Outcome::RetriedAsCopy { .. } => Some(RETRY_NOTE.into()),
         _ => None,
     };
     crate::traces::finish_job(
@@ -95,7 +106,7 @@ pub fn record_outcome(function: &str, outcome: &Outcome, elapsed: Duration, trac
         ),
         Outcome::Deferred { until } => line!(info, "aqw.job.deferred",
             "key held by a live lease (another attempt is running); looking again shortly", lease_until = %until),
-        Outcome::Retried { after } => line!(
+        Outcome::Retried { after } | Outcome::RetriedAsCopy { after } => line!(
             info,
             "aqw.job.retried",
             "attempt failed; will retry",

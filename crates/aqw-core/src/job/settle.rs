@@ -40,6 +40,14 @@ pub trait Settle: Send + Sync {
     fn delivers_while_paused(&self) -> bool {
         false
     }
+    /// True when a retry cannot be delayed on the message itself (the
+    /// Functions host in `aqw serve` makes a failed message visible again
+    /// after its fixed `visibilityTimeout`): a keyed job's retry is then a
+    /// fresh copy visible after the retry delay, and its key counts the
+    /// attempts ([`super::process`]).
+    fn parks_retries(&self) -> bool {
+        false
+    }
 }
 
 /// Settles a message this worker received from the queue.
@@ -102,6 +110,10 @@ pub(super) struct Settling<'a> {
     pub(super) claim: Option<ClaimedKey>,
     pub(super) first_attempt: Option<String>,
     pub(super) trace: &'a JobTrace,
+    /// The job's attempt number when it is not the message's DequeueCount
+    /// (a retried copy in `aqw serve`: the key's carried attempts + the
+    /// copy's DequeueCount); the poison record says this number.
+    pub(super) attempt: Option<u32>,
 }
 
 impl Settling<'_> {
@@ -280,6 +292,9 @@ impl Settling<'_> {
     /// message until `after` (or, while the breaker is open, park it).
     async fn retry(&self, after: Duration, message: &str, uncertain: bool) -> Outcome {
         let rt = self.rt;
+        if let (true, Some(c), None) = (self.settle.parks_retries(), &self.claim, rt.gate.holds()) {
+            return self.retry_as_copy(c, after, message, uncertain).await;
+        }
         if let Some(c) = &self.claim {
             if let Err(FinishError::Storage(e)) =
                 rt.keys.record_failure(c, message, uncertain).await
@@ -295,6 +310,47 @@ impl Settling<'_> {
         let retry = self.settle.retry_after(after);
         match crate::traces::in_step(settle_span("retry"), retry).await {
             Ok(()) => Outcome::Retried { after },
+            Err(e) => abandoned(e),
+        }
+    }
+
+    /// A failed attempt below the cap whose settler cannot delay the
+    /// message (`aqw serve`): a fresh copy visible after `after`, then the
+    /// failure and the attempts spent so far on the key, then the message
+    /// deleted (the host deletes it on the 200). A failed put falls back to
+    /// the host's own retry (the key counts it through the DequeueCount).
+    /// A crash after the put leaves two copies, and the key makes one a
+    /// duplicate once the other settles: before the key's update, the copy
+    /// counts this attempt less (the host's redelivery of the original
+    /// counts it); after it, the original counts it twice.
+    async fn retry_as_copy(
+        &self,
+        c: &ClaimedKey,
+        after: Duration,
+        message: &str,
+        uncertain: bool,
+    ) -> Outcome {
+        let rt = self.rt;
+        let span = settle_span("retry");
+        let put = rt.source.put(&self.msg.text, after, Ttl::Default);
+        if let Err(e) = crate::traces::in_step(span.clone(), put).await {
+            warn!(event = "aqw.job.retry", error = %crate::scrub::scrub(message), put_error = %crate::scrub::scrub(&e.to_string()), "attempt failed; could not put the retry copy, so the host retries after its visibilityTimeout");
+            return match rt.keys.record_failure(c, message, uncertain).await {
+                Err(FinishError::Storage(e)) => abandoned(e),
+                _ => Outcome::Retried { after },
+            };
+        }
+        let carried = rt
+            .keys
+            .record_failure_carried(c, message, uncertain, c.dequeue_count)
+            .await;
+        if let Err(FinishError::Storage(e)) = carried {
+            return abandoned(e);
+        }
+        warn!(event = "aqw.job.retry", error = %crate::scrub::scrub(message), retry_in_s = after.as_secs_f64(), attempt = c.dequeue_count, "attempt failed; will retry as a fresh copy");
+        metrics::counter!("aqw_retries_total", "function" => rt.function.name.clone()).increment(1);
+        match crate::traces::in_step(span, self.settle.delete()).await {
+            Ok(()) => Outcome::RetriedAsCopy { after },
             Err(e) => abandoned(e),
         }
     }
@@ -339,10 +395,21 @@ impl Settling<'_> {
             c.history.iter().filter(|a| a.may_have_taken_effect).count()
         }) as u32
             + u32::from(uncertain);
+        let counted;
+        let msg = match self.attempt {
+            Some(n) => {
+                counted = ReceivedMessage {
+                    dequeue_count: n,
+                    ..self.msg.clone()
+                };
+                &counted
+            }
+            None => self.msg,
+        };
         if let Err(e) = rt
             .poison
             .write_counted(
-                self.msg,
+                msg,
                 self.key,
                 &info,
                 first_attempt_at,

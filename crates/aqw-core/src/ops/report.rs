@@ -370,6 +370,7 @@ mod tests {
             first_seen: None,
             completed_at: None,
             replay_count: 0,
+            carried_attempts: 0,
             cancelled_by: None,
             cancelled_at: None,
             cancel_reason: None,

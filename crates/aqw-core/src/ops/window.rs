@@ -164,6 +164,7 @@ mod tests {
             cancelled_at: None,
             cancel_reason: None,
             history: vec![],
+            carried_attempts: 0,
             partition_key: String::new(),
             row_key: String::new(),
         }

@@ -190,15 +190,32 @@ pub async fn run(
     owner: String,
     shutdown: CancellationToken,
 ) {
+    // Wait first: a deploy restarting every worker starts no sweep storm,
+    // and a short-lived `aqw run` never sweeps.
+    let first = retention.sweep.interval;
+    run_after(first, targets, retention, owner, shutdown).await
+}
+
+/// [`run`], the first round after `first` instead of a whole interval:
+/// `aqw serve` on a plan that scales to zero (Flex) may run no instance
+/// for an interval, so each asks for the lease soon after it starts; a
+/// round finished less than an interval ago still holds it, so this costs
+/// one read of the lease row per start.
+pub async fn run_after(
+    mut first: Duration,
+    targets: Vec<SweepTarget>,
+    retention: Retention,
+    owner: String,
+    shutdown: CancellationToken,
+) {
     if !retention.sweep.enabled || (retention.keys.is_none() && retention.closed_records.is_none())
     {
         return;
     }
     loop {
-        // Wait first: a deploy restarting every worker starts no sweep storm,
-        // and a short-lived `aqw run` never sweeps.
+        let wait = std::mem::replace(&mut first, retention.sweep.interval);
         tokio::select! {
-            _ = tokio::time::sleep(retention.sweep.interval) => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = shutdown.cancelled() => return,
         }
         for t in &targets {

@@ -154,3 +154,48 @@ async fn a_replay_after_the_job_ran_closes_the_record_without_a_reput() {
     assert_eq!(records[0].status, RecordStatus::Replayed);
     assert_eq!(env.poison_depth().await, 0);
 }
+
+/// `aqw serve`'s attempt budget lives on the key (`CarriedAttempts`): a
+/// claim sees what the failed copies spent, and a claim of a poisoned key
+/// (a replay) starts a new budget.
+#[tokio::test(start_paused = true)]
+async fn the_carried_attempts_survive_a_claim_and_a_replay_resets_them() {
+    use aqw_core::idempotency::{IdempotencyKey, KeyStore, NextAction};
+    use aqw_core::storage::Storage;
+    let env = Env::new(|_, _| Behave::Succeed);
+    let table = env.storage.table(&env.keys_table);
+    table.create_if_missing().await.unwrap();
+    let keys = KeyStore::new(table);
+    let key = IdempotencyKey::new("job:carried").unwrap();
+    let lease = minutes(1);
+    let claim = |owner: &'static str| {
+        let (keys, key) = (&keys, &key);
+        async move {
+            match keys
+                .claim_attempt("F", key, owner, lease, "m", 1)
+                .await
+                .unwrap()
+            {
+                NextAction::Run(c) => c,
+                other => panic!("not claimed: {other:?}"),
+            }
+        }
+    };
+    let first = claim("w/m/1").await;
+    assert_eq!(first.carried_attempts, 0);
+    keys.record_failure_carried(&first, "HTTP 503", false, 2)
+        .await
+        .unwrap();
+    let second = claim("w/m/2").await;
+    assert_eq!(second.carried_attempts, 2, "the copy counts on");
+    keys.mark_poisoned(&second, "HTTP 503", false)
+        .await
+        .unwrap();
+    let replayed = claim("w/m/3").await;
+    assert_eq!(replayed.carried_attempts, 0, "a replay starts a new budget");
+    // Written back, not only reported: the next claim sees 0 too.
+    keys.record_failure(&replayed, "HTTP 503", false)
+        .await
+        .unwrap();
+    assert_eq!(claim("w/m/4").await.carried_attempts, 0);
+}

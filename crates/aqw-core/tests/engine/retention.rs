@@ -268,3 +268,76 @@ async fn a_purge_crashed_between_batches_is_finished_by_the_next() {
         assert!(env.key(&j.key).await.is_none(), "{} purged", j.key);
     }
 }
+
+/// `aqw serve`'s maintenance on 8 replicas at once (a Flex app scaled out):
+/// the sweeper lease lets one replica sweep the account per interval. Each
+/// finished round leaves the lease until the next one, so two rounds'
+/// `Until` are at least an interval apart; at least one round runs per
+/// interval (plus the time a lease taker needs), whoever sweeps.
+#[tokio::test(start_paused = true)]
+async fn eight_serve_replicas_sweep_the_account_once_per_interval() {
+    let env = Env::new(|_, _| Behave::Succeed);
+    let interval = minutes(10);
+    let replicas: Vec<_> = (0..8)
+        .map(|_| {
+            env.builder()
+                .configure(|app| app.retention.sweep.interval = interval)
+                .build()
+                .expect("valid settings")
+        })
+        .collect();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut tasks = vec![];
+    for w in &replicas {
+        let (app, rts) = (w.config().clone(), w.runtimes().to_vec());
+        assert!(aqw_core::runtime::ensure_resources(&rts, &stop).await);
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            aqw_core::worker::serve_maintenance(&app, &rts, stop).await
+        }));
+    }
+    let keys = env.storage.table(&env.keys_table);
+    let (mut rounds, mut owners) = (
+        Vec::<OffsetDateTime>::new(),
+        std::collections::BTreeSet::new(),
+    );
+    let rounds_wanted = 12;
+    let end = tokio::time::Instant::now() + interval * (rounds_wanted + 2);
+    while tokio::time::Instant::now() < end {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let Some((row, _)) = keys.get(LEASE_PARTITION, LEASE_ROW).await.unwrap() else {
+            continue;
+        };
+        let until = row["Until"]
+            .as_str()
+            .and_then(|u| OffsetDateTime::parse(u, &Rfc3339).ok());
+        let Some(until) = until else { continue };
+        // A finished round holds the lease for the interval; a sweep in
+        // progress holds it for `lease` only.
+        if until - env.storage.now() > interval / 2 && rounds.last() != Some(&until) {
+            rounds.push(until);
+            owners.insert(row["Owner"].as_str().unwrap_or_default().to_string());
+        }
+    }
+    stop.cancel();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    for pair in rounds.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= interval,
+            "two sweeps within one interval: {rounds:?}"
+        );
+    }
+    assert!(
+        rounds.len() as u32 >= rounds_wanted - 1,
+        "{} rounds: {rounds:?}",
+        rounds.len()
+    );
+    println!(
+        "{} sweep rounds by {} of 8 replicas in {} intervals",
+        rounds.len(),
+        owners.len(),
+        rounds_wanted + 2
+    );
+}
