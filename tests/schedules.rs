@@ -2,7 +2,8 @@
 //! `aqw run` processes over ten ticks of a 2-second schedule give one
 //! effect per tick, none missing and none doubled; `aqw status` shows the
 //! next tick and the last one's outcome; a schedule whose function's key
-//! does not carry the tick is refused at start-up, naming the setting. The
+//! does not carry the tick is refused at start-up, naming the setting; two
+//! `aqw serve` instances put each tick once. The
 //! catch-up policy and a crashed claimer are proved on simulated time
 //! (crates/aqw-core/tests/engine/schedules.rs).
 
@@ -101,5 +102,52 @@ async fn a_key_without_the_tick_is_refused_naming_the_setting() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("aqw.schedules.Tick.function"), "{err}");
     assert!(err.contains("{/schedule}:{/tick}"), "{err}");
+    app.cleanup().await;
+}
+
+/// Under `aqw serve` (two in-process instances, as Flex may start, no `aqw
+/// run` anywhere) the ticks still reach the queue, each once: the Functions
+/// host would then deliver them like any message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_instances_put_each_tick_once() {
+    let sink = Sink::start().await;
+    let app = scheduled_app(&sink, "{/schedule}:{/tick}");
+    let instances: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = tokio_util::sync::CancellationToken::new();
+            let registry = aqw::Registry::new()
+                .register("Job", Scripted::new(|_, _| Ok(aqw::Success::done())));
+            let task = tokio::spawn(aqw::serve::serve(
+                app.config.clone(),
+                registry,
+                free_port(),
+                stop.clone(),
+            ));
+            (stop, task)
+        })
+        .collect();
+    let ticks = eventually(
+        "three ticks on the queue",
+        Duration::from_secs(60),
+        || async {
+            let peeked = app.source().peek(32).await.ok()?;
+            let ticks: Vec<String> = peeked
+                .iter()
+                .map(|m| {
+                    let text = aqw::message::decode(&m.text, app.config.message_encoding).unwrap();
+                    let job: serde_json::Value = serde_json::from_str(&text).unwrap();
+                    job["tick"].as_str().unwrap_or_default().to_string()
+                })
+                .collect();
+            (ticks.len() >= 3).then_some(ticks)
+        },
+    )
+    .await;
+    for (stop, task) in instances {
+        stop.cancel();
+        task.await.unwrap().unwrap();
+    }
+    let distinct: HashSet<&String> = ticks.iter().collect();
+    assert_eq!(distinct.len(), ticks.len(), "each tick put once: {ticks:?}");
     app.cleanup().await;
 }

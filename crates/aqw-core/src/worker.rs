@@ -490,7 +490,8 @@ pub const SERVE_FIRST_SWEEP: Duration = Duration::from_secs(60);
 /// itself: the retention sweep (one per account at a time, whatever the
 /// number of instances: the sweeper lease of [`crate::retention::sweep`]),
 /// each function's heartbeat once a minute (the host polls for as long as
-/// the custom handler runs), and the renewal of fleet flow slots. The
+/// the custom handler runs), the renewal of fleet flow slots, and the
+/// schedules ([`crate::schedule`]: a tick claimed once by the fleet). The
 /// gates' watch (pause, the breaker's fleet state) is started by the
 /// caller, as for `aqw run`. Ends at `shutdown`.
 pub async fn serve_maintenance(
@@ -503,6 +504,7 @@ pub async fn serve_maintenance(
     let soon = SERVE_FIRST_SWEEP.mul_f64(rand::thread_rng().gen_range(0.5..1.5));
     let first = soon.min(app.retention.sweep.interval);
     let sweeper = spawn_sweeper_after(first, app, rts, &shutdown);
+    crate::schedule::spawn(app, rts, &shutdown);
     let flows_stop = shutdown.child_token();
     for flow in rts.iter().filter_map(|rt| rt.flow.clone()) {
         tokio::spawn(flow.renew(flows_stop.clone()));
