@@ -173,3 +173,54 @@ async fn a_claim_left_by_a_crashed_replica_is_put_again_and_runs_once() {
     let (row, _) = control.get(PARTITION, &name).await.unwrap().unwrap();
     assert_eq!(row["pending"], "", "the claim was cleared");
 }
+
+/// The fleet: 50 replicas over 30 ticks of a one-minute schedule. Each tick
+/// runs once, and what the schedule adds to the fleet's storage requests is
+/// measured against the same fleet with no schedule: about one read per
+/// replica per tick, plus the winner's claim, put and the job itself.
+#[tokio::test(start_paused = true)]
+async fn fifty_replicas_run_each_tick_once_at_one_read_per_replica_per_tick() {
+    const REPLICAS: usize = 50;
+    const TICKS: u32 = 30;
+    async fn fleet(schedule: Option<&Schedule>, env: &Env) -> u64 {
+        align().await;
+        let before = env.storage.total_requests();
+        let workers: Vec<Running> = (0..REPLICAS)
+            .map(|_| match schedule {
+                Some(s) => start_worker(scheduled(env, s)),
+                None => start_worker(env.builder_on(Arc::new(env.storage.clone()), |f| {
+                    f.key = KeySpec::Template(KeyTemplate::parse("{/schedule}:{/tick}").unwrap());
+                })),
+            })
+            .collect();
+        tokio::time::sleep(TICKS * MINUTE - Duration::from_secs(30)).await;
+        env.drained(MINUTE).await;
+        let used = env.storage.total_requests() - before;
+        for w in workers {
+            w.stop().await;
+        }
+        used
+    }
+    let idle = Env::new(|_, _| Behave::Succeed);
+    let without = fleet(None, &idle).await;
+    let env = Env::new(|_, _| Behave::Succeed);
+    let name = format!("s{}", env.id);
+    let s = every_minute(&name, &env.function, CatchUp::Latest);
+    let with = fleet(Some(&s), &env).await;
+    let effects = env.provider.effects();
+    assert_eq!(
+        effects.len(),
+        TICKS as usize - 1,
+        "each tick in the window ran: {effects:?}"
+    );
+    assert!(effects.values().all(|n| *n == 1), "once each");
+    let per_tick = with.saturating_sub(without) as f64 / f64::from(TICKS - 1);
+    println!(
+        "{REPLICAS} replicas, {} ticks: {with} requests with the schedule, {without} without: {per_tick:.1} more per tick",
+        TICKS - 1
+    );
+    assert!(
+        per_tick <= 2.0 * REPLICAS as f64 + 20.0,
+        "a tick costs about one read per replica: {per_tick:.1}"
+    );
+}
