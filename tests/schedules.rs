@@ -112,20 +112,7 @@ async fn a_key_without_the_tick_is_refused_naming_the_setting() {
 async fn serve_instances_put_each_tick_once() {
     let sink = Sink::start().await;
     let app = scheduled_app(&sink, "{/schedule}:{/tick}");
-    let instances: Vec<_> = (0..2)
-        .map(|_| {
-            let stop = tokio_util::sync::CancellationToken::new();
-            let registry = aqw::Registry::new()
-                .register("Job", Scripted::new(|_, _| Ok(aqw::Success::done())));
-            let task = tokio::spawn(aqw::serve::serve(
-                app.config.clone(),
-                registry,
-                free_port(),
-                stop.clone(),
-            ));
-            (stop, task)
-        })
-        .collect();
+    let instances = start_serve_instances(&app, 2);
     let ticks = eventually(
         "three ticks on the queue",
         Duration::from_secs(60),
@@ -143,10 +130,7 @@ async fn serve_instances_put_each_tick_once() {
         },
     )
     .await;
-    for (stop, task) in instances {
-        stop.cancel();
-        task.await.unwrap().unwrap();
-    }
+    stop_serve_instances(instances).await;
     let distinct: HashSet<&String> = ticks.iter().collect();
     assert_eq!(distinct.len(), ticks.len(), "each tick put once: {ticks:?}");
     app.cleanup().await;

@@ -227,20 +227,7 @@ async fn the_sweep_and_heartbeats_run_under_a_serve_only_app() {
         .await
         .unwrap();
     // Two instances, as Flex may start: no `aqw run` anywhere.
-    let instances: Vec<_> = (0..2)
-        .map(|_| {
-            let stop = tokio_util::sync::CancellationToken::new();
-            let registry = aqw::Registry::new()
-                .register("Job", Scripted::new(|_, _| Ok(aqw::Success::done())));
-            let task = tokio::spawn(aqw::serve::serve(
-                app.config.clone(),
-                registry,
-                free_port(),
-                stop.clone(),
-            ));
-            (stop, task)
-        })
-        .collect();
+    let instances = start_serve_instances(&app, 2);
     let table = app.keys().table().clone();
     let left = eventually("the done keys swept", Duration::from_secs(60), || async {
         let rows = table.query(None).await.ok()?;
@@ -268,10 +255,7 @@ async fn the_sweep_and_heartbeats_run_under_a_serve_only_app() {
     )
     .await;
     assert_eq!(polls.len(), 2, "{polls:?}");
-    for (stop, task) in instances {
-        stop.cancel();
-        task.await.unwrap().unwrap();
-    }
+    stop_serve_instances(instances).await;
     app.cleanup().await;
 }
 

@@ -205,14 +205,7 @@ fn print_record_list(records: &[PoisonRecord]) {
             r.error.kind.as_str(),
             r.key.as_deref().unwrap_or("-"),
         );
-        let mut lines = r.error.message.lines();
-        let first = lines.next().unwrap_or("");
-        let more = lines.count();
-        let tail = if more > 0 {
-            format!("  (+{more} more line(s): aqw poison show)")
-        } else {
-            String::new()
-        };
+        let (first, tail) = first_line(&r.error.message);
         outln!("{:<id_w$}  {first}{tail}", "");
         if r.uncertain_attempts > 0 && r.status == aqw::poison::RecordStatus::Open {
             outln!(
@@ -660,4 +653,18 @@ pub fn config_show(settings: &[Setting], output: Output) {
     for s in settings {
         outln!("{:<w$}  {}  ({})", s.name, s.value, s.source.as_str());
     }
+}
+
+/// An error's first line, and a note naming how many lines follow it
+/// (empty when none): `list` and `report` show one line per error.
+pub fn first_line(text: &str) -> (&str, String) {
+    let mut lines = text.lines();
+    let first = lines.next().unwrap_or("");
+    let more = lines.count();
+    let tail = if more > 0 {
+        format!("  (+{more} more line(s): aqw poison show)")
+    } else {
+        String::new()
+    };
+    (first, tail)
 }

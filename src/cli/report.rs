@@ -4,7 +4,7 @@
 use super::args::Output;
 use super::commands::{parse_time, queue_ops};
 use super::exit::{Exit, Failure};
-use super::render::print_json;
+use super::render::{first_line, print_json};
 use aqw::config::AppConfig;
 use aqw::ops::{IncidentReport, KeyOutcome, ReportRow};
 use aqw_core::scrub::one_line;
@@ -111,14 +111,7 @@ fn print_text(report: &IncidentReport) {
 /// Beneath a row: what happened, why, the uncertain attempt's provider
 /// key, and the key a fix created.
 fn print_details(r: &ReportRow, indent: &str) {
-    let mut lines = r.error.lines();
-    let first = lines.next().unwrap_or("");
-    let more = lines.count();
-    let tail = if more > 0 {
-        format!("  (+{more} more line(s): aqw poison show)")
-    } else {
-        String::new()
-    };
+    let (first, tail) = first_line(&r.error);
     outln!(
         "{indent}happened:  {}: {}{tail}",
         r.error_kind,

@@ -454,3 +454,41 @@ pub fn dashboard_url(stdout: std::process::ChildStdout, deadline: Duration) -> S
         .trim_end_matches('/')
         .to_string()
 }
+
+/// `aqw serve` instances in this process, as Flex may start several, each
+/// answering `Job` with success; stop them with [`stop_serve_instances`].
+pub fn start_serve_instances(
+    app: &TestApp,
+    n: usize,
+) -> Vec<(
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+)> {
+    (0..n)
+        .map(|_| {
+            let stop = tokio_util::sync::CancellationToken::new();
+            let registry = aqw::Registry::new()
+                .register("Job", Scripted::new(|_, _| Ok(aqw::Success::done())));
+            let task = tokio::spawn(aqw::serve::serve(
+                app.config.clone(),
+                registry,
+                free_port(),
+                stop.clone(),
+            ));
+            (stop, task)
+        })
+        .collect()
+}
+
+/// Stop what [`start_serve_instances`] started; each must end cleanly.
+pub async fn stop_serve_instances(
+    instances: Vec<(
+        tokio_util::sync::CancellationToken,
+        tokio::task::JoinHandle<anyhow::Result<()>>,
+    )>,
+) {
+    for (stop, task) in instances {
+        stop.cancel();
+        task.await.unwrap().unwrap();
+    }
+}
