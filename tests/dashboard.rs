@@ -21,7 +21,7 @@ use tower::ServiceExt as _;
 const DEADLINE: Duration = Duration::from_secs(60);
 const TOKEN: &str = "test-token-0123456789abcdef";
 
-fn dashboard(app: &TestApp, read_only: bool) -> Router {
+pub(crate) fn dashboard(app: &TestApp, read_only: bool) -> Router {
     let auth = AuthConfig {
         token: Some(TOKEN.into()),
         user: "oncall".into(),
@@ -37,10 +37,10 @@ fn dashboard(app: &TestApp, read_only: bool) -> Router {
     dashboard::app(Arc::new(d))
 }
 
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: String,
+pub(crate) struct Reply {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: String,
 }
 
 async fn call(
@@ -76,7 +76,7 @@ async fn call(
 const BEARER: (&str, &str) = ("authorization", "Bearer test-token-0123456789abcdef");
 
 /// GET as the bearer principal.
-async fn bget(r: &Router, uri: &str) -> Reply {
+pub(crate) async fn bget(r: &Router, uri: &str) -> Reply {
     call(r, "GET", uri, &[BEARER], None).await
 }
 

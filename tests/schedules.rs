@@ -133,5 +133,17 @@ async fn serve_instances_put_each_tick_once() {
     stop_serve_instances(instances).await;
     let distinct: HashSet<&String> = ticks.iter().collect();
     assert_eq!(distinct.len(), ticks.len(), "each tick put once: {ticks:?}");
+    // The dashboard's status page shows the schedule and its newest tick.
+    let d = crate::dashboard::dashboard(&app, true);
+    let page = crate::dashboard::bget(&d, "/").await;
+    assert_eq!(page.status, axum::http::StatusCode::OK);
+    assert!(page.body.contains("id=\"schedules\""), "{}", page.body);
+    assert!(page.body.contains("<td>Tick</td>"), "{}", page.body);
+    assert!(page.body.contains("(catch-up latest)"), "{}", page.body);
+    assert!(
+        !page.body.contains("none yet"),
+        "a tick was put: {}",
+        page.body
+    );
     app.cleanup().await;
 }

@@ -12,6 +12,7 @@ use super::views::{self, ListPage, RecordPage, StatusRow, Viewer};
 use super::{Dashboard, MAX_SELECTION, PAGE_SIZE};
 use crate::ops::{self, Filter, FixAction, OpsError, QueueOps, ReplayAction, ReplayOptions};
 use crate::telemetry::scrub;
+use aqw_core::schedule::ScheduleStatus;
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -156,8 +157,32 @@ pub async fn status(State(d): S, headers: HeaderMap) -> Response {
             status: s.map_err(|e| format!("{e}")),
         })
         .collect();
-    let body = views::status_page(&rows, d.app.alert_webhook.is_some(), &v);
+    let schedules = schedule_rows(&d).await;
+    let body = maud::html! {
+        (views::status_page(&rows, d.app.alert_webhook.is_some(), &v))
+        (views::schedules_table(&schedules))
+    };
     page(StatusCode::OK, "Status", &v, Some(30), body)
+}
+
+/// Each schedule's next tick and its newest tick's outcome, as `aqw
+/// status` shows them (or why it could not be read).
+async fn schedule_rows(d: &super::Dashboard) -> Vec<(String, Result<ScheduleStatus, String>)> {
+    let mut out = Vec::new();
+    for s in &d.app.schedules {
+        let ops = d
+            .queues
+            .iter()
+            .find(|q| q.function.as_ref().is_some_and(|f| f.name == s.function));
+        let status = match ops {
+            Some(q) => aqw_core::schedule::status(&d.app, s, q.control.table().as_ref(), &q.keys)
+                .await
+                .map_err(|e| e.to_string()),
+            None => Err(format!("no queue of function {}", s.function)),
+        };
+        out.push((s.name.clone(), status));
+    }
+    out
 }
 
 pub async fn list(

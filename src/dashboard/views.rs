@@ -6,6 +6,7 @@ use crate::idempotency::KeyRecord;
 use crate::ops::{ProviderWindow, QueueStatus, ReplayReport};
 use crate::poison::{PoisonRecord, RecordStatus};
 use crate::telemetry::scrub;
+use aqw_core::schedule::ScheduleStatus;
 use maud::{html, Markup, DOCTYPE};
 
 /// Who is looking, and what they may do.
@@ -151,6 +152,31 @@ fn status_row(r: &StatusRow, v: &Viewer) -> Markup {
                     td { (receiving(&r.queue, &s.control, v)) }
                 }
                 Err(e) => { td.error colspan="6" { "cannot read: " (scrub(e)) } }
+            }
+        }
+    }
+}
+
+/// The schedules (none: nothing): when each ticks, its next tick, and its
+/// newest tick with that key's state.
+pub fn schedules_table(rows: &[(String, Result<ScheduleStatus, String>)]) -> Markup {
+    html! {
+        @if !rows.is_empty() {
+            h2 { "Schedules" }
+            table #schedules {
+                thead { tr { th { "schedule" } th { "function" } th { "when" } th { "next tick" } th { "last tick" } th { "outcome" } } }
+                tbody { @for (name, r) in rows { tr {
+                    td { (shown(name)) }
+                    @match r {
+                        Ok(s) => {
+                            td { (s.function) } td { (s.when) " (catch-up " (s.catch_up) ")" }
+                            td { (s.next.as_deref().unwrap_or("never")) }
+                            td { (s.last_tick.as_deref().unwrap_or("none yet")) }
+                            td { (s.last_outcome.as_deref().unwrap_or("-")) }
+                        }
+                        Err(e) => { td.error colspan="5" { "cannot read: " (scrub(e)) } }
+                    }
+                } } }
             }
         }
     }
