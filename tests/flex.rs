@@ -148,6 +148,15 @@ fn flex_plan_and_runtime_are_custom_on_fc1() {
         .iter()
         .all(|m| [512, 2048, 4096].contains(&m.as_u64().unwrap_or(0))));
     assert_eq!(site["properties"]["httpsOnly"], true);
+    // The deployment container is `app-package-<appName>`: a container
+    // name has at most 63 characters.
+    let longest = t["parameters"]["appName"]["maxLength"]
+        .as_u64()
+        .expect("appName.maxLength");
+    assert!(
+        longest as usize + "app-package-".len() <= 63,
+        "appName up to {longest}"
+    );
 }
 
 #[test]

@@ -87,21 +87,21 @@ async fn three_processes_over_ten_ticks_give_ten_effects() {
 }
 
 #[tokio::test]
-async fn a_key_without_the_tick_is_refused_naming_the_setting() {
+async fn a_key_without_the_schedule_and_tick_is_refused_naming_the_setting() {
     let sink = Sink::start().await;
     let app = scheduled_app(&sink, "{/schedule}:{/tick}");
     let host = app.path().join("host.json");
-    let text = std::fs::read_to_string(&host).unwrap();
-    std::fs::write(
-        &host,
-        text.replace("{/schedule}:{/tick}", "report:{/schedule}"),
-    )
-    .unwrap();
-    let out = aqw(app.path(), &["config", "show"]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("aqw.schedules.Tick.function"), "{err}");
-    assert!(err.contains("{/schedule}:{/tick}"), "{err}");
+    let good = std::fs::read_to_string(&host).unwrap();
+    // Without the tick every tick is one key; without the schedule, two
+    // schedules ticking at one instant would share one.
+    for bad in ["report:{/schedule}", "{/tick}"] {
+        std::fs::write(&host, good.replace("{/schedule}:{/tick}", bad)).unwrap();
+        let out = aqw(app.path(), &["config", "show"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains("aqw.schedules.Tick.function"), "{bad}: {err}");
+        assert!(err.contains("{/schedule}:{/tick}"), "{bad}: {err}");
+    }
     app.cleanup().await;
 }
 

@@ -124,8 +124,8 @@ pub struct EnqueueArgs {
     /// Deliver at this time (RFC 3339, within 7 days).
     #[arg(long, value_name = "TIME")]
     pub at: Option<String>,
-    /// The message's time-to-live from the put ([d.]hh:mm:ss, at least 1 s,
-    /// or `never`); default: the service's 7 days.
+    /// The message's time-to-live from the put ([d.]hh:mm:ss, 1 s to 7
+    /// days, or `never`); default: 7 days.
     #[arg(long, value_name = "DURATION|never")]
     pub ttl: Option<String>,
 }

@@ -1,7 +1,8 @@
 //! `aqw.schedules`: each schedule checked where it is written, so an error
 //! names `aqw.schedules.<Name>.<field>`. A schedule must name a function of
-//! the app whose key carries the tick (two ticks derive two keys), or each
-//! tick after the first would be settled as a duplicate and never run.
+//! the app whose key carries the schedule and the tick (two ticks, or two
+//! schedules' ticks at one instant, derive two keys), or a tick would be
+//! settled as a duplicate and never run.
 
 use super::raw::RawSchedule;
 use super::ConfigError;
@@ -100,10 +101,15 @@ fn check_key_carries_the_tick(s: &Schedule, functions: &[FunctionConfig]) -> Res
         return Err("the schedule never ticks".into());
     };
     let key = |t| derive_key(&f.key, &s.tick_payload(t));
-    match (key(a), key(b)) {
-        (Ok(Some(ka)), Ok(Some(kb))) if ka != kb => Ok(()),
+    // Another schedule on the same function ticking at the same instant
+    // must not share its keys either.
+    let mut other = s.clone();
+    other.name.push_str("~other");
+    let other_key = derive_key(&f.key, &other.tick_payload(a));
+    match (key(a), key(b), other_key) {
+        (Ok(Some(ka)), Ok(Some(kb)), Ok(Some(ko))) if ka != kb && ka != ko => Ok(()),
         _ => Err(format!(
-            "the key of function \"{}\" must carry the tick, or every tick after the first is settled as a duplicate: \
+            "the key of function \"{}\" must carry the schedule and the tick, or a tick is settled as a duplicate of another: \
              give it \"key\": \"{{/schedule}}:{{/tick}}\"",
             f.name
         )),

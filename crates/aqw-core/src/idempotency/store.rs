@@ -63,6 +63,8 @@ struct ClaimRequest<'a> {
     lease_until: String,
     message_id: &'a str,
     dequeue_count: u32,
+    /// When the message was put on the queue (now when unknown).
+    inserted: OffsetDateTime,
 }
 
 impl ClaimRequest<'_> {
@@ -219,12 +221,17 @@ impl KeyStore {
         lease: Duration,
         message_id: &str,
     ) -> StorageResult<NextAction> {
-        self.claim_attempt(function, key, lease_owner, lease, message_id, 0)
+        let now = crate::clock::now_utc();
+        self.claim_attempt(function, key, lease_owner, lease, message_id, 0, now)
             .await
     }
 
     /// [`claim`](Self::claim) for attempt `dequeue_count` of `message_id`
-    /// (the numbers the attempt history records).
+    /// (the numbers the attempt history records), put on the queue at
+    /// `inserted`: a copy put before its key was poisoned is a leftover of
+    /// the poisoned run (a second delivery chain, a duplicate send) and is
+    /// settled as a duplicate; one put after it (a replay, a resend) runs.
+    #[allow(clippy::too_many_arguments)]
     pub async fn claim_attempt(
         &self,
         function: &str,
@@ -233,6 +240,7 @@ impl KeyStore {
         lease: Duration,
         message_id: &str,
         dequeue_count: u32,
+        inserted: OffsetDateTime,
     ) -> StorageResult<NextAction> {
         let now = crate::clock::now_utc();
         let req = ClaimRequest {
@@ -245,6 +253,7 @@ impl KeyStore {
             lease_until: fmt_time(now + lease),
             message_id,
             dequeue_count,
+            inserted,
         };
         for _ in 0..5 {
             if let Some(next) = self.claim_round(&req).await? {
@@ -297,7 +306,7 @@ impl KeyStore {
         rec: KeyRecord,
         etag: Etag,
     ) -> StorageResult<Option<NextAction>> {
-        if rec.status.is_settled() {
+        if rec.status.is_settled() || put_before_poisoning(&rec, req.inserted) {
             return Ok(Some(NextAction::AlreadyDone));
         }
         if rec.lease_owner.as_deref() == Some(req.owner) {
@@ -664,3 +673,27 @@ impl KeyStore {
         }
     }
 }
+
+/// Whether a message put at `inserted` predates its poisoned key's
+/// poisoning (the newest `poisoned` attempt of the history): it belongs to
+/// the run that was poisoned, and running it would start a second attempt
+/// budget and a second poison record without anyone asking.
+fn put_before_poisoning(rec: &KeyRecord, inserted: OffsetDateTime) -> bool {
+    if rec.status != KeyStatus::Poisoned {
+        return false;
+    }
+    rec.history
+        .iter()
+        .rev()
+        .find(|a| a.outcome == "poisoned")
+        .and_then(|a| {
+            OffsetDateTime::parse(&a.at, &time::format_description::well_known::Rfc3339).ok()
+        })
+        .is_some_and(|poisoned_at| inserted + POISONING_MARGIN < poisoned_at)
+}
+
+/// How much earlier than the poisoning a message must have been put to
+/// count as a leftover: the service writes insertion times in whole
+/// seconds, on its own clock, so a replay put in the same second as the
+/// poisoning (or under a little clock skew) must still run.
+const POISONING_MARGIN: Duration = Duration::from_secs(2);

@@ -131,6 +131,7 @@ impl Settling<'_> {
                 lease,
                 &msg.id,
                 msg.dequeue_count,
+                msg.insertion_time,
             )
             .await?;
         Ok(match next {
@@ -345,7 +346,12 @@ impl Settling<'_> {
             .record_failure_carried(c, message, uncertain, c.dequeue_count)
             .await;
         if let Err(FinishError::Storage(e)) = carried {
-            return abandoned(e);
+            // The copy is on the queue: a 503 now would make the host
+            // redeliver the original too (two chains, and the host poisons
+            // the original at its cap with no record). Let the copy carry
+            // on; the key's lease expires by itself, and the next attempt
+            // counts one attempt less.
+            warn!(event = "aqw.job.retry", error = %crate::scrub::scrub(&e.to_string()), "the retry copy is on the queue but the key was not updated; the copy goes on");
         }
         warn!(event = "aqw.job.retry", error = %crate::scrub::scrub(message), retry_in_s = after.as_secs_f64(), attempt = c.dequeue_count, "attempt failed; will retry as a fresh copy");
         metrics::counter!("aqw_retries_total", "function" => rt.function.name.clone()).increment(1);

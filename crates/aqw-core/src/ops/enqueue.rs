@@ -10,6 +10,18 @@ use crate::storage::{Storage, Ttl, MAX_VISIBILITY_TIMEOUT};
 use std::time::Duration;
 use time::OffsetDateTime;
 
+/// `d` rounded up to whole seconds, as the service takes it.
+fn whole_seconds(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs() + u64::from(d.subsec_nanos() > 0))
+}
+
+fn whole_ttl(ttl: Ttl) -> Ttl {
+    match ttl {
+        Ttl::After(t) => Ttl::After(whole_seconds(t)),
+        other => other,
+    }
+}
+
 /// The time-to-live Queue Storage gives a message put without one.
 const SERVICE_DEFAULT_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -41,9 +53,18 @@ impl Delivery {
     /// Visible `delay` after the put, expiring per `ttl` (counted from the put).
     pub fn after(delay: Duration, ttl: Ttl) -> Result<Self, String> {
         let span = crate::ops::fmt_span;
+        // The service counts whole seconds, rounded up here as the adapters
+        // round them, so the checks below compare what is really sent.
+        let (delay, ttl) = (whole_seconds(delay), whole_ttl(ttl));
         if let Ttl::After(t) = ttl {
             if t < Duration::from_secs(1) {
                 return Err("the time-to-live must be at least 1 second (or never)".into());
+            }
+            if t > SERVICE_DEFAULT_TTL {
+                return Err(format!(
+                    "a time-to-live of {} is over the 7 days a message is sent with here; give never for a job that must not expire",
+                    span(t)
+                ));
             }
         }
         if delay > MAX_VISIBILITY_TIMEOUT {

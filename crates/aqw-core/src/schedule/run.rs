@@ -97,7 +97,10 @@ pub async fn run(
 
 /// The row as read.
 struct Row {
-    last: OffsetDateTime,
+    /// The newest tick claimed (`None`: unreadable, the schedule starts over).
+    last: Option<OffsetDateTime>,
+    /// The newest tick put on the queue (not one skipped, nor the start).
+    last_put: Option<OffsetDateTime>,
     pending: Vec<OffsetDateTime>,
     claimed_at: Option<OffsetDateTime>,
     etag: crate::storage::Etag,
@@ -122,14 +125,20 @@ async fn read_row(control: &dyn TableStore, name: &str) -> StorageResult<Option<
         .filter_map(|t| OffsetDateTime::parse(t, &Rfc3339).ok())
         .collect();
     Ok(Some(Row {
-        last: parse_time(e.get("last")).unwrap_or(OffsetDateTime::UNIX_EPOCH),
+        last: parse_time(e.get("last")),
+        last_put: parse_time(e.get("lastPut")),
         pending,
         claimed_at: parse_time(e.get("claimedAt")),
         etag,
     }))
 }
 
-fn row_entity(last: OffsetDateTime, pending: &[OffsetDateTime], by: &str) -> Entity {
+fn row_entity(
+    last: OffsetDateTime,
+    pending: &[OffsetDateTime],
+    by: &str,
+    last_put: Option<OffsetDateTime>,
+) -> Entity {
     let mut e = Entity::new();
     e.insert("last".into(), tick_text(last).into());
     let pending: Vec<String> = pending.iter().map(|t| tick_text(*t)).collect();
@@ -139,6 +148,9 @@ fn row_entity(last: OffsetDateTime, pending: &[OffsetDateTime], by: &str) -> Ent
         tick_text(crate::clock::now_utc()).into(),
     );
     e.insert("claimedBy".into(), by.into());
+    if let Some(t) = last_put {
+        e.insert("lastPut".into(), tick_text(t).into());
+    }
     e
 }
 
@@ -152,53 +164,96 @@ async fn round(
 ) -> StorageResult<Option<OffsetDateTime>> {
     let now = crate::clock::now_utc();
     let Some(row) = read_row(control, &s.name).await? else {
-        // A new schedule starts now: no tick before it existed runs.
-        let start = s.when.latest_at(now).unwrap_or(now);
-        match insert_creating(control, &s.name, &row_entity(start, &[], by)).await {
-            Ok(()) | Err(StorageError::Conflict) => {}
-            Err(e) => return Err(e),
-        }
-        info!(event = "aqw.schedule.started", schedule = %s.name, next = %s.when.next_after(now).map(tick_text).unwrap_or_default(), "schedule started");
-        return Ok(s.when.next_after(now));
+        return start(s, control, by, now, None).await;
+    };
+    let Some(last) = row.last else {
+        return start(s, control, by, now, Some(&row.etag)).await;
     };
     if !row.pending.is_empty() {
-        let claimed = row.claimed_at.unwrap_or(OffsetDateTime::UNIX_EPOCH);
-        if now - claimed < STALE_CLAIM {
-            // Its claimer is probably putting them: look again when the
-            // claim goes stale, not at the next tick (a day away, maybe).
-            return Ok(Some(claimed + STALE_CLAIM));
-        }
-        // The claimer died before clearing: put its ticks again (their keys
-        // settle a copy it did put), then clear under the same ETag.
-        put_ticks(s, queue, &row.pending).await?;
-        let cleared = row_entity(row.last, &[], by);
-        let _ = control
-            .merge(PARTITION, &s.name, &cleared, Some(&row.etag))
-            .await;
-        return Ok(Some(now));
+        return repair(s, control, queue, by, &row, last, now).await;
     }
-    let (due, moved_to) = s.due(row.last, now);
-    if moved_to == row.last {
-        return Ok(s.when.next_after(row.last.max(now)));
+    let (due, moved_to) = s.due(last, now);
+    if moved_to == last {
+        return Ok(s.when.next_after(last.max(now)));
     }
-    let claim = row_entity(moved_to, &due, by);
+    let claim = row_entity(moved_to, &due, by, row.last_put);
     let etag = match control
         .merge(PARTITION, &s.name, &claim, Some(&row.etag))
         .await
     {
         Ok(etag) => etag,
-        // Another replica claimed first: it puts them.
-        Err(StorageError::PreconditionFailed) => return Ok(s.when.next_after(now)),
+        // Another replica claimed first and puts them; look again once its
+        // claim would be stale, in case it died before the put.
+        Err(StorageError::PreconditionFailed) => {
+            let next = s.when.next_after(now).unwrap_or(now + STALE_CLAIM);
+            return Ok(Some(next.min(now + STALE_CLAIM)));
+        }
         Err(e) => return Err(e),
     };
     put_ticks(s, queue, &due).await?;
-    let cleared = row_entity(moved_to, &[], by);
+    let cleared = row_entity(moved_to, &[], by, due.last().copied().or(row.last_put));
+    // Not cleared (a storage error): the claim goes stale and the next
+    // reader puts the ticks again, their keys settling the second copies.
     let _ = control
         .merge(PARTITION, &s.name, &cleared, Some(&etag))
         .await;
     // `all` may have more missed ticks to put: go again at once.
     let next = s.when.next_after(moved_to).filter(|t| *t > now);
     Ok(Some(next.unwrap_or(now)))
+}
+
+/// A schedule without a (readable) row starts now: no tick from before it
+/// existed runs.
+async fn start(
+    s: &Schedule,
+    control: &dyn TableStore,
+    by: &str,
+    now: OffsetDateTime,
+    over: Option<&crate::storage::Etag>,
+) -> StorageResult<Option<OffsetDateTime>> {
+    let first = row_entity(s.when.latest_at(now).unwrap_or(now), &[], by, None);
+    let written = match over {
+        None => insert_creating(control, &s.name, &first).await,
+        Some(etag) => control
+            .merge(PARTITION, &s.name, &first, Some(etag))
+            .await
+            .map(|_| ()),
+    };
+    match written {
+        Ok(()) | Err(StorageError::Conflict) | Err(StorageError::PreconditionFailed) => {}
+        Err(e) => return Err(e),
+    }
+    info!(event = "aqw.schedule.started", schedule = %s.name, next = %s.when.next_after(now).map(tick_text).unwrap_or_default(), "schedule started");
+    Ok(s.when.next_after(now))
+}
+
+/// Ticks claimed and not cleared: wait while the claim is fresh (its
+/// claimer is putting them), put them again once it is stale (the claimer
+/// died; their keys settle a copy it did put), then clear the claim.
+async fn repair(
+    s: &Schedule,
+    control: &dyn TableStore,
+    queue: &Target,
+    by: &str,
+    row: &Row,
+    last: OffsetDateTime,
+    now: OffsetDateTime,
+) -> StorageResult<Option<OffsetDateTime>> {
+    let claimed = row.claimed_at.unwrap_or(OffsetDateTime::UNIX_EPOCH);
+    if now - claimed < STALE_CLAIM {
+        return Ok(Some(claimed + STALE_CLAIM));
+    }
+    put_ticks(s, queue, &row.pending).await?;
+    let last_put = row.pending.iter().max().copied().or(row.last_put);
+    let cleared = row_entity(last, &[], by, last_put);
+    match control
+        .merge(PARTITION, &s.name, &cleared, Some(&row.etag))
+        .await
+    {
+        Ok(_) | Err(StorageError::PreconditionFailed) => Ok(Some(now)),
+        // Not a tight loop of re-puts: the caller waits before the next try.
+        Err(e) => Err(e),
+    }
 }
 
 async fn insert_creating(control: &dyn TableStore, rk: &str, e: &Entity) -> StorageResult<()> {
@@ -253,10 +308,7 @@ pub async fn status(
 ) -> StorageResult<ScheduleStatus> {
     let now = crate::clock::now_utc();
     let row = read_row(control, &s.name).await?;
-    let last_tick = row
-        .as_ref()
-        .map(|r| r.last)
-        .filter(|t| *t > OffsetDateTime::UNIX_EPOCH);
+    let last_tick = row.as_ref().and_then(|r| r.last_put);
     let function = app.functions.iter().find(|f| f.name == s.function);
     let last_key = match (last_tick, function) {
         (Some(t), Some(f)) => derive_key(&f.key, &s.tick_payload(t)).ok().flatten(),

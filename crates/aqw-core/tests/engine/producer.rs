@@ -72,10 +72,19 @@ fn delivery_rules_refuse_what_the_service_would_or_what_would_expire_first() {
     assert!(e.contains("expire before it is delivered"), "{e}");
     let e = Delivery::after(HOUR, Ttl::After(HOUR)).unwrap_err();
     assert!(e.contains("expire before it is delivered"), "{e}");
-    // A time-to-live under a second is refused; never is fine.
-    assert!(Delivery::after(Duration::ZERO, Ttl::After(Duration::from_millis(500))).is_err());
+    // A time-to-live of no time is refused; never is fine.
+    assert!(Delivery::after(Duration::ZERO, Ttl::After(Duration::ZERO)).is_err());
     assert!(Delivery::after(7 * DAY, Ttl::Never).is_ok());
     assert!(Delivery::after(HOUR, Ttl::After(2 * HOUR)).is_ok());
+    // Over 7 days the adapters would cut it short: refused, never is the way.
+    let e = Delivery::after(6 * DAY, Ttl::After(30 * DAY)).unwrap_err();
+    assert!(e.contains("give never"), "{e}");
+    // Compared in the whole seconds the service takes: 1.5 s delay vs 2 s.
+    assert!(Delivery::after(
+        Duration::from_millis(1500),
+        Ttl::After(Duration::from_secs(2))
+    )
+    .is_err());
     // --at: the future only.
     let now = time::OffsetDateTime::now_utc();
     assert!(Delivery::at(now - time::Duration::minutes(1), now, Ttl::Default).is_err());

@@ -172,7 +172,7 @@ async fn the_carried_attempts_survive_a_claim_and_a_replay_resets_them() {
         let (keys, key) = (&keys, &key);
         async move {
             match keys
-                .claim_attempt("F", key, owner, lease, "m", 1)
+                .claim_attempt("F", key, owner, lease, "m", 1, aqw_core::clock::now_utc())
                 .await
                 .unwrap()
             {
@@ -198,4 +198,39 @@ async fn the_carried_attempts_survive_a_claim_and_a_replay_resets_them() {
         .await
         .unwrap();
     assert_eq!(claim("w/m/4").await.carried_attempts, 0);
+}
+
+/// A copy of a job put before its key was poisoned (a second delivery
+/// chain, a producer's duplicate send) is settled as a duplicate when it
+/// arrives after the poisoning: it does not start a second attempt budget
+/// and a second poison record. A resend put after the poisoning runs.
+#[tokio::test(start_paused = true)]
+async fn a_copy_put_before_the_poisoning_does_not_run_again() {
+    let env = Env::new(|_, _| Behave::Retry("provider down".into()));
+    let job = env.job("twice");
+    env.enqueue(&job).await;
+    // The second copy, put now, arrives long after the first is poisoned.
+    env.enqueue_after(&job, minutes(30)).await;
+    let w = start(env.worker());
+    env.wait_until("the first copy poisoned", minutes(10), || async {
+        env.records().await.len() == 1
+    })
+    .await;
+    let calls = env.provider.calls().len();
+    assert_eq!(calls, 5, "maxDequeueCount attempts");
+    env.drained(minutes(40)).await;
+    assert_eq!(
+        env.provider.calls().len(),
+        calls,
+        "the leftover copy did not run"
+    );
+    assert_eq!(env.records().await.len(), 1, "one poison record");
+
+    // A resend after the poisoning is a new attempt at the job: it runs.
+    env.provider.set_rule(|_, _| Behave::Succeed);
+    env.enqueue(&job).await;
+    env.drained(minutes(5)).await;
+    w.stop().await;
+    env.provider
+        .assert_applied_once(std::slice::from_ref(&job.key));
 }
