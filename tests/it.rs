@@ -24,6 +24,7 @@ mod dashboard;
 mod dashboard_browser;
 mod dashboard_probes;
 mod deploy;
+mod durable_ops;
 mod fleet;
 // Crash points and the key store's test seam exist in `failpoints` builds only.
 #[cfg(feature = "failpoints")]
