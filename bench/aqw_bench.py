@@ -55,7 +55,13 @@ Scenarios:
       (examples/bench_worker) with flow limits off and on
       (`{"callsPerSecond": 1000, "inFlight": 10000}`): CPU and storage
       requests per message, the on / off ratio.
---only breaker|purge|dashboard|users|traces|fleet runs one of (h), (i), (j), (k), (g), (l) by itself.
+  (m) durable operations (issue 40), full runs only: `aqw ops discard` of
+      2,000 open records at a 10,000-deep poison queue (records and copies
+      seeded by examples/seed_poison --with-copies), and of 2,000 at a
+      2,000-deep one, at the configured rate (50/s): records per second
+      against that rate, the deep / shallow wall time per record, CPU per
+      record.
+--only breaker|purge|dashboard|users|traces|fleet|ops runs one of (h), (i), (j), (k), (g), (l), (m) by itself.
 Azurite: the default ports, or AQW_AZURITE_QUEUE_PORT / AQW_AZURITE_TABLE_PORT /
 AQW_AZURITE_BLOB_PORT (with AQW_AZURITE_STATE) for an instance of one's own;
 the workers connect to the same ports.
@@ -73,7 +79,7 @@ Scratch: .bench/ (venv, per-run logs and raw results; the last 5 runs kept).
 # scripts/bench.sh starts Azurite, makes the venv and builds the binaries,
 # then runs this with the same flags; --help and --report need none of that
 # (this program is stdlib only: the venv is for bench/python_worker.py).
-# Modules: harness.py (processes, Azurite, feeder), scenarios.py (a)–(l),
+# Modules: harness.py (processes, Azurite, feeder), scenarios.py (a)–(m),
 # figures.py (the arithmetic and the targets), report.py (the Markdown).
 import json
 import os
@@ -131,7 +137,7 @@ def parse_args(argv):
 
 
 # Scenarios `--only` runs by themselves (without the background probes).
-ONLY = ("breaker", "purge", "dashboard", "users", "traces", "fleet")
+ONLY = ("breaker", "purge", "dashboard", "users", "traces", "fleet", "ops")
 
 
 def target_dir():
@@ -171,6 +177,8 @@ def run_all(b):
     j = scenarios.dashboard(b)
     k = scenarios.users(b)
     l_ = scenarios.fleet(b)
+    # (m) seeds 10,000 records and their copies: full runs only.
+    m_ = None if b.smoke else scenarios.ops(b)
     # A probe failing must not lose the whole run's figures.
     try:
         e["idle"] = idle_latency.finish(b.sizes["latency_idle_samples"])
@@ -183,7 +191,7 @@ def run_all(b):
         b.fail(f"(c) idle probe: {ex!r}")
         c = None
     b.azurite("stop", b.probe_azurite)
-    return dict(a=a, b=rb, c=c, d=d, e=e, f=scale, g=g, h=h, i=i, j=j, k=k, l=l_)
+    return dict(a=a, b=rb, c=c, d=d, e=e, f=scale, g=g, h=h, i=i, j=j, k=k, l=l_, m=m_)
 
 
 def run_only(b, only):
@@ -198,6 +206,8 @@ def run_only(b, only):
         return dict(g=scenarios.traces(b))
     if only == "fleet":
         return dict(l=scenarios.fleet(b))
+    if only == "ops":
+        return dict(m=scenarios.ops(b))
     assert only == "breaker"
     return dict(h=scenarios.breaker(b))
 

@@ -209,3 +209,22 @@ def flow_figures(limits):
         requests_ratio=ratio(med["requests_per_message"]["on"], med["requests_per_message"]["off"]),
         paired_cpu=paired, paired_cpu_median=median(paired),
     )
+
+
+def ops_figures(m):
+    """(m): from {"deep": [run], "shallow": [run]} (None for a failed run):
+    per depth the median records per second, that over the configured rate,
+    and CPU per record; and the deep / shallow wall time per record (1.0: a
+    record costs the same whatever the poison queue's depth). None without
+    runs of both."""
+    runs = {k: [x for x in (m or {}).get(k, []) if x] for k in ("deep", "shallow")}
+    if not runs["deep"] or not runs["shallow"]:
+        return None
+    out = {}
+    for k, xs in runs.items():
+        rps = median([x["n"] / x["wall"] for x in xs])
+        out[k] = dict(depth=xs[0]["depth"], n=xs[0]["n"], rate=xs[0]["rate"], rps=rps,
+                      vs_rate=rps / xs[0]["rate"], cpu_ms_per_record=median([x["cpu"] * 1000 / x["n"] for x in xs]),
+                      all_rps=[x["n"] / x["wall"] for x in xs])
+    out["deep_vs_shallow"] = ratio(out["shallow"]["rps"], out["deep"]["rps"])
+    return out

@@ -40,6 +40,11 @@ def sizes(smoke):
         dashboard_large=200 if smoke else 10000,
         flow=40 if smoke else 1000,
         fleet_hours=1 if smoke else 24,
+        # (m), full runs only: a durable discard of ops_selected records at
+        # a poison queue ops_depth deep, at ops_rate records per second.
+        ops_depth=10000,
+        ops_selected=2000,
+        ops_rate=50,
     )
 
 

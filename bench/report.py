@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from figures import (data_plane, derive, flow_figures, fmt, median, percentile, purge_figures, ratio, stats,
+from figures import (data_plane, derive, flow_figures, fmt, median, ops_figures, percentile, purge_figures, ratio, stats,
                      targets, users_figures, verdict)
 from harness import DEFAULT_THRESHOLD, log
 from scenarios import FLEET_REPLICAS, FLEET_TEST, FLOW_LIMITS, IDLE_TEST, RATE_TEST
@@ -276,6 +276,7 @@ def render(data, run_name):
     lines += dashboard_section(data.get("j") or {}, N)
     lines += users_section(data.get("k") or {}, N)
     lines += fleet_section(data.get("l"), N)
+    lines += ops_section(data.get("m"))
 
     lines += ["## Commands", "", "```sh", f"bash scripts/bench.sh{' --smoke' if SMOKE else ''}" +
               (f" --reps {REPS}" if not SMOKE and REPS != 3 else ""), "```", "",
@@ -535,6 +536,7 @@ def render_only(data, run_name):
     lines += dashboard_section(data.get("j") or {}, N)
     lines += users_section(data.get("k") or {}, N)
     lines += fleet_section(data.get("l"), N)
+    lines += ops_section(data.get("m"))
     if data.get("errors"):
         lines += ["## Errors", ""] + [f"- {e}" for e in data["errors"]] + [""]
     return "\n".join(lines)
@@ -559,6 +561,29 @@ def purge_section(h, N):
               "A naive purge makes the same scans and one DELETE per key. The scans are a fixed cost "
               "(257 requests per function), so the ratio falls as the number of keys grows; CPU is the `aqw` "
               "process's rusage, start-up included.", ""]
+    return lines
+
+
+def ops_section(m):
+    """(m): a durable group discard at a deep and at a shallow poison queue."""
+    f = ops_figures(m)
+    if not f:
+        return []
+    d, s_ = f["deep"], f["shallow"]
+    lines = [f"## (m) Durable group discard: {d['n']} records at a {d['depth']}-deep poison queue", ""]
+    lines += ["| poison queue depth | metric | median | min | max | unit |", "|---|---|---|---|---|---|"]
+    for x in (d, s_):
+        lines.append(row(f"{x['depth']} | records per second", x["all_rps"], "records/s", 1))
+        lines.append(row(f"{x['depth']} | records per second / configured rate ({x['rate']}/s)",
+                         [r / x["rate"] for r in x["all_rps"]], "ratio", 3))
+        lines.append(row(f"{x['depth']} | CPU per record, aqw process", [x["cpu_ms_per_record"]], "ms", 3))
+    lines += ["", f"Records per second at depth {s_['depth']} / at depth {d['depth']}: {fmt(f['deep_vs_shallow'])} "
+              "(1.00: a record costs the same whatever the poison queue's depth).", "",
+              "One `aqw ops discard QUEUE --error 'HTTP 404' --rate 50` (the release binary, carried out in its own "
+              "process), after `examples/seed_poison --with-copies` wrote the records and put each one's envelope on "
+              "`<queue>-poison`. The wall time includes the selection (one read of every record), one conditional "
+              "merge per record and one per checkpoint of the operation row, and the end-of-run sweep of the poison "
+              "queue (one pass: receive every copy, delete the discarded ones, release the rest).", ""]
     return lines
 
 

@@ -1078,3 +1078,51 @@ def fleet(b):
     out = fleet_sim(b)
     out["limits"] = flow_limits(b)
     return out
+
+
+# ---------------------------------------------------------------------------
+# (m) a durable group discard (issue 40): `aqw ops discard` of 2,000 records
+# at a 10,000-deep poison queue, and of 2,000 at a 2,000-deep one
+# ---------------------------------------------------------------------------
+
+def ops_run(b, depth, rep):
+    """depth open records with their copies on <queue>-poison
+    (`examples/seed_poison --with-copies`), 1 in depth/selected a 404; then
+    one `aqw ops discard --error 'HTTP 404'` at the configured rate: records
+    per second against that rate, and CPU per record."""
+    n, rate = b.sizes["ops_selected"], b.sizes["ops_rate"]
+    r = b.fresh()
+    label = f"ops-{depth}-{rep}"
+    log(f"(m) durable discard rep {rep + 1}/{b.reps}: {n} of {depth} records at {rate}/s")
+    app_dir = os.path.join(b.work, label)
+    write_app(app_dir, r["queue"], r["keys"], r["poison"])
+    seed = [b.seed_exe, "--app", app_dir, "--count", str(depth), "--with-copies",
+            "--not-found-every", str(max(depth // n, 1))]
+    b.commands.setdefault("seed N open records with their poison-queue copies", b.show(seed, subs(r, app_dir)))
+    if b.run(seed, f"{label}-seed", timeout=900) is None:
+        b.cleanup_run(r)
+        return None
+    cmd = [b.aqw, "ops", "discard", r["queue"], "--error", "HTTP 404", "--reason", "bench", "--rate", str(rate),
+           "--by", "bench", "--output", "json", "--app", app_dir]
+    b.commands.setdefault("aqw-ops-discard", b.show(cmd, subs(r, app_dir)))
+    res = b.run(cmd, label, timeout=900)
+    left = b.queue_count(r["queue"] + "-poison", f"{label}-count")
+    b.cleanup_run(r)
+    if res is None or not res["json"]:
+        return None
+    op = res["json"]
+    if op.get("state") != "done" or op.get("done") != n:
+        b.fail(f"(m) {label}: the operation ended {op.get('state')} with {op.get('done')} of {n} done")
+        return None
+    if left is not None and left != depth - n:
+        b.fail(f"(m) {label}: {left} copies left on the poison queue, not {depth - n}")
+    return dict(n=n, depth=depth, rate=rate, wall=res["wall"], cpu=res["cpu"], left=left)
+
+
+def ops(b):
+    """(m): per repetition, the deep queue and the shallow one."""
+    out = dict(deep=[], shallow=[])
+    for rep in range(b.reps):
+        out["deep"].append(ops_run(b, b.sizes["ops_depth"], rep))
+        out["shallow"].append(ops_run(b, b.sizes["ops_selected"], rep))
+    return out

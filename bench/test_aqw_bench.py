@@ -60,7 +60,7 @@ class Flags(unittest.TestCase):
             with self.subTest(argv=argv):
                 with self.assertRaises(aqw_bench.Usage) as cm:
                     self.parse(*argv)
-                self.assertEqual(str(cm.exception), "--only takes one of: breaker, purge, dashboard, users, traces, fleet")
+                self.assertEqual(str(cm.exception), "--only takes one of: breaker, purge, dashboard, users, traces, fleet, ops")
 
     def test_needs_setup(self):
         def status(*argv):
@@ -88,6 +88,18 @@ class Purge(unittest.TestCase):
         self.assertIsNone(figures.purge_figures(dict(deleted=0, requests=257, cpu=0.1)))
         md = "\n".join(report.purge_section([dict(deleted=1000, requests=273, cpu=0.5)], dict(purge=1000)))
         self.assertIn("(i) Purge", md)
+
+    def test_ops_figures_compare_the_rate_and_the_depths(self):
+        run = lambda depth, wall: dict(n=2000, depth=depth, rate=50, wall=wall, cpu=2.0)
+        f = figures.ops_figures(dict(deep=[run(10000, 50.0), None], shallow=[run(2000, 40.0)]))
+        self.assertAlmostEqual(f["deep"]["rps"], 40.0)
+        self.assertAlmostEqual(f["deep"]["vs_rate"], 0.8)
+        self.assertAlmostEqual(f["shallow"]["rps"], 50.0)
+        self.assertAlmostEqual(f["deep_vs_shallow"], 1.25)
+        self.assertAlmostEqual(f["deep"]["cpu_ms_per_record"], 1.0)
+        self.assertIsNone(figures.ops_figures(dict(deep=[None], shallow=[run(2000, 40.0)])))
+        md = "\n".join(report.ops_section(dict(deep=[run(10000, 50.0)], shallow=[run(2000, 40.0)])))
+        self.assertIn("(m) Durable group discard: 2000 records at a 10000-deep poison queue", md)
 
     def test_the_connection_follows_the_azurite_ports(self):
         self.assertEqual(harness.dev_connection({}), "UseDevelopmentStorage=true")

@@ -32,9 +32,37 @@ pub async fn run(
         }
         None => None,
     };
+    let watchers = watch_operations(&app, &shutdown);
     worker.run_reporting(health, shutdown).await;
+    for w in watchers {
+        w.abort();
+    }
     if let Some(s) = server {
         s.abort();
     }
     Ok(())
+}
+
+/// One watcher of durable operations per storage account the functions
+/// use (issue 40): an operation whose executor died is resumed here.
+fn watch_operations(
+    app: &Arc<AppConfig>,
+    shutdown: &CancellationToken,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut seen: Vec<&crate::config::Connection> = vec![];
+    let mut tasks = vec![];
+    for f in &app.functions {
+        if seen.contains(&&f.connection) {
+            continue;
+        }
+        seen.push(&f.connection);
+        let Ok(storage) = crate::app::connect(&f.connection) else {
+            continue;
+        };
+        let owner = format!("run-{}-{}", std::process::id(), tasks.len());
+        let storage: Arc<dyn aqw_core::storage::Storage> = Arc::new(storage);
+        let watch = aqw_core::ops::operation::watch(app.clone(), storage, owner, shutdown.clone());
+        tasks.push(tokio::spawn(watch));
+    }
+    tasks
 }

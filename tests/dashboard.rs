@@ -669,6 +669,19 @@ async fn statuses(app: &TestApp, ids: &[String]) -> Vec<RecordStatus> {
     out
 }
 
+/// A real group action's answer is a redirect to its operation's page:
+/// that page once the operation is done (it runs in the background).
+async fn operation_done(r: &Router, answer: &Reply) -> String {
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    let to = answer.headers["location"].to_str().unwrap().to_string();
+    assert!(to.starts_with("/ops/"), "{to}");
+    eventually("the operation done", Duration::from_secs(30), || async {
+        let page = bget(r, &to).await.body;
+        page.contains("<strong>done</strong>").then_some(page)
+    })
+    .await
+}
+
 /// The value of the hidden `reviewed` field on a review page.
 fn reviewed_of(page: &str) -> String {
     let re = regex::Regex::new(r#"name="reviewed" value="([0-9a-f]+)""#).unwrap();
@@ -721,15 +734,21 @@ async fn a_group_replay_touches_only_that_group_and_only_what_its_dry_run_showed
         &format!("{query}&mode=real&reviewed={reviewed}"),
     )
     .await;
-    assert_eq!(real.status, StatusCode::OK, "{}", real.body);
-    assert!(real.body.contains("Replayed 3 of 3"), "{}", real.body);
+    // It became a durable operation, carried out in the background; the
+    // answer is the operation's page.
+    let op_page = operation_done(&r, &real).await;
+    assert!(
+        op_page.contains("3 done, 0 skipped, 0 failed of 3 selected"),
+        "{op_page}"
+    );
     assert_eq!(statuses(&app, &down).await, [RecordStatus::Replayed; 3]);
     assert_eq!(statuses(&app, &gone).await, [RecordStatus::Open; 2]);
     for id in &down {
-        assert_eq!(
-            poison_record(&app, id).await.replayed_by.as_deref(),
-            Some("oncall")
-        );
+        let by = poison_record(&app, id)
+            .await
+            .replayed_by
+            .unwrap_or_default();
+        assert!(by.starts_with("oncall (operation "), "{by}");
     }
     assert_eq!(
         app.source_count().await,
@@ -781,22 +800,19 @@ async fn a_group_discard_is_reviewed_needs_a_reason_and_closes_keys_when_asked()
         &format!("{query}&mode=real&reviewed={reviewed}&reason=orders+deleted&close_key=1"),
     )
     .await;
-    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
-    assert!(done.body.contains("Discarded 2 of 2"), "{}", done.body);
+    let op_page = operation_done(&r, &done).await;
+    assert!(
+        op_page.contains("2 done, 0 skipped, 0 failed of 2 selected"),
+        "{op_page}"
+    );
     for id in &gone {
         let rec = poison_record(&app, id).await;
         assert_eq!(
-            (
-                rec.status,
-                rec.discarded_by.as_deref(),
-                rec.discard_reason.as_deref()
-            ),
-            (
-                RecordStatus::Discarded,
-                Some("oncall"),
-                Some("orders deleted")
-            )
+            (rec.status, rec.discard_reason.as_deref()),
+            (RecordStatus::Discarded, Some("orders deleted"))
         );
+        let by = rec.discarded_by.unwrap_or_default();
+        assert!(by.starts_with("oncall (operation "), "{by}");
     }
     assert_eq!(statuses(&app, &down).await, [RecordStatus::Open; 3]);
     // Unauthenticated or forged group actions are refused like the others.
@@ -808,5 +824,71 @@ async fn a_group_discard_is_reviewed_needs_a_reason_and_closes_keys_when_asked()
     )
     .await;
     assert_refused(&r, &format!("/q/{q}/group/replay"), "mode=real", &csrf).await;
+    app.cleanup().await;
+}
+
+/// A group discard at half a record a second is cancelled from its page:
+/// the operation stops before its next record, the rest stay open; the
+/// operations list shows it; a cancel without credentials is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_operation_is_listed_watched_and_cancelled_from_its_page() {
+    let app = keyed_app(json!({}));
+    let (down, _) = two_groups(&app).await;
+    let r = dashboard(&app, false);
+    let q = &app.queue;
+    let group = enc("retryable|HTTP 503 ledger down");
+    let csrf = csrf_of(&bget(&r, &format!("/q/{q}?group={group}")).await.body);
+    let query = format!("csrf={csrf}&group={group}");
+    let review = bpost(
+        &r,
+        &format!("/q/{q}/group/discard"),
+        &format!("{query}&mode=dry-run"),
+    )
+    .await;
+    let reviewed = reviewed_of(&review.body);
+    let bad = format!("{query}&mode=real&reviewed={reviewed}&reason=r&rate=0");
+    let refused = bpost(&r, &format!("/q/{q}/group/discard"), &bad).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.body);
+    assert!(
+        refused.body.contains("rate &quot;0&quot;"),
+        "{}",
+        refused.body
+    );
+    let form = format!("{query}&mode=real&reviewed={reviewed}&reason=r&rate=0.5");
+    let started = bpost(&r, &format!("/q/{q}/group/discard"), &form).await;
+    assert_eq!(started.status, StatusCode::SEE_OTHER, "{}", started.body);
+    let to = started.headers["location"].to_str().unwrap().to_string();
+    let list = bget(&r, "/ops").await;
+    assert!(list.body.contains(&to), "{}", list.body);
+    let page = bget(&r, &to).await;
+    assert!(page.body.contains("op-cancel"), "{}", page.body);
+    assert_refused(&r, &format!("{to}/cancel"), "", &csrf).await;
+    let cancel = bpost(&r, &format!("{to}/cancel"), &format!("csrf={csrf}")).await;
+    assert_eq!(cancel.status, StatusCode::SEE_OTHER, "{}", cancel.body);
+    let after = bget(&r, &to).await.body;
+    assert!(
+        after.contains("<strong>cancelled</strong>") && after.contains("cancelled by oncall"),
+        "{after}"
+    );
+    assert!(
+        !after.contains("op-cancel"),
+        "no cancel button on a cancelled operation"
+    );
+    // Give a live executor time to act on a record it should not: at most
+    // the one in flight when the cancel landed.
+    let open = || async {
+        statuses(&app, &down)
+            .await
+            .iter()
+            .filter(|s| **s == RecordStatus::Open)
+            .count()
+    };
+    let at_cancel = open().await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let later = open().await;
+    assert!(
+        at_cancel >= 1 && later + 1 >= at_cancel && later >= 1,
+        "{at_cancel} then {later}"
+    );
     app.cleanup().await;
 }

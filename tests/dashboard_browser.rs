@@ -318,9 +318,43 @@ async fn a_group_replay_and_a_search_in_headless_chromium() {
     }
     b.screenshot(&shots.join("10-group-dry-run.png")).await;
     sink.fail_with(200);
+    // The real replay is a durable operation at the rate chosen here (one
+    // a second, so it is still running when the tab goes): the tab that
+    // launched it is closed, and its progress is watched from another
+    // browser session, through the operations list.
+    let rate = b.find("#group-rate").await;
+    rate.clear().await;
+    rate.send_keys("1").await;
     b.find("#group-replay-real").await.click().await;
-    b.wait_text("#group-done", DEADLINE, |t| t.contains("Replayed 3 of 3"))
+    let launched = b
+        .wait_text("#op-state", DEADLINE, |t| t.starts_with("Operation "))
         .await;
+    let op_id = launched["Operation ".len()..]
+        .split(':')
+        .next()
+        .unwrap()
+        .to_string();
+    b.close().await;
+    let profile2 = tempfile::tempdir().unwrap();
+    let b = driver.session(profile2.path()).await;
+    b.goto(&format!("{base}/login")).await;
+    b.find("#token").await.send_keys(TOKEN).await;
+    b.find("#login").await.click().await;
+    b.wait_text("#alert-state", DEADLINE, |t| {
+        t.contains("ALERT") || t.contains("OK")
+    })
+    .await;
+    b.goto(&format!("{base}/ops")).await;
+    let listed = b.find("#ops").await.text().await;
+    assert!(listed.contains(&op_id), "{listed}");
+    b.find("#ops tbody tr:first-child a").await.click().await;
+    b.wait_text("#op-state", DEADLINE, |t| t.contains("done"))
+        .await;
+    let progress = b.find("#op-progress").await.text().await;
+    assert!(
+        progress.starts_with("3 done, 0 skipped, 0 failed of 3 selected"),
+        "{progress}"
+    );
     b.screenshot(&shots.join("11-group-replayed.png")).await;
     for id in &down {
         assert_eq!(record_status(&app, id).await, RecordStatus::Replayed);

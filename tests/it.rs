@@ -25,6 +25,7 @@ mod dashboard_browser;
 mod dashboard_probes;
 mod delayed;
 mod deploy;
+mod durable_ops;
 mod fleet;
 mod flex;
 // Crash points and the key store's test seam exist in `failpoints` builds only.

@@ -86,6 +86,10 @@ pub enum Command {
     /// Idempotency records.
     #[command(subcommand)]
     Keys(KeysCmd),
+    /// Durable group operations: replay or discard a selection at a rate,
+    /// surviving the process that started it; list, show, cancel, resume.
+    #[command(subcommand)]
+    Ops(super::ops::OpsCmd),
     /// Serve the poison dashboard (status, records, replay/discard/fix) in a browser.
     #[command(
         after_help = "Actions need AQW_DASHBOARD_TOKEN (sign in with it, or send it as a bearer token), or\nAQW_DASHBOARD_TRUST_PRINCIPAL=1 behind App Service / Container Apps authentication;\nAQW_DASHBOARD_USER names the token's holder on the records (default: dashboard).\nWithout either, only --read-only starts.\n\nExamples:\n  AQW_DASHBOARD_TOKEN=$(openssl rand -hex 24) aqw dashboard --app ./app\n  aqw dashboard --read-only --listen 127.0.0.1:9000"

@@ -6,34 +6,30 @@
 //! - the dry run (or review) carries a fingerprint of the ids it showed, and
 //!   the real action re-selects and refuses (409) when the same query now
 //!   selects other records, so an action touches exactly what was reviewed;
-//! - at most [`BULK_LIMIT`] records per action, one group action at a time
-//!   per dashboard (429 otherwise), each record at most [`BULK_RATE`] per
-//!   second, through the same [`crate::ops`] function as the CLI, so every
-//!   record is audited as from the CLI (by = the signed-in principal), plus
-//!   one log event per action naming the query and the fingerprint.
+//! - the real action is a durable operation ([`super::operations`]): a row
+//!   naming who, the query, the fingerprint and the rate the review chose,
+//!   carried out by a background task at that rate, not by the request (a
+//!   closed tab cancels nothing), with no cap on the number of records;
+//!   every record is audited as from the CLI (by = the signed-in principal
+//!   and the operation's id), plus a log event when the operation starts
+//!   and stops naming the query and the fingerprint.
 
 use super::auth::Principal;
 use super::handlers::refusal;
-use super::request::{get, page, pairs, tri, Pairs, Refused, S};
+use super::operations::{bad_request, rate_field, rate_of, selection_of};
+use super::request::{get, page, pairs, see_other, tri, Pairs, Refused, S};
 use super::selection::{self, fingerprint, SelectError};
 use super::views::{self, csrf_field, enc, record_url, Viewer};
 use super::Dashboard;
-use crate::ops::{self, Filter, OpsError, QueueOps, ReplayOptions, ReplayReport};
+use crate::ops::operation::{self, NewOperation, OpKind};
+use crate::ops::{self, Filter, QueueOps, ReplayOptions, ReplayReport};
 use crate::poison::PoisonRecord;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use maud::{html, Markup};
-use std::time::Duration;
 use tokio::sync::MutexGuard;
-
-/// Records one group action may touch; more must be narrowed (or done with
-/// `aqw poison replay`, which has no cap).
-pub const BULK_LIMIT: usize = 500;
-/// Records per second a group action replays or discards: a storm of
-/// re-puts would hit the provider that just recovered all at once.
-pub const BULK_RATE: f64 = 50.0;
 
 /// The query fields a group action carries from the list page to the real action.
 const QUERY_FIELDS: [&str; 6] = ["since", "until", "function", "error", "search", "group"];
@@ -63,8 +59,8 @@ fn describe(query: &Pairs) -> String {
 }
 
 impl Dashboard {
-    /// The open records `form`'s query selects: between 1 and [`BULK_LIMIT`],
-    /// and, for the real action, the very set the dry run showed.
+    /// The open records `form`'s query selects: at least one, and, for the
+    /// real action, the very set the dry run showed.
     async fn bulk_selection(
         &self,
         v: &Viewer,
@@ -84,13 +80,6 @@ impl Dashboard {
         if n == 0 {
             let m = format!("No open record matches ({what}). Nothing was changed.");
             return Err(no(StatusCode::CONFLICT, "Nothing matches", &m));
-        }
-        if n > BULK_LIMIT {
-            let m = format!(
-                "{n} open records match ({what}); a group action from the dashboard takes at most {BULK_LIMIT}. Narrow the filter, or use `aqw poison replay {} --since … --error …`, which has no cap. Nothing was changed.",
-                ops.queue
-            );
-            return Err(no(StatusCode::BAD_REQUEST, "Too many records", &m));
         }
         let ids: Vec<String> = chosen.iter().map(|r| r.message_id.clone()).collect();
         if get(form, "mode") == Some("real") && get(form, "reviewed") != Some(&fingerprint(&ids)) {
@@ -168,18 +157,25 @@ pub async fn replay(
         ids,
         ..
     } = b;
-    let dry_run = get(&form, "mode") != Some("real");
+    if get(&form, "mode") == Some("real") {
+        let kind = OpKind::Replay {
+            past_provider_window: get(&form, "past_provider_window").is_some(),
+            // The review page's "may have taken effect" mark is the check.
+            uncertain_checked: true,
+        };
+        return d
+            .start_group((&v, &p), &queue, &query, &form, &ids, kind)
+            .await;
+    }
     let opts = ReplayOptions {
         filter: Filter {
             ids: ids.clone(),
             ..Filter::default()
         },
-        dry_run,
+        dry_run: true,
         by: p.name.clone(),
-        rate: Some(BULK_RATE),
         concurrency: ops::DEFAULT_REPLAY_CONCURRENCY,
         past_provider_window: get(&form, "past_provider_window").is_some(),
-        // The review page's "may have taken effect" mark is the check.
         uncertain_checked: true,
         ..ReplayOptions::default()
     };
@@ -187,24 +183,41 @@ pub async fn replay(
         Ok(r) => r,
         Err(e) => return d.ops_error(&v, e),
     };
-    let what = describe(&query);
-    if dry_run {
-        let body = replay_review(&queue, &report, &query, &fingerprint(&ids), &v);
-        return page(StatusCode::OK, "Group replay: dry run", &v, None, body);
+    let body = replay_review(&queue, &report, &query, &fingerprint(&ids), &v);
+    page(StatusCode::OK, "Group replay: dry run", &v, None, body)
+}
+
+impl Dashboard {
+    /// The real group action: an operation row for the reviewed selection,
+    /// carried out in the background; the answer is its page.
+    async fn start_group(
+        &self,
+        (v, p): (&Viewer, &Principal),
+        queue: &str,
+        query: &Pairs,
+        form: &Pairs,
+        ids: &[String],
+        kind: OpKind,
+    ) -> Response {
+        let (selection, rate) = match (selection_of(query), rate_of(form)) {
+            (Ok(s), Ok(r)) => (s, r),
+            (Err(m), _) | (_, Err(m)) => return *bad_request(v, &m),
+        };
+        let new = NewOperation {
+            queue: queue.to_string(),
+            kind,
+            by: p.name.clone(),
+            selection,
+            fingerprint: fingerprint(ids),
+            selected: ids.len() as u64,
+            rate,
+            halt_after: operation::DEFAULT_HALT_AFTER,
+        };
+        match self.start_operation(new).await {
+            Ok(op) => see_other(&format!("/ops/{}", enc(&op.id))),
+            Err(e) => self.ops_error(v, e),
+        }
     }
-    tracing::info!(event = "aqw.dashboard.group_replay", queue = %queue, by = %p.name, query = %what, selection = %fingerprint(&ids), selected = report.selected, replayed = report.replayed, already_done = report.already_done, failed = report.failed, "group replayed from the dashboard");
-    let status = if report.failed > 0 {
-        StatusCode::CONFLICT
-    } else {
-        StatusCode::OK
-    };
-    let body = html! {
-        p #group-done { "Replayed " (report.replayed) " of " (report.selected) " (" (what) "); "
-            (report.already_done) " already done (closed without a re-put), " (report.failed) " not replayed." }
-        (views::dry_run_table(&queue, &report))
-        p { a href={ "/q/" (enc(&queue)) } { "Back to the list" } }
-    };
-    page(status, "Group replay", &v, None, body)
 }
 
 pub async fn discard(
@@ -218,10 +231,10 @@ pub async fn discard(
         form,
         v,
         p,
-        ops,
         query,
         chosen,
         ids,
+        ..
     } = b;
     let reason = get(&form, "reason").map(str::trim);
     let close_key = get(&form, "close_key").is_some();
@@ -229,36 +242,12 @@ pub async fn discard(
         let body = discard_review(&queue, &chosen, &query, &fingerprint(&ids), &v);
         return page(StatusCode::OK, "Group discard: review", &v, None, body);
     };
-    let mut failed: Vec<(String, String)> = vec![];
-    let pace = Duration::from_secs_f64(1.0 / BULK_RATE);
-    for id in &ids {
-        let started = tokio::time::Instant::now();
-        if let Err(e) = ops::discard(ops, id, reason, &p.name, close_key).await {
-            failed.push((id.clone(), why(e)));
-        }
-        tokio::time::sleep_until(started + pace).await;
-    }
-    let what = describe(&query);
-    tracing::info!(event = "aqw.dashboard.group_discard", queue = %queue, by = %p.name, query = %what, selection = %fingerprint(&ids), selected = ids.len(), failed = failed.len(), close_key, "group discarded from the dashboard (the reason is on each record)");
-    let status = if failed.is_empty() {
-        StatusCode::OK
-    } else {
-        StatusCode::CONFLICT
+    let kind = OpKind::Discard {
+        reason: reason.to_string(),
+        close_key,
     };
-    let body = html! {
-        p #group-done { "Discarded " (ids.len() - failed.len()) " of " (ids.len()) " (" (what) ")"
-            @if close_key { ", their keys closed" } "." }
-        @if !failed.is_empty() { table #group-failed {
-            thead { tr { th { "id" } th { "not discarded" } } }
-            tbody { @for (id, e) in &failed { tr { td.id { a href=(record_url(&queue, id)) { (id) } } td { (e) } } } }
-        } }
-        p { a href={ "/q/" (enc(&queue)) } { "Back to the list" } }
-    };
-    page(status, "Group discard", &v, None, body)
-}
-
-fn why(e: OpsError) -> String {
-    crate::telemetry::scrub(&format!("{:#}", anyhow::Error::from(e)))
+    d.start_group((&v, &p), &queue, &query, &form, &ids, kind)
+        .await
 }
 
 /// The hidden fields that carry a reviewed query to the real action.
@@ -288,6 +277,7 @@ fn replay_review(
             form method="post" action={ "/q/" (enc(queue)) "/group/replay" } {
                 (carried(query, reviewed, v))
                 @if r.past_provider_window { input type="hidden" name="past_provider_window" value="1"; }
+                (rate_field())
                 button #group-replay-real type="submit" { "Replay these " (r.selected) " for real" }
             }
         }
@@ -317,6 +307,7 @@ fn discard_review(
                 (carried(query, reviewed, v))
                 label { "reason " input #group-discard-reason name="reason" required; }
                 label { input type="checkbox" name="close_key" value="1"; " also close their keys (a producer's resend is then a duplicate)" }
+                (rate_field())
                 button #group-discard-real type="submit" { "Discard these " (records.len()) }
             }
         }

@@ -40,6 +40,7 @@ mod chart;
 mod control;
 mod guard;
 mod handlers;
+mod operations;
 mod payload;
 mod progress;
 mod request;
@@ -210,6 +211,9 @@ pub fn app(state: Arc<Dashboard>) -> Router {
         .route("/q/{queue}/fix", post(handlers::fix))
         .route("/q/{queue}/group/replay", post(bulk::replay))
         .route("/q/{queue}/group/discard", post(bulk::discard))
+        .route("/ops", get(operations::list))
+        .route("/ops/{id}", get(operations::show))
+        .route("/ops/{id}/cancel", post(operations::cancel))
         .route("/q/{queue}/pause", post(control::pause))
         .route("/q/{queue}/resume", post(control::resume))
         .layer(axum::middleware::from_fn_with_state(

@@ -89,6 +89,7 @@ fn nav(v: &Viewer) -> Markup {
             a.brand href="/" { "aqw" }
             a href="/" { "Status" }
             @for q in &v.queues { a href={ "/q/" (enc(q)) } { (q) } }
+            a #nav-ops href="/ops" { "Operations" }
             a #oncall href=(aqw_core::alert::ONCALL_URL) rel="noopener noreferrer" { "On call" }
             span.who {
                 @if v.read_only { span.badge { "read-only" } " " }

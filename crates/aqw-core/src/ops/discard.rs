@@ -31,7 +31,27 @@ async fn discard_record(
     by: &str,
     close_key: bool,
 ) -> OpsResult<PoisonRecord> {
-    let (mut rec, etag) = ops.open_record(id).await?;
+    let (rec, etag) = ops.open_record(id).await?;
+    let rec = close_discarded(ops, rec, &etag, reason, by, close_key).await?;
+    ops.poison
+        .scan_and_delete_copy(&rec, Duration::from_secs(30))
+        .await?;
+    Ok(rec)
+}
+
+/// Close the open record `rec` (at version `etag`) as discarded, its key
+/// first with `close_key`; its poison-queue copy is left to the caller (one
+/// record: a scan now; a durable operation: one scan at its end, so a
+/// record's cost does not grow with the poison queue's depth).
+pub(super) async fn close_discarded(
+    ops: &QueueOps,
+    mut rec: PoisonRecord,
+    etag: &crate::storage::Etag,
+    reason: &str,
+    by: &str,
+    close_key: bool,
+) -> OpsResult<PoisonRecord> {
+    let id = rec.message_id.clone();
     crate::traces::link_to(&tracing::Span::current(), rec.trace_parent.as_deref());
     if close_key {
         let key = rec
@@ -48,10 +68,7 @@ async fn discard_record(
             return Err(OpsError::Usage(refused));
         }
     }
-    ops.poison.close_discarded(&rec, by, reason, &etag).await?;
-    ops.poison
-        .scan_and_delete_copy(&rec, Duration::from_secs(30))
-        .await?;
+    ops.poison.close_discarded(&rec, by, reason, etag).await?;
     rec.status = RecordStatus::Discarded;
     rec.discarded_by = Some(by.into());
     rec.discard_reason = Some(reason.into());

@@ -18,6 +18,7 @@ mod enqueue;
 mod fix;
 mod keys;
 mod list;
+pub mod operation;
 mod purge;
 mod rehearse;
 mod replay;

@@ -262,9 +262,9 @@ pub async fn replay(
 
 /// What every record of one replay shares: the poison copies its scan holds,
 /// and the notes of the records replayed past the provider's key window.
-struct Batch<'a> {
-    receipts: &'a Held,
-    overrides: &'a HashMap<String, String>,
+pub(super) struct Batch<'a> {
+    pub(super) receipts: &'a Held,
+    pub(super) overrides: &'a HashMap<String, String>,
 }
 
 impl<'a> Batch<'a> {
@@ -278,7 +278,7 @@ impl<'a> Batch<'a> {
 /// Records past their function's `providerKeyWindow`: refused (nothing
 /// touched) unless `--past-provider-window`, then id → the note each keeps.
 /// Reads each keyed record's key once more, only when a window is declared.
-async fn past_window_overrides(
+pub(super) async fn past_window_overrides(
     ops: &QueueOps,
     opts: &ReplayOptions,
     selected: &[(PoisonRecord, Option<Etag>)],
@@ -309,7 +309,10 @@ async fn past_window_overrides(
 }
 
 /// The open records matching `filter`, oldest first, with their ETags.
-async fn select(ops: &QueueOps, filter: &Filter) -> OpsResult<Vec<(PoisonRecord, Option<Etag>)>> {
+pub(super) async fn select(
+    ops: &QueueOps,
+    filter: &Filter,
+) -> OpsResult<Vec<(PoisonRecord, Option<Etag>)>> {
     let mut filter = filter.clone();
     filter.status = Some(RecordStatus::Open);
     let mut selected: Vec<(PoisonRecord, Option<Etag>)> = ops
@@ -385,7 +388,7 @@ fn record_key(ops: &QueueOps, rec: &PoisonRecord) -> Option<IdempotencyKey> {
 /// common case needs no read of its own. Per keyed record that is 5 requests:
 /// key read, put, record close, copy delete, key ReplayCount (the last
 /// alongside the two before it: 4 round trips one after another).
-async fn replay_one(
+pub(super) async fn replay_one(
     ops: &QueueOps,
     rec: &PoisonRecord,
     listed_etag: Option<Etag>,

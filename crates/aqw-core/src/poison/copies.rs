@@ -258,20 +258,26 @@ impl PoisonStore {
         Ok(())
     }
 
-    /// Make the copies a scan held but did not delete visible again at once.
+    /// Make the copies a scan held but did not delete visible again at once,
+    /// 16 at a time (a 10,000-deep poison queue is 10,000 requests: one
+    /// after another they took longer than the operation they ended).
     pub async fn release(&self, held: Held) {
+        use futures::StreamExt as _;
         let left: Vec<(String, (String, String))> = held
             .0
             .into_inner()
             .unwrap_or_default()
             .into_iter()
             .collect();
-        for (id, (receipt, text)) in left {
-            let _ = self
-                .poison_queue
+        let queue = &self.poison_queue;
+        futures::stream::iter(left.into_iter().map(|(id, (receipt, text))| async move {
+            let _ = queue
                 .update_visibility(&id, &receipt, &text, Duration::ZERO)
                 .await;
-        }
+        }))
+        .buffer_unordered(16)
+        .collect::<Vec<()>>()
+        .await;
     }
 
     /// Delete the poison-queue copy of a record (already gone is fine): with
@@ -295,6 +301,26 @@ impl PoisonStore {
             }
         }
         Ok(())
+    }
+
+    /// Delete `rec`'s copy with the pop receipt its record kept (the one
+    /// the put returned: valid until someone receives the copy), without a
+    /// scan: true when the copy is gone (deleted now or before), false when
+    /// it may still be there (no copy named, no receipt, or one a scan made
+    /// stale), which only a scan can settle. One request, whatever the
+    /// poison queue's depth.
+    pub async fn delete_copy_by_receipt(&self, rec: &PoisonRecord) -> StorageResult<bool> {
+        let (Some(id), Some(receipt)) = (&rec.poison_message_id, &rec.poison_pop_receipt) else {
+            return Ok(false);
+        };
+        if receipt.is_empty() {
+            return Ok(false);
+        }
+        match self.poison_queue.delete(id, receipt).await {
+            Ok(()) | Err(StorageError::NotFound) => Ok(true),
+            Err(StorageError::Http { status: 400, .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Delete `rec`'s copy once a scan has held the poison queue for `hold`

@@ -112,6 +112,25 @@ impl PoisonStore {
         }
     }
 
+    /// The ids of open records written at or after `since`, keys only: a
+    /// narrow query a durable replay runs every few seconds to see whether
+    /// the jobs it re-put came back poisoned.
+    pub async fn open_ids_since(&self, since: time::OffsetDateTime) -> StorageResult<Vec<String>> {
+        let (status, open, _) = record::OPEN_ERRORS_QUERY;
+        let filter = crate::storage::Filter::eq(status, open)
+            .and(crate::storage::Filter::ChangedSince(since));
+        let query = crate::storage::TableQuery {
+            partition: Some(&self.queue),
+            filter: Some(filter),
+            select: &[status],
+        };
+        match self.records.query_where(&query).await {
+            Ok(rows) => Ok(rows.into_iter().map(|r| r.row_key).collect()),
+            Err(StorageError::NotFound) => Ok(vec![]),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The record `id`: a source message id, or the id of a host copy's record.
     pub async fn find(&self, id: &str) -> StorageResult<Option<(PoisonRecord, Etag)>> {
         for rk in [id.to_string(), super::host_record_id(id)] {

@@ -19,6 +19,9 @@
 //!   paths, kept running or restarted;
 //! - `replay.rs`: a replayed poisoned key runs once;
 //! - `retention.rs`: the purge and the sweep keep what an open record needs;
+//! - `operations.rs`: durable group operations: killed mid-run and resumed
+//!   (each record once), cancelled from another handle, halted by the
+//!   breaker or by replayed jobs coming back poisoned;
 //! - `outage.rs`: the breaker in a full and a partial provider outage, and a
 //!   storage outage.
 
@@ -27,6 +30,7 @@ mod common;
 mod crashes;
 mod fleet;
 mod flow;
+mod operations;
 mod outage;
 mod producer;
 mod replay;

@@ -1,0 +1,329 @@
+//! Durable group operations (issue 40): a group replay or discard is a row
+//! in the control table (partition [`PARTITION`], RowKey the operation's
+//! id), carried out by whoever holds its lease, not by the request that
+//! asked for it. The row says who asked, what (the selection, the
+//! fingerprint of the reviewed ids, a cutoff so records poisoned later are
+//! not swept in), the rate, the state, the counts and the lease; every
+//! write after the insert is conditional on the row's ETag, so a cancel
+//! from any process and a second executor are seen at the next record.
+//!
+//! No ids are stored (10,000 would pass an entity's 1 MiB): a resumed
+//! operation re-selects the still-open records of its selection, and each
+//! record's close is ETag-guarded, so a record handled before a crash is
+//! never selected again. The executor is [`execute`]; this file is the model
+//! and [`OperationStore`], the only code that knows the row's columns.
+
+mod row;
+mod run;
+
+pub use row::{OperationStore, Refresh};
+pub use run::{execute, resume_idle, watch, ExecuteOptions, IDLE_SCAN_INTERVAL, LEASE};
+
+use super::{Filter, OpsError, OpsResult, QueueOps};
+use crate::poison::{PoisonRecord, RecordStatus};
+use crate::redact::Redaction;
+use crate::storage::Etag;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+/// The control-table partition of operation rows.
+pub const PARTITION: &str = "operations";
+
+/// The rate of an operation when none is given: records per second.
+pub const DEFAULT_RATE: f64 = 50.0;
+
+/// The slowest rate an operation may be given: one record every 10 s, so a
+/// record's checkpoint always renews the lease well before it expires.
+pub const MIN_RATE: f64 = 0.1;
+
+/// Records this operation replayed that came back poisoned before it halts
+/// itself, when none is given.
+pub const DEFAULT_HALT_AFTER: u32 = 3;
+
+/// What an operation does with each record.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+pub enum OpKind {
+    /// Re-put each record with its original key (`aqw poison replay`).
+    Replay {
+        /// Replay records past the provider's key window too.
+        past_provider_window: bool,
+        /// The operator checked the provider for uncertain attempts.
+        uncertain_checked: bool,
+    },
+    /// Close each record without a re-put (`aqw poison discard`).
+    Discard {
+        /// Why, kept on each record.
+        reason: String,
+        /// Also close each record's key (a resend becomes a duplicate).
+        close_key: bool,
+    },
+}
+
+impl OpKind {
+    /// `replay` or `discard`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            OpKind::Replay { .. } => "replay",
+            OpKind::Discard { .. } => "discard",
+        }
+    }
+}
+
+/// Where an operation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OpState {
+    /// Created; no executor has started it.
+    Queued,
+    /// An executor holds (or held, until its lease expires) the lease.
+    Running,
+    /// Every selected record was handled.
+    Done,
+    /// Someone cancelled it; records handled before stay handled.
+    Cancelled,
+    /// It stopped itself: the breaker opened, or replayed jobs came back poisoned.
+    Halted,
+    /// It could not go on (its selection no longer parses, say).
+    Failed,
+}
+
+impl OpState {
+    /// The state's name, as the row and the JSON output spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpState::Queued => "queued",
+            OpState::Running => "running",
+            OpState::Done => "done",
+            OpState::Cancelled => "cancelled",
+            OpState::Halted => "halted",
+            OpState::Failed => "failed",
+        }
+    }
+
+    /// The state named `s`.
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            OpState::Queued,
+            OpState::Running,
+            OpState::Done,
+            OpState::Cancelled,
+            OpState::Halted,
+            OpState::Failed,
+        ]
+        .into_iter()
+        .find(|st| st.as_str() == s)
+    }
+
+    /// Done, cancelled, halted or failed: nothing will run it again.
+    pub fn is_final(self) -> bool {
+        !matches!(self, OpState::Queued | OpState::Running)
+    }
+}
+
+/// The records an operation acts on: the open records of one queue that
+/// pass these filters and were poisoned at or before `cutoff`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Selection {
+    /// Only records of this function.
+    pub function: Option<String>,
+    /// Only records whose error matches this regular expression.
+    pub error: Option<String>,
+    /// Only records poisoned at or after this time (RFC 3339).
+    pub since: Option<String>,
+    /// Only records poisoned at or before this time (RFC 3339).
+    pub until: Option<String>,
+    /// Only records of this alert group (`kind|first line masked`, as
+    /// [`group_of`] and the dashboard's groups name it).
+    pub group: Option<String>,
+    /// Only records whose id is this text, or whose key or payload (with
+    /// the function's `redact` fields masked) contains it, ignoring case:
+    /// the dashboard's search.
+    pub search: Option<String>,
+    /// The operation's creation: records poisoned later are not its own.
+    pub cutoff: String,
+}
+
+impl Selection {
+    /// The filter of `poison list` this selection is, forced to open records.
+    pub fn filter(&self) -> Result<Filter, String> {
+        let time = |s: &Option<String>| {
+            s.as_deref()
+                .map(|t| OffsetDateTime::parse(t, &Rfc3339).map_err(|e| format!("{t:?}: {e}")))
+                .transpose()
+        };
+        let error = self
+            .error
+            .as_deref()
+            .map(|re| regex::Regex::new(re).map_err(|e| format!("error pattern {re:?}: {e}")))
+            .transpose()?;
+        let cutoff = Some(self.cutoff.clone());
+        let until = match (time(&self.until)?, time(&cutoff)?) {
+            (Some(u), Some(c)) => Some(u.min(c)),
+            (u, c) => u.or(c),
+        };
+        Ok(Filter {
+            status: Some(RecordStatus::Open),
+            since: time(&self.since)?,
+            until,
+            function: self.function.clone(),
+            error,
+            ids: vec![],
+        })
+    }
+
+    /// A readable summary, for the list and the audit log.
+    pub fn describe(&self) -> String {
+        let mut parts = vec![];
+        for (name, v) in [
+            ("function", &self.function),
+            ("error", &self.error),
+            ("since", &self.since),
+            ("until", &self.until),
+            ("group", &self.group),
+            ("search", &self.search),
+        ] {
+            if let Some(v) = v {
+                parts.push(format!("{name}={v:?}"));
+            }
+        }
+        parts.push(format!("poisoned by {}", self.cutoff));
+        format!("open records with {}", parts.join(", "))
+    }
+}
+
+impl Selection {
+    /// Whether `rec` passes the group and the search (the filter's part is
+    /// [`Selection::filter`]); `redact` is the function's, so a search
+    /// cannot probe a masked field.
+    pub fn picks(&self, rec: &PoisonRecord, redact: &Redaction) -> bool {
+        let in_group = self.group.as_ref().is_none_or(|g| *g == group_of(rec));
+        in_group && self.search.as_deref().is_none_or(|s| found(rec, s, redact))
+    }
+}
+
+/// The alert group of a record: its error kind and first line, masked as
+/// the alert and the dashboard group them.
+pub fn group_of(rec: &PoisonRecord) -> String {
+    let masked = crate::alert::error_group(&rec.error.message).1;
+    format!("{}|{masked}", rec.error.kind.as_str())
+}
+
+fn found(rec: &PoisonRecord, text: &str, redact: &Redaction) -> bool {
+    let needle = text.trim().to_lowercase();
+    let contains = |hay: &str| hay.to_lowercase().contains(&needle);
+    rec.message_id.eq_ignore_ascii_case(&needle)
+        || rec.key.as_deref().is_some_and(contains)
+        || match crate::message::decode(&rec.message, rec.encoding) {
+            Ok(p) => contains(redact.mask(&p).text()),
+            Err(_) => redact.is_empty() && contains(&rec.message),
+        }
+}
+
+/// The open records `sel` picks on `ops`'s queue, oldest first, with their
+/// ETags (payloads included: a search and a replay need them). What an
+/// executor acts on and what a creator fingerprints.
+pub async fn select_open(
+    ops: &QueueOps,
+    sel: &Selection,
+) -> OpsResult<Vec<(PoisonRecord, Option<Etag>)>> {
+    let filter = sel.filter().map_err(OpsError::Usage)?;
+    let none = Redaction::default();
+    let redact = ops.function.as_ref().map_or(&none, |f| &f.redact);
+    let mut all = super::replay::select(ops, &filter).await?;
+    all.retain(|(r, _)| sel.picks(r, redact));
+    Ok(all)
+}
+
+/// The fingerprint of a set of record ids (order does not matter): what a
+/// review showed, so an operation can say it acts on what was reviewed.
+pub fn fingerprint(ids: &[String]) -> String {
+    use sha2::Digest;
+    let mut sorted: Vec<&str> = ids.iter().map(String::as_str).collect();
+    sorted.sort_unstable();
+    let digest = sha2::Sha256::digest(sorted.join("\n").as_bytes());
+    hex::encode(&digest[..12])
+}
+
+/// What an operator asks for; [`OperationStore::create`] makes it a row.
+#[derive(Debug, Clone)]
+pub struct NewOperation {
+    /// The source queue.
+    pub queue: String,
+    /// What to do with each record.
+    pub kind: OpKind,
+    /// Who asks (kept on the row and, with the operation's id, on each record).
+    pub by: String,
+    /// Which records (an empty cutoff is set to the creation time).
+    pub selection: Selection,
+    /// The fingerprint of the ids the operator reviewed.
+    pub fingerprint: String,
+    /// How many records the review showed.
+    pub selected: u64,
+    /// Records per second (at least [`MIN_RATE`]).
+    pub rate: f64,
+    /// Replayed records back in the poison table before it halts itself.
+    pub halt_after: u32,
+}
+
+/// An operation row, read.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Operation {
+    /// Its id (the row's RowKey): time-sortable.
+    pub id: String,
+    /// The source queue.
+    pub queue: String,
+    /// What it does with each record.
+    pub kind: OpKind,
+    /// Who asked.
+    pub by: String,
+    /// When (RFC 3339).
+    pub created_at: String,
+    /// Which records.
+    pub selection: Selection,
+    /// The fingerprint of the ids the operator reviewed.
+    pub fingerprint: String,
+    /// How many records the review showed.
+    pub selected: u64,
+    /// Records per second.
+    pub rate: f64,
+    /// Replayed records back in the poison table before it halts itself.
+    pub halt_after: u32,
+    /// Where it stands.
+    pub state: OpState,
+    /// Records handled (replayed, closed as already done, discarded).
+    pub done: u64,
+    /// Records left alone (someone else closed them, a gate refused them).
+    pub skipped: u64,
+    /// Records an error stopped.
+    pub failed: u64,
+    /// Records this operation replayed that came back poisoned.
+    pub returned_poisoned: u64,
+    /// The last error or refusal, one line.
+    pub last_error: Option<String>,
+    /// Why it was cancelled, halted or failed (and by whom).
+    pub stop_reason: Option<String>,
+    /// The executor holding the lease.
+    pub lease_owner: Option<String>,
+    /// Until when (RFC 3339).
+    pub lease_until: Option<String>,
+    /// The last write to the row (RFC 3339).
+    pub updated_at: String,
+}
+
+impl Operation {
+    /// Whether its lease is free at `now`: none, or expired.
+    pub fn lease_free(&self, now: OffsetDateTime) -> bool {
+        self.lease_until
+            .as_deref()
+            .and_then(|t| OffsetDateTime::parse(t, &Rfc3339).ok())
+            .is_none_or(|until| until <= now)
+    }
+
+    /// The `by` each record it touches keeps: who asked, and through which operation.
+    pub fn record_by(&self) -> String {
+        format!("{} (operation {})", self.by, self.id)
+    }
+}

@@ -1,0 +1,390 @@
+//! The executor of a durable operation: whoever holds the row's lease
+//! handles the still-open records of its selection, one at a time at the
+//! operation's rate, and writes its counts (renewing the lease) after each
+//! record under the row's ETag, so a cancel from any process stops it
+//! before its next record. It halts itself when the target function's
+//! breaker opens or when [`super::Operation::halt_after`] of the jobs it
+//! replayed come back poisoned. A record's poison-queue copy is deleted with
+//! the pop receipt its record kept (one request); copies that cannot be
+//! (a scan made the receipt stale) are swept in one pass at the end, so a
+//! record's cost does not grow with the poison queue's depth.
+
+use super::{OpKind, OpState, Operation, OperationStore, Refresh};
+use crate::config::AppConfig;
+use crate::ops::replay::{past_window_overrides, replay_one, Batch};
+use crate::ops::{OpsError, OpsResult, QueueOps, ReplayAction, ReplayOptions};
+use crate::poison::{Held, PoisonRecord};
+use crate::storage::{Etag, Storage, StorageError};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+use tokio::time::Instant;
+
+/// How long an executor's lease lasts; renewed with every record (at
+/// [`super::MIN_RATE`] at least every 10 s), so a dead executor's operation
+/// is free again within a minute.
+pub const LEASE: Duration = Duration::from_secs(60);
+
+/// How often an idle `aqw run` looks for an operation whose executor died
+/// (one query of the operations partition; jittered by the caller).
+pub const IDLE_SCAN_INTERVAL: Duration = Duration::from_secs(30);
+
+/// How often a running operation reads the breaker and the records its
+/// replayed jobs may have come back as (2 requests).
+const HALT_CHECK: Duration = Duration::from_secs(2);
+
+/// How long the end-of-run sweep holds the poison queue's copies.
+const SWEEP_HOLD: Duration = Duration::from_secs(120);
+
+/// Who executes, and for how long a lease.
+#[derive(Debug, Clone)]
+pub struct ExecuteOptions {
+    /// The executor's id (kept on the row as the lease owner).
+    pub owner: String,
+    /// How long a lease lasts ([`LEASE`]).
+    pub lease: Duration,
+    /// Take the lease even while another executor holds it
+    /// ([`OperationStore::claim`]).
+    pub take_over: bool,
+}
+
+/// Carry out operation `id` on `ops` (its queue) if its lease is free:
+/// the row as it was left (done, halted, cancelled, failed, or taken over
+/// by another executor); `None` when it was not this executor's to run.
+/// A storage error on the row itself ends the run with `Err`; the lease
+/// then expires and the next executor resumes.
+pub async fn execute(
+    ops: &QueueOps,
+    store: &OperationStore,
+    id: &str,
+    opts: &ExecuteOptions,
+) -> OpsResult<Option<Operation>> {
+    let Some((op, etag)) = store
+        .claim(id, &opts.owner, opts.lease, opts.take_over)
+        .await?
+    else {
+        return Ok(None);
+    };
+    tracing::info!(event = "aqw.operation.started", operation = %op.id, queue = %op.queue,
+        kind = op.kind.name(), by = %op.by, owner = %crate::scrub::one_line(&opts.owner),
+        selection = %crate::scrub::one_line(&op.selection.describe()), fingerprint = %op.fingerprint,
+        done = op.done, "an executor took the operation's lease");
+    let resumed = op.updated_at != op.created_at;
+    let run = Run {
+        base_returned: op.returned_poisoned,
+        ops,
+        store,
+        op,
+        etag,
+        lease: opts.lease,
+        put_ids: HashSet::new(),
+        checked: None,
+        copies_left: false,
+        // The row as read before this claim: written since its creation
+        // means an executor claimed it before.
+        resumed,
+    };
+    run.go().await.map(Some)
+}
+
+/// Resume every unfinished operation on one of `app`'s queues whose lease
+/// is free (its executor died): what an idle `aqw run` does every
+/// [`IDLE_SCAN_INTERVAL`]. One partition query when there is none.
+pub async fn resume_idle(
+    app: &Arc<AppConfig>,
+    storage: &dyn Storage,
+    opts: &ExecuteOptions,
+) -> OpsResult<usize> {
+    let store = OperationStore::new(storage.table(&app.control_table));
+    let now = crate::clock::now_utc();
+    let mut ran = 0;
+    for op in store.unfinished().await? {
+        if !op.lease_free(now) || app.function_for_queue(&op.queue).is_none() {
+            continue;
+        }
+        let ops = QueueOps::new(app.clone(), &op.queue, storage);
+        if execute(&ops, &store, &op.id, opts).await?.is_some() {
+            ran += 1;
+        }
+    }
+    Ok(ran)
+}
+
+/// What an `aqw run` replica does between jobs: every
+/// [`IDLE_SCAN_INTERVAL`] (±20 %, so replicas spread out) one query of the
+/// operations partition, and when an unfinished operation's lease is free,
+/// carry it out. Stops at `shutdown`; an operation it was running is left
+/// mid-way, as by a crash, and resumed by the next executor once the lease
+/// expires. An error is logged and the next round tries again.
+pub async fn watch(
+    app: Arc<AppConfig>,
+    storage: Arc<dyn Storage>,
+    owner: String,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let opts = ExecuteOptions {
+        owner,
+        lease: LEASE,
+        take_over: false,
+    };
+    loop {
+        let jitter = rand::random::<f64>() * 0.4 + 0.8;
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(IDLE_SCAN_INTERVAL.mul_f64(jitter)) => {}
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = resume_idle(&app, storage.as_ref(), &opts) => if let Err(e) = r {
+                let e = crate::scrub::one_line(&crate::scrub::scrub(&e.to_string()));
+                tracing::warn!(event = "aqw.operation.watch_failed", error = %e, "could not look for operations to resume; trying again next round");
+            }
+        }
+    }
+}
+
+/// One executor's run of one operation.
+struct Run<'a> {
+    ops: &'a QueueOps,
+    store: &'a OperationStore,
+    op: Operation,
+    etag: Etag,
+    lease: Duration,
+    /// The messages this run re-put (to know them if they come back poisoned).
+    put_ids: HashSet<String>,
+    /// The returned count an earlier executor left on the row.
+    base_returned: u64,
+    /// When the breaker and the returns were last read.
+    checked: Option<Instant>,
+    /// A record's copy could not be deleted by its kept receipt: sweep.
+    copies_left: bool,
+    /// An executor ran it before this one.
+    resumed: bool,
+}
+
+impl Run<'_> {
+    async fn go(mut self) -> OpsResult<Operation> {
+        let selected = match super::select_open(self.ops, &self.op.selection).await {
+            Ok(s) => s,
+            Err(OpsError::Usage(e)) => return self.finish(OpState::Failed, Some(&e)).await,
+            Err(e) => return Err(e),
+        };
+        let interval = Duration::from_secs_f64(1.0 / self.op.rate.max(super::MIN_RATE));
+        let start = Instant::now();
+        for (i, (rec, etag)) in selected.into_iter().enumerate() {
+            tokio::time::sleep_until(start + interval.mul_f64(i as f64)).await;
+            if let Some(why) = self.should_halt().await? {
+                return self.finish(OpState::Halted, Some(&why)).await;
+            }
+            self.handle(rec, etag).await;
+            match self
+                .store
+                .checkpoint(&self.op, &self.etag, self.lease)
+                .await?
+            {
+                Refresh::Go(e) => self.etag = e,
+                Refresh::Stop(now) => return Ok(self.stopped(now)),
+            }
+        }
+        // A resumed run cannot know what its predecessor left between a
+        // record's close and its copy's delete: it always sweeps.
+        let resumed = self.resumed;
+        if (self.copies_left || resumed) && self.sweep().await.is_err() {
+            self.op.last_error = Some("poison-queue copies left for the next scan".into());
+        }
+        self.finish(OpState::Done, None).await
+    }
+
+    /// Handle one record, counting how it went.
+    async fn handle(&mut self, rec: PoisonRecord, etag: Option<Etag>) {
+        let outcome = match self.op.kind.clone() {
+            OpKind::Discard { reason, close_key } => {
+                self.discard(rec, etag, &reason, close_key).await
+            }
+            OpKind::Replay {
+                past_provider_window,
+                uncertain_checked,
+            } => {
+                let opts = ReplayOptions {
+                    by: self.op.record_by(),
+                    past_provider_window,
+                    uncertain_checked,
+                    concurrency: 1,
+                    ..ReplayOptions::default()
+                };
+                self.replay(rec, etag, &opts).await
+            }
+        };
+        match outcome {
+            Outcome::Done => self.op.done += 1,
+            Outcome::Skipped(why) => {
+                self.op.skipped += 1;
+                self.op.last_error = Some(why);
+            }
+            Outcome::Failed(why) => {
+                self.op.failed += 1;
+                self.op.last_error = Some(why);
+            }
+        }
+    }
+
+    async fn discard(
+        &mut self,
+        rec: PoisonRecord,
+        etag: Option<Etag>,
+        reason: &str,
+        close_key: bool,
+    ) -> Outcome {
+        let id = rec.message_id.clone();
+        let (rec, etag) = match etag {
+            Some(e) => (rec, e),
+            None => match self.ops.poison.reread(&rec).await {
+                Ok(Some(found)) => found,
+                Ok(None) => return Outcome::Skipped(format!("{id}: record vanished")),
+                Err(e) => return Outcome::Failed(format!("{id}: {e}")),
+            },
+        };
+        let by = self.op.record_by();
+        let closing =
+            crate::ops::discard::close_discarded(self.ops, rec, &etag, reason, &by, close_key);
+        match closing.await {
+            Ok(closed) => {
+                self.note_copy(&closed).await;
+                Outcome::Done
+            }
+            Err(OpsError::Storage(StorageError::PreconditionFailed)) => Outcome::Skipped(format!(
+                "{id}: changed meanwhile (another replay or discard?)"
+            )),
+            Err(OpsError::Usage(why)) => Outcome::Skipped(format!("{id}: {why}")),
+            Err(e) => Outcome::Failed(format!("{id}: {e}")),
+        }
+    }
+
+    async fn replay(
+        &mut self,
+        rec: PoisonRecord,
+        etag: Option<Etag>,
+        opts: &ReplayOptions,
+    ) -> Outcome {
+        let id = rec.message_id.clone();
+        let listed = [(rec, etag)];
+        let overrides = match past_window_overrides(self.ops, opts, &listed).await {
+            Ok(o) => o,
+            Err(e) => return Outcome::Skipped(format!("{id}: {e}")),
+        };
+        let [(rec, etag)] = listed;
+        let batch = Batch {
+            receipts: &Held::default(),
+            overrides: &overrides,
+        };
+        match replay_one(self.ops, &rec, etag, opts, &batch).await {
+            Ok(item) => match item.action {
+                ReplayAction::Replayed => {
+                    self.put_ids.extend(item.new_message_id);
+                    self.note_copy(&rec).await;
+                    Outcome::Done
+                }
+                ReplayAction::AlreadyDone => {
+                    self.note_copy(&rec).await;
+                    Outcome::Done
+                }
+                ReplayAction::Failed => {
+                    Outcome::Failed(format!("{id}: {}", item.detail.unwrap_or_default()))
+                }
+                _ => Outcome::Skipped(format!("{id}: {}", item.detail.unwrap_or_default())),
+            },
+            Err(e) => Outcome::Failed(format!("{id}: {e}")),
+        }
+    }
+
+    /// Why to halt now, if the function's breaker is open or too many
+    /// replayed jobs came back poisoned; read every [`HALT_CHECK`].
+    async fn should_halt(&mut self) -> OpsResult<Option<String>> {
+        if self.checked.is_some_and(|t| t.elapsed() < HALT_CHECK) {
+            return Ok(None);
+        }
+        self.checked = Some(Instant::now());
+        let function = self.ops.function.as_ref().map(|f| f.name.clone());
+        if let Some(f) = function {
+            let control = self.ops.control.get(&f).await?;
+            if let Some(b) = control.breaker.filter(|b| b.state != "closed") {
+                return Ok(Some(format!(
+                    "the breaker of {f} is {}: {}",
+                    b.state, b.reason
+                )));
+            }
+        }
+        if self.put_ids.is_empty() || self.op.halt_after == 0 {
+            return Ok(None);
+        }
+        let since = OffsetDateTime::parse(&self.op.created_at, &Rfc3339)
+            .unwrap_or_else(|_| crate::clock::now_utc());
+        let open = self.ops.poison.open_ids_since(since).await?;
+        let back = open.iter().filter(|id| self.put_ids.contains(*id)).count() as u64;
+        self.op.returned_poisoned = self.base_returned + back;
+        Ok(
+            (self.op.returned_poisoned >= u64::from(self.op.halt_after)).then(|| {
+                format!(
+                    "{} job(s) this operation replayed came back poisoned (it halts at {})",
+                    self.op.returned_poisoned, self.op.halt_after
+                )
+            }),
+        )
+    }
+
+    /// Delete a closed record's copy by the receipt it kept; when that
+    /// cannot be done, the end-of-run sweep will.
+    async fn note_copy(&mut self, rec: &PoisonRecord) {
+        let gone = self.ops.poison.delete_copy_by_receipt(rec).await;
+        self.copies_left |= !gone.unwrap_or(false);
+    }
+
+    /// One pass over the poison queue: the scan deletes the copies of every
+    /// closed record (this run's among them) and releases the rest.
+    async fn sweep(&self) -> OpsResult<()> {
+        let held = self.ops.poison.scan(Some(SWEEP_HOLD)).await?;
+        self.ops.poison.release(held).await;
+        Ok(())
+    }
+
+    async fn finish(mut self, state: OpState, reason: Option<&str>) -> OpsResult<Operation> {
+        match self
+            .store
+            .finish(&self.op, &self.etag, state, reason)
+            .await?
+        {
+            Refresh::Go(_) => {
+                self.op.state = state;
+                self.op.stop_reason = reason.map(str::to_string);
+                self.op.lease_until = None;
+                log_end(&self.op);
+                Ok(self.op)
+            }
+            Refresh::Stop(now) => Ok(self.stopped(now)),
+        }
+    }
+
+    /// The row said stop: it is as someone else left it.
+    fn stopped(self, now: Option<Box<Operation>>) -> Operation {
+        let op = now.map(|o| *o).unwrap_or(self.op);
+        log_end(&op);
+        op
+    }
+}
+
+fn log_end(op: &Operation) {
+    tracing::info!(event = "aqw.operation.stopped", operation = %op.id, queue = %op.queue,
+        kind = op.kind.name(), by = %op.by, state = op.state.as_str(), done = op.done,
+        skipped = op.skipped, failed = op.failed, returned_poisoned = op.returned_poisoned,
+        reason = %op.stop_reason.as_deref().unwrap_or(""), fingerprint = %op.fingerprint,
+        "the operation stopped (each record it touched names it)");
+}
+
+/// How one record went.
+enum Outcome {
+    Done,
+    Skipped(String),
+    Failed(String),
+}

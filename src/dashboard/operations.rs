@@ -1,0 +1,239 @@
+//! Durable group operations on the dashboard (issue 40): a group replay or
+//! discard, once reviewed, becomes an operation row carried out by a
+//! background task of this process (not by the request: a closed tab
+//! cancels nothing; if this process dies, an idle `aqw run` resumes it once
+//! its lease expires). `/ops` lists the operations, `/ops/{id}` watches
+//! one (refreshing itself while it runs) and cancels it.
+
+use super::request::{get, page, pairs, see_other, tri, Pairs, Refused, S};
+use super::views::{csrf_field, enc, Viewer};
+use super::Dashboard;
+use crate::ops::operation::{
+    self as operation, ExecuteOptions, NewOperation, OpKind, Operation, OperationStore, Selection,
+};
+use crate::ops::{OpsError, QueueOps};
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use maud::{html, Markup};
+use std::sync::Arc;
+
+/// Seconds between refreshes of a running operation's page.
+const REFRESH_SECS: u32 = 2;
+
+/// The operation selection a group action's query is: the list page's
+/// filter (its error box is a case-insensitive substring), search and group.
+pub(super) fn selection_of(query: &Pairs) -> Result<Selection, String> {
+    let time = |k: &str| {
+        get(query, k)
+            .map(|s| crate::ops::parse_time(s).map(crate::idempotency::fmt_time))
+            .transpose()
+            .map_err(|e| format!("{k}: {e}"))
+    };
+    Ok(Selection {
+        function: get(query, "function").map(str::to_string),
+        error: get(query, "error").map(|e| format!("(?i){}", regex::escape(e))),
+        since: time("since")?,
+        until: time("until")?,
+        group: get(query, "group").map(str::to_string),
+        search: get(query, "search").map(str::to_string),
+        cutoff: String::new(),
+    })
+}
+
+/// The rate a review form asked for (records per second), checked.
+pub(super) fn rate_of(form: &Pairs) -> Result<f64, String> {
+    let Some(text) = get(form, "rate") else {
+        return Ok(operation::DEFAULT_RATE);
+    };
+    match text.trim().parse::<f64>() {
+        Ok(r) if r.is_finite() && (operation::MIN_RATE..=1000.0).contains(&r) => Ok(r),
+        _ => Err(format!(
+            "rate {:?}: records per second must be between {} and 1000. Nothing was changed.",
+            crate::telemetry::scrub(text),
+            operation::MIN_RATE
+        )),
+    }
+}
+
+/// The rate box of a review form.
+pub(super) fn rate_field() -> Markup {
+    html! {
+        label { "records per second " input #group-rate name="rate" type="number" min="0.1" max="1000" step="any" value=(operation::DEFAULT_RATE); }
+    }
+}
+
+impl Dashboard {
+    fn owned_queue(&self, name: &str) -> Option<Arc<QueueOps>> {
+        self.queues.iter().find(|q| q.queue == name).cloned()
+    }
+
+    /// Every distinct operations store (one per control table the queues use).
+    fn op_stores(&self) -> Vec<OperationStore> {
+        let mut seen = vec![];
+        let mut stores = vec![];
+        for q in &self.queues {
+            let t = q.control.table();
+            if !seen
+                .iter()
+                .any(|s: &Arc<dyn crate::storage::TableStore>| Arc::ptr_eq(s, t))
+            {
+                seen.push(t.clone());
+                stores.push(OperationStore::new(t.clone()));
+            }
+        }
+        stores
+    }
+
+    /// Create the operation and start its executor on a task of its own.
+    pub(super) async fn start_operation(&self, new: NewOperation) -> Result<Operation, OpsError> {
+        let ops = self
+            .owned_queue(&new.queue)
+            .ok_or_else(|| OpsError::Usage(format!("no function consumes {}", new.queue)))?;
+        let store = OperationStore::new(ops.control.table().clone());
+        let op = store.create(&new).await?;
+        let id = op.id.clone();
+        let opts = ExecuteOptions {
+            owner: format!("dashboard-{}", std::process::id()),
+            lease: operation::LEASE,
+            take_over: false,
+        };
+        tokio::spawn(async move {
+            if let Err(e) = operation::execute(&ops, &store, &id, &opts).await {
+                let e = crate::telemetry::scrub(&e.to_string());
+                tracing::warn!(event = "aqw.operation.executor_failed", operation = %id, error = %e, "the operation stopped on a storage error; its lease expires and an idle `aqw run` resumes it");
+            }
+        });
+        Ok(op)
+    }
+
+    async fn find_op(&self, id: &str) -> Result<Option<Operation>, OpsError> {
+        for store in self.op_stores() {
+            if let Some((op, _)) = store.get(id).await? {
+                return Ok(Some(op));
+            }
+        }
+        Ok(None)
+    }
+}
+
+pub async fn list(State(d): S, headers: HeaderMap) -> Response {
+    let v = tri!(d.gate(&headers));
+    let mut all = vec![];
+    for store in d.op_stores() {
+        match store.list().await {
+            Ok(ops) => all.extend(ops),
+            Err(e) => return d.ops_error(&v, e.into()),
+        }
+    }
+    all.sort_by(|a, b| b.id.cmp(&a.id));
+    let running = all.iter().any(|o| !o.state.is_final());
+    let body = html! {
+        @if all.is_empty() { p #ops-none { "No group operation yet." } }
+        @else { table #ops {
+            thead { tr { th { "id" } th { "state" } th { "kind" } th { "queue" } th { "done / selected" } th { "by" } } }
+            tbody { @for o in &all { tr {
+                td.id { a href={ "/ops/" (enc(&o.id)) } { (o.id) } }
+                td.state { (o.state.as_str()) } td { (o.kind.name()) } td { (o.queue) }
+                td { (o.done) " / " (o.selected) } td { (o.by) }
+            } } }
+        } }
+    };
+    page(
+        StatusCode::OK,
+        "Group operations",
+        &v,
+        running.then_some(REFRESH_SECS),
+        body,
+    )
+}
+
+pub async fn show(State(d): S, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    let v = tri!(d.gate(&headers));
+    let op = match d.find_op(&id).await {
+        Ok(Some(op)) => op,
+        Ok(None) => {
+            return super::handlers::refusal(
+                StatusCode::NOT_FOUND,
+                "No such operation",
+                &v,
+                "No group operation has that id.",
+            )
+        }
+        Err(e) => return d.ops_error(&v, e),
+    };
+    let refresh = (!op.state.is_final()).then_some(REFRESH_SECS);
+    page(
+        StatusCode::OK,
+        "Group operation",
+        &v,
+        refresh,
+        op_view(&op, &v),
+    )
+}
+
+fn op_view(op: &Operation, v: &Viewer) -> Markup {
+    html! {
+        p #op-state { "Operation " (op.id) ": " strong { (op.state.as_str()) } ", " (op.kind.name()) " on " (op.queue) "." }
+        p #op-progress { (op.done) " done, " (op.skipped) " skipped, " (op.failed) " failed of "
+            (op.selected) " selected, at " (op.rate) " per second." }
+        dl {
+            dt { "asked by" } dd { (op.by) " at " (op.created_at) }
+            dt { "selection" } dd { (op.selection.describe()) }
+            dt { "fingerprint of the reviewed ids" } dd.id { (op.fingerprint) }
+            @if let OpKind::Discard { reason, close_key } = &op.kind {
+                dt { "reason" } dd { (reason) @if *close_key { " (keys closed)" } }
+            }
+            @if op.returned_poisoned > 0 { dt { "replayed jobs back in poison" } dd { (op.returned_poisoned) } }
+            @if let Some(r) = &op.stop_reason { dt { "stopped" } dd #op-stopped { (r) } }
+            @if let Some(e) = &op.last_error { dt { "last error" } dd { (e) } }
+            @if let (Some(o), false) = (&op.lease_owner, op.state.is_final()) {
+                dt { "carried out by" } dd { (o) " until " (op.lease_until.as_deref().unwrap_or("?")) }
+            }
+        }
+        @if v.can_act && !op.state.is_final() {
+            form method="post" action={ "/ops/" (enc(&op.id)) "/cancel" } {
+                (csrf_field(v))
+                button #op-cancel type="submit" { "Cancel this operation" }
+            }
+        }
+        p { a href="/ops" { "All operations" } " · " a href={ "/q/" (enc(&op.queue)) } { "Back to the list" } }
+    }
+}
+
+pub async fn cancel(
+    State(d): S,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let form = pairs(&body);
+    let (v, p) = tri!(d.actor(&headers, &form));
+    for store in d.op_stores() {
+        match store.cancel(&id, &p.name).await {
+            Ok(Ok(_)) => return see_other(&format!("/ops/{}", enc(&id))),
+            Ok(Err(why)) if why.starts_with("no operation") => continue,
+            Ok(Err(why)) => {
+                return super::handlers::refusal(StatusCode::CONFLICT, "Not cancelled", &v, &why)
+            }
+            Err(e) => return d.ops_error(&v, e.into()),
+        }
+    }
+    super::handlers::refusal(
+        StatusCode::NOT_FOUND,
+        "No such operation",
+        &v,
+        "No group operation has that id.",
+    )
+}
+
+/// A refusal page for a group action's bad rate or selection.
+pub(super) fn bad_request(v: &Viewer, m: &str) -> Refused {
+    Box::new(super::handlers::refusal(
+        StatusCode::BAD_REQUEST,
+        "Bad request",
+        v,
+        m,
+    ))
+}
