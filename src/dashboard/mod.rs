@@ -3,7 +3,8 @@
 //! with a dry run first, discard with a reason, fix a payload, close a key),
 //! each through the same [`crate::ops`] function as its CLI command; and
 //! the same actions on every open record a filter or an error group selects
-//! (`bulk.rs`: a dry run or review first, at most 500 records, rate-limited).
+//! (`bulk.rs`: a dry run or review first, then a durable operation at its
+//! rate, carried out off the request: `operations.rs`).
 //!
 //! Why its own command, not a `/ui` on the worker's ops port: the ops port
 //! (`/healthz`, `/readyz`, `/metrics`) is what the Functions host and the
