@@ -55,7 +55,7 @@ Scenarios:
       (examples/bench_worker) with flow limits off and on
       (`{"callsPerSecond": 1000, "inFlight": 10000}`): CPU and storage
       requests per message, the on / off ratio.
---only breaker|purge|dashboard|users|traces|fleet runs one of (h), (i), (j), (k), (g), (l) by itself.
+--only breaker|purge|dashboard|users|traces|fleet|claim-check runs one of (h), (i), (j), (k), (g), (l), (m) by itself.
 Azurite: the default ports, or AQW_AZURITE_QUEUE_PORT / AQW_AZURITE_TABLE_PORT /
 AQW_AZURITE_BLOB_PORT (with AQW_AZURITE_STATE) for an instance of one's own;
 the workers connect to the same ports.
@@ -131,7 +131,7 @@ def parse_args(argv):
 
 
 # Scenarios `--only` runs by themselves (without the background probes).
-ONLY = ("breaker", "purge", "dashboard", "users", "traces", "fleet")
+ONLY = ("breaker", "purge", "dashboard", "users", "traces", "fleet", "claim-check")
 
 
 def target_dir():
@@ -171,6 +171,7 @@ def run_all(b):
     j = scenarios.dashboard(b)
     k = scenarios.users(b)
     l_ = scenarios.fleet(b)
+    m_ = scenarios.claim_check(b)
     # A probe failing must not lose the whole run's figures.
     try:
         e["idle"] = idle_latency.finish(b.sizes["latency_idle_samples"])
@@ -183,7 +184,7 @@ def run_all(b):
         b.fail(f"(c) idle probe: {ex!r}")
         c = None
     b.azurite("stop", b.probe_azurite)
-    return dict(a=a, b=rb, c=c, d=d, e=e, f=scale, g=g, h=h, i=i, j=j, k=k, l=l_)
+    return dict(a=a, b=rb, c=c, d=d, e=e, f=scale, g=g, h=h, i=i, j=j, k=k, l=l_, m=m_)
 
 
 def run_only(b, only):
@@ -198,6 +199,8 @@ def run_only(b, only):
         return dict(g=scenarios.traces(b))
     if only == "fleet":
         return dict(l=scenarios.fleet(b))
+    if only == "claim-check":
+        return dict(m=scenarios.claim_check(b))
     assert only == "breaker"
     return dict(h=scenarios.breaker(b))
 

@@ -40,6 +40,7 @@ def sizes(smoke):
         dashboard_large=200 if smoke else 10000,
         flow=40 if smoke else 1000,
         fleet_hours=1 if smoke else 24,
+        claim_check=20 if smoke else 500,
     )
 
 
@@ -382,11 +383,12 @@ def write_app(app_dir, queue, keys, poison, key="bench:{/id}", handler=None, que
 class Feeder:
     """`ceiling enqueue` in the background: first wave on the queue, then top-ups."""
 
-    def __init__(self, b, queue, count, tag, name):
+    def __init__(self, b, queue, count, tag, name, extra=None):
         self.b = b
         self.ready = os.path.join(b.work, f"{name}.ready")
         self.cmd = [b.ceiling_exe, "enqueue", "--queue", queue, "--count", str(count), "--tag", tag,
-                    "--max-depth", str(MAX_DEPTH), "--ready-file", self.ready]
+                    "--max-depth", str(MAX_DEPTH), "--ready-file", self.ready] + list(extra or [])
+        self.result = None
         b.commands.setdefault("feed the queue in waves (keyed jobs {\"id\": \"$TAG-<i>\"})",
                               b.show(self.cmd, {queue: "$QUEUE", tag: "$TAG", self.ready: "$RUN_DIR/ready"}))
         self.p = b.proc(self.cmd, name)
@@ -405,6 +407,7 @@ class Feeder:
 
     def finish(self):
         r = self.p.wait()
+        self.result = r.get("json")
         if r["rc"] != 0 or r["timed_out"]:
             self.b.fail(f"{self.p.name}: enqueue failed: {self.p.tail()}")
             return False

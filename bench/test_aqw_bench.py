@@ -60,7 +60,7 @@ class Flags(unittest.TestCase):
             with self.subTest(argv=argv):
                 with self.assertRaises(aqw_bench.Usage) as cm:
                     self.parse(*argv)
-                self.assertEqual(str(cm.exception), "--only takes one of: breaker, purge, dashboard, users, traces, fleet")
+                self.assertEqual(str(cm.exception), "--only takes one of: breaker, purge, dashboard, users, traces, fleet, claim-check")
 
     def test_needs_setup(self):
         def status(*argv):
@@ -88,6 +88,25 @@ class Purge(unittest.TestCase):
         self.assertIsNone(figures.purge_figures(dict(deleted=0, requests=257, cpu=0.1)))
         md = "\n".join(report.purge_section([dict(deleted=1000, requests=273, cpu=0.5)], dict(purge=1000)))
         self.assertIn("(i) Purge", md)
+
+    def test_claim_check_figures_count_the_blob_requests_per_job(self):
+        def run(requests, feed, cpu_s):
+            return dict(n=10, json=dict(requests=requests, cpu_s=cpu_s), feed=dict(requests=feed))
+        inline = run({"queue.receive:200": 1, "table.insert:204": 10, "table.update:204": 10,
+                      "queue.delete:204": 10, "queue.create:201": 1}, {"queue.put:201": 10}, 0.01)
+        claim = run({"queue.receive:200": 1, "table.insert:204": 10, "table.update:204": 10,
+                     "queue.delete:204": 10, "blob.get:200": 10}, {"queue.put:201": 10, "blob.put:201": 10,
+                                                                   "blob.admin:201": 1}, 0.015)
+        f = figures.claim_check_figures(claim)
+        self.assertAlmostEqual(f["requests"], 4.1)
+        self.assertAlmostEqual(f["producer"], 2.0, msg="the container's creation is one-off")
+        self.assertAlmostEqual(f["cpu_ms"], 1.5)
+        self.assertAlmostEqual(figures.claim_check_figures(inline)["requests"], 3.1)
+        md = "\n".join(report.claim_check_section({"inline": [inline], "claim-check": [claim]},
+                                                    dict(claim_check=10)))
+        self.assertIn("(m) Claim-check", md)
+        self.assertIn("| 1.50 |", md)
+        self.assertEqual(report.claim_check_section({"inline": [None]}, {}), [])
 
     def test_the_connection_follows_the_azurite_ports(self):
         self.assertEqual(harness.dev_connection({}), "UseDevelopmentStorage=true")

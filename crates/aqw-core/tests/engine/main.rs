@@ -18,11 +18,15 @@
 //! - `crashes.rs`: a crash at every failpoint of the job, poison and replay
 //!   paths, kept running or restarted;
 //! - `replay.rs`: a replayed poisoned key runs once;
+//! - `claim_check.rs`: a large job through a blob: runs once on its exact
+//!   body, a missing or corrupt blob poisons with its own kind, show,
+//!   replay and fix;
 //! - `retention.rs`: the purge and the sweep keep what an open record needs;
 //! - `outage.rs`: the breaker in a full and a partial provider outage, and a
 //!   storage outage.
 
 mod answers;
+mod claim_check;
 mod common;
 mod crashes;
 mod fleet;
