@@ -61,7 +61,10 @@ Scenarios:
       2,000-deep one, at the configured rate (50/s): records per second
       against that rate, the deep / shallow wall time per record, CPU per
       record.
---only breaker|purge|dashboard|users|traces|fleet|ops runs one of (h), (i), (j), (k), (g), (l), (m) by itself.
+  (n) claim-check (issue 42): the same keyed no-op jobs put inline and with a
+      64 KiB body in a blob (a reference on the queue): the worker's storage
+      requests and CPU per job, the producer's requests per job.
+--only breaker|purge|dashboard|users|traces|fleet|ops|claim-check runs one of (h), (i), (j), (k), (g), (l), (m), (n) by itself.
 Azurite: the default ports, or AQW_AZURITE_QUEUE_PORT / AQW_AZURITE_TABLE_PORT /
 AQW_AZURITE_BLOB_PORT (with AQW_AZURITE_STATE) for an instance of one's own;
 the workers connect to the same ports.
@@ -137,7 +140,7 @@ def parse_args(argv):
 
 
 # Scenarios `--only` runs by themselves (without the background probes).
-ONLY = ("breaker", "purge", "dashboard", "users", "traces", "fleet", "ops")
+ONLY = ("breaker", "purge", "dashboard", "users", "traces", "fleet", "ops", "claim-check")
 
 
 def target_dir():
@@ -179,6 +182,7 @@ def run_all(b):
     l_ = scenarios.fleet(b)
     # (m) seeds 10,000 records and their copies: full runs only.
     m_ = None if b.smoke else scenarios.ops(b)
+    n_ = scenarios.claim_check(b)
     # A probe failing must not lose the whole run's figures.
     try:
         e["idle"] = idle_latency.finish(b.sizes["latency_idle_samples"])
@@ -191,7 +195,7 @@ def run_all(b):
         b.fail(f"(c) idle probe: {ex!r}")
         c = None
     b.azurite("stop", b.probe_azurite)
-    return dict(a=a, b=rb, c=c, d=d, e=e, f=scale, g=g, h=h, i=i, j=j, k=k, l=l_, m=m_)
+    return dict(a=a, b=rb, c=c, d=d, e=e, f=scale, g=g, h=h, i=i, j=j, k=k, l=l_, m=m_, n=n_)
 
 
 def run_only(b, only):
@@ -208,6 +212,8 @@ def run_only(b, only):
         return dict(l=scenarios.fleet(b))
     if only == "ops":
         return dict(m=scenarios.ops(b))
+    if only == "claim-check":
+        return dict(n=scenarios.claim_check(b))
     assert only == "breaker"
     return dict(h=scenarios.breaker(b))
 

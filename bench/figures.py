@@ -31,7 +31,7 @@ def ratio(a, b):
 def data_plane(requests):
     """Requests per op:status without one-off admin calls (create, metadata)."""
     return {k: v for k, v in (requests or {}).items()
-            if not k.startswith(("table.admin", "queue.create", "queue.metadata"))}
+            if not k.startswith(("table.admin", "queue.create", "queue.metadata", "blob.admin"))}
 
 
 def per_message(requests, n):
@@ -228,3 +228,15 @@ def ops_figures(m):
                       all_rps=[x["n"] / x["wall"] for x in xs])
     out["deep_vs_shallow"] = ratio(out["shallow"]["rps"], out["deep"]["rps"])
     return out
+
+
+def claim_check_figures(x):
+    """(n) one run: the worker's requests and CPU per job, the producer's
+    requests per job."""
+    if not x or not x.get("json"):
+        return None
+    n = x["n"]
+    feed = (x.get("feed") or {}).get("requests") or {}
+    return dict(requests=per_message(x["json"]["requests"], n),
+                cpu_ms=x["json"]["cpu_s"] * 1000 / n,
+                producer=per_message(feed, n) if feed else None)

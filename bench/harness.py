@@ -45,6 +45,8 @@ def sizes(smoke):
         ops_depth=10000,
         ops_selected=2000,
         ops_rate=50,
+        # (n): jobs per mode of the claim-check comparison.
+        claim_check=20 if smoke else 500,
     )
 
 
@@ -387,11 +389,12 @@ def write_app(app_dir, queue, keys, poison, key="bench:{/id}", handler=None, que
 class Feeder:
     """`ceiling enqueue` in the background: first wave on the queue, then top-ups."""
 
-    def __init__(self, b, queue, count, tag, name):
+    def __init__(self, b, queue, count, tag, name, extra=None):
         self.b = b
         self.ready = os.path.join(b.work, f"{name}.ready")
         self.cmd = [b.ceiling_exe, "enqueue", "--queue", queue, "--count", str(count), "--tag", tag,
-                    "--max-depth", str(MAX_DEPTH), "--ready-file", self.ready]
+                    "--max-depth", str(MAX_DEPTH), "--ready-file", self.ready] + list(extra or [])
+        self.result = None
         b.commands.setdefault("feed the queue in waves (keyed jobs {\"id\": \"$TAG-<i>\"})",
                               b.show(self.cmd, {queue: "$QUEUE", tag: "$TAG", self.ready: "$RUN_DIR/ready"}))
         self.p = b.proc(self.cmd, name)
@@ -410,6 +413,7 @@ class Feeder:
 
     def finish(self):
         r = self.p.wait()
+        self.result = r.get("json")
         if r["rc"] != 0 or r["timed_out"]:
             self.b.fail(f"{self.p.name}: enqueue failed: {self.p.tail()}")
             return False

@@ -7,7 +7,8 @@ import re
 import subprocess
 import sys
 
-from figures import (data_plane, derive, flow_figures, fmt, median, ops_figures, percentile, purge_figures, ratio, stats,
+from figures import (claim_check_figures, data_plane, derive, flow_figures, fmt, median, ops_figures, percentile,
+                     purge_figures, ratio, stats,
                      targets, users_figures, verdict)
 from harness import DEFAULT_THRESHOLD, log
 from scenarios import FLEET_REPLICAS, FLEET_TEST, FLOW_LIMITS, IDLE_TEST, RATE_TEST
@@ -277,6 +278,7 @@ def render(data, run_name):
     lines += users_section(data.get("k") or {}, N)
     lines += fleet_section(data.get("l"), N)
     lines += ops_section(data.get("m"))
+    lines += claim_check_section(data.get("n") or {}, N)
 
     lines += ["## Commands", "", "```sh", f"bash scripts/bench.sh{' --smoke' if SMOKE else ''}" +
               (f" --reps {REPS}" if not SMOKE and REPS != 3 else ""), "```", "",
@@ -537,6 +539,7 @@ def render_only(data, run_name):
     lines += users_section(data.get("k") or {}, N)
     lines += fleet_section(data.get("l"), N)
     lines += ops_section(data.get("m"))
+    lines += claim_check_section(data.get("n") or {}, N)
     if data.get("errors"):
         lines += ["## Errors", ""] + [f"- {e}" for e in data["errors"]] + [""]
     return "\n".join(lines)
@@ -584,6 +587,33 @@ def ops_section(m):
               "`<queue>-poison`. The wall time includes the selection (one read of every record), one conditional "
               "merge per record and one per checkpoint of the operation row, and the end-of-run sweep of the poison "
               "queue (one pass: receive every copy, delete the discarded ones, release the rest).", ""]
+    return lines
+
+
+def claim_check_section(m, N):
+    """(n): a claim-checked job against an inline one: requests and CPU per job."""
+    figs = {mode: [f for f in (claim_check_figures(x) for x in m.get(mode, [])) if f]
+            for mode in ("inline", "claim-check")}
+    if not figs["inline"] or not figs["claim-check"]:
+        return []
+    inline, claim = figs["inline"], figs["claim-check"]
+    pick = lambda fs, k: [f[k] for f in fs if f[k] is not None]  # noqa: E731
+    lines = [f"## (n) Claim-check: {N.get('claim_check')} keyed jobs with a 64 KiB body in a blob, "
+             "against inline jobs", ""]
+    lines += ["| metric | median | min | max | unit |", "|---|---|---|---|---|"]
+    lines.append(row("worker: storage requests per job, inline", pick(inline, "requests"), "requests"))
+    lines.append(row("worker: storage requests per job, claim-check", pick(claim, "requests"), "requests"))
+    lines.append(row("worker: CPU per job, inline", pick(inline, "cpu_ms"), "ms", 3))
+    lines.append(row("worker: CPU per job, claim-check", pick(claim, "cpu_ms"), "ms", 3))
+    ratios = [c["cpu_ms"] / i["cpu_ms"] for i, c in zip(inline, claim) if i["cpu_ms"]]
+    lines.append(row("worker: CPU per job, claim-check / inline (same repetition)", ratios, "ratio"))
+    lines.append(row("producer: storage requests per job, inline", pick(inline, "producer"), "requests"))
+    lines.append(row("producer: storage requests per job, claim-check", pick(claim, "producer"), "requests"))
+    lines += ["", "The same no-op keyed jobs through `examples/bench_worker`, fed by `ceiling enqueue` inline or "
+              "with `--claim-check 65536` (each body written to a blob in `aqw-payloads`, the reference put on "
+              "the queue, as `aqw enqueue` and the producer API put a job over `aqw.claimCheck.threshold`). A "
+              "claim-checked job costs the worker one Get Blob (and reading and hashing 64 KiB), the producer "
+              "one Put Blob. The blobs are left to retention.", ""]
     return lines
 
 

@@ -37,9 +37,10 @@ def worker_cmd(b, kind, r, app_dir, n):
     raise ValueError(kind)
 
 
-def keyed_run(b, kind, n, rep, r=None, tag=None, queues=None, label=None, limits=None):
+def keyed_run(b, kind, n, rep, r=None, tag=None, queues=None, label=None, limits=None, feed=None):
     """Feed n keyed jobs and run one worker until all n are settled (`limits`:
-    the function's `aqw.functions.Bench.limits`, none by default)."""
+    the function's `aqw.functions.Bench.limits`, none by default; `feed`:
+    more flags of `ceiling enqueue`)."""
     r = r or b.fresh()
     tag = tag or r["tag"]
     label = label or f"{kind}-{rep}"
@@ -48,7 +49,7 @@ def keyed_run(b, kind, n, rep, r=None, tag=None, queues=None, label=None, limits
     if kind == "aqw-tuned":
         qs.update(batchSize=32, newBatchThreshold=32)
     write_app(app_dir, r["queue"], r["keys"], r["poison"], queues=qs, limits=limits)
-    feeder = Feeder(b, r["queue"], n, tag, f"{label}-enqueue")
+    feeder = Feeder(b, r["queue"], n, tag, f"{label}-enqueue", extra=feed)
     if not feeder.wait_ready():
         feeder.finish()
         return None
@@ -72,6 +73,7 @@ def keyed_run(b, kind, n, rep, r=None, tag=None, queues=None, label=None, limits
         b.fail(f"{label}: {left} messages left on the queue after the run")
     res["n"] = n
     res["rps"] = n / j["seconds"] if j.get("seconds") else float("nan")
+    res["feed"] = feeder.result
     return res
 
 
@@ -1125,4 +1127,34 @@ def ops(b):
     for rep in range(b.reps):
         out["deep"].append(ops_run(b, b.sizes["ops_depth"], rep))
         out["shallow"].append(ops_run(b, b.sizes["ops_selected"], rep))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# (n) claim-check: a job whose body sits in a blob against an inline one
+# ---------------------------------------------------------------------------
+
+CLAIM_CHECK_MODES = ("inline", "claim-check")
+# Over the 48 KiB a base64 message holds: each such job goes to a blob.
+CLAIM_CHECK_BYTES = 64 * 1024
+
+
+def claim_check(b):
+    """(n): the same keyed no-op jobs through examples/bench_worker, put
+    inline and put as aqw's producer puts a job over the threshold (a
+    64 KiB body in a blob, a reference on the queue), in random order per
+    repetition: the worker's storage requests and CPU per job, and the
+    producer's requests per job."""
+    n = b.sizes["claim_check"]
+    out = {m: [] for m in CLAIM_CHECK_MODES}
+    for rep in range(b.reps):
+        order = list(CLAIM_CHECK_MODES)
+        random.shuffle(order)
+        for mode in order:
+            log(f"(n) claim-check {mode} rep {rep + 1}/{b.reps}: {n} keyed jobs")
+            feed = ["--claim-check", str(CLAIM_CHECK_BYTES)] if mode == "claim-check" else None
+            res = keyed_run(b, "aqw-default", n, rep, label=f"claim-{mode}-{rep}", feed=feed)
+            if res is not None:
+                res.update(mode=mode)
+            out[mode].append(res)
     return out

@@ -60,7 +60,7 @@ class Flags(unittest.TestCase):
             with self.subTest(argv=argv):
                 with self.assertRaises(aqw_bench.Usage) as cm:
                     self.parse(*argv)
-                self.assertEqual(str(cm.exception), "--only takes one of: breaker, purge, dashboard, users, traces, fleet, ops")
+                self.assertEqual(str(cm.exception), "--only takes one of: breaker, purge, dashboard, users, traces, fleet, ops, claim-check")
 
     def test_needs_setup(self):
         def status(*argv):
@@ -100,6 +100,25 @@ class Purge(unittest.TestCase):
         self.assertIsNone(figures.ops_figures(dict(deep=[None], shallow=[run(2000, 40.0)])))
         md = "\n".join(report.ops_section(dict(deep=[run(10000, 50.0)], shallow=[run(2000, 40.0)])))
         self.assertIn("(m) Durable group discard: 2000 records at a 10000-deep poison queue", md)
+
+    def test_claim_check_figures_count_the_blob_requests_per_job(self):
+        def run(requests, feed, cpu_s):
+            return dict(n=10, json=dict(requests=requests, cpu_s=cpu_s), feed=dict(requests=feed))
+        inline = run({"queue.receive:200": 1, "table.insert:204": 10, "table.update:204": 10,
+                      "queue.delete:204": 10, "queue.create:201": 1}, {"queue.put:201": 10}, 0.01)
+        claim = run({"queue.receive:200": 1, "table.insert:204": 10, "table.update:204": 10,
+                     "queue.delete:204": 10, "blob.get:200": 10}, {"queue.put:201": 10, "blob.put:201": 10,
+                                                                   "blob.admin:201": 1}, 0.015)
+        f = figures.claim_check_figures(claim)
+        self.assertAlmostEqual(f["requests"], 4.1)
+        self.assertAlmostEqual(f["producer"], 2.0, msg="the container's creation is one-off")
+        self.assertAlmostEqual(f["cpu_ms"], 1.5)
+        self.assertAlmostEqual(figures.claim_check_figures(inline)["requests"], 3.1)
+        md = "\n".join(report.claim_check_section({"inline": [inline], "claim-check": [claim]},
+                                                    dict(claim_check=10)))
+        self.assertIn("(n) Claim-check", md)
+        self.assertIn("| 1.50 |", md)
+        self.assertEqual(report.claim_check_section({"inline": [None]}, {}), [])
 
     def test_the_connection_follows_the_azurite_ports(self):
         self.assertEqual(harness.dev_connection({}), "UseDevelopmentStorage=true")

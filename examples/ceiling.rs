@@ -123,6 +123,11 @@ struct EnqueueArgs {
     /// Put one message every 1/R s instead of in waves.
     #[arg(long, value_name = "R", default_value_t = 0.0)]
     rate: f64,
+    /// Pad each job to this many bytes and put it as aqw's producer puts a
+    /// job over `aqw.claimCheck.threshold`: the body to a blob in
+    /// `aqw-payloads`, a reference on the queue (0: inline jobs). Waves only.
+    #[arg(long = "claim-check", value_name = "BYTES", default_value_t = 0)]
+    claim_check: usize,
 }
 
 #[derive(clap::Args)]
@@ -423,6 +428,21 @@ fn stamped_body(tag: &str, i: u64, encoding: &str) -> String {
     }
 }
 
+/// A job padded to `pad` bytes, its body written to its blob: the
+/// reference's message text (base64), as `aqw enqueue` puts it.
+async fn claim_checked(
+    blobs: &dyn aqw::storage::BlobStore,
+    queue: &str,
+    tag: &str,
+    i: u64,
+    pad: usize,
+) -> anyhow::Result<String> {
+    let filler = "x".repeat(pad.saturating_sub(tag.len() + 40));
+    let body = json!({"id": format!("{tag}-{i}"), "pad": filler}).to_string();
+    let enc = aqw::message::MessageEncoding::Base64;
+    Ok(aqw_core::claim::put_as_reference(blobs, queue, &body, enc).await?)
+}
+
 async fn enqueue(args: &EnqueueArgs) -> anyhow::Result<()> {
     let EnqueueArgs {
         count,
@@ -466,6 +486,8 @@ async fn enqueue(args: &EnqueueArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
+    let pad = args.claim_check;
+    let blobs = storage.blobs(aqw_core::claim::DEFAULT_CONTAINER);
     let mut next = start;
     let end = start + count;
     let mut waves = 0u32;
@@ -485,8 +507,12 @@ async fn enqueue(args: &EnqueueArgs) -> anyhow::Result<()> {
                 let queue = queue.clone();
                 let tag = tag.clone();
                 let encoding = encoding.clone();
+                let blobs = blobs.clone();
                 async move {
-                    let text = stamped_body(&tag, i, &encoding);
+                    let text = match pad {
+                        0 => stamped_body(&tag, i, &encoding),
+                        _ => claim_checked(blobs.as_ref(), queue.name(), &tag, i, pad).await?,
+                    };
                     queue.put(&text, Duration::ZERO, Ttl::Default).await?;
                     Ok(())
                 }

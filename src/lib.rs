@@ -15,7 +15,7 @@
 //!
 //! | rule | file |
 //! |---|---|
-//! | host.json / function.json / environment and `local.settings.json` → a validated config, exit 2 before any I/O | `src/config/` (`mod.rs` `load` into the engine's ready `AppConfig`, `raw.rs` serde shapes, `breaker.rs` the breaker settings and their per-function override, `settings.rs` environment, `local.settings.json` and `%name%`, `timespan.rs`, `validate.rs` raw → validated values, `alert.rs` the alert's format, dashboard link and signing secret, `functions.rs` discovery and per-function config, `show.rs` the effective configuration for `aqw config show`, secrets masked, each setting's source, `retention.rs` `aqw.retention` and the key-purge safety floor, `limits.rs` `aqw.functions.<Name>.limits`, `queues.rs` the per-function `maxDequeueCount` / `visibilityTimeout` / `batchSize` / `retry`, `concurrency.dynamicConcurrencyEnabled`, and what `aqw serve` refuses or reports of them, `lookup.rs` the handler's `replayMarker` and `lookup`, `schedules.rs` `aqw.schedules` checked against each function's key) |
+//! | host.json / function.json / environment and `local.settings.json` → a validated config, exit 2 before any I/O | `src/config/` (`mod.rs` `load` into the engine's ready `AppConfig`, `raw.rs` serde shapes, `breaker.rs` the breaker settings and their per-function override, `settings.rs` environment, `local.settings.json` and `%name%`, `timespan.rs`, `validate.rs` raw → validated values, `alert.rs` the alert's format, dashboard link and signing secret, `functions.rs` discovery and per-function config, `show.rs` the effective configuration for `aqw config show`, secrets masked, each setting's source, `retention.rs` `aqw.retention` and the key-purge safety floor, `limits.rs` `aqw.functions.<Name>.limits`, `queues.rs` the per-function `maxDequeueCount` / `visibilityTimeout` / `batchSize` / `retry`, `concurrency.dynamicConcurrencyEnabled`, and what `aqw serve` refuses or reports of them, `lookup.rs` the handler's `replayMarker` and `lookup`, `schedules.rs` `aqw.schedules` checked against each function's key, `claim_check.rs` `aqw.claimCheck`: the threshold within what a message holds, the container name) |
 //! | wiring: storage connected once per setting, handlers resolved, every function's runtime built through the engine's `WorkerBuilder` | `src/app.rs` |
 //! | `aqw run`: the engine's worker with the alert webhook and the ops port | `src/worker.rs` |
 //! | the built-in `http` and `exec` handlers of the engine's `Handler` contract; handlers registered in code | `src/handlers/` (`mod.rs`, `http.rs`, `exec.rs`, `lookup.rs` asking the provider about a provider key) |
@@ -33,9 +33,10 @@
 //! | the exporters' HTTP client (blocking reqwest, failures counted and warned once a minute) | `src/traces/client.rs` |
 //! | OTLP/HTTP protobuf encoded straight from the SDK's span data (no copy of the batch), headers from `OTEL_EXPORTER_OTLP_[TRACES_]HEADERS` | `src/traces/otlp.rs` |
 //! | every Azure import: the adapter of the engine's storage port (`QueueStore`, `TableStore`), the OData literals | `src/storage/mod.rs` |
-//! | connection strings and identity-based settings → a `Connection` | `src/storage/connection.rs` |
+//! | connection strings and identity-based settings → a `Connection` (queue, table and blob endpoints) | `src/storage/connection.rs` |
 //! | queues on `azure_storage_queue` 1.x | `src/storage/azure.rs` |
 //! | our Tables client on the `azure_core` 1.x pipeline; the typed query written as OData | `src/storage/tables.rs` |
+//! | our Blob client on the same pipeline (claim-check bodies: put, get, touch, conditional delete, list by prefix), requests named by its `x-ms-version` | `src/storage/blobs.rs` |
 //! | SharedKey / SAS / bearer signing, retries and timeouts in the pipeline | `src/storage/pipeline.rs` |
 //! | how a storage request reaches the wire: hyper directly, reqwest behind a proxy; pool and request timeouts | `src/storage/transport.rs` |
 //! | SharedKey signing of each try (string to sign, HMAC) | `src/storage/shared_key.rs` |

@@ -18,6 +18,7 @@
 mod common;
 
 mod bad_input;
+mod claim_check;
 mod connections;
 mod contract;
 mod dashboard;

@@ -473,7 +473,12 @@ fn config_errors_exit_2_naming_the_field_before_any_network_access() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_rejects_oversize_payload_before_any_io() {
-    let app = TestApp::new(json!({"key": "none"}), json!({}), json!({}));
+    // With claim-check off (on, a large job goes to a blob: tests/claim_check.rs).
+    let app = TestApp::new(
+        json!({"key": "none"}),
+        json!({}),
+        json!({"claimCheck": {"enabled": false}}),
+    );
     let big = format!("{{\"id\":\"{}\"}}", "x".repeat(50_000));
     let out = aqw(app.path(), &["enqueue", &app.queue, "--payload", &big]);
     assert_eq!(out.status.code(), Some(2));

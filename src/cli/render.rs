@@ -25,15 +25,20 @@ pub fn enqueued(e: &Enqueued, output: Output) {
     };
     if output == Output::Json {
         print_json(
-            &serde_json::json!({"queue": e.queue, "messageId": e.message_id, "key": e.key.as_ref().map(|k| k.to_string()), "encoding": enc, "visibleAt": e.visible_at.map(fmt_time)}),
+            &serde_json::json!({"queue": e.queue, "messageId": e.message_id, "key": e.key.as_ref().map(|k| k.to_string()), "encoding": enc, "visibleAt": e.visible_at.map(fmt_time), "blob": e.blob}),
         );
     } else {
         let when = e
             .visible_at
             .map(|t| format!(", visible at {}", fmt_time(t)))
             .unwrap_or_default();
+        let blob = e
+            .blob
+            .as_ref()
+            .map(|b| format!(", body in blob {b}"))
+            .unwrap_or_default();
         outln!(
-            "enqueued {} to {} (key {}, encoding {enc}{when})",
+            "enqueued {} to {} (key {}, encoding {enc}{when}{blob})",
             e.message_id,
             e.queue,
             e.key

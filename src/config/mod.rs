@@ -16,12 +16,14 @@
 //! * `functions.rs`: function discovery and each function's config;
 //! * `retention.rs`: `aqw.retention`, checked against the key-purge safety floor;
 //! * `schedules.rs`: `aqw.schedules`, each checked against its function's key;
+//! * `claim_check.rs`: `aqw.claimCheck`, the threshold within what a message holds;
 //! * `mod.rs`: the ready types and [`load`], which runs the steps in order.
 //!
 //! Connection strings are parsed in [`crate::storage::connection`].
 
 mod alert;
 mod breaker;
+mod claim_check;
 mod functions;
 mod limits;
 mod lookup;
@@ -129,6 +131,11 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
         max_deferral: a.max_deferral,
         retention,
         schedules: schedules::schedules(host_file, &raw.aqw.schedules, &functions)?,
+        claim_check: claim_check::validate(
+            host_file,
+            raw.aqw.claim_check.as_ref(),
+            q.message_encoding,
+        )?,
         dynamic_concurrency,
         functions,
         skipped,

@@ -106,6 +106,16 @@ pub(super) struct RawAqw {
     pub(super) retention: Option<RawRetention>,
     #[serde(default)]
     pub(super) schedules: BTreeMap<String, RawSchedule>,
+    pub(super) claim_check: Option<RawClaimCheck>,
+}
+
+/// `aqw.claimCheck` (checked in [`super::claim_check`]).
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawClaimCheck {
+    pub(super) enabled: Option<bool>,
+    pub(super) threshold: Option<u64>,
+    pub(super) container: Option<String>,
 }
 
 /// `aqw.schedules.<Name>` (checked in [`super::schedules`]).

@@ -135,6 +135,7 @@ pub fn effective(app: &AppConfig, look: &Lookup) -> Vec<Setting> {
         look.host("/aqw/maxDeferral"),
     );
     table_rows(app, look, &mut row);
+    claim_check_row(app, look, &mut row);
     let port = app.http_port.map_or("off".into(), |p| p.to_string());
     row("http.port", port, look.host("/aqw/http/port"));
     delivery_rows(app, look, &mut row);
@@ -202,6 +203,19 @@ fn override_rows(
 }
 
 /// The tables aqw keeps its keys, records and heartbeats in.
+/// `aqw.claimCheck`: when a job goes to a blob, and where.
+fn claim_check_row(app: &AppConfig, look: &Lookup, row: &mut impl FnMut(&str, String, Source)) {
+    let c = &app.claim_check;
+    let value = match c.enabled {
+        true => format!(
+            "a payload over {} bytes goes to blob container {}",
+            c.threshold, c.container
+        ),
+        false => "off (a payload that does not fit a message is refused)".into(),
+    };
+    row("claimCheck", value, look.host("/aqw/claimCheck"));
+}
+
 fn table_rows(app: &AppConfig, look: &Lookup, row: &mut impl FnMut(&str, String, Source)) {
     for (name, table) in [
         ("keys", &app.keys_table),

@@ -26,6 +26,7 @@
 //!   SharedKey (account key, also `UseDevelopmentStorage=true`), SAS, or an
 //!   Entra ID bearer token ([`super::identity`]).
 
+use super::blobs::BlobsClient;
 use super::identity::{identity_credential, BearerPolicy};
 use super::pipeline::{map_err, CountingTransport, SasPolicy, Service, SharedKeyPolicy};
 use super::tables::TablesClient;
@@ -49,6 +50,7 @@ pub struct AzureStorage {
     queue_endpoint: String,
     queue_options: ClientOptions,
     tables: TablesClient,
+    blobs: BlobsClient,
     counts: Arc<Mutex<BTreeMap<String, u64>>>,
 }
 
@@ -106,21 +108,28 @@ pub fn connect(connection: &Connection) -> Result<AzureStorage, StorageError> {
             (p.clone(), p)
         }
     };
+    let blob_auth = queue_auth.clone();
     let queue_options = client_options(&transport, Some(queue_auth));
-    let tables_pipeline = Pipeline::new(
-        Some("aqw"),
-        Some(env!("CARGO_PKG_VERSION")),
-        client_options(&transport, Some(table_auth)),
-        Vec::new(),
-        Vec::new(),
-        None,
-    );
+    let pipeline = |auth| {
+        Pipeline::new(
+            Some("aqw"),
+            Some(env!("CARGO_PKG_VERSION")),
+            client_options(&transport, Some(auth)),
+            Vec::new(),
+            Vec::new(),
+            None,
+        )
+    };
+    let tables_pipeline = pipeline(table_auth);
+    // Blob requests sign as queue requests do (the same SharedKey string).
+    let blobs_pipeline = pipeline(blob_auth);
     Url::parse(&connection.queue_endpoint)
         .map_err(|_| StorageError::Other(format!("{setting}: the queue endpoint is not a URL")))?;
     Ok(AzureStorage {
         queue_endpoint: connection.queue_endpoint.trim_end_matches('/').to_string(),
         queue_options,
         tables: TablesClient::new(&connection.table_endpoint, tables_pipeline),
+        blobs: BlobsClient::new(&connection.blob_endpoint, blobs_pipeline, setting),
         counts,
     })
 }
@@ -148,6 +157,9 @@ impl Storage for AzureStorage {
     }
     fn table(&self, name: &str) -> Arc<dyn TableStore> {
         Arc::new(self.tables.table(name))
+    }
+    fn blobs(&self, name: &str) -> Arc<dyn BlobStore> {
+        Arc::new(self.blobs.container(name))
     }
 }
 
@@ -356,7 +368,8 @@ mod tests {
             setting: "AzureWebJobsStorage".into(),
             account: DEV_ACCOUNT.into(),
             queue_endpoint: endpoint.clone(),
-            table_endpoint: endpoint,
+            table_endpoint: endpoint.clone(),
+            blob_endpoint: endpoint,
             credentials: Credentials::SharedKey {
                 account: DEV_ACCOUNT.into(),
                 key: Secret::new(DEV_KEY),

@@ -39,11 +39,17 @@ pub fn resolve_connection(
     let client_id = setting(&format!("{name}__clientId"));
     let (queue_endpoint, table_endpoint, account) =
         identity_endpoints(name, account, queue_uri, table_uri)?;
+    // Only claim-checked jobs need it: when it is neither set nor derivable,
+    // a blob request fails naming the setting (the storage adapter).
+    let blob_endpoint = setting(&format!("{name}__blobServiceUri"))
+        .or_else(|| blob_endpoint_for(&queue_endpoint))
+        .unwrap_or_default();
     Ok(Connection {
         setting: name.to_string(),
         account,
         queue_endpoint: trim_slash(queue_endpoint),
         table_endpoint: trim_slash(table_endpoint),
+        blob_endpoint: trim_slash(blob_endpoint),
         credentials: Credentials::Identity { client_id },
     })
 }
@@ -109,6 +115,17 @@ fn is_emulator_host(u: &url::Url) -> bool {
 /// loopback → the same host with the table port (10001 → 10002, Azurite's
 /// defaults). `None` when the URL says neither.
 pub fn table_endpoint_for(queue_endpoint: &str) -> Option<String> {
+    sibling_endpoint(queue_endpoint, "table", 10002)
+}
+
+/// The Blob endpoint of the account a Queue endpoint belongs to, derived as
+/// the table endpoint is: `<account>.blob.<suffix>`, or Azurite's blob
+/// port 10000 on loopback. `None` when the URL says neither.
+pub fn blob_endpoint_for(queue_endpoint: &str) -> Option<String> {
+    sibling_endpoint(queue_endpoint, "blob", 10000)
+}
+
+fn sibling_endpoint(queue_endpoint: &str, service: &str, emulator_port: u16) -> Option<String> {
     let mut u = url::Url::parse(queue_endpoint).ok()?;
     let host = u.host_str()?.to_string();
     if is_emulator_host(&u) {
@@ -116,14 +133,14 @@ pub fn table_endpoint_for(queue_endpoint: &str) -> Option<String> {
         if port != 10001 {
             return None;
         }
-        u.set_port(Some(10002)).ok()?;
+        u.set_port(Some(emulator_port)).ok()?;
         return Some(trim_slash(u.to_string()));
     }
     let mut labels: Vec<&str> = host.split('.').collect();
     if labels.len() < 3 || !labels[1].eq_ignore_ascii_case("queue") {
         return None;
     }
-    labels[1] = "table";
+    labels[1] = service;
     u.set_host(Some(&labels.join("."))).ok()?;
     Some(trim_slash(u.to_string()))
 }
@@ -141,6 +158,7 @@ fn development_storage(setting: &str, proxy: Option<&str>) -> Connection {
         account: DEV_ACCOUNT.into(),
         queue_endpoint: format!("{proxy}:10001/{DEV_ACCOUNT}"),
         table_endpoint: format!("{proxy}:10002/{DEV_ACCOUNT}"),
+        blob_endpoint: format!("{proxy}:10000/{DEV_ACCOUNT}"),
         credentials: Credentials::SharedKey {
             account: DEV_ACCOUNT.into(),
             key: Secret::new(DEV_KEY),
@@ -185,6 +203,10 @@ pub fn parse_connection_string(setting: &str, value: &str) -> Result<Connection,
         })?,
         (t, _) => endpoint(t, "table")?,
     };
+    let blob_endpoint = match (get("BlobEndpoint"), &account) {
+        (None, None) => blob_endpoint_for(&queue_endpoint).unwrap_or_default(),
+        (b, _) => endpoint(b, "blob")?,
+    };
     let credentials =
         string_credentials(&account, get("AccountKey"), get("SharedAccessSignature"))?;
     let account = account
@@ -195,6 +217,7 @@ pub fn parse_connection_string(setting: &str, value: &str) -> Result<Connection,
         account,
         queue_endpoint,
         table_endpoint,
+        blob_endpoint,
         credentials,
     })
 }
@@ -298,6 +321,47 @@ mod tests {
         let c = resolve_connection("AzureWebJobsStorage", &|k: &str| env.get(k).cloned()).unwrap();
         assert_eq!(c.queue_endpoint, "https://acct.queue.core.windows.net");
         assert_eq!(c.credentials, Credentials::Identity { client_id: None });
+    }
+
+    #[test]
+    fn the_blob_endpoint_is_set_or_derived_like_the_table_endpoint() {
+        let dev = parse_connection_string("X", "UseDevelopmentStorage=true").unwrap();
+        assert_eq!(dev.blob_endpoint, "http://127.0.0.1:10000/devstoreaccount1");
+        let named = parse_connection_string(
+            "X",
+            "AccountName=acct;AccountKey=a2V5;EndpointSuffix=core.chinacloudapi.cn",
+        )
+        .unwrap();
+        assert_eq!(
+            named.blob_endpoint,
+            "https://acct.blob.core.chinacloudapi.cn"
+        );
+        let explicit = parse_connection_string(
+            "X",
+            "AccountName=a;AccountKey=a2V5;BlobEndpoint=http://127.0.0.1:20000/a/",
+        )
+        .unwrap();
+        assert_eq!(explicit.blob_endpoint, "http://127.0.0.1:20000/a");
+        let uri = |pairs: &[(&str, &str)]| resolve_connection("C", &env_of(pairs)).unwrap();
+        let q = ("C__queueServiceUri", "https://acct.queue.core.windows.net");
+        assert_eq!(
+            uri(&[q]).blob_endpoint,
+            "https://acct.blob.core.windows.net"
+        );
+        let set = ("C__blobServiceUri", "https://blobs.example.com/");
+        assert_eq!(uri(&[q, set]).blob_endpoint, "https://blobs.example.com");
+        let local = (
+            "C__queueServiceUri",
+            "http://127.0.0.1:10001/devstoreaccount1",
+        );
+        assert_eq!(
+            uri(&[local]).blob_endpoint,
+            "http://127.0.0.1:10000/devstoreaccount1"
+        );
+        // A custom domain without the setting: none, and only a blob request fails.
+        let custom = ("C__queueServiceUri", "https://queues.example.com");
+        let t = ("C__tableServiceUri", "https://tables.example.com");
+        assert_eq!(uri(&[custom, t]).blob_endpoint, "");
     }
 
     /// A setting lookup over fixed pairs.

@@ -6,6 +6,8 @@
 //!
 //! * [`azure`]: [`connect`], queues on `azure_storage_queue` 1.x;
 //! * [`tables`]: our own typed Tables client (no 1.x Tables crate exists);
+//! * [`blobs`]: our own Blob client for claim-check bodies (the same
+//!   pipeline, no SDK blob crate);
 //! * [`pipeline`]: the shared `azure_core` 1.x transport, retry options, and
 //!   the SAS authorization policy;
 //! * [`shared_key`]: the SharedKey authorization policy (account keys);
@@ -19,6 +21,7 @@
 //! the in-memory store.
 
 pub mod azure;
+pub mod blobs;
 pub mod identity;
 pub mod pipeline;
 pub mod shared_key;
@@ -27,8 +30,8 @@ pub(crate) mod transport;
 
 pub mod connection;
 pub use connection::{
-    parse_connection_string, resolve_connection, table_endpoint_for, Connection, Credentials,
-    Secret, DEV_ACCOUNT, DEV_KEY,
+    blob_endpoint_for, parse_connection_string, resolve_connection, table_endpoint_for, Connection,
+    Credentials, Secret, DEV_ACCOUNT, DEV_KEY,
 };
 // What the adapter's files take from here with `use super::*`.
 #[allow(unused_imports)]

@@ -160,7 +160,9 @@ fn http_method(m: Method) -> http::Method {
 #[async_trait]
 impl HttpClient for CountingTransport {
     async fn execute_request(&self, request: &Request) -> azure_core::Result<AsyncRawResponse> {
-        let op = operation_name(request.method(), request.url());
+        let version = find_header(request.headers(), "x-ms-version").unwrap_or_default();
+        let op = super::blobs::blob_operation(request.method(), request.url(), version)
+            .unwrap_or_else(|| operation_name(request.method(), request.url()));
         let outgoing = outgoing(request)?;
         let http = self.http()?;
         let span = storage_span(request.method(), op, request.url());

@@ -99,17 +99,19 @@
 //! | what retention may read of the record table: the keys open records refer to, closed records older than a cutoff | `crates/aqw-core/src/poison/purge.rs` |
 //! | redaction: the `redact` pointers masked wherever a person sees a payload (`poison show`, the dashboard), restored in a fix; the stored payload stays exact | `crates/aqw-core/src/redact.rs` |
 //! | retention: the purge's guards (filter, open records, `If-Match` batches of 100), counts, the request pacer | `crates/aqw-core/src/retention/mod.rs` |
+//! | retention of claim-check blobs: older than the keys' retention, no open record referring to it, `If-Match` delete | `crates/aqw-core/src/retention/blobs.rs` |
 //! | the background sweep of `aqw run`: one sweeper per account by a lease row, bounded rate | `crates/aqw-core/src/retention/sweep.rs` |
 //! | the operator's commands, one file each, returning data, as procedures over `KeyStore`, `PoisonStore` and `ControlStore`: list, show, replay, fix, discard, report (an incident as one table), status, enqueue, keys, pause / resume, purge; the provider's key window that replay and fix check | `crates/aqw-core/src/ops/` (`mod.rs`, `control.rs`, `list.rs`, `show.rs`, `replay.rs`, `fix.rs`, `discard.rs`, `rehearse.rs` (the dry runs of fix and discard), `report.rs`, `status.rs`, `enqueue.rs`, `keys.rs`, `purge.rs`, `window.rs`) |
 //! | durable group operations (issue 40): the operation row in the control table (who, selection, fingerprint, cutoff, rate, state, counts, lease), written under its ETag; the executor (lease, resume by re-selecting open records, cancel seen before the next record, halt on an open breaker or replayed jobs back in poison, each copy deleted by the receipt its record kept and one sweep of the poison queue for the rest); the idle watcher of `aqw run` | `crates/aqw-core/src/ops/operation/` (`mod.rs` the model, `row.rs` `OperationStore`, `run.rs` the executor and the watcher) |
 //! | poll heartbeats: a worker's last poll per queue, written once a minute, read by `aqw status` | `crates/aqw-core/src/heartbeat.rs` |
 //! | test-only crash points, compiled out of release builds | `crates/aqw-core/src/failpoint.rs` |
-//! | the storage port: queues, tables, the typed query (`Filter`); only the Azure adapter writes OData | `crates/aqw-core/src/storage/mod.rs` |
-//! | the in-memory store on tokio time (visibility, receipts, TTL, ETags, batches, pages), request counts and an outage switch | `crates/aqw-core/src/storage/memory/` (`mod.rs` the store, its clock and hooks, `queue.rs`, `table.rs`, `tests/`) |
-//! | the storage contract: one suite of checks, run on the memory store here and on Azurite in the binary's tests | `crates/aqw-core/src/contract/` (`mod.rs` the list and runner, `queue.rs`, `table.rs`, `query.rs`) |
+//! | the storage port: queues, tables, blob containers (`BlobStore`), the typed query (`Filter`); only the Azure adapter writes OData | `crates/aqw-core/src/storage/mod.rs` |
+//! | the in-memory store on tokio time (visibility, receipts, TTL, ETags, batches, pages), request counts and an outage switch | `crates/aqw-core/src/storage/memory/` (`mod.rs` the store, its clock and hooks, `queue.rs`, `table.rs`, `blob.rs`, `tests/`) |
+//! | the storage contract: one suite of checks, run on the memory store here and on Azurite in the binary's tests | `crates/aqw-core/src/contract/` (`mod.rs` the list and runner, `queue.rs`, `table.rs`, `query.rs`, `blob.rs`) |
 //! | the engine's wall clock: the system's, or tokio's in a simulation | `crates/aqw-core/src/clock.rs` |
 //! | a worker built in code: settings and handlers in, `Worker::run(shutdown)`; `handler_fn` | `crates/aqw-core/src/builder.rs` |
 //! | schedules: ticks as keyed jobs (`{/schedule}:{/tick}`), cron in a time zone or an interval, the catch-up policy; the task that claims each tick in the control row and puts it, and the status | `crates/aqw-core/src/schedule/` (`mod.rs` ticks and policy, `run.rs` the task and the row) |
+//! | claim-check payloads: a body over `aqw.claimCheck.threshold` written to a content-addressed blob (`<queue>/<sha256>`) and a reference put on the queue; the worker's fetch with its length and hash checked (`claim_check_missing`, `claim_check_corrupt`); the refresh before a replay | `crates/aqw-core/src/claim.rs` |
 //! | the producer API: typed jobs put exactly as `aqw enqueue` puts them (key check, encoding, size, delay and time-to-live) | `crates/aqw-core/src/producer.rs` |
 //! | the ready configuration (`AppConfig`, `FunctionConfig`, connection, retention, timespans, names) and its defaults | `crates/aqw-core/src/config/` (`mod.rs`, `connection.rs`, `retention.rs`, `timespan.rs`) |
 //! | one function's runtime over any storage; queues and tables created before polling; sweep targets | `crates/aqw-core/src/runtime.rs` |
@@ -126,6 +128,7 @@
 pub mod alert;
 pub mod breaker;
 pub mod builder;
+pub mod claim;
 pub mod clock;
 pub mod config;
 #[cfg(any(test, feature = "contract"))]

@@ -106,6 +106,14 @@ pub enum ErrorKind {
     /// succeed inside the provider's window.
     #[serde(rename = "replayed_failure")]
     ReplayedFailure,
+    /// The job's claim-check blob is gone ([`crate::claim`]): no body to
+    /// run it on.
+    #[serde(rename = "claim_check_missing")]
+    ClaimCheckMissing,
+    /// The job's claim-check blob is not the body its reference names
+    /// (length or SHA-256), or the reference is malformed.
+    #[serde(rename = "claim_check_corrupt")]
+    ClaimCheckCorrupt,
 }
 
 impl ErrorKind {
@@ -119,6 +127,8 @@ impl ErrorKind {
             ErrorKind::Crashed => "crashed",
             ErrorKind::InProgress => "in_progress",
             ErrorKind::ReplayedFailure => "replayed_failure",
+            ErrorKind::ClaimCheckMissing => "claim_check_missing",
+            ErrorKind::ClaimCheckCorrupt => "claim_check_corrupt",
         }
     }
     /// The kind named `s`; anything unknown is `Retryable`.
@@ -130,6 +140,8 @@ impl ErrorKind {
             "crashed" => ErrorKind::Crashed,
             "in_progress" => ErrorKind::InProgress,
             "replayed_failure" => ErrorKind::ReplayedFailure,
+            "claim_check_missing" => ErrorKind::ClaimCheckMissing,
+            "claim_check_corrupt" => ErrorKind::ClaimCheckCorrupt,
             _ => ErrorKind::Retryable,
         }
     }

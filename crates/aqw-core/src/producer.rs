@@ -1,8 +1,10 @@
 //! The producer API: a Rust service puts jobs exactly as `aqw enqueue` does.
 //! The same checks run before anything is sent: the queue must be consumed
 //! by a function of the app, the job must derive that function's key (a job
-//! the worker could only poison is refused), the encoded text must fit in a
-//! message, and the delay and time-to-live follow [`Delivery`]'s rules.
+//! the worker could only poison is refused), a job over
+//! `aqw.claimCheck.threshold` goes to a blob with a reference on the queue
+//! ([`crate::claim`]; else the encoded text must fit in a message), and the
+//! delay and time-to-live follow [`Delivery`]'s rules.
 //!
 //! ```
 //! use aqw_core::builder::{handler_fn, WorkerBuilder};

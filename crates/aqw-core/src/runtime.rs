@@ -25,6 +25,8 @@ pub struct FunctionRuntime {
     pub function: FunctionConfig,
     /// The source queue.
     pub source: Arc<dyn QueueStore>,
+    /// The container of claim-check bodies (`aqw.claimCheck.container`).
+    pub blobs: Arc<dyn crate::storage::BlobStore>,
     /// The function's idempotency keys.
     pub keys: KeyStore,
     /// Where its poisoned messages go.
@@ -90,6 +92,7 @@ impl FunctionRuntime {
             keys: KeyStore::new(storage.table(&app.keys_table)),
             heartbeats: crate::heartbeat::HeartbeatStore::new(storage.table(&app.heartbeat_table)),
             source,
+            blobs: storage.blobs(&app.claim_check.container),
             poison,
             handler,
             worker_id,
@@ -155,6 +158,7 @@ pub fn sweep_targets(rts: &[Arc<FunctionRuntime>]) -> Vec<crate::retention::swee
                     functions: vec![],
                 },
                 records: vec![],
+                blobs: Some(rt.blobs.clone()),
             });
         t.tables.functions.push(rt.function.name.clone());
         t.records.push(rt.poison.store());

@@ -59,6 +59,8 @@ pub struct Connection {
     pub queue_endpoint: String,
     /// The table service's base URL.
     pub table_endpoint: String,
+    /// The blob service's base URL (claim-check bodies).
+    pub blob_endpoint: String,
     /// How to authenticate to the account.
     pub credentials: Credentials,
 }
@@ -72,6 +74,7 @@ impl Connection {
             account: "embedded".to_string(),
             queue_endpoint: String::new(),
             table_endpoint: String::new(),
+            blob_endpoint: String::new(),
             credentials: Credentials::Identity { client_id: None },
         }
     }

@@ -199,6 +199,8 @@ pub struct AppConfig {
     pub skipped: Vec<SkippedFunction>,
     /// `aqw.schedules`: ticks put as keyed jobs on a function's queue.
     pub schedules: Vec<crate::schedule::Schedule>,
+    /// `aqw.claimCheck`: jobs too large for a message go to a blob.
+    pub claim_check: crate::claim::ClaimCheck,
 }
 
 /// A function of the app folder that aqw leaves alone, and why.
@@ -256,6 +258,7 @@ impl AppConfig {
             functions: vec![],
             skipped: vec![],
             schedules: vec![],
+            claim_check: crate::claim::ClaimCheck::defaults(MessageEncoding::Base64),
         }
     }
 

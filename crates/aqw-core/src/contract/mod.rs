@@ -21,10 +21,12 @@
 //! (Azurite's), and checks on an error's status leave the code alone where
 //! the adapter or the emulator decide it.
 
+mod blob;
 mod query;
 mod queue;
 mod table;
 
+pub use blob::{blob_missing, blob_put_get_delete, random_container_name};
 pub use query::{table_continuation, table_queries};
 pub use queue::{
     queue_missing, queue_put_limits, queue_receive_and_pop_receipts, queue_ttl_expiry,
@@ -51,6 +53,8 @@ pub const CHECKS: &[&str] = &[
     "table_transactions",
     "table_queries",
     "table_continuation",
+    "blob_put_get_delete",
+    "blob_missing",
 ];
 
 /// Run the check called `name` (one of [`CHECKS`]).
@@ -66,6 +70,8 @@ pub async fn run_check(storage: &dyn Storage, name: &str) -> CheckResult {
         "table_transactions" => table_transactions(storage).await,
         "table_queries" => table_queries(storage).await,
         "table_continuation" => table_continuation(storage).await,
+        "blob_put_get_delete" => blob_put_get_delete(storage).await,
+        "blob_missing" => blob_missing(storage).await,
         other => Err(format!("no contract check is called {other:?}")),
     }
 }

@@ -19,13 +19,15 @@ pub use settle::{QueueSettle, Settle};
 
 use crate::breaker::{Admission, Attempt as BreakerAttempt};
 use crate::config::KeySpec;
-use crate::decide::{fate, next_step, AttemptResult, Facts, KeyState, NextStep, Policy};
+use crate::decide::{
+    fate, next_step, AttemptResult, Facts, KeyState, NextStep, Policy, WithoutRunning,
+};
 use crate::failpoint;
 use crate::handler::HandlerError;
 use crate::idempotency::{derive_key, IdempotencyKey, KeyRecord};
 use crate::message::{decode, ErrorKind};
 use crate::runtime::FunctionRuntime;
-use crate::storage::ReceivedMessage;
+use crate::storage::{ReceivedMessage, StorageError};
 use crate::traces::JobTrace;
 use handler::HandlerRun;
 use outcome::abandoned;
@@ -48,9 +50,11 @@ pub async fn process(
         host_poisons_failed_last_attempt: settle.poisons_failed_last_attempt(),
         ..rt.policy
     };
-    // Decode and derive the key first: both are pure, and the key's record
-    // carries the last error for the over-the-cap case.
-    let decoded = decode(&msg.text, rt.app.message_encoding).map_err(|e| e.to_string());
+    // Decode (fetching a claim-checked body), then the key: over the cap its record decides.
+    let (decoded, claim_failure) = match body_of(rt, msg).await {
+        Ok(body) => body,
+        Err(e) => return abandoned(e),
+    };
     let (key, key_error) = key_of(&rt.function.key, &decoded);
     let mut facts = Facts {
         dequeue_count: msg.dequeue_count,
@@ -70,6 +74,9 @@ pub async fn process(
         trace,
         attempt: None,
     };
+    if let Some(case) = claim_failure {
+        return ctx.without_running(WithoutRunning::Poison(case)).await;
+    }
     // Held until the job settles: its slot under the per-key limit.
     let _key_slot = match admit(rt, settle, &decoded).await {
         Ok(slot) => slot,
@@ -91,6 +98,41 @@ pub async fn process(
     };
     failpoint::hit("claim.after");
     run_and_settle(&mut ctx, payload.to_string(), &facts, &policy, hard_stop).await
+}
+
+/// The message's payload decoded (or why it cannot be), a claim-checked
+/// body fetched from its blob and checked ([`crate::claim`]); with the
+/// poison case when the blob is missing or corrupt. `Err`: storage failed
+/// fetching the blob, and the attempt is abandoned (the message comes back
+/// after its lease).
+async fn body_of(
+    rt: &FunctionRuntime,
+    msg: &ReceivedMessage,
+) -> Result<(Result<String, String>, Option<crate::decide::PoisonCase>), StorageError> {
+    use crate::claim::FetchError;
+    let decoded = decode(&msg.text, rt.app.message_encoding).map_err(|e| e.to_string());
+    let fetched = match decoded.as_ref().ok().and_then(|p| crate::claim::parse(p)) {
+        None => return Ok((decoded, None)),
+        Some(Err(e)) => Err(FetchError::Corrupt(e)),
+        Some(Ok(reference)) => crate::claim::fetch(rt.blobs.as_ref(), &reference).await,
+    };
+    match fetched {
+        Ok(body) => Ok((Ok(body), None)),
+        Err(FetchError::Storage(e)) => Err(e),
+        Err(e) => {
+            let case = claim_poison(e);
+            Ok((Err(case.reason.clone()), Some(case)))
+        }
+    }
+}
+
+/// The poison case of a missing or corrupt claim-check blob.
+fn claim_poison(e: crate::claim::FetchError) -> crate::decide::PoisonCase {
+    crate::decide::PoisonCase {
+        kind: e.poison_kind().unwrap_or(ErrorKind::Permanent),
+        reason: e.to_string(),
+        uncertain: false,
+    }
 }
 
 /// [`claim`], then the attempt counted as the key counts it

@@ -119,12 +119,26 @@ pub struct PreparedEnqueue {
     pub queue: String,
     /// The connection of the function that consumes the queue.
     pub connection: Connection,
-    /// The message text, encoded per the app's messageEncoding.
+    /// The message text, encoded per the app's messageEncoding (empty
+    /// while `claim_check` holds the body: the reference is made when the
+    /// blob is written).
     pub text: String,
+    /// A body over `aqw.claimCheck.threshold`, to be written to this
+    /// container before its reference is put ([`crate::claim`]).
+    pub claim_check: Option<ClaimCheckBody>,
     /// The key the worker will derive (`None`: a keyless function, or forced).
     pub key: Option<IdempotencyKey>,
     /// The app's message encoding.
     pub encoding: MessageEncoding,
+}
+
+/// A job body bound for a blob, and its container.
+#[derive(Debug, Clone)]
+pub struct ClaimCheckBody {
+    /// The container.
+    pub container: String,
+    /// The job's payload, exactly.
+    pub body: String,
 }
 
 /// What `enqueue` put.
@@ -140,6 +154,8 @@ pub struct Enqueued {
     pub encoding: MessageEncoding,
     /// When it becomes visible (`None`: at once).
     pub visible_at: Option<OffsetDateTime>,
+    /// The blob its body went to, when it was claim-checked.
+    pub blob: Option<String>,
 }
 
 /// Check a payload the way the worker will: the queue must be consumed by a
@@ -165,12 +181,22 @@ pub fn prepare_enqueue(
         }
         Err(_) => None,
     };
-    let text =
-        crate::message::encode_checked(payload, app.message_encoding).map_err(OpsError::Usage)?;
+    let (text, claim_check) = if app.claim_check.applies_to(payload, app.message_encoding) {
+        let body = ClaimCheckBody {
+            container: app.claim_check.container.clone(),
+            body: payload.to_string(),
+        };
+        (String::new(), Some(body))
+    } else {
+        let text = crate::message::encode_checked(payload, app.message_encoding)
+            .map_err(OpsError::Usage)?;
+        (text, None)
+    };
     Ok(PreparedEnqueue {
         queue: queue.to_string(),
         connection: f.connection.clone(),
         text,
+        claim_check,
         key,
         encoding: app.message_encoding,
     })
@@ -214,9 +240,10 @@ pub async fn enqueue_with(
     delivery: Delivery,
     storage: &dyn Storage,
 ) -> OpsResult<Enqueued> {
+    let (text, blob) = claim_checked_text(&job, delivery, storage).await?;
     let queue = storage.queue(&job.queue);
     let receipt =
-        crate::poison::put_creating_after(queue.as_ref(), &job.text, delivery.delay, delivery.ttl)
+        crate::poison::put_creating_after(queue.as_ref(), &text, delivery.delay, delivery.ttl)
             .await?;
     let visible_at = (!delivery.delay.is_zero()).then(|| crate::clock::now_utc() + delivery.delay);
     Ok(Enqueued {
@@ -225,5 +252,62 @@ pub async fn enqueue_with(
         key: job.key,
         encoding: job.encoding,
         visible_at,
+        blob,
     })
+}
+
+/// The text to put: the prepared one, or, for a claim-checked job, its
+/// body written to its blob first and the reference encoded. A crash
+/// between the two leaves an orphan blob, which retention collects. A
+/// claim-checked job must expire (retention deletes its blob once no
+/// message can still refer to it), so `Ttl::Never` is refused.
+async fn claim_checked_text(
+    job: &PreparedEnqueue,
+    delivery: Delivery,
+    storage: &dyn Storage,
+) -> OpsResult<(String, Option<String>)> {
+    let Some(c) = &job.claim_check else {
+        return Ok((job.text.clone(), None));
+    };
+    if delivery.ttl == Ttl::Never {
+        return Err(OpsError::Usage(format!(
+            "a job of {} bytes goes to Blob storage (aqw.claimCheck.threshold), and such a job \
+             needs a time-to-live so its blob can be deleted: give one (at most 7 days)",
+            c.body.len()
+        )));
+    }
+    let blobs = storage.blobs(&c.container);
+    let reference = crate::claim::put_body(blobs.as_ref(), &job.queue, &c.body).await?;
+    crate::failpoint::hit("claim_check.after_blob");
+    let text = crate::message::encode(&reference.to_payload(), job.encoding);
+    Ok((text, Some(reference.blob)))
+}
+
+/// Before a poison record's text is put again (replay): a claim-check
+/// reference's blob is refreshed ([`crate::claim::refresh_text`]); a blob
+/// that is gone refuses the replay, naming it.
+pub(crate) async fn refresh_claim_check(
+    ops: &super::QueueOps,
+    text: &str,
+    encoding: MessageEncoding,
+) -> OpsResult<()> {
+    match crate::claim::refresh_text(ops.blobs.as_ref(), text, encoding).await {
+        Ok(()) => Ok(()),
+        Err(crate::claim::FetchError::Storage(e)) => Err(e.into()),
+        Err(e) => Err(OpsError::Usage(format!(
+            "{e}: the job's body is gone, so it cannot be replayed (fix it with a new payload, or discard it)"
+        ))),
+    }
+}
+
+/// A fix's corrected payload as message text: encoded, or, over
+/// `aqw.claimCheck.threshold`, written to its blob with the reference
+/// encoded.
+pub(crate) async fn corrected_text(ops: &super::QueueOps, payload: &str) -> OpsResult<String> {
+    let enc = ops.app.message_encoding;
+    if ops.app.claim_check.applies_to(payload, enc) {
+        let blobs = ops.blobs.as_ref();
+        return Ok(crate::claim::put_as_reference(blobs, &ops.queue, payload, enc).await?);
+    }
+    crate::message::encode_checked(payload, enc).map_err(OpsError::Usage)
 }

@@ -102,15 +102,13 @@ async fn fix_record(
     let (rec, mut etag) = ops.open_record(id).await?;
     crate::traces::link_to(&tracing::Span::current(), rec.trace_parent.as_deref());
     // A payload written from a redacted view gets its masked values back.
-    let restored = match (
-        &ops.function,
-        crate::message::decode(&rec.message, rec.encoding),
-    ) {
+    let original = crate::claim::decode_body(ops.blobs.as_ref(), &rec.message, rec.encoding).await;
+    let restored = match (&ops.function, original) {
         (Some(f), Ok(original)) => f.redact.restore(payload, &original).into_owned(),
         _ => payload.to_string(),
     };
     let payload = restored.as_str();
-    let (f, key, text) = corrected(ops, payload)?;
+    let (f, key) = corrected(ops, payload)?;
     let mut report = new_report(&rec, id, payload, key);
     let note = past_window_note(ops, &rec, report.new_key.as_ref(), past_provider_window).await?;
     let past_window = note.as_deref().map(|note| WindowOverride { by, note });
@@ -120,6 +118,7 @@ async fn fix_record(
             return Ok(report);
         }
     }
+    let text = super::enqueue::corrected_text(ops, payload).await?;
     let receipt = crate::poison::put_creating(ops.source.as_ref(), &text, Ttl::Default).await?;
     let replacement = Replacement {
         by,
@@ -152,11 +151,9 @@ async fn fix_record(
 }
 
 /// The corrected job, checked as the worker would take it: the queue's
-/// function, the key it derives, and its queue text.
-fn corrected(
-    ops: &QueueOps,
-    payload: &str,
-) -> OpsResult<(FunctionConfig, Option<IdempotencyKey>, String)> {
+/// function and the key it derives (its text is made when it is put:
+/// [`super::enqueue::corrected_text`]).
+fn corrected(ops: &QueueOps, payload: &str) -> OpsResult<(FunctionConfig, Option<IdempotencyKey>)> {
     let f = ops.function.clone().ok_or_else(|| {
         OpsError::Usage(format!(
             "queue {} is not consumed by a function of this app",
@@ -168,9 +165,15 @@ fn corrected(
             "the corrected payload would be poisoned at once: {e}"
         ))
     })?;
-    let text = crate::message::encode_checked(payload, ops.app.message_encoding)
-        .map_err(OpsError::Usage)?;
-    Ok((f, key, text))
+    if !ops
+        .app
+        .claim_check
+        .applies_to(payload, ops.app.message_encoding)
+    {
+        crate::message::encode_checked(payload, ops.app.message_encoding)
+            .map_err(OpsError::Usage)?;
+    }
+    Ok((f, key))
 }
 
 /// The old record's key and the corrected job's, against the provider's key

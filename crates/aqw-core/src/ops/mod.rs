@@ -87,6 +87,8 @@ pub struct QueueOps {
     pub control: crate::control::ControlStore,
     /// The workers' poll heartbeats.
     pub heartbeats: crate::heartbeat::HeartbeatStore,
+    /// The container of claim-check bodies (`aqw.claimCheck.container`).
+    pub blobs: Arc<dyn crate::storage::BlobStore>,
 }
 
 impl QueueOps {
@@ -111,6 +113,7 @@ impl QueueOps {
             keys: KeyStore::new(storage.table(&app.keys_table)),
             control: crate::control::ControlStore::new(storage.table(&app.control_table)),
             heartbeats: crate::heartbeat::HeartbeatStore::new(storage.table(&app.heartbeat_table)),
+            blobs: storage.blobs(&app.claim_check.container),
             app,
         }
     }

@@ -536,6 +536,7 @@ impl Put<'_> {
                 None => return Ok(item.with(ReplayAction::Skipped, CHANGED_MEANWHILE)),
             }
         }
+        super::enqueue::refresh_claim_check(ops, &self.rec.message, self.rec.encoding).await?;
         let receipt =
             crate::poison::put_creating(ops.source.as_ref(), &self.rec.message, Ttl::Default)
                 .await?;

@@ -68,32 +68,10 @@ pub async fn show(ops: &QueueOps, id: &str) -> OpsResult<ShowReport> {
         .as_ref()
         .and_then(|k| ProviderWindow::of(window, k, crate::clock::now_utc()));
     let mut record = record;
+    let body =
+        crate::claim::decode_body(ops.blobs.as_ref(), &record.message, record.encoding).await;
     let redaction = ops.function.as_ref().map(|f| &f.redact);
-    let (payload, payload_text, decode_error, redacted) =
-        match decode(&record.message, record.encoding) {
-            Ok(text) => {
-                let masked = redaction.map(|r| r.mask(&text));
-                let note = masked.as_ref().and_then(|m| m.note());
-                let text = match (&masked, &note) {
-                    (Some(m), Some(_)) => m.text().to_string(),
-                    _ => text,
-                };
-                if note.is_some() {
-                    record.message = encode(&text, record.encoding);
-                }
-                (serde_json::from_str(&text).ok(), Some(text), None, note)
-            }
-            Err(e) => {
-                // Undecodable: only its raw text could be shown, and a
-                // redacted value could be anywhere in it.
-                let note = redaction.filter(|r| !r.is_empty()).map(|_| {
-                    record.message = crate::redact::MASK.into();
-                    "redacted (undecodable, wholly hidden); replay sends the exact stored text"
-                        .to_string()
-                });
-                (None, None, Some(e.to_string()), note)
-            }
-        };
+    let (payload, payload_text, decode_error, redacted) = shown(&mut record, body, redaction);
     Ok(ShowReport {
         record,
         key_record,
@@ -105,4 +83,45 @@ pub async fn show(ops: &QueueOps, id: &str) -> OpsResult<ShowReport> {
         redacted,
         provider_check: None,
     })
+}
+
+/// The payload as shown: JSON and text with the function's `redact` fields
+/// masked (the record's message too, unless it is a claim-check reference,
+/// which holds no payload), or why there is none to show.
+fn shown(
+    record: &mut PoisonRecord,
+    body: Result<String, String>,
+    redaction: Option<&crate::redact::Redaction>,
+) -> (
+    Option<serde_json::Value>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+) {
+    match body {
+        Ok(text) => {
+            let masked = redaction.map(|r| r.mask(&text));
+            let note = masked.as_ref().and_then(|m| m.note());
+            let text = match (&masked, &note) {
+                (Some(m), Some(_)) => m.text().to_string(),
+                _ => text,
+            };
+            let reference = decode(&record.message, record.encoding)
+                .is_ok_and(|p| crate::claim::parse(&p).is_some());
+            if note.is_some() && !reference {
+                record.message = encode(&text, record.encoding);
+            }
+            (serde_json::from_str(&text).ok(), Some(text), None, note)
+        }
+        Err(e) => {
+            // Undecodable: only its raw text could be shown, and a
+            // redacted value could be anywhere in it.
+            let note = redaction.filter(|r| !r.is_empty()).map(|_| {
+                record.message = crate::redact::MASK.into();
+                "redacted (undecodable, wholly hidden); replay sends the exact stored text"
+                    .to_string()
+            });
+            (None, None, Some(e), note)
+        }
+    }
 }

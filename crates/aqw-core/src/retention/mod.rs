@@ -16,7 +16,10 @@
 //!
 //! A batch that fails (one row changed or already gone) is retried one row
 //! at a time, so one changed key keeps only itself.
+//!
+//! Claim-check blobs follow the same three rules ([`blobs`]).
 
+pub mod blobs;
 pub mod sweep;
 
 use crate::idempotency::{KeyStore, PurgeCandidate};

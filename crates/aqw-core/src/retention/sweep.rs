@@ -126,6 +126,8 @@ pub struct SweepTarget {
     pub tables: AccountTables,
     /// The record stores of the source queues on the account.
     pub records: Vec<PoisonStore>,
+    /// The account's claim-check container, when the app has one.
+    pub blobs: Option<Arc<dyn crate::storage::BlobStore>>,
 }
 
 /// Sweep every target once, under its lease, at the configured rate.
@@ -167,6 +169,9 @@ async fn sweep_held(
         let r = purge_keys(&t.keys, t.records.as_ref(), &t.functions, &mut run).await?;
         info!(event = "aqw.retention.swept", what = "keys", table = %r.table, scanned = r.counts.scanned, deleted = r.counts.deleted, kept_open_record = r.counts.kept_open_record, kept_changed = r.counts.kept_changed, requests = r.requests, "retention sweep");
     }
+    if let (Some(older_than), Some(blobs)) = (retention.keys, &target.blobs) {
+        sweep_blobs(target, blobs.as_ref(), older_than, pacer, lease).await?;
+    }
     if let Some(older_than) = retention.closed_records {
         for store in &target.records {
             let mut run = PurgeRun {
@@ -178,6 +183,28 @@ async fn sweep_held(
             let r = purge_records(store, &mut run).await?;
             info!(event = "aqw.retention.swept", what = "records", queue = %store.queue(), scanned = r.counts.scanned, deleted = r.counts.deleted, kept_changed = r.counts.kept_changed, requests = r.requests, "retention sweep");
         }
+    }
+    Ok(())
+}
+
+/// The claim-check blobs of each source queue on the account, by the keys'
+/// retention ([`super::blobs`]).
+async fn sweep_blobs(
+    target: &SweepTarget,
+    blobs: &dyn crate::storage::BlobStore,
+    older_than: Duration,
+    pacer: &mut Pacer,
+    lease: &mut SweepLease,
+) -> StorageResult<()> {
+    for store in &target.records {
+        let mut run = PurgeRun {
+            older_than,
+            dry_run: false,
+            pacer: &mut *pacer,
+            lease: Some(&mut *lease),
+        };
+        let r = super::blobs::purge_blobs(store, blobs, &mut run).await?;
+        info!(event = "aqw.retention.swept", what = "blobs", queue = %store.queue(), scanned = r.counts.scanned, deleted = r.counts.deleted, kept_open_record = r.counts.kept_open_record, kept_changed = r.counts.kept_changed, requests = r.requests, "retention sweep");
     }
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! The storage port: what the engine asks of queues and tables, in the
+//! The storage port: what the engine asks of queues, tables and blob
+//! containers ([`BlobStore`]), in the
 //! engine's own words. [`QueueStore`] and [`TableStore`] are implemented by
 //! the Azure adapter (crate `aqw`, `src/storage/`) and by [`memory`], the
 //! in-memory store on tokio time that the engine's tests and the fleet
@@ -347,10 +348,51 @@ pub trait TableStore: Send + Sync {
     async fn delete_table(&self) -> StorageResult<()>;
 }
 
-/// Opens queues and tables of one storage account.
+/// One blob of a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlobItem {
+    /// The blob's name (may hold `/`).
+    pub name: String,
+    /// Its length in bytes.
+    pub length: u64,
+    /// When it was last written (or touched).
+    pub last_modified: OffsetDateTime,
+    /// Its version, for a conditional delete.
+    pub etag: Etag,
+}
+
+/// One Blob Storage container of block blobs (claim-check payloads,
+/// [`crate::claim`]).
+#[async_trait]
+pub trait BlobStore: Send + Sync {
+    /// The container's name.
+    fn name(&self) -> &str;
+    /// Create the container if it does not exist.
+    async fn create_if_missing(&self) -> StorageResult<()>;
+    /// Write `bytes` as the blob `name`, replacing any blob of that name;
+    /// the new ETag. `NotFound` when the container is missing.
+    async fn put(&self, name: &str, bytes: &[u8]) -> StorageResult<Etag>;
+    /// The blob's bytes; `None` when there is no such blob (or container).
+    async fn get(&self, name: &str) -> StorageResult<Option<Vec<u8>>>;
+    /// Mark the blob written now (its `last_modified` and ETag change, the
+    /// bytes do not); `NotFound` when it is missing.
+    async fn touch(&self, name: &str) -> StorageResult<Etag>;
+    /// Delete the blob: `Ok` when it is already gone; with `if_match`, only
+    /// while it is still at that version (`PreconditionFailed` otherwise).
+    async fn delete(&self, name: &str, if_match: Option<&Etag>) -> StorageResult<()>;
+    /// Every blob whose name starts with `prefix`, by name, following
+    /// continuations; empty when the container is missing.
+    async fn list(&self, prefix: &str) -> StorageResult<Vec<BlobItem>>;
+    /// Remove the container (tests and cleanup); `Ok` when it is missing.
+    async fn delete_container(&self) -> StorageResult<()>;
+}
+
+/// Opens queues, tables and blob containers of one storage account.
 pub trait Storage: Send + Sync {
     /// The queue `name` of this account.
     fn queue(&self, name: &str) -> Arc<dyn QueueStore>;
     /// The table `name` of this account.
     fn table(&self, name: &str) -> Arc<dyn TableStore>;
+    /// The blob container `name` of this account.
+    fn blobs(&self, name: &str) -> Arc<dyn BlobStore>;
 }

@@ -493,7 +493,7 @@ impl Env {
             .collect()
     }
 
-    fn poison_store(&self) -> PoisonStore {
+    pub fn poison_store(&self) -> PoisonStore {
         PoisonStore::new(
             &self.queue,
             &self.function,

@@ -18,6 +18,9 @@
 //! - `crashes.rs`: a crash at every failpoint of the job, poison and replay
 //!   paths, kept running or restarted;
 //! - `replay.rs`: a replayed poisoned key runs once;
+//! - `claim_check.rs`: a large job through a blob: runs once on its exact
+//!   body, a missing or corrupt blob poisons with its own kind, show,
+//!   replay and fix;
 //! - `retention.rs`: the purge and the sweep keep what an open record needs;
 //! - `operations.rs`: durable group operations: killed mid-run and resumed
 //!   (each record once), cancelled from another handle, halted by the
@@ -26,6 +29,7 @@
 //!   storage outage.
 
 mod answers;
+mod claim_check;
 mod common;
 mod crashes;
 mod fleet;

@@ -112,6 +112,11 @@ async fn a_job_the_worker_could_not_key_is_never_sent() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("not consumed"), "{e}");
+    // Too large for a message, with claim-check turned off (on, it goes to
+    // a blob: engine/claim_check.rs).
+    let mut app = (*env.app()).clone();
+    app.claim_check.enabled = false;
+    let p = Producer::new(Arc::new(app), Arc::new(env.storage.clone()));
     let big = json!({ "id": format!("{}-big", env.id), "pad": "x".repeat(70_000) });
     let e = p
         .enqueue(&env.queue, &big, Delivery::default())

@@ -83,6 +83,9 @@ impl Storage for Tap {
     fn table(&self, name: &str) -> Arc<dyn TableStore> {
         self.inner.table(name)
     }
+    fn blobs(&self, name: &str) -> Arc<dyn aqw_core::storage::BlobStore> {
+        self.inner.blobs(name)
+    }
 }
 
 struct TapQueue {

@@ -118,6 +118,15 @@
 //!   a rule above or for the same row twice in one batch (Azurite:
 //!   400 InvalidDuplicateRow).
 //!
+//! Blobs
+//! * One container is a map of names to bytes; `put` replaces, `get` of a
+//!   missing blob or container is `Ok(None)`, `touch` of a missing one
+//!   `NotFound`, `delete` of a missing one `Ok` and with a stale `if_match`
+//!   `PreconditionFailed`; `list` returns names in order with the length,
+//!   the last write at whole seconds and the ETag (a missing container:
+//!   empty). `put` into a missing container: `NotFound`. Container names
+//!   are not checked.
+//!
 //! Not modelled: `QueueBeingDeleted` / `TableBeingDeleted` (Azure refuses to
 //! re-create a name for a while after its deletion; Azurite does not), the
 //! adapter's retries, throttling (503), Azure's typing of JSON numbers (an
@@ -131,14 +140,17 @@
 //! [`Filter::ChangedBefore`]: super::Filter::ChangedBefore
 //! [`MAX_BATCH_OPERATIONS`]: super::MAX_BATCH_OPERATIONS
 
+mod blob;
 mod queue;
 mod table;
 #[cfg(test)]
 mod tests;
 
 use super::{
-    Etag, QueueStore, Storage, StorageError, StorageResult, TableStore, MAX_VISIBILITY_TIMEOUT,
+    BlobStore, Etag, QueueStore, Storage, StorageError, StorageResult, TableStore,
+    MAX_VISIBILITY_TIMEOUT,
 };
+use blob::{Container, MemoryBlobs};
 use queue::{MemoryQueue, Queue};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -217,7 +229,9 @@ impl MemoryStorage {
     /// transport counts them (`queue.receive`, `queue.peek`, `queue.put`,
     /// `queue.update`, `queue.delete`, `queue.metadata`, `queue.create`,
     /// `queue.delete_queue`, `table.insert`, `table.get`, `table.update`,
-    /// `table.delete`, `table.query`, `table.batch`, `table.admin`). Every
+    /// `table.delete`, `table.query`, `table.batch`, `table.admin`,
+    /// `blob.put`, `blob.get`, `blob.update`, `blob.delete`, `blob.list`,
+    /// `blob.admin`). Every
     /// call counts, failed ones too; a query counts one per 1,000 rows.
     pub fn request_counts(&self) -> BTreeMap<String, u64> {
         self.shared.lock().counts.clone()
@@ -286,6 +300,13 @@ impl Storage for MemoryStorage {
             key: name.to_ascii_lowercase(),
         })
     }
+
+    fn blobs(&self, name: &str) -> Arc<dyn BlobStore> {
+        Arc::new(MemoryBlobs {
+            shared: self.shared.clone(),
+            name: name.to_string(),
+        })
+    }
 }
 
 /// Wall time at creation plus tokio time since.
@@ -310,6 +331,7 @@ struct State {
     queues: HashMap<String, Queue>,
     /// By lowercase name.
     tables: HashMap<String, Table>,
+    containers: HashMap<String, Container>,
     counts: BTreeMap<String, u64>,
     unavailable: bool,
     latency: Duration,
