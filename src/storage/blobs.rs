@@ -17,9 +17,9 @@
 //! `blob.update`, `blob.delete`, `blob.list`, `blob.admin`), whatever host
 //! and port the account is on.
 
-use super::pipeline::{find_header, status_error};
+use super::pipeline::find_header;
 use super::*;
-use azure_core::http::{Context, Method, Pipeline, PipelineSendOptions, RawResponse, Request};
+use azure_core::http::{Method, Pipeline, RawResponse, Request};
 
 /// Blob service version aqw speaks (single-request Put Blob up to 5,000 MiB).
 pub const BLOB_VERSION: &str = "2021-08-06";
@@ -64,32 +64,15 @@ impl BlobsClient {
             .map_err(|_| StorageError::Other("invalid blob URL".into()))?;
         let mut r = Request::new(url, method);
         r.insert_header("x-ms-version", BLOB_VERSION);
-        let id = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
-        r.insert_header("x-ms-client-request-id", id.hyphenated().to_string());
+        r.insert_header(
+            "x-ms-client-request-id",
+            super::pipeline::client_request_id(),
+        );
         Ok(r)
     }
 
     async fn send(&self, mut request: Request) -> StorageResult<RawResponse> {
-        let rsp = self
-            .pipeline
-            .send(
-                &Context::new(),
-                &mut request,
-                Some(PipelineSendOptions {
-                    skip_checks: true,
-                    ..Default::default()
-                }),
-            )
-            .await
-            .map_err(super::pipeline::map_err)?;
-        let status = u16::from(rsp.status());
-        if (200..300).contains(&status) {
-            return Ok(rsp);
-        }
-        let code = find_header(rsp.headers(), "x-ms-error-code")
-            .unwrap_or_default()
-            .to_string();
-        Err(status_error(status, code))
+        super::pipeline::send_checked(&self.pipeline, &mut request).await
     }
 }
 

@@ -428,6 +428,59 @@ pub(crate) fn map_err(e: azure_core::Error) -> StorageError {
     }
 }
 
+/// Send `request` through `pipeline` with its status checks skipped, and
+/// turn a non-2xx answer into a [`StorageError`] carrying the service's
+/// error code: the one send of our Tables and Blob clients.
+pub(crate) async fn send_checked(
+    pipeline: &azure_core::http::Pipeline,
+    request: &mut Request,
+) -> Result<azure_core::http::RawResponse, StorageError> {
+    let rsp = pipeline
+        .send(
+            &azure_core::http::Context::new(),
+            request,
+            Some(azure_core::http::PipelineSendOptions {
+                skip_checks: true,
+                ..Default::default()
+            }),
+        )
+        .await
+        .map_err(map_err)?;
+    let status = u16::from(rsp.status());
+    if (200..300).contains(&status) {
+        return Ok(rsp);
+    }
+    Err(status_error(status, error_code(&rsp)))
+}
+
+/// The service's error code: the `x-ms-error-code` header, else a Tables
+/// JSON body's `odata.error.code` (a Blob error body is XML: the header
+/// always carries its code).
+fn error_code(rsp: &azure_core::http::RawResponse) -> String {
+    if let Some(c) = find_header(rsp.headers(), "x-ms-error-code") {
+        return c.to_string();
+    }
+    serde_json::from_slice::<serde_json::Value>(rsp.body())
+        .ok()
+        .and_then(|v| {
+            v.pointer("/odata.error/code")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_string)
+        })
+        .unwrap_or_default()
+}
+
+/// A fresh `x-ms-client-request-id`, set on each request so azure_core's
+/// ClientRequestIdPolicy finds it without building an error for the absent
+/// header (see [`find_header`]). From the thread's RNG: `Uuid::new_v4` asks
+/// the kernel (a getrandom syscall) for every request.
+pub(crate) fn client_request_id() -> String {
+    uuid::Builder::from_random_bytes(rand::random())
+        .into_uuid()
+        .hyphenated()
+        .to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,9 +19,9 @@
 //! and Azurite take `PATCH` as merge, as the current SDKs send it) and the
 //! literal `MERGE` inside a batch body (plain text there).
 
-use super::pipeline::{find_header, status_error};
+use super::pipeline::find_header;
 use super::*;
-use azure_core::http::{Context, Method, Pipeline, PipelineSendOptions, RawResponse, Request};
+use azure_core::http::{Method, Pipeline, RawResponse, Request};
 
 /// Table service version aqw speaks (JSON entities, `Prefer`).
 const TABLE_VERSION: &str = "2019-02-02";
@@ -61,51 +61,17 @@ impl TablesClient {
         r.insert_header("dataserviceversion", "3.0");
         r.insert_header("maxdataserviceversion", "3.0;NetFx");
         r.insert_header("accept", FULL_METADATA);
-        // Set here so azure_core's ClientRequestIdPolicy finds it without
-        // building an error for the absent header (see pipeline::find_header).
-        // From the thread's RNG: `Uuid::new_v4` asks the kernel (a
-        // getrandom syscall) for every request.
-        let id = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
-        r.insert_header("x-ms-client-request-id", id.hyphenated().to_string());
+        r.insert_header(
+            "x-ms-client-request-id",
+            super::pipeline::client_request_id(),
+        );
         Ok(r)
     }
 
     /// Send through the pipeline; any non-2xx status becomes a [`StorageError`].
     async fn send(&self, mut request: Request) -> StorageResult<RawResponse> {
-        let rsp = self
-            .pipeline
-            .send(
-                &Context::new(),
-                &mut request,
-                Some(PipelineSendOptions {
-                    skip_checks: true,
-                    ..Default::default()
-                }),
-            )
-            .await
-            .map_err(super::pipeline::map_err)?;
-        let status = u16::from(rsp.status());
-        if (200..300).contains(&status) {
-            return Ok(rsp);
-        }
-        let code = error_code(&rsp);
-        Err(status_error(status, code))
+        super::pipeline::send_checked(&self.pipeline, &mut request).await
     }
-}
-
-/// The service's error code: `x-ms-error-code`, else the OData error body.
-fn error_code(rsp: &RawResponse) -> String {
-    if let Some(c) = find_header(rsp.headers(), "x-ms-error-code") {
-        return c.to_string();
-    }
-    serde_json::from_slice::<Value>(rsp.body())
-        .ok()
-        .and_then(|v| {
-            v.pointer("/odata.error/code")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        })
-        .unwrap_or_default()
 }
 
 fn etag_of(rsp: &RawResponse) -> StorageResult<Etag> {
