@@ -421,10 +421,10 @@ async fn poison_replay(
     cmd: PoisonCmd,
     output: Output,
 ) -> Result<Exit, Failure> {
-    let PoisonCmd::Replay { queue, .. } = &cmd else {
+    let PoisonCmd::Replay { queue, all, .. } = &cmd else {
         unreachable!("poison_replay is called with PoisonCmd::Replay only");
     };
-    let queue = queue.clone();
+    let (queue, all) = (queue.clone(), *all);
     let mut opts = replay_options(cmd)?;
     let ops = queue_ops(app, &queue)?;
     if !opts.dry_run && !opts.uncertain_checked {
@@ -439,7 +439,11 @@ async fn poison_replay(
             }
         }
     };
-    let mut report = ops::replay(&ops, &opts, &progress).await?;
+    let mut report = if all && !opts.dry_run {
+        replay_group(&ops, &opts, output, &progress).await?
+    } else {
+        ops::replay(&ops, &opts, &progress).await?
+    };
     if let Some(b) = bar {
         b.finish_and_clear();
     }
@@ -448,6 +452,34 @@ async fn poison_replay(
     }
     render::poison_replay(&report, opts.wait.is_some(), output);
     Ok(Exit::needs_a_person_if(report.needs_a_person()))
+}
+
+/// `poison replay --all`: the records are replayed by a durable operation
+/// this process creates and carries out (a process killed mid-way leaves
+/// it to `aqw ops resume` or an idle `aqw run`); the report is the same.
+async fn replay_group(
+    ops: &QueueOps,
+    opts: &ReplayOptions,
+    output: Output,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<ops::ReplayReport, Failure> {
+    let store = aqw::ops::operation::OperationStore::new(ops.control.table().clone());
+    let exec = super::ops::executor(false);
+    let (op, report) = aqw::ops::operation::replay_group(ops, &store, opts, exec, progress).await?;
+    if output == Output::Text {
+        outln!(
+            "operation {}: {} ({} of {} record(s) handled); `aqw ops show {}`",
+            op.id,
+            op.state.as_str(),
+            op.done + op.skipped + op.failed,
+            op.selected,
+            op.id
+        );
+        if let Some(why) = &op.stop_reason {
+            outln!("  stopped: {why}");
+        }
+    }
+    Ok(report)
 }
 
 /// The options of `poison replay`, checked.

@@ -1,5 +1,5 @@
-//! `aqw ops …`: durable group operations (issue 40). `ops replay` and
-//! `ops discard` select the open records of a queue, create an operation
+//! `aqw ops …`: durable group operations (issue 40). `ops replay`,
+//! `ops discard` and `ops fix` select the open records of a queue, create an operation
 //! row for them (who, what, the fingerprint of the ids selected, the
 //! rate) and carry it out in this process unless `--detach`; a process
 //! that dies leaves it to the next executor (an idle `aqw run`, or `aqw ops
@@ -52,6 +52,31 @@ pub enum OpsCmd {
         /// Also close each record's key (a producer's resend is a duplicate).
         #[arg(long)]
         close_key: bool,
+    },
+    /// Correct every open record a selection picks with one JSON Patch
+    /// (RFC 6902) and put each in its place, as a durable operation: a bad
+    /// producer's batch fixed at once. A record the patch does not apply to
+    /// is left open (skipped, with why).
+    #[command(
+        after_help = "Each record's payload (a claim-checked one's body) is read as JSON, patched, written as compact JSON and put as `aqw poison fix` puts it: it must derive a key, and a key already done is left alone.\nThe record is closed as replaced, keeping who, the operation and the new key.\n\nExamples (rename the misspelt field \"acount\"):\n  aqw ops fix credits --error 'missing field .account' --patch '[{\"op\":\"move\",\"from\":\"/acount\",\"path\":\"/account\"}]' --dry-run\n  aqw ops fix credits --error 'missing field .account' --patch-file rename.json --by alice"
+    )]
+    Fix {
+        #[command(flatten)]
+        sel: SelectArgs,
+        /// The JSON Patch (RFC 6902) as text.
+        #[arg(
+            long,
+            required_unless_present = "patch_file",
+            conflicts_with = "patch_file"
+        )]
+        patch: Option<String>,
+        /// Read the JSON Patch from a file.
+        #[arg(long)]
+        patch_file: Option<std::path::PathBuf>,
+        /// Go ahead although a provider key is older than the function's
+        /// providerKeyWindow; kept on each record.
+        #[arg(long)]
+        past_provider_window: bool,
     },
     /// Operations, newest first: state, progress, who.
     #[command(after_help = "Examples:\n  aqw ops list\n  aqw ops list --output json")]
@@ -158,6 +183,19 @@ pub(super) async fn dispatch(app_dir: &Path, cmd: OpsCmd, output: Output) -> Res
             reason,
             close_key,
         } => start(&app, sel, OpKind::Discard { reason, close_key }, output).await,
+        OpsCmd::Fix {
+            sel,
+            patch,
+            patch_file,
+            past_provider_window,
+        } => {
+            let patch = patch_text(patch, patch_file.as_deref())?;
+            let kind = OpKind::Fix {
+                patch,
+                past_provider_window,
+            };
+            start(&app, sel, kind, output).await
+        }
         OpsCmd::List { queue } => {
             let (_, store) = stores(&app, queue.as_deref())?;
             let ops = store.list().await.map_err(storage)?;
@@ -185,6 +223,21 @@ pub(super) async fn dispatch(app_dir: &Path, cmd: OpsCmd, output: Output) -> Res
     }
 }
 
+/// The patch of `ops fix`, read and checked (exit 2 naming the flag).
+fn patch_text(patch: Option<String>, file: Option<&Path>) -> Result<String, Failure> {
+    let (flag, text) = match (patch, file) {
+        (Some(p), _) => ("--patch", p),
+        (None, Some(f)) => {
+            let text = std::fs::read_to_string(f)
+                .map_err(|e| Failure::usage(format!("--patch-file {}: {e}", f.display())))?;
+            ("--patch-file", text)
+        }
+        (None, None) => return Err(Failure::usage("give --patch JSON or --patch-file FILE")),
+    };
+    operation::parse_patch(&text).map_err(|e| Failure::usage(format!("{flag}: {e}")))?;
+    Ok(text)
+}
+
 fn storage(e: aqw::storage::StorageError) -> Failure {
     Failure::runtime(aqw_core::scrub::scrub(&format!("{e:#}")))
 }
@@ -208,15 +261,16 @@ fn stores(
     Ok((ops, store))
 }
 
-fn executor(take_over: bool) -> ExecuteOptions {
+/// This process as an operation's executor.
+pub(super) fn executor(take_over: bool) -> ExecuteOptions {
+    let owner = format!(
+        "cli-{}-{}",
+        std::process::id(),
+        &uuid::Uuid::new_v4().simple().to_string()[..6]
+    );
     ExecuteOptions {
         take_over,
-        owner: format!(
-            "cli-{}-{}",
-            std::process::id(),
-            &uuid::Uuid::new_v4().simple().to_string()[..6]
-        ),
-        lease: operation::LEASE,
+        ..ExecuteOptions::new(owner)
     }
 }
 
@@ -259,7 +313,13 @@ async fn start(
         rate: a.rate,
         halt_after: a.halt_after,
     };
-    let op = store.create(&new).await.map_err(storage)?;
+    let exec = executor(false);
+    let op = if a.detach {
+        store.create(&new).await
+    } else {
+        store.create_held(&new, &exec.owner, exec.lease).await
+    };
+    let op = op.map_err(storage)?;
     if a.detach {
         render_one(&op, output);
         return Ok(Exit::Ok);
@@ -274,7 +334,7 @@ async fn start(
             op.id
         );
     }
-    let end = operation::execute(&ops, &store, &op.id, &executor(false)).await?;
+    let end = operation::execute(&ops, &store, &op.id, &exec).await?;
     let end = end.unwrap_or(op);
     render_one(&end, output);
     Ok(exit_of(&end))
@@ -419,6 +479,12 @@ fn render_one(op: &Operation, output: Output) {
             "  reason: {reason}{}",
             if *close_key { " (keys closed)" } else { "" }
         );
+    }
+    if let OpKind::Fix { patch, .. } = &op.kind {
+        outln!("  patch: {}", aqw_core::scrub::one_line(patch));
+    }
+    if let OpKind::Unknown { name } = &op.kind {
+        outln!("  kind {name:?} is not known to this aqw: a newer one carries it out");
     }
     outln!(
         "  selected {} (fingerprint {}), rate {}/s",

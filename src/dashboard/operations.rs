@@ -38,6 +38,7 @@ pub(super) fn selection_of(query: &Pairs) -> Result<Selection, String> {
         until: time("until")?,
         group: get(query, "group").map(str::to_string),
         search: get(query, "search").map(str::to_string),
+        limit: None,
         cutoff: String::new(),
     })
 }
@@ -92,13 +93,14 @@ impl Dashboard {
             .owned_queue(&new.queue)
             .ok_or_else(|| OpsError::Usage(format!("no function consumes {}", new.queue)))?;
         let store = OperationStore::new(ops.control.table().clone());
-        let op = store.create(&new).await?;
+        let opts = ExecuteOptions::new(format!(
+            "dashboard-{}-{}",
+            std::process::id(),
+            &uuid::Uuid::new_v4().simple().to_string()[..6]
+        ));
+        // Held from its insert, so an idle `aqw run` cannot take it first.
+        let op = store.create_held(&new, &opts.owner, opts.lease).await?;
         let id = op.id.clone();
-        let opts = ExecuteOptions {
-            owner: format!("dashboard-{}", std::process::id()),
-            lease: operation::LEASE,
-            take_over: false,
-        };
         tokio::spawn(async move {
             if let Err(e) = operation::execute(&ops, &store, &id, &opts).await {
                 let e = crate::telemetry::scrub(&e.to_string());

@@ -99,8 +99,34 @@ async fn fix_record(
     wait: Option<Duration>,
     past_provider_window: bool,
 ) -> OpsResult<FixReport> {
-    let (rec, mut etag) = ops.open_record(id).await?;
+    let (rec, etag) = ops.open_record(id).await?;
     crate::traces::link_to(&tracing::Span::current(), rec.trace_parent.as_deref());
+    let mut report = replace_record(ops, &rec, etag, payload, by, past_provider_window).await?;
+    if report.action != FixAction::Replaced {
+        return Ok(report);
+    }
+    ops.poison
+        .scan_and_delete_copy(&rec, Duration::from_secs(30))
+        .await?;
+    if let (Some(wait), Some(k), Some(f)) = (wait, &report.new_key, &ops.function) {
+        report.confirmed = Some(wait_settled(ops, &f.name, k, wait).await?);
+    }
+    Ok(report)
+}
+
+/// Put `payload` in place of the open record `rec` (read at `etag`) and
+/// close it as replaced: everything `poison fix` does but deleting the
+/// poison-queue copy (the caller does, by a scan or by the receipt the
+/// record kept) and waiting. A durable group fix calls it per record.
+pub(crate) async fn replace_record(
+    ops: &QueueOps,
+    rec: &PoisonRecord,
+    mut etag: crate::storage::Etag,
+    payload: &str,
+    by: &str,
+    past_provider_window: bool,
+) -> OpsResult<FixReport> {
+    let id = rec.message_id.as_str();
     // A payload written from a redacted view gets its masked values back.
     let original = crate::claim::decode_body(ops.blobs.as_ref(), &rec.message, rec.encoding).await;
     let restored = match (&ops.function, original) {
@@ -109,8 +135,8 @@ async fn fix_record(
     };
     let payload = restored.as_str();
     let (f, key) = corrected(ops, payload)?;
-    let mut report = new_report(&rec, id, payload, key);
-    let note = past_window_note(ops, &rec, report.new_key.as_ref(), past_provider_window).await?;
+    let mut report = new_report(rec, id, payload, key);
+    let note = past_window_note(ops, rec, report.new_key.as_ref(), past_provider_window).await?;
     let past_window = note.as_deref().map(|note| WindowOverride { by, note });
     if let Some(k) = &report.new_key {
         if let Some(detail) = already_settled(ops, &f.name, k).await? {
@@ -128,7 +154,7 @@ async fn fix_record(
     };
     if let Closing::AlreadyClosed(why) = ops
         .poison
-        .close_replaced(&rec, &replacement, past_window.as_ref(), &mut etag)
+        .close_replaced(rec, &replacement, past_window.as_ref(), &mut etag)
         .await?
     {
         report.action = FixAction::Skipped;
@@ -139,14 +165,8 @@ async fn fix_record(
         report.new_message_id = Some(receipt.id);
         return Ok(report);
     }
-    ops.poison
-        .scan_and_delete_copy(&rec, Duration::from_secs(30))
-        .await?;
     report.action = FixAction::Replaced;
     report.new_message_id = Some(receipt.id);
-    if let (Some(wait), Some(k)) = (wait, &report.new_key) {
-        report.confirmed = Some(wait_settled(ops, &f.name, k, wait).await?);
-    }
     Ok(report)
 }
 
@@ -243,11 +263,12 @@ async fn already_settled(
         return Ok(None);
     }
     Ok(Some(format!(
-                    "key {} is already {} ({}); nothing put. If that job is the one this record                      was for, discard the record",
-                    k.as_str(),
-                    kr.status.as_str(),
-                    kr.completed_at.as_deref().unwrap_or("-")
-                )))
+        "key {} is already {} ({}); nothing put. If that job is the one this record \
+         was for, discard the record",
+        k.as_str(),
+        kr.status.as_str(),
+        kr.completed_at.as_deref().unwrap_or("-")
+    )))
 }
 
 /// `--wait`: poll the key until it is settled or the deadline passes.

@@ -181,6 +181,9 @@ pub struct ReplayReport {
     pub dry_run: bool,
     /// `--past-provider-window` was given.
     pub past_provider_window: bool,
+    /// The durable operation that carried it out (`--all`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub operation: Option<String>,
     /// One item per selected record.
     pub items: Vec<ReplayItem>,
 }
@@ -191,7 +194,7 @@ impl ReplayReport {
         self.failed > 0 || self.unconfirmed > 0
     }
 
-    fn push(&mut self, item: ReplayItem) {
+    pub(crate) fn push(&mut self, item: ReplayItem) {
         match item.action {
             ReplayAction::Replayed => self.replayed += 1,
             ReplayAction::AlreadyDone => self.already_done += 1,
@@ -246,6 +249,7 @@ pub async fn replay(
         unconfirmed: 0,
         dry_run: opts.dry_run,
         past_provider_window: opts.past_provider_window,
+        operation: None,
         items: vec![],
     };
     let batch = Batch {
@@ -608,7 +612,11 @@ const INTERRUPTED_KEYLESS: &str =
      check the source queue, then discard or replay by hand";
 
 /// `--wait`: poll each replayed key until done or the deadline.
-async fn confirm(ops: &QueueOps, report: &mut ReplayReport, wait: Duration) -> OpsResult<()> {
+pub(crate) async fn confirm(
+    ops: &QueueOps,
+    report: &mut ReplayReport,
+    wait: Duration,
+) -> OpsResult<()> {
     let deadline = far_or(wait);
     let Some(f) = ops.function.clone() else {
         return Ok(());

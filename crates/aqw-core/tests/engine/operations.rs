@@ -3,14 +3,18 @@
 //! another after its lease expires and each record is handled once; a
 //! cancel from another store handle stops it before its next record; it
 //! halts itself when the breaker opens or its replayed jobs come back
-//! poisoned; records poisoned after its creation are not its own.
+//! poisoned; records poisoned after its creation are not its own. A group
+//! fix (one JSON Patch for a bad producer's batch) killed mid-run runs each
+//! corrected job once; `poison replay --all` is an operation that keeps
+//! its limit; a kind this aqw does not know is never run.
 
 use crate::common::*;
 use aqw_core::control::ControlStore;
 use aqw_core::ops::operation::{
-    execute, resume_idle, ExecuteOptions, NewOperation, OpKind, OpState, Operation, OperationStore,
-    Selection, LEASE,
+    execute, replay_group, resume_idle, ExecuteOptions, NewOperation, OpKind, OpState, Operation,
+    OperationStore, Selection, LEASE,
 };
+use aqw_core::ops::{ReplayAction, ReplayOptions};
 use aqw_core::poison::RecordStatus;
 use aqw_core::storage::Storage;
 use std::time::Duration;
@@ -34,11 +38,7 @@ fn store(env: &Env) -> OperationStore {
 }
 
 fn executor(owner: &str) -> ExecuteOptions {
-    ExecuteOptions {
-        owner: owner.into(),
-        lease: LEASE,
-        take_over: false,
-    }
+    ExecuteOptions::new(owner)
 }
 
 async fn create(env: &Env, kind: OpKind, n: u64, rate: f64) -> Operation {
@@ -314,4 +314,147 @@ async fn a_take_over_stops_the_live_holder_at_its_next_record() {
     for r in env.records().await {
         assert!(r.discarded_by.unwrap_or_default().contains(&op.id));
     }
+}
+
+/// A bad producer left out `currency`: one patch adds it to each of its
+/// jobs. Killed mid-run and resumed after its lease, the group fix puts
+/// each corrected job once in effect (a record fixed twice across the kill
+/// has its second copy settled by the key); two jobs of another shape fail
+/// the patch's `test` and stay open, each with why.
+#[tokio::test(start_paused = true)]
+async fn a_group_fix_killed_mid_run_runs_each_corrected_job_once() {
+    let env = Env::new(|job, _| {
+        if job.payload.contains("\"currency\"") {
+            Behave::Succeed
+        } else {
+            Behave::Fail(REFUSED.into())
+        }
+    });
+    let keys = env.enqueue_many("f", 12).await;
+    for name in ["odd-1", "odd-2"] {
+        env.enqueue(&env.job_with(name, serde_json::json!({"note": "other"})))
+            .await;
+    }
+    let w = start(env.worker());
+    env.wait_until("every job poisoned", minutes(10), || async {
+        env.records().await.len() == 14 && env.source_depth().await == 0
+    })
+    .await;
+    w.stop().await;
+    let patch = r#"[{"op":"test","path":"/note","value":"exact text ✓"},
+                    {"op":"add","path":"/currency","value":"EUR"}]"#;
+    let kind = OpKind::Fix {
+        patch: patch.into(),
+        past_provider_window: false,
+    };
+    let op = create(&env, kind, 14, 2.0).await;
+    let first = spawn(&env, &op.id, "worker-a");
+    wait_done_at_least(&env, &op.id, 4).await;
+    first.abort();
+    let _ = first.await;
+    tokio::time::sleep(LEASE).await;
+    let (ops, st) = (env.ops(), store(&env));
+    let end = execute(&ops, &st, &op.id, &executor("worker-b"))
+        .await
+        .expect("resume")
+        .expect("the lease expired");
+    assert_eq!(end.state, OpState::Done, "{end:?}");
+    assert!(end.skipped >= 2, "the two odd records: {end:?}");
+    assert!(
+        end.last_error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("did not match"),
+        "{end:?}"
+    );
+
+    let w = start(env.worker());
+    env.drained(minutes(5)).await;
+    tokio::time::sleep(minutes(1)).await;
+    w.stop().await;
+    env.provider.assert_applied_once(&keys);
+    let records = env.records().await;
+    let replaced: Vec<_> = records
+        .iter()
+        .filter(|r| r.status == RecordStatus::Replaced)
+        .collect();
+    assert_eq!(replaced.len(), 12, "{}", env.dump().await);
+    for r in replaced {
+        let by = r.replaced_by.as_deref().unwrap_or_default();
+        assert!(by.contains(&op.id), "the record names the operation: {by}");
+    }
+    let open: Vec<_> = records
+        .iter()
+        .filter(|r| r.status == RecordStatus::Open)
+        .collect();
+    assert_eq!(open.len(), 2, "the odd ones stay open");
+    assert!(open.iter().all(|r| r.message.len() > 10));
+}
+
+/// `poison replay --all --limit 4` through an operation: the oldest four
+/// replayed, each reported, the operation keeping the limit, the rest open.
+#[tokio::test(start_paused = true)]
+async fn replay_all_is_an_operation_that_keeps_its_limit() {
+    let env = Env::new(|_, _| Behave::Fail(REFUSED.into()));
+    poisoned(&env, 10).await;
+    env.provider.set_rule(|_, _| Behave::Succeed);
+    let opts = ReplayOptions {
+        limit: Some(4),
+        by: "oncall".into(),
+        uncertain_checked: true,
+        ..ReplayOptions::default()
+    };
+    let (ops, st) = (env.ops(), store(&env));
+    let (op, report) = replay_group(&ops, &st, &opts, executor("cli"), &|_, _| {})
+        .await
+        .expect("replay");
+    assert_eq!(op.state, OpState::Done, "{op:?}");
+    assert_eq!((op.selected, op.done, op.selection.limit), (4, 4, Some(4)));
+    assert_eq!(report.operation.as_deref(), Some(op.id.as_str()));
+    assert_eq!((report.selected, report.replayed), (4, 4), "{report:?}");
+    assert!(report
+        .items
+        .iter()
+        .all(|i| i.action == ReplayAction::Replayed));
+    let open = env.records().await;
+    let open = open.iter().filter(|r| r.status == RecordStatus::Open);
+    assert_eq!(open.count(), 6);
+    let bad = ReplayOptions {
+        rate: Some(5000.0),
+        ..opts
+    };
+    let refused = replay_group(&ops, &st, &bad, executor("cli"), &|_, _| {}).await;
+    assert!(refused.unwrap_err().to_string().contains("--rate 5000"));
+    assert_eq!(st.list().await.unwrap().len(), 1, "nothing created");
+}
+
+/// A row of a kind a newer aqw wrote: listed as unknown, never claimed,
+/// never resumed by an idle worker.
+#[tokio::test(start_paused = true)]
+async fn an_operation_of_an_unknown_kind_is_never_run() {
+    let env = Env::new(|_, _| Behave::Fail(REFUSED.into()));
+    poisoned(&env, 2).await;
+    let op = create(&env, discard_kind(), 2, 5.0).await;
+    let table = env.storage.table(&env.control_table);
+    let mut kind = aqw_core::storage::Entity::new();
+    kind.insert("Kind".into(), serde_json::json!("merge"));
+    table
+        .merge("operations", &op.id, &kind, None)
+        .await
+        .expect("rewrite the kind");
+    let read = row(&env, &op.id).await;
+    assert_eq!(
+        read.kind,
+        OpKind::Unknown {
+            name: "merge".into()
+        }
+    );
+    let (ops, st) = (env.ops(), store(&env));
+    let ran = execute(&ops, &st, &op.id, &executor("a")).await.unwrap();
+    assert_eq!(ran, None, "never claimed");
+    let app = env.app();
+    let storage: &dyn Storage = &env.storage;
+    assert_eq!(resume_idle(&app, storage, &executor("b")).await.unwrap(), 0);
+    let open = env.records().await;
+    assert!(open.iter().all(|r| r.status == RecordStatus::Open));
 }

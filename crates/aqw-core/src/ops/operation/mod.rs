@@ -1,4 +1,4 @@
-//! Durable group operations (issue 40): a group replay or discard is a row
+//! Durable group operations (issue 40): a group replay, discard or fix is a row
 //! in the control table (partition [`PARTITION`], RowKey the operation's
 //! id), carried out by whoever holds its lease, not by the request that
 //! asked for it. The row says who asked, what (the selection, the
@@ -13,9 +13,11 @@
 //! never selected again. The executor is [`execute`]; this file is the model
 //! and [`OperationStore`], the only code that knows the row's columns.
 
+mod interactive;
 mod row;
 mod run;
 
+pub use interactive::replay_group;
 pub use row::{OperationStore, Refresh};
 pub use run::{execute, resume_idle, watch, ExecuteOptions, IDLE_SCAN_INTERVAL, LEASE};
 
@@ -35,6 +37,9 @@ pub const DEFAULT_RATE: f64 = 50.0;
 /// The slowest rate an operation may be given: one record every 10 s, so a
 /// record's checkpoint always renews the lease well before it expires.
 pub const MIN_RATE: f64 = 0.1;
+
+/// The fastest rate an operation may be given, records per second.
+pub const MAX_RATE: f64 = 1000.0;
 
 /// Records this operation replayed that came back poisoned before it halts
 /// itself, when none is given.
@@ -58,16 +63,69 @@ pub enum OpKind {
         /// Also close each record's key (a resend becomes a duplicate).
         close_key: bool,
     },
+    /// Put each record's payload corrected by one JSON Patch (RFC 6902) in
+    /// its place, closing the record as replaced (`aqw poison fix`, for a
+    /// bad producer's whole batch). A record the patch does not apply to
+    /// (a `test` fails, a path is missing, the payload is not JSON) is left
+    /// open and counted as skipped.
+    Fix {
+        /// The patch, as JSON text (checked by [`parse_patch`]).
+        patch: String,
+        /// Go ahead although a provider key is older than the function's
+        /// providerKeyWindow; kept on each record.
+        past_provider_window: bool,
+    },
+    /// A kind this aqw does not know (written by a newer one): shown,
+    /// never carried out here.
+    Unknown {
+        /// The kind's name as the row spells it.
+        name: String,
+    },
 }
 
 impl OpKind {
-    /// `replay` or `discard`.
+    /// `replay`, `discard`, `fix`, or `unknown`.
     pub fn name(&self) -> &'static str {
         match self {
             OpKind::Replay { .. } => "replay",
             OpKind::Discard { .. } => "discard",
+            OpKind::Fix { .. } => "fix",
+            OpKind::Unknown { .. } => "unknown",
         }
     }
+}
+
+/// The largest JSON Patch a group fix takes, in bytes: it is kept on the
+/// operation's row (a property holds 64 KiB), and a correction is small.
+pub const MAX_PATCH_BYTES: usize = 16 * 1024;
+
+/// `text` as a JSON Patch (RFC 6902): a non-empty array of operations, at
+/// most [`MAX_PATCH_BYTES`]. The error says what is wrong, for exit 2 or a
+/// 400.
+pub fn parse_patch(text: &str) -> Result<json_patch::Patch, String> {
+    if text.len() > MAX_PATCH_BYTES {
+        return Err(format!(
+            "the patch is {} bytes; at most {MAX_PATCH_BYTES}",
+            text.len()
+        ));
+    }
+    let patch: json_patch::Patch = serde_json::from_str(text).map_err(|e| {
+        format!("not a JSON Patch (RFC 6902: an array of {{\"op\",\"path\",…}}): {e}")
+    })?;
+    if patch.0.is_empty() {
+        return Err("the patch has no operations".into());
+    }
+    Ok(patch)
+}
+
+/// `payload` corrected by `patch`, as compact JSON: what a group fix puts in
+/// place of a record. The error (one line) says why the patch does not
+/// apply to this payload.
+pub fn apply_patch(patch: &json_patch::Patch, payload: &str) -> Result<String, String> {
+    let mut doc: serde_json::Value =
+        serde_json::from_str(payload).map_err(|e| format!("the payload is not JSON: {e}"))?;
+    json_patch::patch(&mut doc, patch).map_err(|e| format!("the patch does not apply: {e}"))?;
+    serde_json::to_string(&doc).map_err(|e| e.to_string())
 }
 
 /// Where an operation stands.
@@ -141,6 +199,9 @@ pub struct Selection {
     /// the function's `redact` fields masked) contains it, ignoring case:
     /// the dashboard's search.
     pub search: Option<String>,
+    /// At most this many records in all (`poison replay --all --limit`),
+    /// oldest first; a resumed run takes what its predecessors left of it.
+    pub limit: Option<u64>,
     /// The operation's creation: records poisoned later are not its own.
     pub cutoff: String,
 }
@@ -187,6 +248,9 @@ impl Selection {
             if let Some(v) = v {
                 parts.push(format!("{name}={v:?}"));
             }
+        }
+        if let Some(l) = self.limit {
+            parts.push(format!("at most {l}"));
         }
         parts.push(format!("poisoned by {}", self.cutoff));
         format!("open records with {}", parts.join(", "))

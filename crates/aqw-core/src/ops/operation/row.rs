@@ -21,6 +21,8 @@ mod col {
     pub(super) const UNTIL: &str = "SelUntil";
     pub(super) const GROUP: &str = "SelGroup";
     pub(super) const SEARCH: &str = "SelSearch";
+    pub(super) const LIMIT: &str = "SelLimit";
+    pub(super) const PATCH: &str = "Patch";
     pub(super) const CUTOFF: &str = "Cutoff";
     pub(super) const FINGERPRINT: &str = "Fingerprint";
     pub(super) const SELECTED: &str = "Selected";
@@ -73,6 +75,26 @@ impl OperationStore {
     /// Insert a new operation (state `queued`), creating the table if
     /// needed. Its id sorts by creation time.
     pub async fn create(&self, new: &NewOperation) -> StorageResult<Operation> {
+        self.insert(new, None).await
+    }
+
+    /// [`Self::create`], the row holding `owner`'s lease from its insert: the
+    /// creator that carries it out itself, so an idle worker looking for
+    /// operations to resume cannot take it first.
+    pub async fn create_held(
+        &self,
+        new: &NewOperation,
+        owner: &str,
+        lease: Duration,
+    ) -> StorageResult<Operation> {
+        self.insert(new, Some((owner, lease))).await
+    }
+
+    async fn insert(
+        &self,
+        new: &NewOperation,
+        held: Option<(&str, Duration)>,
+    ) -> StorageResult<Operation> {
         let now = crate::clock::now_utc();
         let stamp = fmt_time(now).replace([':', '-', '.'], "");
         // `20261206T201500-1a2b3c4d`: sorts by creation, unique by its tail.
@@ -105,11 +127,15 @@ impl OperationStore {
             returned_poisoned: 0,
             last_error: None,
             stop_reason: None,
-            lease_owner: None,
-            lease_until: None,
+            lease_owner: held.map(|(o, _)| one_line(o)),
+            lease_until: held.map(|(_, l)| fmt_time(now + l)),
             updated_at: fmt_time(now),
         };
-        let entity = to_entity(&op);
+        let mut entity = to_entity(&op);
+        if let (Some(o), Some(u)) = (&op.lease_owner, &op.lease_until) {
+            entity.insert(col::LEASE_OWNER.into(), json!(o));
+            entity.insert(col::LEASE_UNTIL.into(), json!(u));
+        }
         match self.table.insert(PARTITION, &op.id, &entity).await {
             Err(StorageError::NotFound) => {
                 self.table.create_if_missing().await?;
@@ -208,7 +234,8 @@ impl OperationStore {
         };
         let now = crate::clock::now_utc();
         let mine = op.lease_owner.as_deref() == Some(owner);
-        if op.state.is_final() || !(mine || take_over || op.lease_free(now)) {
+        let unknown = matches!(op.kind, OpKind::Unknown { .. });
+        if unknown || op.state.is_final() || !(mine || take_over || op.lease_free(now)) {
             return Ok(None);
         }
         let mut u = lease_update(owner, now, lease);
@@ -343,6 +370,9 @@ fn to_entity(op: &Operation) -> Entity {
             put(k, json!(v));
         }
     }
+    if let Some(l) = s.limit {
+        put(col::LIMIT, json!(l));
+    }
     put(col::CUTOFF, json!(s.cutoff));
     put(col::FINGERPRINT, json!(op.fingerprint));
     put(col::SELECTED, json!(op.selected));
@@ -360,6 +390,15 @@ fn to_entity(op: &Operation) -> Entity {
             put(col::REASON, json!(one_line(reason)));
             put(col::CLOSE_KEY, json!(close_key));
         }
+        OpKind::Fix {
+            patch,
+            past_provider_window,
+        } => {
+            put(col::PATCH, json!(patch));
+            put(col::PAST_WINDOW, json!(past_provider_window));
+        }
+        // Never written: an unknown kind is only ever read.
+        OpKind::Unknown { .. } => {}
     }
     put(col::STATE, json!(op.state.as_str()));
     put(col::UPDATED_AT, json!(op.updated_at));
@@ -372,14 +411,23 @@ fn from_entity(id: &str, e: &Entity) -> Operation {
     let s = |k: &str| e.get(k).and_then(Value::as_str).map(str::to_string);
     let n = |k: &str| e.get(k).and_then(Value::as_u64).unwrap_or(0);
     let b = |k: &str| e.get(k).and_then(Value::as_bool).unwrap_or(false);
+    // A kind this aqw does not know is kept as such and never run: read as
+    // a replay it would do the wrong thing to every record.
     let kind = match s(col::KIND).as_deref() {
         Some("discard") => OpKind::Discard {
             reason: s(col::REASON).unwrap_or_default(),
             close_key: b(col::CLOSE_KEY),
         },
-        _ => OpKind::Replay {
+        Some("replay") => OpKind::Replay {
             past_provider_window: b(col::PAST_WINDOW),
             uncertain_checked: b(col::UNCERTAIN_CHECKED),
+        },
+        Some("fix") => OpKind::Fix {
+            patch: s(col::PATCH).unwrap_or_default(),
+            past_provider_window: b(col::PAST_WINDOW),
+        },
+        other => OpKind::Unknown {
+            name: other.unwrap_or_default().to_string(),
         },
     };
     Operation {
@@ -395,6 +443,7 @@ fn from_entity(id: &str, e: &Entity) -> Operation {
             until: s(col::UNTIL),
             group: s(col::GROUP),
             search: s(col::SEARCH),
+            limit: e.get(col::LIMIT).and_then(Value::as_u64),
             cutoff: s(col::CUTOFF).unwrap_or_default(),
         },
         fingerprint: s(col::FINGERPRINT).unwrap_or_default(),

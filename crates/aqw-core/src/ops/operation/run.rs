@@ -11,15 +11,18 @@
 
 use super::{OpKind, OpState, Operation, OperationStore, Refresh};
 use crate::config::AppConfig;
+use crate::ops::fix::{replace_record, FixAction};
 use crate::ops::replay::{past_window_overrides, replay_one, Batch};
+use crate::ops::ReplayItem;
 use crate::ops::{OpsError, OpsResult, QueueOps, ReplayAction, ReplayOptions};
 use crate::poison::{Held, PoisonRecord};
 use crate::storage::{Etag, Storage, StorageError};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
+use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
 
 /// How long an executor's lease lasts; renewed with every record (at
@@ -48,6 +51,27 @@ pub struct ExecuteOptions {
     /// Take the lease even while another executor holds it
     /// ([`OperationStore::claim`]).
     pub take_over: bool,
+    /// What the provider's lookup answered, by provider key, for a replay's
+    /// uncertain records (the process that asked only: not kept on the row,
+    /// so a resumed run gates those records again).
+    pub provider_answers: HashMap<String, String>,
+    /// Where a replay sends what it did with each record, for a caller that
+    /// reports them (`poison replay --all`).
+    pub observer: Option<UnboundedSender<ReplayItem>>,
+}
+
+impl ExecuteOptions {
+    /// An executor named `owner` with a [`LEASE`]-long lease, no take-over,
+    /// no answers, no observer.
+    pub fn new(owner: impl Into<String>) -> Self {
+        Self {
+            owner: owner.into(),
+            lease: LEASE,
+            take_over: false,
+            provider_answers: HashMap::new(),
+            observer: None,
+        }
+    }
 }
 
 /// Carry out operation `id` on `ops` (its queue) if its lease is free:
@@ -78,7 +102,7 @@ pub async fn execute(
         store,
         op,
         etag,
-        lease: opts.lease,
+        opts,
         put_ids: HashSet::new(),
         checked: None,
         copies_left: false,
@@ -124,11 +148,7 @@ pub async fn watch(
     owner: String,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
-    let opts = ExecuteOptions {
-        owner,
-        lease: LEASE,
-        take_over: false,
-    };
+    let opts = ExecuteOptions::new(owner);
     loop {
         let jitter = rand::random::<f64>() * 0.4 + 0.8;
         tokio::select! {
@@ -151,7 +171,7 @@ struct Run<'a> {
     store: &'a OperationStore,
     op: Operation,
     etag: Etag,
-    lease: Duration,
+    opts: &'a ExecuteOptions,
     /// The messages this run re-put (to know them if they come back poisoned).
     put_ids: HashSet<String>,
     /// The returned count an earlier executor left on the row.
@@ -171,6 +191,11 @@ impl Run<'_> {
             Err(OpsError::Usage(e)) => return self.finish(OpState::Failed, Some(&e)).await,
             Err(e) => return Err(e),
         };
+        let mut selected = selected;
+        if let Some(limit) = self.op.selection.limit {
+            let handled = self.op.done + self.op.skipped + self.op.failed;
+            selected.truncate(limit.saturating_sub(handled) as usize);
+        }
         let interval = Duration::from_secs_f64(1.0 / self.op.rate.max(super::MIN_RATE));
         let start = Instant::now();
         for (i, (rec, etag)) in selected.into_iter().enumerate() {
@@ -181,7 +206,7 @@ impl Run<'_> {
             self.handle(rec, etag).await;
             match self
                 .store
-                .checkpoint(&self.op, &self.etag, self.lease)
+                .checkpoint(&self.op, &self.etag, self.opts.lease)
                 .await?
             {
                 Refresh::Go(e) => self.etag = e,
@@ -212,10 +237,17 @@ impl Run<'_> {
                     past_provider_window,
                     uncertain_checked,
                     concurrency: 1,
+                    provider_answers: self.opts.provider_answers.clone(),
                     ..ReplayOptions::default()
                 };
                 self.replay(rec, etag, &opts).await
             }
+            OpKind::Fix {
+                patch,
+                past_provider_window,
+            } => self.fix(rec, etag, &patch, past_provider_window).await,
+            // Never claimed ([`OperationStore::claim`]).
+            OpKind::Unknown { name } => Outcome::Failed(format!("unknown kind {name:?}")),
         };
         match outcome {
             Outcome::Done => self.op.done += 1,
@@ -279,7 +311,12 @@ impl Run<'_> {
             receipts: &Held::default(),
             overrides: &overrides,
         };
-        match replay_one(self.ops, &rec, etag, opts, &batch).await {
+        let result = replay_one(self.ops, &rec, etag, opts, &batch).await;
+        if let (Some(tx), Ok(item)) = (&self.opts.observer, &result) {
+            // A caller that stopped listening does not stop the operation.
+            let _ = tx.send(item.clone());
+        }
+        match result {
             Ok(item) => match item.action {
                 ReplayAction::Replayed => {
                     self.put_ids.extend(item.new_message_id);
@@ -295,6 +332,51 @@ impl Run<'_> {
                 }
                 _ => Outcome::Skipped(format!("{id}: {}", item.detail.unwrap_or_default())),
             },
+            Err(e) => Outcome::Failed(format!("{id}: {e}")),
+        }
+    }
+
+    /// Put `rec`'s payload corrected by `patch` in its place (as `poison
+    /// fix` does) and delete its copy by the receipt it kept.
+    async fn fix(
+        &mut self,
+        rec: PoisonRecord,
+        etag: Option<Etag>,
+        patch: &str,
+        past_provider_window: bool,
+    ) -> Outcome {
+        let id = rec.message_id.clone();
+        let (rec, etag) = match etag {
+            Some(e) => (rec, e),
+            None => match self.ops.poison.reread(&rec).await {
+                Ok(Some(found)) => found,
+                Ok(None) => return Outcome::Skipped(format!("{id}: record vanished")),
+                Err(e) => return Outcome::Failed(format!("{id}: {e}")),
+            },
+        };
+        let patch = match super::parse_patch(patch) {
+            Ok(p) => p,
+            Err(e) => return Outcome::Failed(format!("{id}: {e}")),
+        };
+        let body =
+            crate::claim::decode_body(self.ops.blobs.as_ref(), &rec.message, rec.encoding).await;
+        let corrected = match body.map(|b| super::apply_patch(&patch, &b)) {
+            Ok(Ok(c)) => c,
+            Ok(Err(why)) => return Outcome::Skipped(format!("{id}: {why}")),
+            Err(e) => return Outcome::Skipped(format!("{id}: {e}")),
+        };
+        let by = self.op.record_by();
+        match replace_record(self.ops, &rec, etag, &corrected, &by, past_provider_window).await {
+            Ok(report) if report.action == FixAction::Replaced => {
+                self.put_ids.extend(report.new_message_id);
+                self.note_copy(&rec).await;
+                Outcome::Done
+            }
+            Ok(report) => Outcome::Skipped(format!(
+                "{id}: {}",
+                report.detail.unwrap_or_else(|| report.action.to_string())
+            )),
+            Err(OpsError::Usage(why)) => Outcome::Skipped(format!("{id}: {why}")),
             Err(e) => Outcome::Failed(format!("{id}: {e}")),
         }
     }
