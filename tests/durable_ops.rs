@@ -2,7 +2,10 @@
 //! `aqw ops discard` killed (SIGKILL) mid-run is taken over by another
 //! process and each record is discarded once; a cancel from another process
 //! stops it before its next record; it halts when the function's breaker
-//! opens; bad input exits 2 naming the value.
+//! opens; bad input exits 2 naming the value. A group fix (`aqw ops fix`,
+//! one JSON Patch) corrects a bad producer's batch and a real `aqw run`
+//! runs each corrected job once; `aqw poison replay --all` is an operation;
+//! an operation created with `--detach` is carried out by an idle `aqw run`.
 
 use crate::common::*;
 use aqw::control::ControlStore;
@@ -21,9 +24,14 @@ fn app() -> TestApp {
 
 /// `n` open records, each with its envelope copy on `<queue>-poison`.
 async fn poisoned(app: &TestApp, n: usize) {
+    poisoned_named(app, "rec", n).await
+}
+
+/// [`poisoned`], the records' ids (and order ids) starting with `prefix`.
+async fn poisoned_named(app: &TestApp, prefix: &str, n: usize) {
     app.records().create_if_missing().await.unwrap();
     app.poison_queue().create_if_missing().await.unwrap();
-    let ids: Vec<String> = (0..n).map(|i| format!("rec-{i:03}")).collect();
+    let ids: Vec<String> = (0..n).map(|i| format!("{prefix}-{i:03}")).collect();
     futures::stream::iter(ids.iter().map(|id| async move {
         let env = PoisonEnvelope {
             aqw: "poison/1".into(),
@@ -270,5 +278,200 @@ async fn bad_operation_input_exits_2_naming_the_value() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(named), "{args:?}: {err}");
     }
+    app.cleanup().await;
+}
+
+/// An app whose handler posts to `sink`'s `/effects`.
+fn app_to(sink: &Sink) -> TestApp {
+    let handler =
+        json!({"type": "http", "url": format!("{}/effects", sink.url), "timeout": "00:00:05"});
+    TestApp::new(
+        json!({"key": "order:{/orderId}", "handler": handler}),
+        json!({}),
+        json!({}),
+    )
+}
+
+fn out_of(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A producer left out `currency`: `aqw ops fix` with one patch puts each
+/// record's corrected payload in its place (records replaced, naming the
+/// operation), and a real `aqw run` applies each corrected job once. Bad
+/// patches exit 2 naming the flag, with nothing created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ops_fix_corrects_a_batch_and_a_real_worker_runs_each_once() {
+    let sink = Sink::start().await;
+    let app = app_to(&sink);
+    poisoned(&app, 6).await;
+    let q = app.queue.clone();
+    for (patch, named) in [
+        ("{}", "--patch: not a JSON Patch"),
+        ("[]", "--patch: the patch has no operations"),
+        (
+            r#"[{"op":"shout","path":"/a"}]"#,
+            "--patch: not a JSON Patch",
+        ),
+    ] {
+        let out = aqw(
+            app.path(),
+            &["ops", "fix", &q, "--patch", patch, "--by", "a"],
+        );
+        assert_eq!(out.status.code(), Some(2), "{patch}: {}", out_of(&out));
+        assert!(out_of(&out).contains(named), "{}", out_of(&out));
+    }
+    let missing = aqw(
+        app.path(),
+        &[
+            "ops",
+            "fix",
+            &q,
+            "--patch-file",
+            "/no/such/patch.json",
+            "--by",
+            "a",
+        ],
+    );
+    assert_eq!(missing.status.code(), Some(2), "{}", out_of(&missing));
+    assert!(
+        store(&app).list().await.unwrap().is_empty(),
+        "nothing created"
+    );
+
+    let patch = r#"[{"op":"add","path":"/currency","value":"EUR"}]"#;
+    let out = aqw(
+        app.path(),
+        &[
+            "ops", "fix", &q, "--patch", patch, "--by", "alice", "--output", "json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", out_of(&out));
+    let op: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (
+            op["state"].as_str(),
+            op["done"].as_u64(),
+            op["kind"]["kind"].as_str()
+        ),
+        (Some("done"), Some(6), Some("fix")),
+        "{op}"
+    );
+    let id = op["id"].as_str().unwrap().to_string();
+    let replaced = records_in(&app, RecordStatus::Replaced).await;
+    assert_eq!(replaced.len(), 6);
+    for r in &replaced {
+        let by = r.replaced_by.as_deref().unwrap_or_default();
+        assert!(by.contains(&id) && by.contains("alice"), "{by}");
+    }
+    let mut run = spawn(&app, &["run"]);
+    let applied = eventually(
+        "six corrected jobs applied",
+        Duration::from_secs(60),
+        || async {
+            let done = sink.applied_effects("/effects");
+            (done.len() >= 6).then_some(done)
+        },
+    )
+    .await;
+    let _ = run.kill();
+    let _ = run.wait();
+    assert_eq!(applied.len(), 6, "each once");
+    for r in &applied {
+        assert!(r.body.contains(r#""currency":"EUR""#), "{}", r.body);
+    }
+    let keys: std::collections::HashSet<_> =
+        applied.iter().map(|r| r.business_key.clone()).collect();
+    assert_eq!(keys.len(), 6, "six keys: {keys:?}");
+    app.cleanup().await;
+}
+
+/// `aqw poison replay --all` is carried out as an operation (its JSON names
+/// it, `ops show` has it done); an operation created with `--detach` is
+/// taken by a real, idle `aqw run` within its scan and finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_all_is_an_operation_and_an_idle_run_carries_out_a_detached_one() {
+    let sink = Sink::start().await;
+    let app = app_to(&sink);
+    poisoned_named(&app, "rep", 4).await;
+    let q = app.queue.clone();
+    let out = aqw(
+        app.path(),
+        &[
+            "poison",
+            "replay",
+            &q,
+            "--all",
+            "--uncertain-checked",
+            "--by",
+            "alice",
+            "--output",
+            "json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", out_of(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["replayed"], 4, "{report}");
+    let id = report["operation"]
+        .as_str()
+        .expect("the operation")
+        .to_string();
+    let show = aqw(app.path(), &["ops", "show", &id, "--output", "json"]);
+    let op: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(
+        (op["state"].as_str(), op["done"].as_u64()),
+        (Some("done"), Some(4)),
+        "{op}"
+    );
+
+    poisoned_named(&app, "dis", 5).await;
+    let out = aqw(
+        app.path(),
+        &[
+            "ops",
+            "discard",
+            &q,
+            "--reason",
+            "refused for good",
+            "--detach",
+            "--by",
+            "bob",
+            "--output",
+            "json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", out_of(&out));
+    let queued: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(queued["state"], "queued", "{queued}");
+    let detached = queued["id"].as_str().unwrap().to_string();
+    let mut run = spawn(&app, &["run"]);
+    let done = eventually(
+        "an idle aqw run carries out the detached operation",
+        Duration::from_secs(90),
+        || async {
+            let (op, _) = store(&app).get(&detached).await.unwrap()?;
+            (op.state == OpState::Done).then_some(op)
+        },
+    )
+    .await;
+    let _ = run.kill();
+    let _ = run.wait();
+    assert_eq!(done.done, 5, "{done:?}");
+    let owner = done.lease_owner.clone().unwrap_or_default();
+    assert!(
+        !owner.starts_with("cli-"),
+        "a worker carried it out: {owner}"
+    );
+    let discarded = records_in(&app, RecordStatus::Discarded).await;
+    assert_eq!(discarded.len(), 5);
+    assert!(discarded.iter().all(|r| r
+        .discarded_by
+        .as_deref()
+        .unwrap_or_default()
+        .contains(&detached)));
     app.cleanup().await;
 }

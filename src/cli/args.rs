@@ -255,7 +255,10 @@ pub enum PoisonCmd {
         /// A record to replay (repeat for several).
         #[arg(long = "id", required_unless_present = "all")]
         ids: Vec<String>,
-        /// Every open record (narrowed by --error, --since, --limit).
+        /// Every open record (narrowed by --error, --since, --limit), as a
+        /// durable operation: one record at a time at --rate (default 50/s),
+        /// and a process killed mid-way leaves it to `aqw ops resume` or an
+        /// idle `aqw run`.
         #[arg(long, conflicts_with = "ids")]
         all: bool,
         /// Only records whose error matches this regular expression.
@@ -267,7 +270,7 @@ pub enum PoisonCmd {
         /// At most this many records.
         #[arg(long)]
         limit: Option<usize>,
-        /// Messages per second.
+        /// Messages per second (with --all: 0.1 to 1000, default 50).
         #[arg(long)]
         rate: Option<f64>,
         /// Say what would be replayed; change nothing.
@@ -280,7 +283,7 @@ pub enum PoisonCmd {
         /// Wait (hh:mm:ss) until each replayed key is done, and report.
         #[arg(long)]
         wait: Option<String>,
-        /// Records replayed at once.
+        /// Records replayed at once (with --id; --all goes one at a time).
         #[arg(long, default_value_t = aqw::ops::DEFAULT_REPLAY_CONCURRENCY as u64, value_parser = clap::value_parser!(u64).range(1..=64))]
         concurrency: u64,
         /// Go ahead although the provider key is older than the function's

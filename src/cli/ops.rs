@@ -58,7 +58,7 @@ pub enum OpsCmd {
     /// producer's batch fixed at once. A record the patch does not apply to
     /// is left open (skipped, with why).
     #[command(
-        after_help = "Each record's payload (a claim-checked one's body) is read as JSON, patched, written as compact JSON and put as `aqw poison fix` puts it: it must derive a key, and a key already done is left alone.\nThe record is closed as replaced, keeping who, the operation and the new key.\n\nExamples (rename the misspelt field \"acount\"):\n  aqw ops fix credits --error 'missing field .account' --patch '[{\"op\":\"move\",\"from\":\"/acount\",\"path\":\"/account\"}]' --dry-run\n  aqw ops fix credits --error 'missing field .account' --patch-file rename.json --by alice"
+        after_help = "Exit codes: 0 done (or created with --detach); 1 halted, cancelled, or records left open (the patch did not apply, a key already done); 2 bad arguments or patch; 3 storage error.\n\nEach record's payload (a claim-checked one's body) is read as JSON, patched, written as compact JSON and put as `aqw poison fix` puts it: it must derive a key, and a key already done is left alone.\nThe record is closed as replaced, keeping who, the operation and the new key.\n\nExamples (rename the misspelt field \"acount\"):\n  aqw ops fix credits --error 'missing field .account' --patch '[{\"op\":\"move\",\"from\":\"/acount\",\"path\":\"/account\"}]' --dry-run\n  aqw ops fix credits --error 'missing field .account' --patch-file rename.json --by alice"
     )]
     Fix {
         #[command(flatten)]
@@ -416,13 +416,15 @@ async fn resume(
     }
 }
 
-/// 1 when it stopped short (halted, cancelled, failed) or left records unhandled.
+/// 1 when it stopped short (halted, cancelled, failed), left records
+/// unhandled, or (a fix) left records open the patch did not apply to.
 fn exit_of(op: &Operation) -> Exit {
     let short = matches!(
         op.state,
         OpState::Halted | OpState::Cancelled | OpState::Failed
     );
-    Exit::needs_a_person_if(short || op.failed > 0)
+    let left_open = matches!(op.kind, OpKind::Fix { .. }) && op.skipped > 0;
+    Exit::needs_a_person_if(short || op.failed > 0 || left_open)
 }
 
 fn render_list(ops: &[Operation], output: Output) {
