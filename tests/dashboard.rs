@@ -892,3 +892,99 @@ async fn a_group_operation_is_listed_watched_and_cancelled_from_its_page() {
     );
     app.cleanup().await;
 }
+
+/// A group fix: the list offers it, the first step asks for a patch, a bad
+/// patch is a 400, the preview says per record whether the patch applies
+/// and the key the corrected job derives but never shows a corrected body
+/// (a patch moving a redacted field elsewhere reveals nothing), and the
+/// real action is an operation that replaces only the records the patch
+/// applies to, leaving the others open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_fix_previews_without_bodies_and_replaces_only_what_the_patch_fits() {
+    let app = TestApp::new(
+        json!({"key": "order:{/orderId}", "redact": ["/card"]}),
+        json!({}),
+        json!({}),
+    );
+    app.records().create_if_missing().await.unwrap();
+    app.source().create_if_missing().await.unwrap();
+    let ids: Vec<String> = (0..3).map(|i| format!("fix-{i}")).collect();
+    for id in &ids {
+        let payload = format!(r#"{{"orderId":"{id}","card":"4242424242424242"}}"#);
+        insert_record(
+            &app,
+            id,
+            &payload,
+            MessageEncoding::None,
+            "HTTP 422 no currency",
+        )
+        .await;
+    }
+    let r = dashboard(&app, false);
+    let q = &app.queue;
+    let list = bget(&r, &format!("/q/{q}")).await;
+    assert!(
+        list.body.contains("Fix all 3 with a patch"),
+        "{}",
+        list.body
+    );
+    let csrf = csrf_of(&list.body);
+    let query = format!("csrf={csrf}&error=currency");
+    let uri = format!("/q/{q}/group/fix");
+    let ask = bpost(&r, &uri, &format!("{query}&mode=dry-run")).await;
+    assert_eq!(ask.status, StatusCode::OK, "{}", ask.body);
+    assert!(ask.body.contains("3 open record(s)") && ask.body.contains("group-fix-patch"));
+    let bad = bpost(
+        &r,
+        &uri,
+        &format!("{query}&mode=preview&patch={}", enc("{}")),
+    )
+    .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
+    assert!(bad.body.contains("not a JSON Patch"), "{}", bad.body);
+    let patch = r#"[{"op":"test","path":"/orderId","value":"fix-0"},{"op":"move","from":"/card","path":"/shown"},{"op":"add","path":"/currency","value":"EUR"}]"#;
+    let preview = bpost(
+        &r,
+        &uri,
+        &format!("{query}&mode=preview&patch={}", enc(patch)),
+    )
+    .await;
+    assert_eq!(preview.status, StatusCode::OK, "{}", preview.body);
+    assert!(
+        preview.body.contains("applies to 1 of the first 3"),
+        "{}",
+        preview.body
+    );
+    assert!(preview.body.contains("key order:fix-0"), "{}", preview.body);
+    assert!(preview.body.contains("did not match"), "{}", preview.body);
+    assert!(
+        !preview.body.contains("4242424242424242"),
+        "no body, no card"
+    );
+    assert_eq!(statuses(&app, &ids).await, [RecordStatus::Open; 3]);
+    let reviewed = reviewed_of(&preview.body);
+    let real = bpost(
+        &r,
+        &uri,
+        &format!("{query}&mode=real&reviewed={reviewed}&patch={}", enc(patch)),
+    )
+    .await;
+    let op_page = operation_done(&r, &real).await;
+    assert!(
+        op_page.contains("1 done, 2 skipped, 0 failed of 3 selected"),
+        "{op_page}"
+    );
+    assert_eq!(
+        statuses(&app, &ids).await,
+        [
+            RecordStatus::Replaced,
+            RecordStatus::Open,
+            RecordStatus::Open
+        ]
+    );
+    let fixed = poison_record(&app, &ids[0]).await;
+    let by = fixed.replaced_by.unwrap_or_default();
+    assert!(by.starts_with("oncall (operation "), "{by}");
+    assert_refused(&r, &uri, &format!("mode=real&patch={}", enc(patch)), &csrf).await;
+    app.cleanup().await;
+}

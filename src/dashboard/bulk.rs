@@ -1,6 +1,9 @@
 //! Actions on every open record a query selects (a group of the alert, a
 //! search, a time range, a function): replay with a dry run first, discard
-//! with a reason after a review. Why they are safe to click:
+//! with a reason after a review, fix with one JSON Patch after a preview
+//! (which says, per record, whether the patch applies and the key the
+//! corrected job derives, never the corrected body: a patch that moves a
+//! redacted field elsewhere must not show it). Why they are safe to click:
 //! - the selection is [`selection::select`], the list page's own, forced to
 //!   open records;
 //! - the dry run (or review) carries a fingerprint of the ids it showed, and
@@ -309,6 +312,147 @@ fn discard_review(
                 label { input type="checkbox" name="close_key" value="1"; " also close their keys (a producer's resend is then a duplicate)" }
                 (rate_field())
                 button #group-discard-real type="submit" { "Discard these " (records.len()) }
+            }
+        }
+    }
+}
+
+/// How many records a group fix's preview patches (each may read a blob).
+const FIX_PREVIEW_ROWS: usize = 100;
+
+/// A group fix: the review asks for a patch, the preview applies it to each
+/// record (nothing changes), the real action is an operation of kind fix.
+pub async fn fix(
+    State(d): S,
+    Path(queue): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let (b, _slot) = tri!(d.begin(&queue, &headers, &body).await);
+    let Begun {
+        form,
+        v,
+        p,
+        ops,
+        query,
+        chosen,
+        ids,
+    } = b;
+    let patch_text = get(&form, "patch").map(str::trim).unwrap_or_default();
+    if patch_text.is_empty() {
+        let body = fix_review(&queue, &chosen, &query, &fingerprint(&ids), "", &v, None);
+        return page(StatusCode::OK, "Group fix: patch", &v, None, body);
+    }
+    let patch = match operation::parse_patch(patch_text) {
+        Ok(p) => p,
+        Err(m) => return *bad_request(&v, &format!("patch: {m}")),
+    };
+    if get(&form, "mode") == Some("real") {
+        let kind = OpKind::Fix {
+            patch: patch_text.to_string(),
+            past_provider_window: get(&form, "past_provider_window").is_some(),
+        };
+        return d
+            .start_group((&v, &p), &queue, &query, &form, &ids, kind)
+            .await;
+    }
+    let preview = fix_preview(ops, &chosen, &patch).await;
+    let body = fix_review(
+        &queue,
+        &chosen,
+        &query,
+        &fingerprint(&ids),
+        patch_text,
+        &v,
+        Some(&preview),
+    );
+    page(StatusCode::OK, "Group fix: preview", &v, None, body)
+}
+
+/// One previewed record: its id, and the key the corrected job derives or
+/// why the patch does not give a job the worker would run.
+struct FixPreview {
+    id: String,
+    outcome: Result<String, String>,
+}
+
+async fn fix_preview(
+    ops: &QueueOps,
+    records: &[PoisonRecord],
+    patch: &operation::Patch,
+) -> Vec<FixPreview> {
+    let mut rows = vec![];
+    for listed in records.iter().take(FIX_PREVIEW_ROWS) {
+        // The list reads no payloads: read the whole record.
+        let full = match ops.record(&listed.message_id).await {
+            Ok(Some((r, _))) => Ok(r),
+            Ok(None) => Err("the record vanished".to_string()),
+            Err(e) => Err(crate::telemetry::scrub(&e.to_string())),
+        };
+        let body = match full {
+            Ok(r) => aqw_core::claim::decode_body(ops.blobs.as_ref(), &r.message, r.encoding).await,
+            Err(e) => Err(e),
+        };
+        let corrected = body.and_then(|b| operation::apply_patch(patch, &b));
+        let outcome = corrected.and_then(|c| match &ops.function {
+            Some(f) => match crate::idempotency::derive_key(&f.key, &c) {
+                Ok(Some(k)) => Ok(format!("key {}", k.as_str())),
+                Ok(None) => Ok("keyless".into()),
+                Err(e) => Err(format!("would be poisoned at once: {e}")),
+            },
+            None => Err("no function consumes this queue".into()),
+        });
+        rows.push(FixPreview {
+            id: listed.message_id.clone(),
+            outcome,
+        });
+    }
+    rows
+}
+
+fn fix_review(
+    queue: &str,
+    records: &[PoisonRecord],
+    query: &Pairs,
+    reviewed: &str,
+    patch: &str,
+    v: &Viewer,
+    preview: Option<&[FixPreview]>,
+) -> Markup {
+    let applies = preview.map(|p| p.iter().filter(|r| r.outcome.is_ok()).count());
+    html! {
+        p #group-review { "Group fix: nothing has changed yet. " (records.len())
+            " open record(s): " (describe(query)) ". One JSON Patch (RFC 6902) is applied to each payload; "
+            "a record it does not apply to is left open." }
+        @if let Some(rows) = preview {
+            p #fix-preview-summary { "The patch applies to " (applies.unwrap_or(0)) " of the first " (rows.len()) "." }
+            table #fix-preview {
+                thead { tr { th { "id" } th { "corrected job" } } }
+                tbody { @for r in rows { tr {
+                    td.id { a href=(record_url(queue, &r.id)) { (r.id) } }
+                    @match &r.outcome {
+                        Ok(k) => td.id { (k) },
+                        Err(e) => td.wrap.refused { (e) },
+                    }
+                } } }
+            }
+        }
+        @if v.can_act {
+            form method="post" action={ "/q/" (enc(queue)) "/group/fix" } {
+                (csrf_field(v))
+                input type="hidden" name="reviewed" value=(reviewed);
+                @for (k, val) in query.iter().filter(|(k, _)| k != "status") {
+                    input type="hidden" name=(k) value=(val);
+                }
+                label { "JSON Patch " textarea #group-fix-patch name="patch" rows="4" cols="80" required { (patch) } }
+                @if preview.is_some() {
+                    (rate_field())
+                    button #group-fix-preview name="mode" value="preview" type="submit" { "Preview again" }
+                    " "
+                    button #group-fix-real name="mode" value="real" type="submit" { "Fix these " (records.len()) }
+                } @else {
+                    button #group-fix-preview name="mode" value="preview" type="submit" { "Preview" }
+                }
             }
         }
     }

@@ -212,6 +212,7 @@ pub fn app(state: Arc<Dashboard>) -> Router {
         .route("/q/{queue}/fix", post(handlers::fix))
         .route("/q/{queue}/group/replay", post(bulk::replay))
         .route("/q/{queue}/group/discard", post(bulk::discard))
+        .route("/q/{queue}/group/fix", post(bulk::fix))
         .route("/ops", get(operations::list))
         .route("/ops/{id}", get(operations::show))
         .route("/ops/{id}/cancel", post(operations::cancel))

@@ -187,6 +187,9 @@ fn op_view(op: &Operation, v: &Viewer) -> Markup {
             @if let OpKind::Discard { reason, close_key } = &op.kind {
                 dt { "reason" } dd { (reason) @if *close_key { " (keys closed)" } }
             }
+            @if let OpKind::Fix { patch, .. } = &op.kind {
+                dt { "JSON Patch" } dd.id #op-patch { (aqw_core::scrub::printable(patch)) }
+            }
             @if op.returned_poisoned > 0 { dt { "replayed jobs back in poison" } dd { (op.returned_poisoned) } }
             @if let Some(r) = &op.stop_reason { dt { "stopped" } dd #op-stopped { (r) } }
             @if let Some(e) = &op.last_error { dt { "last error" } dd { (e) } }

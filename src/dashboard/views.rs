@@ -239,8 +239,8 @@ fn field<'a>(p: &'a ListPage, k: &str) -> &'a str {
         .unwrap_or("")
 }
 
-/// Replay or discard every open record this page's query selects (all
-/// pages, the chosen group only): each shows a dry run or review first.
+/// Replay, discard or fix every open record this page's query selects (all
+/// pages, the chosen group only): each shows a dry run, review or preview first.
 fn group_actions(p: &ListPage, v: &Viewer) -> Markup {
     let query = html! {
         (csrf_field(v))
@@ -260,6 +260,11 @@ fn group_actions(p: &ListPage, v: &Viewer) -> Markup {
             form.inline method="post" action={ "/q/" (enc(p.queue)) "/group/discard" } {
                 (query)
                 button #group-discard type="submit" { "Discard all " (p.total) " (review first)" }
+            }
+            " "
+            form.inline method="post" action={ "/q/" (enc(p.queue)) "/group/fix" } {
+                (query)
+                button #group-fix type="submit" { "Fix all " (p.total) " with a patch (preview first)" }
             }
         }
     }

@@ -18,6 +18,8 @@ mod row;
 mod run;
 
 pub use interactive::replay_group;
+/// A parsed JSON Patch (RFC 6902), as [`parse_patch`] gives it.
+pub use json_patch::Patch;
 pub use row::{OperationStore, Refresh};
 pub use run::{execute, resume_idle, watch, ExecuteOptions, IDLE_SCAN_INTERVAL, LEASE};
 
