@@ -281,13 +281,7 @@ async fn start(
     kind: OpKind,
     output: Output,
 ) -> Result<Exit, Failure> {
-    if !(a.rate.is_finite() && (operation::MIN_RATE..=1000.0).contains(&a.rate)) {
-        return Err(Failure::usage(format!(
-            "--rate {}: records per second must be between {} and 1000",
-            a.rate,
-            operation::MIN_RATE
-        )));
-    }
+    check_rate(a.rate)?;
     let (ops, store) = stores(app, Some(&a.queue))?;
     let mut now = selection(&a)?;
     now.cutoff = aqw::idempotency::fmt_time(aqw_core::clock::now_utc());
@@ -338,6 +332,17 @@ async fn start(
     let end = end.unwrap_or(op);
     render_one(&end, output);
     Ok(exit_of(&end))
+}
+
+fn check_rate(rate: f64) -> Result<(), Failure> {
+    if rate.is_finite() && (operation::MIN_RATE..=operation::MAX_RATE).contains(&rate) {
+        return Ok(());
+    }
+    Err(Failure::usage(format!(
+        "--rate {rate}: records per second must be between {} and {}",
+        operation::MIN_RATE,
+        operation::MAX_RATE
+    )))
 }
 
 fn selection(a: &SelectArgs) -> Result<Selection, Failure> {

@@ -291,3 +291,47 @@ async fn wait_settled(
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::ReplayAction;
+
+    /// The JSON output spells actions as it did when they were strings.
+    #[test]
+    fn actions_serialize_as_their_kebab_case_names() {
+        for a in [
+            ReplayAction::Replayed,
+            ReplayAction::AlreadyDone,
+            ReplayAction::WouldReplay,
+            ReplayAction::WouldCloseAlreadyDone,
+            ReplayAction::Skipped,
+            ReplayAction::Failed,
+        ] {
+            assert_eq!(serde_json::to_value(a).unwrap(), a.as_str());
+            assert_eq!(format!("{a:<26}|").len(), 27);
+        }
+        let names = [
+            ReplayAction::WouldCloseAlreadyDone.as_str(),
+            FixAction::Replaced.as_str(),
+            FixAction::AlreadyDone.as_str(),
+            FixAction::Skipped.as_str(),
+        ];
+        assert_eq!(
+            names,
+            [
+                "would-close-already-done",
+                "replaced",
+                "already-done",
+                "skipped"
+            ]
+        );
+        for a in [
+            FixAction::Replaced,
+            FixAction::AlreadyDone,
+            FixAction::Skipped,
+        ] {
+            assert_eq!(serde_json::to_value(a).unwrap(), a.as_str());
+        }
+    }
+}

@@ -29,41 +29,7 @@ pub async fn replay_group(
     mut exec: ExecuteOptions,
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> OpsResult<(Operation, ReplayReport)> {
-    let rate = opts.rate.unwrap_or(DEFAULT_RATE);
-    if !(rate.is_finite() && (MIN_RATE..=MAX_RATE).contains(&rate)) {
-        return Err(OpsError::Usage(format!(
-            "--rate {rate}: a replay of --all is an operation, at {MIN_RATE} to {MAX_RATE} records per second"
-        )));
-    }
-    let selection = Selection {
-        error: opts.filter.error.as_ref().map(|r| r.as_str().to_string()),
-        since: opts.filter.since.map(fmt_time),
-        until: opts.filter.until.map(fmt_time),
-        function: opts.filter.function.clone(),
-        limit: opts.limit.map(|l| l as u64),
-        cutoff: fmt_time(crate::clock::now_utc()),
-        ..Selection::default()
-    };
-    let mut open = select_open(ops, &selection).await?;
-    if let Some(l) = opts.limit {
-        open.truncate(l);
-    }
-    // Refused here, before the row exists: exit 2 with nothing created.
-    past_window_overrides(ops, opts, &open).await?;
-    let ids: Vec<String> = open.iter().map(|(r, _)| r.message_id.clone()).collect();
-    let new = NewOperation {
-        queue: ops.queue.clone(),
-        kind: OpKind::Replay {
-            past_provider_window: opts.past_provider_window,
-            uncertain_checked: opts.uncertain_checked,
-        },
-        by: opts.by.clone(),
-        selection,
-        fingerprint: fingerprint(&ids),
-        selected: ids.len() as u64,
-        rate,
-        halt_after: DEFAULT_HALT_AFTER,
-    };
+    let (new, ids) = prepare(ops, opts).await?;
     let created = store.create_held(&new, &exec.owner, exec.lease).await?;
     tracing::info!(event = "aqw.operation.created", operation = %created.id, queue = %created.queue,
         kind = "replay", by = %created.by, selected = created.selected,
@@ -110,4 +76,44 @@ pub async fn replay_group(
         confirm(ops, &mut report, wait).await?;
     }
     Ok((end, report))
+}
+
+/// The operation `opts` asks for and the ids it selects now, checked:
+/// the rate, and the provider's key window (refused before anything exists).
+async fn prepare(ops: &QueueOps, opts: &ReplayOptions) -> OpsResult<(NewOperation, Vec<String>)> {
+    let rate = opts.rate.unwrap_or(DEFAULT_RATE);
+    if !(rate.is_finite() && (MIN_RATE..=MAX_RATE).contains(&rate)) {
+        return Err(OpsError::Usage(format!(
+            "--rate {rate}: a replay of --all is an operation, at {MIN_RATE} to {MAX_RATE} records per second"
+        )));
+    }
+    let selection = Selection {
+        error: opts.filter.error.as_ref().map(|r| r.as_str().to_string()),
+        since: opts.filter.since.map(fmt_time),
+        until: opts.filter.until.map(fmt_time),
+        function: opts.filter.function.clone(),
+        limit: opts.limit.map(|l| l as u64),
+        cutoff: fmt_time(crate::clock::now_utc()),
+        ..Selection::default()
+    };
+    let mut open = select_open(ops, &selection).await?;
+    if let Some(l) = opts.limit {
+        open.truncate(l);
+    }
+    past_window_overrides(ops, opts, &open).await?;
+    let ids: Vec<String> = open.iter().map(|(r, _)| r.message_id.clone()).collect();
+    let new = NewOperation {
+        queue: ops.queue.clone(),
+        kind: OpKind::Replay {
+            past_provider_window: opts.past_provider_window,
+            uncertain_checked: opts.uncertain_checked,
+        },
+        by: opts.by.clone(),
+        selection,
+        fingerprint: fingerprint(&ids),
+        selected: ids.len() as u64,
+        rate,
+        halt_after: DEFAULT_HALT_AFTER,
+    };
+    Ok((new, ids))
 }

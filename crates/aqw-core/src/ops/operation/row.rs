@@ -410,26 +410,7 @@ fn to_entity(op: &Operation) -> Entity {
 fn from_entity(id: &str, e: &Entity) -> Operation {
     let s = |k: &str| e.get(k).and_then(Value::as_str).map(str::to_string);
     let n = |k: &str| e.get(k).and_then(Value::as_u64).unwrap_or(0);
-    let b = |k: &str| e.get(k).and_then(Value::as_bool).unwrap_or(false);
-    // A kind this aqw does not know is kept as such and never run: read as
-    // a replay it would do the wrong thing to every record.
-    let kind = match s(col::KIND).as_deref() {
-        Some("discard") => OpKind::Discard {
-            reason: s(col::REASON).unwrap_or_default(),
-            close_key: b(col::CLOSE_KEY),
-        },
-        Some("replay") => OpKind::Replay {
-            past_provider_window: b(col::PAST_WINDOW),
-            uncertain_checked: b(col::UNCERTAIN_CHECKED),
-        },
-        Some("fix") => OpKind::Fix {
-            patch: s(col::PATCH).unwrap_or_default(),
-            past_provider_window: b(col::PAST_WINDOW),
-        },
-        other => OpKind::Unknown {
-            name: other.unwrap_or_default().to_string(),
-        },
-    };
+    let kind = kind_of(e);
     Operation {
         id: id.to_string(),
         queue: s(col::QUEUE).unwrap_or_default(),
@@ -467,5 +448,29 @@ fn from_entity(id: &str, e: &Entity) -> Operation {
         lease_owner: s(col::LEASE_OWNER),
         lease_until: s(col::LEASE_UNTIL),
         updated_at: s(col::UPDATED_AT).unwrap_or_default(),
+    }
+}
+
+/// The kind a row names. A kind this aqw does not know is kept as such and
+/// never run: read as a replay it would do the wrong thing to every record.
+fn kind_of(e: &Entity) -> OpKind {
+    let s = |k: &str| e.get(k).and_then(Value::as_str).map(str::to_string);
+    let b = |k: &str| e.get(k).and_then(Value::as_bool).unwrap_or(false);
+    match s(col::KIND).as_deref() {
+        Some("discard") => OpKind::Discard {
+            reason: s(col::REASON).unwrap_or_default(),
+            close_key: b(col::CLOSE_KEY),
+        },
+        Some("replay") => OpKind::Replay {
+            past_provider_window: b(col::PAST_WINDOW),
+            uncertain_checked: b(col::UNCERTAIN_CHECKED),
+        },
+        Some("fix") => OpKind::Fix {
+            patch: s(col::PATCH).unwrap_or_default(),
+            past_provider_window: b(col::PAST_WINDOW),
+        },
+        other => OpKind::Unknown {
+            name: other.unwrap_or_default().to_string(),
+        },
     }
 }
