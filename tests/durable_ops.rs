@@ -344,6 +344,27 @@ async fn ops_fix_corrects_a_batch_and_a_real_worker_runs_each_once() {
     );
 
     let patch = r#"[{"op":"add","path":"/currency","value":"EUR"}]"#;
+    let dry = aqw(
+        app.path(),
+        &[
+            "ops",
+            "fix",
+            &q,
+            "--patch",
+            patch,
+            "--by",
+            "alice",
+            "--dry-run",
+        ],
+    );
+    let text = out_of(&dry);
+    assert_eq!(dry.status.code(), Some(0), "{text}");
+    assert!(text.contains("fix      -> key order:rec-000"), "{text}");
+    assert!(text.contains("the patch fits 6 of 6 record(s)"), "{text}");
+    assert!(
+        store(&app).list().await.unwrap().is_empty(),
+        "a dry run creates nothing"
+    );
     let out = aqw(
         app.path(),
         &[

@@ -286,6 +286,9 @@ async fn start(
     let mut now = selection(&a)?;
     now.cutoff = aqw::idempotency::fmt_time(aqw_core::clock::now_utc());
     let open = operation::select_open(&ops, &now).await?;
+    if let (true, OpKind::Fix { patch, .. }) = (a.dry_run, &kind) {
+        preview_fix(&ops, &open, patch, output).await?;
+    }
     let ids: Vec<String> = open.into_iter().map(|(r, _)| r.message_id).collect();
     let fingerprint = operation::fingerprint(&ids);
     if a.dry_run {
@@ -362,6 +365,33 @@ fn selection(a: &SelectArgs) -> Result<Selection, Failure> {
         cutoff: String::new(),
         ..Selection::default()
     })
+}
+
+/// `ops fix --dry-run`: per record, the key the corrected job derives or
+/// why the patch leaves it open (text only: the JSON dry run stays one
+/// object). Never the corrected body.
+async fn preview_fix(
+    ops: &QueueOps,
+    open: &[(aqw::poison::PoisonRecord, Option<aqw::storage::Etag>)],
+    patch: &str,
+    output: Output,
+) -> Result<(), Failure> {
+    if output != Output::Text {
+        return Ok(());
+    }
+    let patch = operation::parse_patch(patch).map_err(Failure::usage)?;
+    let mut fits = 0;
+    for (rec, _) in open {
+        match operation::preview_fix(ops, rec, &patch).await {
+            Ok(k) => {
+                fits += 1;
+                outln!("{:<38} fix      -> {k}", rec.message_id);
+            }
+            Err(why) => outln!("{:<38} left open: {why}", rec.message_id),
+        }
+    }
+    outln!("the patch fits {fits} of {} record(s)", open.len());
+    Ok(())
 }
 
 fn dry_run(

@@ -384,24 +384,11 @@ async fn fix_preview(
     let mut rows = vec![];
     for listed in records.iter().take(FIX_PREVIEW_ROWS) {
         // The list reads no payloads: read the whole record.
-        let full = match ops.record(&listed.message_id).await {
-            Ok(Some((r, _))) => Ok(r),
+        let outcome = match ops.record(&listed.message_id).await {
+            Ok(Some((r, _))) => operation::preview_fix(ops, &r, patch).await,
             Ok(None) => Err("the record vanished".to_string()),
             Err(e) => Err(crate::telemetry::scrub(&e.to_string())),
         };
-        let body = match full {
-            Ok(r) => aqw_core::claim::decode_body(ops.blobs.as_ref(), &r.message, r.encoding).await,
-            Err(e) => Err(e),
-        };
-        let corrected = body.and_then(|b| operation::apply_patch(patch, &b));
-        let outcome = corrected.and_then(|c| match &ops.function {
-            Some(f) => match crate::idempotency::derive_key(&f.key, &c) {
-                Ok(Some(k)) => Ok(format!("key {}", k.as_str())),
-                Ok(None) => Ok("keyless".into()),
-                Err(e) => Err(format!("would be poisoned at once: {e}")),
-            },
-            None => Err("no function consumes this queue".into()),
-        });
         rows.push(FixPreview {
             id: listed.message_id.clone(),
             outcome,

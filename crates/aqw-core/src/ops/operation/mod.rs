@@ -312,6 +312,28 @@ pub fn fingerprint(ids: &[String]) -> String {
     hex::encode(&digest[..12])
 }
 
+/// What a group fix would do with `rec` (read with its payload): the key
+/// the corrected job derives (`key K`, or `keyless`), or why the record
+/// would be left open. Reads the blob of a claim-checked payload; never
+/// returns the corrected body (a patch may move a redacted field).
+pub async fn preview_fix(
+    ops: &QueueOps,
+    rec: &PoisonRecord,
+    patch: &json_patch::Patch,
+) -> Result<String, String> {
+    let body = crate::claim::decode_body(ops.blobs.as_ref(), &rec.message, rec.encoding).await?;
+    let corrected = apply_patch(patch, &body)?;
+    let f = ops
+        .function
+        .as_ref()
+        .ok_or("no function consumes this queue")?;
+    match crate::idempotency::derive_key(&f.key, &corrected) {
+        Ok(Some(k)) => Ok(format!("key {}", k.as_str())),
+        Ok(None) => Ok("keyless".into()),
+        Err(e) => Err(format!("would be poisoned at once: {e}")),
+    }
+}
+
 /// What an operator asks for; [`OperationStore::create`] makes it a row.
 #[derive(Debug, Clone)]
 pub struct NewOperation {
