@@ -725,6 +725,51 @@ fn templates(q: &str, id: &str, files: &Path, held_port: u16) -> Vec<Template> {
             &["poison", "show"],
             vec![pos(q), pos(id), Part::Flag("--pretty")],
         ),
+        // Durable operations: dry runs only, so no value changes a record.
+        cmd(
+            &["ops", "fix"],
+            vec![
+                pos(q),
+                opt("--patch", r#"[{"op":"add","path":"/c","value":1}]"#),
+                opt("--error", ".*"),
+                opt("--since", "01:00:00"),
+                opt("--rate", "10"),
+                opt("--halt-after", "3"),
+                opt("--by", "t"),
+                Part::Flag("--dry-run"),
+            ],
+        ),
+        cmd(
+            &["ops", "fix"],
+            vec![
+                keep_pos(q),
+                opt("--patch-file", &valid_file),
+                keep("--by", "t"),
+                Part::Flag("--dry-run"),
+            ],
+        ),
+        cmd(
+            &["ops", "discard"],
+            vec![
+                keep_pos(q),
+                opt("--reason", "r"),
+                opt("--until", "2100-01-01T00:00:00Z"),
+                opt("--function", "Job"),
+                opt("--reviewed", "abc"),
+                keep("--by", "t"),
+                Part::Flag("--dry-run"),
+            ],
+        ),
+        cmd(&["ops", "show"], vec![pos("no-such-op"), opt("--queue", q)]),
+        cmd(
+            &["ops", "cancel"],
+            vec![pos("no-such-op"), opt("--by", "t"), keep("--queue", q)],
+        ),
+        cmd(
+            &["ops", "resume"],
+            vec![pos("no-such-op"), Part::Flag("--take-over")],
+        ),
+        cmd(&["ops", "list"], vec![opt("--queue", q)]),
         cmd(
             &["poison", "replay"],
             vec![
