@@ -268,6 +268,20 @@ pub async fn refresh_text(
     }
 }
 
+/// Before the worker puts a message's text back (a retry copy under
+/// serve, a parked job, a message rescued from its time-to-live): when it
+/// is a reference, refresh its blob, so a job kept alive that way longer
+/// than `aqw.retention.keys` still finds its body. Best effort: the put
+/// goes ahead whatever happens here (a job whose blob is gone poisons as
+/// `claim_check_missing` when it runs, visibly); one request, and only for
+/// a reference.
+pub async fn refresh_before_reput(blobs: &dyn BlobStore, text: &str, encoding: MessageEncoding) {
+    if let Err(e) = refresh_text(blobs, text, encoding).await {
+        let e = crate::scrub::scrub(&e.to_string());
+        tracing::warn!(event = "aqw.claim_check.refresh_failed", error = %e, "could not refresh a claim-checked job's blob before putting it back; retention counts its age from its last write");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

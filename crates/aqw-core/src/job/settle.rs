@@ -333,6 +333,12 @@ impl Settling<'_> {
     ) -> Outcome {
         let rt = self.rt;
         let span = settle_span("retry");
+        crate::claim::refresh_before_reput(
+            rt.blobs.as_ref(),
+            &self.msg.text,
+            rt.app.message_encoding,
+        )
+        .await;
         let put = rt.source.put(&self.msg.text, after, Ttl::Default);
         if let Err(e) = crate::traces::in_step(span.clone(), put).await {
             warn!(event = "aqw.job.retry", error = %crate::scrub::scrub(message), put_error = %crate::scrub::scrub(&e.to_string()), "attempt failed; could not put the retry copy, so the host retries after its visibilityTimeout");
@@ -367,7 +373,14 @@ impl Settling<'_> {
     /// the two leaves both; the key makes the second a duplicate.
     pub(super) async fn park(&self, after: Duration) -> Outcome {
         let span = settle_span("park");
-        let put = self.rt.source.put(&self.msg.text, after, Ttl::Default);
+        let rt = self.rt;
+        crate::claim::refresh_before_reput(
+            rt.blobs.as_ref(),
+            &self.msg.text,
+            rt.app.message_encoding,
+        )
+        .await;
+        let put = rt.source.put(&self.msg.text, after, Ttl::Default);
         let put = crate::traces::in_step(span.clone(), put).await;
         if let Err(e) = put {
             return abandoned(e);

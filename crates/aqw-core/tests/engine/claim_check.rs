@@ -345,3 +345,41 @@ async fn retention_deletes_a_blob_only_when_nothing_can_deliver_or_replay_it() {
         "an open record's blob is never deleted"
     );
 }
+
+/// A claim-checked job the provider keeps answering "later" is put back
+/// as a fresh copy each time: each put-back refreshes its blob, so a job
+/// kept alive that way longer than the retention still finds its body.
+/// Without the refresh the blob's last write stays at the enqueue.
+#[tokio::test(start_paused = true)]
+async fn a_job_put_back_for_hours_refreshes_its_blob() {
+    let env = Env::new(|_, n| {
+        if n <= 3 {
+            Behave::Later(Duration::from_secs(3600))
+        } else {
+            Behave::Succeed
+        }
+    });
+    let (payload, key) = big_job(&env, "later", 100_000);
+    let blob = enqueue_big(&env, &payload).await;
+    let blobs = env.storage.blobs(DEFAULT_CONTAINER);
+    let written = |items: Vec<aqw_core::storage::BlobItem>| {
+        let item = items
+            .into_iter()
+            .find(|b| b.name == blob)
+            .expect("the blob");
+        item.last_modified
+    };
+    let at_enqueue = written(blobs.list("").await.unwrap());
+    let w = start(env.worker());
+    env.wait_until("the job applied", minutes(5 * 60), || async {
+        env.provider.effects().get(&key) == Some(&1)
+    })
+    .await;
+    w.stop().await;
+    let refreshed = written(blobs.list("").await.unwrap());
+    assert!(
+        refreshed - at_enqueue >= time::Duration::hours(2),
+        "written at {at_enqueue}, last refreshed at {refreshed}"
+    );
+    env.provider.assert_applied_once(std::slice::from_ref(&key));
+}
