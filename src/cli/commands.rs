@@ -466,7 +466,7 @@ async fn replay_group(
     let store = aqw::ops::operation::OperationStore::new(ops.control.table().clone());
     let exec = super::ops::executor(false);
     let (op, report) = aqw::ops::operation::replay_group(ops, &store, opts, exec, progress).await?;
-    if output == Output::Text {
+    if let (Output::Text, Some(op)) = (output, op) {
         outln!(
             "operation {}: {} ({} of {} record(s) handled); `aqw ops show {}`",
             op.id,

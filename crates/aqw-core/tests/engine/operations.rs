@@ -408,6 +408,7 @@ async fn replay_all_is_an_operation_that_keeps_its_limit() {
     let (op, report) = replay_group(&ops, &st, &opts, executor("cli"), &|_, _| {})
         .await
         .expect("replay");
+    let op = op.expect("an operation");
     assert_eq!(op.state, OpState::Done, "{op:?}");
     assert_eq!((op.selected, op.done, op.selection.limit), (4, 4, Some(4)));
     assert_eq!(report.operation.as_deref(), Some(op.id.as_str()));
@@ -426,6 +427,19 @@ async fn replay_all_is_an_operation_that_keeps_its_limit() {
     let refused = replay_group(&ops, &st, &bad, executor("cli"), &|_, _| {}).await;
     assert!(refused.unwrap_err().to_string().contains("--rate 5000"));
     assert_eq!(st.list().await.unwrap().len(), 1, "nothing created");
+    let none = ReplayOptions {
+        filter: aqw_core::ops::Filter {
+            error: Some(regex::Regex::new("matches nothing").unwrap()),
+            ..Default::default()
+        },
+        rate: None,
+        ..bad
+    };
+    let (op, report) = replay_group(&ops, &st, &none, executor("cli"), &|_, _| {})
+        .await
+        .expect("an empty replay");
+    assert!(op.is_none() && report.selected == 0, "{report:?}");
+    assert_eq!(st.list().await.unwrap().len(), 1, "no row for nothing");
 }
 
 /// A row of a kind a newer aqw wrote: listed as unknown, never claimed,

@@ -15,8 +15,9 @@ use crate::ops::{OpsError, OpsResult, QueueOps, ReplayOptions, ReplayReport};
 use std::collections::HashSet;
 
 /// Replay every open record `opts.filter` picks (oldest first, at most
-/// `opts.limit`) through an operation: the operation (as it ended) and the
-/// report `poison replay` prints. Before anything is created, the records
+/// `opts.limit`) through an operation: the operation (as it ended; none
+/// when nothing matched, so no row is written) and the report `poison
+/// replay` prints. Before anything is created, the records
 /// past the provider's key window are refused unless
 /// `opts.past_provider_window` (exit 2, nothing touched). `opts.rate`
 /// (default [`DEFAULT_RATE`]) must be within [`MIN_RATE`]..=[`MAX_RATE`];
@@ -28,8 +29,12 @@ pub async fn replay_group(
     opts: &ReplayOptions,
     mut exec: ExecuteOptions,
     progress: &(dyn Fn(usize, usize) + Sync),
-) -> OpsResult<(Operation, ReplayReport)> {
+) -> OpsResult<(Option<Operation>, ReplayReport)> {
     let (new, ids) = prepare(ops, opts).await?;
+    if ids.is_empty() {
+        // Nothing open matches: no row for an operation with nothing to do.
+        return Ok((None, empty_report(ops, opts)));
+    }
     let created = store.create_held(&new, &exec.owner, exec.lease).await?;
     tracing::info!(event = "aqw.operation.created", operation = %created.id, queue = %created.queue,
         kind = "replay", by = %created.by, selected = created.selected,
@@ -75,7 +80,22 @@ pub async fn replay_group(
     if let Some(wait) = opts.wait {
         confirm(ops, &mut report, wait).await?;
     }
-    Ok((end, report))
+    Ok((Some(end), report))
+}
+
+fn empty_report(ops: &QueueOps, opts: &ReplayOptions) -> ReplayReport {
+    ReplayReport {
+        queue: ops.queue.clone(),
+        selected: 0,
+        replayed: 0,
+        already_done: 0,
+        failed: 0,
+        unconfirmed: 0,
+        dry_run: false,
+        past_provider_window: opts.past_provider_window,
+        operation: None,
+        items: vec![],
+    }
 }
 
 /// The operation `opts` asks for and the ids it selects now, checked:
