@@ -333,14 +333,7 @@ impl Settling<'_> {
     ) -> Outcome {
         let rt = self.rt;
         let span = settle_span("retry");
-        crate::claim::refresh_before_reput(
-            rt.blobs.as_ref(),
-            &self.msg.text,
-            rt.app.message_encoding,
-        )
-        .await;
-        let put = rt.source.put(&self.msg.text, after, Ttl::Default);
-        if let Err(e) = crate::traces::in_step(span.clone(), put).await {
+        if let Err(e) = crate::traces::in_step(span.clone(), self.put_copy(after)).await {
             warn!(event = "aqw.job.retry", error = %crate::scrub::scrub(message), put_error = %crate::scrub::scrub(&e.to_string()), "attempt failed; could not put the retry copy, so the host retries after its visibilityTimeout");
             return match rt.keys.record_failure(c, message, uncertain).await {
                 Err(FinishError::Storage(e)) => abandoned(e),
@@ -367,22 +360,22 @@ impl Settling<'_> {
         }
     }
 
+    /// Put the message's text back as a fresh copy visible after `after`,
+    /// a claim-check reference's blob refreshed first.
+    async fn put_copy(&self, after: Duration) -> Result<(), StorageError> {
+        let rt = self.rt;
+        let (text, encoding) = (&self.msg.text, rt.app.message_encoding);
+        crate::claim::refresh_before_reput(rt.blobs.as_ref(), text, encoding).await;
+        rt.source.put(text, after, Ttl::Default).await.map(|_| ())
+    }
+
     /// Replace the message by a fresh copy visible after `after`, then
     /// delete it: the copy starts at DequeueCount 0, so the receives the
     /// breaker wasted do not count toward `maxDequeueCount`. A crash between
     /// the two leaves both; the key makes the second a duplicate.
     pub(super) async fn park(&self, after: Duration) -> Outcome {
         let span = settle_span("park");
-        let rt = self.rt;
-        crate::claim::refresh_before_reput(
-            rt.blobs.as_ref(),
-            &self.msg.text,
-            rt.app.message_encoding,
-        )
-        .await;
-        let put = rt.source.put(&self.msg.text, after, Ttl::Default);
-        let put = crate::traces::in_step(span.clone(), put).await;
-        if let Err(e) = put {
+        if let Err(e) = crate::traces::in_step(span.clone(), self.put_copy(after)).await {
             return abandoned(e);
         }
         match crate::traces::in_step(span, self.settle.delete()).await {

@@ -58,18 +58,9 @@ pub async fn replay_group(
     };
     let (end, items) = tokio::join!(run, collect);
     let end = end?;
-    let mut report = ReplayReport {
-        queue: ops.queue.clone(),
-        selected: total,
-        replayed: 0,
-        already_done: 0,
-        failed: 0,
-        unconfirmed: 0,
-        dry_run: false,
-        past_provider_window: opts.past_provider_window,
-        operation: Some(end.id.clone()),
-        items: vec![],
-    };
+    let mut report = empty_report(ops, opts);
+    report.selected = total;
+    report.operation = Some(end.id.clone());
     let handled: HashSet<String> = items.iter().map(|i| i.id.clone()).collect();
     for item in items {
         report.push(item);

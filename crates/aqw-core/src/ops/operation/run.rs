@@ -270,13 +270,9 @@ impl Run<'_> {
         close_key: bool,
     ) -> Outcome {
         let id = rec.message_id.clone();
-        let (rec, etag) = match etag {
-            Some(e) => (rec, e),
-            None => match self.ops.poison.reread(&rec).await {
-                Ok(Some(found)) => found,
-                Ok(None) => return Outcome::Skipped(format!("{id}: record vanished")),
-                Err(e) => return Outcome::Failed(format!("{id}: {e}")),
-            },
+        let (rec, etag) = match self.with_etag(rec, etag).await {
+            Ok(found) => found,
+            Err(outcome) => return outcome,
         };
         let by = self.op.record_by();
         let closing =
@@ -336,6 +332,24 @@ impl Run<'_> {
         }
     }
 
+    /// `rec` with the ETag to close it under: the listed one, else read
+    /// again; why not when it vanished or cannot be read.
+    async fn with_etag(
+        &self,
+        rec: PoisonRecord,
+        etag: Option<Etag>,
+    ) -> Result<(PoisonRecord, Etag), Outcome> {
+        let id = rec.message_id.clone();
+        match etag {
+            Some(e) => Ok((rec, e)),
+            None => match self.ops.poison.reread(&rec).await {
+                Ok(Some(found)) => Ok(found),
+                Ok(None) => Err(Outcome::Skipped(format!("{id}: record vanished"))),
+                Err(e) => Err(Outcome::Failed(format!("{id}: {e}"))),
+            },
+        }
+    }
+
     /// Put `rec`'s payload corrected by `patch` in its place (as `poison
     /// fix` does) and delete its copy by the receipt it kept.
     async fn fix(
@@ -346,13 +360,9 @@ impl Run<'_> {
         past_provider_window: bool,
     ) -> Outcome {
         let id = rec.message_id.clone();
-        let (rec, etag) = match etag {
-            Some(e) => (rec, e),
-            None => match self.ops.poison.reread(&rec).await {
-                Ok(Some(found)) => found,
-                Ok(None) => return Outcome::Skipped(format!("{id}: record vanished")),
-                Err(e) => return Outcome::Failed(format!("{id}: {e}")),
-            },
+        let (rec, etag) = match self.with_etag(rec, etag).await {
+            Ok(found) => found,
+            Err(outcome) => return outcome,
         };
         let patch = match super::parse_patch(patch) {
             Ok(p) => p,
