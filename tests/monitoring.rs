@@ -265,7 +265,11 @@ async fn health_scrape(port: u16, queue: &str) -> String {
         let aged = text.contains(&format!(
             r#"aqw_queue_oldest_age_seconds{{queue="{queue}"}}"#
         ));
-        (opened && aged).then_some(text)
+        // The counter is incremented when the poison path ends, after the
+        // record the gauge reads: wait for it too, or a scrape between the
+        // two misses it.
+        let counted = text.contains("aqw_poisoned_total{");
+        (opened && aged && counted).then_some(text)
     })
     .await
 }

@@ -256,7 +256,7 @@ pub enum PoisonCmd {
         #[arg(long = "id", required_unless_present = "all")]
         ids: Vec<String>,
         /// Every open record (narrowed by --error, --since, --limit), as a
-        /// durable operation: one record at a time at --rate (default 50/s),
+        /// durable operation at --rate (default 50/s; it sets how many are in flight),
         /// and a process killed mid-way leaves it to `aqw ops resume` or an
         /// idle `aqw run`.
         #[arg(long, conflicts_with = "ids")]
@@ -283,7 +283,7 @@ pub enum PoisonCmd {
         /// Wait (hh:mm:ss) until each replayed key is done, and report.
         #[arg(long)]
         wait: Option<String>,
-        /// Records replayed at once (with --id; --all goes one at a time).
+        /// Records replayed at once (with --id; an --all operation sets its own).
         #[arg(long, default_value_t = aqw::ops::DEFAULT_REPLAY_CONCURRENCY as u64, value_parser = clap::value_parser!(u64).range(1..=64))]
         concurrency: u64,
         /// Go ahead although the provider key is older than the function's

@@ -96,7 +96,7 @@ pub enum OpsCmd {
         #[arg(long)]
         queue: Option<String>,
     },
-    /// Cancel an operation: its executor stops before its next record.
+    /// Cancel an operation: its executor stops before its next wave of records.
     #[command(after_help = "Example:\n  aqw ops cancel 20261206T201500-1a2b3c4d --by alice")]
     Cancel {
         /// The operation's id.
@@ -311,12 +311,7 @@ async fn start(
         halt_after: a.halt_after,
     };
     let exec = executor(false);
-    let op = if a.detach {
-        store.create(&new).await
-    } else {
-        store.create_held(&new, &exec.owner, exec.lease).await
-    };
-    let op = op.map_err(storage)?;
+    let op = create(&store, &new, (!a.detach).then_some(&exec)).await?;
     if a.detach {
         render_one(&op, output);
         return Ok(Exit::Ok);
@@ -335,6 +330,20 @@ async fn start(
     let end = end.unwrap_or(op);
     render_one(&end, output);
     Ok(exit_of(&end))
+}
+
+/// Insert the row: held by `exec` when this process carries it out, else
+/// free for the next executor (`--detach`).
+async fn create(
+    store: &OperationStore,
+    new: &NewOperation,
+    exec: Option<&ExecuteOptions>,
+) -> Result<Operation, Failure> {
+    let op = match exec {
+        Some(e) => store.create_held(new, &e.owner, e.lease).await,
+        None => store.create(new).await,
+    };
+    op.map_err(storage)
 }
 
 fn check_rate(rate: f64) -> Result<(), Failure> {

@@ -472,3 +472,34 @@ async fn an_operation_of_an_unknown_kind_is_never_run() {
     let open = env.records().await;
     assert!(open.iter().all(|r| r.status == RecordStatus::Open));
 }
+
+/// At 80 records a second eight are in flight at once: killed mid-wave and
+/// resumed, each job's effect still happens once and each record is closed
+/// once.
+#[tokio::test(start_paused = true)]
+async fn a_fast_replay_with_records_in_flight_killed_and_resumed_runs_each_job_once() {
+    let env = Env::new(|_, _| Behave::Fail(REFUSED.into()));
+    let keys = poisoned(&env, 40).await;
+    env.provider.set_rule(|_, _| Behave::Succeed);
+    let op = create(&env, replay_kind(), 40, 80.0).await;
+    let first = spawn(&env, &op.id, "worker-a");
+    wait_done_at_least(&env, &op.id, 12).await;
+    first.abort();
+    let _ = first.await;
+    tokio::time::sleep(LEASE).await;
+    let (ops, st) = (env.ops(), store(&env));
+    let end = execute(&ops, &st, &op.id, &executor("worker-b"))
+        .await
+        .expect("resume")
+        .expect("the lease expired");
+    assert_eq!(end.state, OpState::Done, "{end:?}");
+    let w = start(env.worker());
+    env.drained(minutes(5)).await;
+    tokio::time::sleep(minutes(1)).await;
+    w.stop().await;
+    env.provider.assert_applied_once(&keys);
+    for r in env.records().await {
+        assert_eq!(r.status, RecordStatus::Replayed, "{}", env.dump().await);
+        assert_eq!(r.replay_count, 1, "closed once: {r:?}");
+    }
+}

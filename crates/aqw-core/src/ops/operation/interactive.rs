@@ -21,7 +21,8 @@ use std::collections::HashSet;
 /// past the provider's key window are refused unless
 /// `opts.past_provider_window` (exit 2, nothing touched). `opts.rate`
 /// (default [`DEFAULT_RATE`]) must be within [`MIN_RATE`]..=[`MAX_RATE`];
-/// records go one at a time, so `opts.concurrency` does not apply.
+/// the operation sets how many records are in flight, so
+/// `opts.concurrency` does not apply.
 /// `progress` is called with (handled, selected) after each record.
 pub async fn replay_group(
     ops: &QueueOps,

@@ -1,8 +1,8 @@
 //! The executor of a durable operation: whoever holds the row's lease
-//! handles the still-open records of its selection, one at a time at the
-//! operation's rate, and writes its counts (renewing the lease) after each
-//! record under the row's ETag, so a cancel from any process stops it
-//! before its next record. It halts itself when the target function's
+//! handles the still-open records of its selection at the operation's
+//! rate, in waves of [`in_flight`] records (one at up to 10 a second), and
+//! writes its counts (renewing the lease) after each wave under the row's
+//! ETag, so a cancel from any process stops it before its next wave. It halts itself when the target function's
 //! breaker opens or when [`super::Operation::halt_after`] of the jobs it
 //! replayed come back poisoned. A record's poison-queue copy is deleted with
 //! the pop receipt its record kept (one request); copies that cannot be
@@ -33,6 +33,16 @@ pub const LEASE: Duration = Duration::from_secs(60);
 /// How often an idle `aqw run` looks for an operation whose executor died
 /// (one query of the operations partition; jittered by the caller).
 pub const IDLE_SCAN_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Records in flight at once: one at up to 10 a second (a cancel is seen
+/// before the next record), then one more per 10 a second, at most 8, so a
+/// rate above what one record's round trips allow is still reached.
+fn in_flight(rate: f64) -> usize {
+    ((rate / 10.0).ceil() as usize).clamp(1, MAX_IN_FLIGHT)
+}
+
+/// The most records an executor handles at once.
+const MAX_IN_FLIGHT: usize = 8;
 
 /// How often a running operation reads the breaker and the records its
 /// replayed jobs may have come back as (2 requests).
@@ -198,12 +208,24 @@ impl Run<'_> {
         }
         let interval = Duration::from_secs_f64(1.0 / self.op.rate.max(super::MIN_RATE));
         let start = Instant::now();
-        for (i, (rec, etag)) in selected.into_iter().enumerate() {
-            tokio::time::sleep_until(start + interval.mul_f64(i as f64)).await;
+        let mut records = selected.into_iter().enumerate();
+        loop {
+            let wave: Vec<_> = records.by_ref().take(in_flight(self.op.rate)).collect();
+            if wave.is_empty() {
+                break;
+            }
             if let Some(why) = self.should_halt().await? {
                 return self.finish(OpState::Halted, Some(&why)).await;
             }
-            self.handle(rec, etag).await;
+            // Each record starts no earlier than its slot at the rate.
+            let this = &self;
+            let runs = wave.into_iter().map(|(i, (rec, etag))| async move {
+                tokio::time::sleep_until(start + interval.mul_f64(i as f64)).await;
+                this.handle(rec, etag).await
+            });
+            for outcome in futures::future::join_all(runs).await {
+                self.count(outcome);
+            }
             match self
                 .store
                 .checkpoint(&self.op, &self.etag, self.opts.lease)
@@ -222,9 +244,9 @@ impl Run<'_> {
         self.finish(OpState::Done, None).await
     }
 
-    /// Handle one record, counting how it went.
-    async fn handle(&mut self, rec: PoisonRecord, etag: Option<Etag>) {
-        let outcome = match self.op.kind.clone() {
+    /// Handle one record: how it went.
+    async fn handle(&self, rec: PoisonRecord, etag: Option<Etag>) -> Outcome {
+        match self.op.kind.clone() {
             OpKind::Discard { reason, close_key } => {
                 self.discard(rec, etag, &reason, close_key).await
             }
@@ -248,9 +270,17 @@ impl Run<'_> {
             } => self.fix(rec, etag, &patch, past_provider_window).await,
             // Never claimed ([`OperationStore::claim`]).
             OpKind::Unknown { name } => Outcome::Failed(format!("unknown kind {name:?}")),
-        };
+        }
+    }
+
+    /// Count how a record went on the row (written at the next checkpoint).
+    fn count(&mut self, outcome: Outcome) {
         match outcome {
-            Outcome::Done => self.op.done += 1,
+            Outcome::Done { put, copy_left } => {
+                self.op.done += 1;
+                self.put_ids.extend(put);
+                self.copies_left |= copy_left;
+            }
             Outcome::Skipped(why) => {
                 self.op.skipped += 1;
                 self.op.last_error = Some(why);
@@ -263,7 +293,7 @@ impl Run<'_> {
     }
 
     async fn discard(
-        &mut self,
+        &self,
         rec: PoisonRecord,
         etag: Option<Etag>,
         reason: &str,
@@ -278,10 +308,10 @@ impl Run<'_> {
         let closing =
             crate::ops::discard::close_discarded(self.ops, rec, &etag, reason, &by, close_key);
         match closing.await {
-            Ok(closed) => {
-                self.note_copy(&closed).await;
-                Outcome::Done
-            }
+            Ok(closed) => Outcome::Done {
+                put: None,
+                copy_left: !self.copy_gone(&closed).await,
+            },
             Err(OpsError::Storage(StorageError::PreconditionFailed)) => Outcome::Skipped(format!(
                 "{id}: changed meanwhile (another replay or discard?)"
             )),
@@ -290,12 +320,7 @@ impl Run<'_> {
         }
     }
 
-    async fn replay(
-        &mut self,
-        rec: PoisonRecord,
-        etag: Option<Etag>,
-        opts: &ReplayOptions,
-    ) -> Outcome {
+    async fn replay(&self, rec: PoisonRecord, etag: Option<Etag>, opts: &ReplayOptions) -> Outcome {
         let id = rec.message_id.clone();
         let listed = [(rec, etag)];
         let overrides = match past_window_overrides(self.ops, opts, &listed).await {
@@ -314,15 +339,14 @@ impl Run<'_> {
         }
         match result {
             Ok(item) => match item.action {
-                ReplayAction::Replayed => {
-                    self.put_ids.extend(item.new_message_id);
-                    self.note_copy(&rec).await;
-                    Outcome::Done
-                }
-                ReplayAction::AlreadyDone => {
-                    self.note_copy(&rec).await;
-                    Outcome::Done
-                }
+                ReplayAction::Replayed => Outcome::Done {
+                    put: item.new_message_id,
+                    copy_left: !self.copy_gone(&rec).await,
+                },
+                ReplayAction::AlreadyDone => Outcome::Done {
+                    put: None,
+                    copy_left: !self.copy_gone(&rec).await,
+                },
                 ReplayAction::Failed => {
                     Outcome::Failed(format!("{id}: {}", item.detail.unwrap_or_default()))
                 }
@@ -353,7 +377,7 @@ impl Run<'_> {
     /// Put `rec`'s payload corrected by `patch` in its place (as `poison
     /// fix` does) and delete its copy by the receipt it kept.
     async fn fix(
-        &mut self,
+        &self,
         rec: PoisonRecord,
         etag: Option<Etag>,
         patch: &str,
@@ -377,11 +401,10 @@ impl Run<'_> {
         };
         let by = self.op.record_by();
         match replace_record(self.ops, &rec, etag, &corrected, &by, past_provider_window).await {
-            Ok(report) if report.action == FixAction::Replaced => {
-                self.put_ids.extend(report.new_message_id);
-                self.note_copy(&rec).await;
-                Outcome::Done
-            }
+            Ok(report) if report.action == FixAction::Replaced => Outcome::Done {
+                put: report.new_message_id,
+                copy_left: !self.copy_gone(&rec).await,
+            },
             Ok(report) => Outcome::Skipped(format!(
                 "{id}: {}",
                 report.detail.unwrap_or_else(|| report.action.to_string())
@@ -426,11 +449,11 @@ impl Run<'_> {
         )
     }
 
-    /// Delete a closed record's copy by the receipt it kept; when that
-    /// cannot be done, the end-of-run sweep will.
-    async fn note_copy(&mut self, rec: &PoisonRecord) {
+    /// Delete a closed record's copy by the receipt it kept; whether it is
+    /// gone (when not, the end-of-run sweep deletes it).
+    async fn copy_gone(&self, rec: &PoisonRecord) -> bool {
         let gone = self.ops.poison.delete_copy_by_receipt(rec).await;
-        self.copies_left |= !gone.unwrap_or(false);
+        gone.unwrap_or(false)
     }
 
     /// One pass over the poison queue: the scan deletes the copies of every
@@ -476,7 +499,26 @@ fn log_end(op: &Operation) {
 
 /// How one record went.
 enum Outcome {
-    Done,
+    /// Handled: the message it put (replay, fix), and whether its
+    /// poison-queue copy is left for the sweep.
+    Done {
+        put: Option<String>,
+        copy_left: bool,
+    },
     Skipped(String),
     Failed(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_record_in_flight_up_to_ten_a_second_then_one_per_ten_up_to_eight() {
+        let widths: Vec<usize> = [0.1, 1.0, 10.0, 10.5, 20.0, 50.0, 80.0, 1000.0]
+            .into_iter()
+            .map(in_flight)
+            .collect();
+        assert_eq!(widths, [1, 1, 1, 2, 2, 5, 8, 8]);
+    }
 }
