@@ -23,7 +23,7 @@ Scenarios:
   (c) idle receive calls per hour: `aqw run` on an empty queue with the
       default maxPollingInterval, in the background for the whole bench (at
       least 10 minutes; 10 s in --smoke); steady state after a 150 s warm-up.
-  (d) replay: N open poison records, `aqw poison replay QUEUE --all` against
+  (d) replay: N open poison records, `aqw poison replay QUEUE --all --rate 1000` (a durable operation) against
       a minimal receive/put/delete loop (examples/ceiling.rs replay-loop).
   (e) pickup latency, enqueue -> handler start: a steady feed at 100/s into a
       running worker (p50, p99), and, in the background, one job after each
@@ -64,7 +64,7 @@ Scenarios:
   (n) claim-check (issue 42): the same keyed no-op jobs put inline and with a
       64 KiB body in a blob (a reference on the queue): the worker's storage
       requests and CPU per job, the producer's requests per job.
---only breaker|purge|dashboard|users|traces|fleet|ops|claim-check runs one of (h), (i), (j), (k), (g), (l), (m), (n) by itself.
+--only breaker|purge|dashboard|users|traces|fleet|ops|claim-check|replay runs one of (h), (i), (j), (k), (g), (l), (m), (n), (d) by itself.
 Azurite: the default ports, or AQW_AZURITE_QUEUE_PORT / AQW_AZURITE_TABLE_PORT /
 AQW_AZURITE_BLOB_PORT (with AQW_AZURITE_STATE) for an instance of one's own;
 the workers connect to the same ports.
@@ -140,7 +140,7 @@ def parse_args(argv):
 
 
 # Scenarios `--only` runs by themselves (without the background probes).
-ONLY = ("breaker", "purge", "dashboard", "users", "traces", "fleet", "ops", "claim-check")
+ONLY = ("breaker", "purge", "dashboard", "users", "traces", "fleet", "ops", "claim-check", "replay")
 
 
 def target_dir():
@@ -214,6 +214,8 @@ def run_only(b, only):
         return dict(m=scenarios.ops(b))
     if only == "claim-check":
         return dict(n=scenarios.claim_check(b))
+    if only == "replay":
+        return dict(d=[scenarios.replay_run(b, rep) for rep in range(b.reps)])
     assert only == "breaker"
     return dict(h=scenarios.breaker(b))
 

@@ -214,30 +214,7 @@ def render(data, run_name):
     else:
         lines += ["(failed, see errors)", ""]
 
-    lines += [f"## (d) Replay of {N['replay']} open poison records", ""]
-    lines += ["| contender | median | min | max | unit |", "|---|---|---|---|---|"]
-    lines.append(row("`aqw poison replay QUEUE --all --by bench` (whole command)", replay_aqw, "s"))
-    lines.append(row("raw loop: receive 32, then put + delete one at a time (`ceiling replay-loop`)", replay_raw, "s"))
-    lines.append(row("aqw replay rate", [N["replay"] / v for v in replay_aqw], "records/s"))
-    lines.append(row("raw loop rate", [N["replay"] / v for v in replay_raw], "messages/s"))
-    lines += ["",
-              "aqw's replay runs 8 records at a time by default (`--concurrency`), each step idempotent so an interrupted replay can be run again: per record it reads the key, re-puts the message, closes the record (conditional on the ETag the listing returned), deletes the poison queue copy and counts the replay on the key (conditional on the ETag just read): 5 requests, asserted in `tests/recovery.rs`; keyless jobs also get a crash marker first. Before that, one scan of the poison queue and one listing of the records. The raw loop only moves messages, one at a time.", "",
-              "What each of the 3 requests beyond the raw loop's put + delete buys (none can go without "
-              "reopening a double effect or losing the audit trail):", "",
-              "| request | without it |", "|---|---|",
-              "| read the key first | a job whose key is already `done` (it completed through a resend, or a "
-              "first attempt the provider applied) would be re-put and run again; with the read it is closed as "
-              "`already done` and nothing is put. It is also where `providerKeyWindow` is checked, before anything "
-              "is touched. |",
-              "| close the record, If-Match the listed ETag | two operators (or a rerun after a crash) replaying the "
-              "same record would both re-put it: the conditional merge lets exactly one close it, and the other is "
-              "told it was closed meanwhile. It is also the audit trail (`replayed by`, when, the new message id). |",
-              "| count the replay on the key | `keys show` and the attempt history would not say the job was "
-              "replayed; it runs concurrently with the close and the delete (3 round trips after the put, not 4), "
-              "and is best effort. |", "",
-              "So a replay makes 5 requests where the loop makes 2: one at a time it would run at 0.4× the loop. "
-              "Running 8 records at once, it makes more requests per second than the loop does, and Azurite (one "
-              "Node.js process on these 2 cores) becomes the limit; 0.8× would need fewer requests per record.", ""]
+    lines += replay_section(replay_aqw, replay_raw, N)
 
     busy = [x for x in lat.get("busy", []) if x]
     idle_lat = lat.get("idle", [])
@@ -524,6 +501,43 @@ def fleet_section(l, N):
     return lines
 
 
+
+def replay_section(replay_aqw, replay_raw, N):
+    """(d): `aqw poison replay --all` (a durable operation) against a raw put+delete loop."""
+    lines = [f"## (d) Replay of {N['replay']} open poison records", ""]
+    lines += ["| contender | median | min | max | unit |", "|---|---|---|---|---|"]
+    lines.append(row("`aqw poison replay QUEUE --all --rate 1000 --by bench` (whole command)", replay_aqw, "s"))
+    lines.append(row("raw loop: receive 32, then put + delete one at a time (`ceiling replay-loop`)", replay_raw, "s"))
+    lines.append(row("aqw replay rate", [N["replay"] / v for v in replay_aqw], "records/s"))
+    lines.append(row("raw loop rate", [N["replay"] / v for v in replay_raw], "messages/s"))
+    lines += ["",
+              "`poison replay --all` is a durable operation (issue 40): a row in the control table, written once "
+              "per wave of records in flight (8 at `--rate 1000`; the default rate is 50 a second, which a "
+              "provider just back from an outage can take), each step idempotent so an interrupted replay is "
+              "resumed: per record it reads the key, re-puts the message, closes the record (conditional on the "
+              "ETag the listing returned), deletes the poison-queue copy by the receipt the record kept and counts "
+              "the replay on the key (conditional on the ETag just read): 5 requests, asserted in "
+              "`tests/recovery.rs`; keyless jobs also get a crash marker first. Before that, one listing of the "
+              "records, and the operation's row (insert, one merge per wave, the last write). The raw loop only "
+              "moves messages, one at a time.", "",
+              "What each of the 3 requests beyond the raw loop's put + delete buys (none can go without "
+              "reopening a double effect or losing the audit trail):", "",
+              "| request | without it |", "|---|---|",
+              "| read the key first | a job whose key is already `done` (it completed through a resend, or a "
+              "first attempt the provider applied) would be re-put and run again; with the read it is closed as "
+              "`already done` and nothing is put. It is also where `providerKeyWindow` is checked, before anything "
+              "is touched. |",
+              "| close the record, If-Match the listed ETag | two operators (or a rerun after a crash) replaying the "
+              "same record would both re-put it: the conditional merge lets exactly one close it, and the other is "
+              "told it was closed meanwhile. It is also the audit trail (`replayed by`, when, the new message id). |",
+              "| count the replay on the key | `keys show` and the attempt history would not say the job was "
+              "replayed; it runs concurrently with the close and the delete (3 round trips after the put, not 4), "
+              "and is best effort. |", "",
+              "So a replay makes 5 requests where the loop makes 2: one at a time it would run at 0.4× the loop. "
+              "With 8 records in flight it makes more requests per second than the loop does, and Azurite (one "
+              "Node.js process on these 2 cores) becomes the limit; 0.8× would need fewer requests per record.", ""]
+    return lines
+
 def render_only(data, run_name):
     """The report of an `--only` run: its one section."""
     N = data["sizes"]
@@ -532,6 +546,9 @@ def render_only(data, run_name):
              "", f"Measured {m['date']} on {m['nproc']} cores; aqw commit {m['commit']}; "
              f"{data['reps']} repetition(s){users_reps_note(data.get('k'), data['reps'])}. "
              f"Raw data: `.bench/{run_name}/results.json`.", ""]
+    d = [x for x in data.get("d") or [] if x]
+    if d:
+        lines += replay_section([x["aqw"]["wall"] for x in d], [x["raw"]["wall"] for x in d], N)
     lines += traces_section(data.get("g") or {}, N)
     lines += breaker_section(data.get("h") or {}, N)
     lines += purge_section(data.get("i") or [], N)

@@ -502,7 +502,9 @@ def replay_run(b, rep):
             b.fail(f"(d) replay setup: poison queue holds {depth}, expected {n}")
             return None
         log(f"(d) replay rep {rep + 1}/{b.reps}: aqw poison replay --all ({n} records)")
-        cmd = [b.aqw, "poison", "replay", r["queue"], "--all", "--by", "bench", "--app", app_dir, "--output", "json"]
+        # The operation's top rate: its default (50/s) is a provider's pace, not the tool's.
+        cmd = [b.aqw, "poison", "replay", r["queue"], "--all", "--rate", "1000", "--by", "bench", "--app", app_dir,
+               "--output", "json"]
         b.commands.setdefault("aqw-replay", b.show(cmd, subs(r, app_dir)))
         rep_res = b.run(cmd, f"{label}-aqw")
         if rep_res is None:

@@ -60,7 +60,7 @@ class Flags(unittest.TestCase):
             with self.subTest(argv=argv):
                 with self.assertRaises(aqw_bench.Usage) as cm:
                     self.parse(*argv)
-                self.assertEqual(str(cm.exception), "--only takes one of: breaker, purge, dashboard, users, traces, fleet, ops, claim-check")
+                self.assertEqual(str(cm.exception), "--only takes one of: breaker, purge, dashboard, users, traces, fleet, ops, claim-check, replay")
 
     def test_needs_setup(self):
         def status(*argv):
