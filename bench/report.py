@@ -512,13 +512,13 @@ def replay_section(replay_aqw, replay_raw, N):
     lines.append(row("raw loop rate", [N["replay"] / v for v in replay_raw], "messages/s"))
     lines += ["",
               "`poison replay --all` is a durable operation (issue 40): a row in the control table, written once "
-              "per wave of records in flight (8 at `--rate 1000`; the default rate is 50 a second, which a "
+              "per 8 records (8 in flight at `--rate 1000`; the default rate is 50 a second, which a "
               "provider just back from an outage can take), each step idempotent so an interrupted replay is "
               "resumed: per record it reads the key, re-puts the message, closes the record (conditional on the "
               "ETag the listing returned), deletes the poison-queue copy by the receipt the record kept and counts "
               "the replay on the key (conditional on the ETag just read): 5 requests, asserted in "
               "`tests/recovery.rs`; keyless jobs also get a crash marker first. Before that, one listing of the "
-              "records, and the operation's row (insert, one merge per wave, the last write). The raw loop only "
+              "records, and the operation's row (insert, one merge per 8 records, the last write). The raw loop only "
               "moves messages, one at a time.", "",
               "What each of the 3 requests beyond the raw loop's put + delete buys (none can go without "
               "reopening a double effect or losing the audit trail):", "",

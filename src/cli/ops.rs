@@ -96,7 +96,7 @@ pub enum OpsCmd {
         #[arg(long)]
         queue: Option<String>,
     },
-    /// Cancel an operation: its executor stops before its next wave of records.
+    /// Cancel an operation: its executor starts no more records.
     #[command(after_help = "Example:\n  aqw ops cancel 20261206T201500-1a2b3c4d --by alice")]
     Cancel {
         /// The operation's id.

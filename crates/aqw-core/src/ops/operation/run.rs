@@ -1,8 +1,10 @@
 //! The executor of a durable operation: whoever holds the row's lease
 //! handles the still-open records of its selection at the operation's
-//! rate, in waves of [`in_flight`] records (one at up to 10 a second), and
-//! writes its counts (renewing the lease) after each wave under the row's
-//! ETag, so a cancel from any process stops it before its next wave. It halts itself when the target function's
+//! rate, up to [`in_flight`] at once (one at up to 10 a second), and writes
+//! its counts (renewing the lease) after every `in_flight` records under
+//! the row's ETag, so a cancel from any process stops it within that many
+//! records (before its next one at up to 10 a second); the records in
+//! flight finish first. It halts itself when the target function's
 //! breaker opens or when [`super::Operation::halt_after`] of the jobs it
 //! replayed come back poisoned. A record's poison-queue copy is deleted with
 //! the pop receipt its record kept (one request); copies that cannot be
@@ -206,34 +208,19 @@ impl Run<'_> {
             let handled = self.op.done + self.op.skipped + self.op.failed;
             selected.truncate(limit.saturating_sub(handled) as usize);
         }
-        let interval = Duration::from_secs_f64(1.0 / self.op.rate.max(super::MIN_RATE));
-        let start = Instant::now();
-        let mut records = selected.into_iter().enumerate();
-        loop {
-            let wave: Vec<_> = records.by_ref().take(in_flight(self.op.rate)).collect();
-            if wave.is_empty() {
-                break;
-            }
-            if let Some(why) = self.should_halt().await? {
-                return self.finish(OpState::Halted, Some(&why)).await;
-            }
-            // Each record starts no earlier than its slot at the rate.
-            let this = &self;
-            let runs = wave.into_iter().map(|(i, (rec, etag))| async move {
-                tokio::time::sleep_until(start + interval.mul_f64(i as f64)).await;
-                this.handle(rec, etag).await
-            });
-            for outcome in futures::future::join_all(runs).await {
-                self.count(outcome);
-            }
-            match self
-                .store
-                .checkpoint(&self.op, &self.etag, self.opts.lease)
-                .await?
-            {
-                Refresh::Go(e) => self.etag = e,
-                Refresh::Stop(now) => return Ok(self.stopped(now)),
-            }
+        if let Some(why) = self.should_halt().await? {
+            return self.finish(OpState::Halted, Some(&why)).await;
+        }
+        let hands = Hands {
+            ops: self.ops,
+            opts: self.opts,
+            kind: self.op.kind.clone(),
+            by: self.op.record_by(),
+        };
+        match self.carry_out(&hands, selected).await? {
+            Some(Stop::Halt(why)) => return self.finish(OpState::Halted, Some(&why)).await,
+            Some(Stop::Row(now)) => return Ok(self.stopped(now)),
+            None => {}
         }
         // A resumed run cannot know what its predecessor left between a
         // record's close and its copy's delete: it always sweeps.
@@ -244,32 +231,53 @@ impl Run<'_> {
         self.finish(OpState::Done, None).await
     }
 
-    /// Handle one record: how it went.
-    async fn handle(&self, rec: PoisonRecord, etag: Option<Etag>) -> Outcome {
-        match self.op.kind.clone() {
-            OpKind::Discard { reason, close_key } => {
-                self.discard(rec, etag, &reason, close_key).await
-            }
-            OpKind::Replay {
-                past_provider_window,
-                uncertain_checked,
-            } => {
-                let opts = ReplayOptions {
-                    by: self.op.record_by(),
-                    past_provider_window,
-                    uncertain_checked,
-                    concurrency: 1,
-                    provider_answers: self.opts.provider_answers.clone(),
-                    ..ReplayOptions::default()
+    /// Handle `selected` at the rate with up to [`in_flight`] records at
+    /// once (each starting no earlier than its slot), writing the counts and
+    /// renewing the lease after every `in_flight` records. A halt or a row
+    /// that says stop feeds no more records; those in flight finish first,
+    /// so no record is left half done by a stop.
+    async fn carry_out(
+        &mut self,
+        hands: &Hands<'_>,
+        selected: Vec<(PoisonRecord, Option<Etag>)>,
+    ) -> OpsResult<Option<Stop>> {
+        let interval = Duration::from_secs_f64(1.0 / self.op.rate.max(super::MIN_RATE));
+        let width = in_flight(self.op.rate);
+        let start = Instant::now();
+        let mut records = selected.into_iter().enumerate();
+        let mut pending = futures::stream::FuturesUnordered::new();
+        let (mut stop, mut since) = (None, 0);
+        loop {
+            while stop.is_none() && pending.len() < width {
+                let Some((i, (rec, etag))) = records.next() else {
+                    break;
                 };
-                self.replay(rec, etag, &opts).await
+                pending.push(async move {
+                    tokio::time::sleep_until(start + interval.mul_f64(i as f64)).await;
+                    hands.handle(rec, etag).await
+                });
             }
-            OpKind::Fix {
-                patch,
-                past_provider_window,
-            } => self.fix(rec, etag, &patch, past_provider_window).await,
-            // Never claimed ([`OperationStore::claim`]).
-            OpKind::Unknown { name } => Outcome::Failed(format!("unknown kind {name:?}")),
+            let Some(outcome) = futures::StreamExt::next(&mut pending).await else {
+                return Ok(stop);
+            };
+            self.count(outcome);
+            since += 1;
+            if stop.is_some() || since < width {
+                continue;
+            }
+            since = 0;
+            if let Some(why) = self.should_halt().await? {
+                stop = Some(Stop::Halt(why));
+                continue;
+            }
+            match self
+                .store
+                .checkpoint(&self.op, &self.etag, self.opts.lease)
+                .await?
+            {
+                Refresh::Go(e) => self.etag = e,
+                Refresh::Stop(now) => stop = Some(Stop::Row(now)),
+            }
         }
     }
 
@@ -292,6 +300,129 @@ impl Run<'_> {
         }
     }
 
+    /// Why to halt now, if the function's breaker is open or too many
+    /// replayed jobs came back poisoned; read every [`HALT_CHECK`].
+    async fn should_halt(&mut self) -> OpsResult<Option<String>> {
+        if self.checked.is_some_and(|t| t.elapsed() < HALT_CHECK) {
+            return Ok(None);
+        }
+        self.checked = Some(Instant::now());
+        let function = self.ops.function.as_ref().map(|f| f.name.clone());
+        if let Some(f) = function {
+            let control = self.ops.control.get(&f).await?;
+            if let Some(b) = control.breaker.filter(|b| b.state != "closed") {
+                return Ok(Some(format!(
+                    "the breaker of {f} is {}: {}",
+                    b.state, b.reason
+                )));
+            }
+        }
+        if self.put_ids.is_empty() || self.op.halt_after == 0 {
+            return Ok(None);
+        }
+        let since = OffsetDateTime::parse(&self.op.created_at, &Rfc3339)
+            .unwrap_or_else(|_| crate::clock::now_utc());
+        let open = self.ops.poison.open_ids_since(since).await?;
+        let back = open.iter().filter(|id| self.put_ids.contains(*id)).count() as u64;
+        self.op.returned_poisoned = self.base_returned + back;
+        Ok(
+            (self.op.returned_poisoned >= u64::from(self.op.halt_after)).then(|| {
+                format!(
+                    "{} job(s) this operation replayed came back poisoned (it halts at {})",
+                    self.op.returned_poisoned, self.op.halt_after
+                )
+            }),
+        )
+    }
+
+    /// One pass over the poison queue: the scan deletes the copies of every
+    /// closed record (this run's among them) and releases the rest.
+    async fn sweep(&self) -> OpsResult<()> {
+        let held = self.ops.poison.scan(Some(SWEEP_HOLD)).await?;
+        self.ops.poison.release(held).await;
+        Ok(())
+    }
+
+    async fn finish(mut self, state: OpState, reason: Option<&str>) -> OpsResult<Operation> {
+        match self
+            .store
+            .finish(&self.op, &self.etag, state, reason)
+            .await?
+        {
+            Refresh::Go(_) => {
+                self.op.state = state;
+                self.op.stop_reason = reason.map(str::to_string);
+                self.op.lease_until = None;
+                log_end(&self.op);
+                Ok(self.op)
+            }
+            Refresh::Stop(now) => Ok(self.stopped(now)),
+        }
+    }
+
+    /// The row said stop: it is as someone else left it.
+    fn stopped(self, now: Option<Box<Operation>>) -> Operation {
+        let op = now.map(|o| *o).unwrap_or(self.op);
+        log_end(&op);
+        op
+    }
+}
+
+/// What handles one record: the queue, the executor's options, the kind
+/// and who (borrowing nothing of [`Run`], so records are handled while the
+/// run counts and checkpoints).
+struct Hands<'a> {
+    ops: &'a QueueOps,
+    opts: &'a ExecuteOptions,
+    kind: OpKind,
+    by: String,
+}
+
+/// Why a run stops short.
+enum Stop {
+    /// It halted itself (the breaker, replayed jobs back in poison).
+    Halt(String),
+    /// The row said stop (a cancel, a take-over): the row as it now is.
+    Row(Option<Box<Operation>>),
+}
+
+impl Hands<'_> {
+    /// Delete a closed record's copy by the receipt it kept; whether it is
+    /// gone (when not, the end-of-run sweep deletes it).
+    async fn copy_gone(&self, rec: &PoisonRecord) -> bool {
+        let gone = self.ops.poison.delete_copy_by_receipt(rec).await;
+        gone.unwrap_or(false)
+    }
+
+    /// Handle one record: how it went.
+    async fn handle(&self, rec: PoisonRecord, etag: Option<Etag>) -> Outcome {
+        match self.kind.clone() {
+            OpKind::Discard { reason, close_key } => {
+                self.discard(rec, etag, &reason, close_key).await
+            }
+            OpKind::Replay {
+                past_provider_window,
+                uncertain_checked,
+            } => {
+                let opts = ReplayOptions {
+                    by: self.by.clone(),
+                    past_provider_window,
+                    uncertain_checked,
+                    concurrency: 1,
+                    provider_answers: self.opts.provider_answers.clone(),
+                    ..ReplayOptions::default()
+                };
+                self.replay(rec, etag, &opts).await
+            }
+            OpKind::Fix {
+                patch,
+                past_provider_window,
+            } => self.fix(rec, etag, &patch, past_provider_window).await,
+            // Never claimed ([`OperationStore::claim`]).
+            OpKind::Unknown { name } => Outcome::Failed(format!("unknown kind {name:?}")),
+        }
+    }
+
     async fn discard(
         &self,
         rec: PoisonRecord,
@@ -304,7 +435,7 @@ impl Run<'_> {
             Ok(found) => found,
             Err(outcome) => return outcome,
         };
-        let by = self.op.record_by();
+        let by = self.by.clone();
         let closing =
             crate::ops::discard::close_discarded(self.ops, rec, &etag, reason, &by, close_key);
         match closing.await {
@@ -399,7 +530,7 @@ impl Run<'_> {
             Ok(Err(why)) => return Outcome::Skipped(format!("{id}: {why}")),
             Err(e) => return Outcome::Skipped(format!("{id}: {e}")),
         };
-        let by = self.op.record_by();
+        let by = self.by.clone();
         match replace_record(self.ops, &rec, etag, &corrected, &by, past_provider_window).await {
             Ok(report) if report.action == FixAction::Replaced => Outcome::Done {
                 put: report.new_message_id,
@@ -412,80 +543,6 @@ impl Run<'_> {
             Err(OpsError::Usage(why)) => Outcome::Skipped(format!("{id}: {why}")),
             Err(e) => Outcome::Failed(format!("{id}: {e}")),
         }
-    }
-
-    /// Why to halt now, if the function's breaker is open or too many
-    /// replayed jobs came back poisoned; read every [`HALT_CHECK`].
-    async fn should_halt(&mut self) -> OpsResult<Option<String>> {
-        if self.checked.is_some_and(|t| t.elapsed() < HALT_CHECK) {
-            return Ok(None);
-        }
-        self.checked = Some(Instant::now());
-        let function = self.ops.function.as_ref().map(|f| f.name.clone());
-        if let Some(f) = function {
-            let control = self.ops.control.get(&f).await?;
-            if let Some(b) = control.breaker.filter(|b| b.state != "closed") {
-                return Ok(Some(format!(
-                    "the breaker of {f} is {}: {}",
-                    b.state, b.reason
-                )));
-            }
-        }
-        if self.put_ids.is_empty() || self.op.halt_after == 0 {
-            return Ok(None);
-        }
-        let since = OffsetDateTime::parse(&self.op.created_at, &Rfc3339)
-            .unwrap_or_else(|_| crate::clock::now_utc());
-        let open = self.ops.poison.open_ids_since(since).await?;
-        let back = open.iter().filter(|id| self.put_ids.contains(*id)).count() as u64;
-        self.op.returned_poisoned = self.base_returned + back;
-        Ok(
-            (self.op.returned_poisoned >= u64::from(self.op.halt_after)).then(|| {
-                format!(
-                    "{} job(s) this operation replayed came back poisoned (it halts at {})",
-                    self.op.returned_poisoned, self.op.halt_after
-                )
-            }),
-        )
-    }
-
-    /// Delete a closed record's copy by the receipt it kept; whether it is
-    /// gone (when not, the end-of-run sweep deletes it).
-    async fn copy_gone(&self, rec: &PoisonRecord) -> bool {
-        let gone = self.ops.poison.delete_copy_by_receipt(rec).await;
-        gone.unwrap_or(false)
-    }
-
-    /// One pass over the poison queue: the scan deletes the copies of every
-    /// closed record (this run's among them) and releases the rest.
-    async fn sweep(&self) -> OpsResult<()> {
-        let held = self.ops.poison.scan(Some(SWEEP_HOLD)).await?;
-        self.ops.poison.release(held).await;
-        Ok(())
-    }
-
-    async fn finish(mut self, state: OpState, reason: Option<&str>) -> OpsResult<Operation> {
-        match self
-            .store
-            .finish(&self.op, &self.etag, state, reason)
-            .await?
-        {
-            Refresh::Go(_) => {
-                self.op.state = state;
-                self.op.stop_reason = reason.map(str::to_string);
-                self.op.lease_until = None;
-                log_end(&self.op);
-                Ok(self.op)
-            }
-            Refresh::Stop(now) => Ok(self.stopped(now)),
-        }
-    }
-
-    /// The row said stop: it is as someone else left it.
-    fn stopped(self, now: Option<Box<Operation>>) -> Operation {
-        let op = now.map(|o| *o).unwrap_or(self.op);
-        log_end(&op);
-        op
     }
 }
 
