@@ -124,6 +124,10 @@ pub struct ReplayItem {
     /// can ask, the CLI or the dashboard).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provider_check: Option<String>,
+    /// The record was closed but its poison-queue copy may still be there
+    /// (no receipt deleted it): a scan of the poison queue settles it.
+    #[serde(skip)]
+    pub copy_left: bool,
 }
 
 impl ReplayItem {
@@ -151,6 +155,7 @@ impl ReplayItem {
             uncertain_provider_key: None,
             provider_check: None,
             provider: None,
+            copy_left: false,
         }
     }
 
@@ -437,9 +442,10 @@ pub(super) async fn replay_one(
         if let Closing::AlreadyClosed(why) = closing.await? {
             return Ok(item.with(ReplayAction::Skipped, why));
         }
-        ops.poison.delete_copy(rec, receipts).await?;
+        let gone = ops.poison.delete_copy(rec, receipts).await?;
         item = item.with(ReplayAction::AlreadyDone, "key already done; not re-put");
         item.confirmed = Some(true);
+        item.copy_left = !gone;
         return Ok(item);
     }
     let put = Put {
@@ -549,29 +555,31 @@ impl Put<'_> {
             new_message_id: &receipt.id,
             note: self.checked,
         };
-        if let Some(why) = self
-            .close_and_count(ops, current, by, how, &mut etag)
-            .await?
-        {
-            // Someone else closed the record first; the copy just put is keyed
-            // (keyless records stop at the marker above), so it is a duplicate.
-            let why = format!(
-                "{why}; the copy this replay put ({}) is a duplicate its key will drop",
-                receipt.id
-            );
-            return Ok(item.with(ReplayAction::Skipped, why));
-        }
+        let closed = self.close_and_count(ops, current, by, how, &mut etag);
+        let gone = match closed.await? {
+            Ok(gone) => gone,
+            Err(why) => {
+                // Someone else closed the record first; the copy just put is keyed
+                // (keyless records stop at the marker above), so it is a duplicate.
+                let why = format!(
+                    "{why}; the copy this replay put ({}) is a duplicate its key will drop",
+                    receipt.id
+                );
+                return Ok(item.with(ReplayAction::Skipped, why));
+            }
+        };
         let mut item = item;
         item.action = ReplayAction::Replayed;
         item.new_message_id = Some(receipt.id);
+        item.copy_left = !gone;
         Ok(item)
     }
 
     /// Close the record, then delete the poison copy (that order: a crash in
     /// between leaves a closed record whose stray copy the next scan deletes).
     /// The key's ReplayCount is informational and independent: counted
-    /// meanwhile, which saves a round trip per record. `Some(why)` when
-    /// someone else closed the record first.
+    /// meanwhile, which saves a round trip per record. Whether the copy is
+    /// gone; `Err(why)` when someone else closed the record first.
     async fn close_and_count(
         &self,
         ops: &QueueOps,
@@ -579,18 +587,17 @@ impl Put<'_> {
         by: &str,
         how: Replayed<'_>,
         etag: &mut Etag,
-    ) -> OpsResult<Option<String>> {
+    ) -> OpsResult<Result<bool, String>> {
         let close_then_delete = async {
             let closing = ops
                 .poison
                 .close_replayed(current, by, how, self.past_window.as_ref(), etag)
                 .await?;
             if let Closing::AlreadyClosed(why) = closing {
-                return Ok::<_, OpsError>(Some(why));
+                return Ok::<_, OpsError>(Err(why));
             }
             failpoint::hit("replay.after_record");
-            ops.poison.delete_copy(self.rec, self.receipts).await?;
-            Ok(None)
+            Ok(Ok(ops.poison.delete_copy(self.rec, self.receipts).await?))
         };
         let count_on_key = async {
             if let (Some(f), Some(k)) = (ops.function.as_ref(), self.key) {

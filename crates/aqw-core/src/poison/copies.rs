@@ -281,10 +281,12 @@ impl PoisonStore {
     }
 
     /// Delete the poison-queue copy of a record (already gone is fine): with
-    /// the pop receipt a scan got, else the one the record kept.
-    pub async fn delete_copy(&self, rec: &PoisonRecord, held: &Held) -> StorageResult<()> {
+    /// the pop receipt a scan got, else the one the record kept. Whether it
+    /// is gone: false when no receipt worked (or none names a copy), which
+    /// only a scan can settle.
+    pub async fn delete_copy(&self, rec: &PoisonRecord, held: &Held) -> StorageResult<bool> {
         let Some(id) = &rec.poison_message_id else {
-            return Ok(());
+            return Ok(false);
         };
         let mut tried = Vec::new();
         if let Some((r, _)) = held.0.lock().unwrap().remove(id) {
@@ -295,12 +297,12 @@ impl PoisonStore {
         }
         for r in tried {
             match self.poison_queue.delete(id, &r).await {
-                Ok(()) | Err(StorageError::NotFound) => return Ok(()),
+                Ok(()) | Err(StorageError::NotFound) => return Ok(true),
                 Err(StorageError::Http { status: 400, .. }) => continue,
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
+        Ok(false)
     }
 
     /// Delete `rec`'s copy with the pop receipt its record kept (the one
@@ -333,7 +335,7 @@ impl PoisonStore {
         let held = self.scan(Some(hold)).await?;
         let deleted = self.delete_copy(rec, &held).await;
         self.release(held).await;
-        deleted
+        deleted.map(|_| ())
     }
 
     /// The id of a poison-queue copy of `record` (an envelope naming its

@@ -470,13 +470,14 @@ impl Hands<'_> {
         }
         match result {
             Ok(item) => match item.action {
+                // replay_one deleted the copy by its receipt already.
                 ReplayAction::Replayed => Outcome::Done {
                     put: item.new_message_id,
-                    copy_left: !self.copy_gone(&rec).await,
+                    copy_left: item.copy_left,
                 },
                 ReplayAction::AlreadyDone => Outcome::Done {
                     put: None,
-                    copy_left: !self.copy_gone(&rec).await,
+                    copy_left: item.copy_left,
                 },
                 ReplayAction::Failed => {
                     Outcome::Failed(format!("{id}: {}", item.detail.unwrap_or_default()))
