@@ -895,8 +895,9 @@ async fn a_group_operation_is_listed_watched_and_cancelled_from_its_page() {
 
 /// A group fix: the list offers it, the first step asks for a patch, a bad
 /// patch is a 400, the preview says per record whether the patch applies
-/// and the key the corrected job derives but never shows a corrected body
-/// (a patch moving a redacted field elsewhere reveals nothing), and the
+/// and the key the corrected job derives but never shows a corrected body,
+/// a patch that moves, copies or tests a redacted field is refused, a patch
+/// edited after its preview is refused, and the
 /// real action is an operation that replaces only the records the patch
 /// applies to, leaving the others open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -942,7 +943,24 @@ async fn a_group_fix_previews_without_bodies_and_replaces_only_what_the_patch_fi
     .await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
     assert!(bad.body.contains("not a JSON Patch"), "{}", bad.body);
-    let patch = r#"[{"op":"test","path":"/orderId","value":"fix-0"},{"op":"move","from":"/card","path":"/shown"},{"op":"add","path":"/currency","value":"EUR"}]"#;
+    // Moving, copying or testing a redacted field would show it: refused.
+    for reads in [
+        r#"[{"op":"move","from":"/card","path":"/shown"}]"#,
+        r#"[{"op":"copy","from":"/card","path":"/orderId"}]"#,
+        r#"[{"op":"test","path":"/card","value":"4242424242424242"}]"#,
+        r#"[{"op":"copy","from":"","path":"/all"}]"#,
+    ] {
+        let form = format!("{query}&mode=preview&patch={}", enc(reads));
+        let refused = bpost(&r, &uri, &form).await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{reads}");
+        assert!(
+            refused.body.contains("a redacted field"),
+            "{}",
+            refused.body
+        );
+        assert!(!refused.body.contains("4242424242424242"));
+    }
+    let patch = r#"[{"op":"test","path":"/orderId","value":"fix-0"},{"op":"remove","path":"/card"},{"op":"add","path":"/currency","value":"EUR"}]"#;
     let preview = bpost(
         &r,
         &uri,
@@ -963,12 +981,22 @@ async fn a_group_fix_previews_without_bodies_and_replaces_only_what_the_patch_fi
     );
     assert_eq!(statuses(&app, &ids).await, [RecordStatus::Open; 3]);
     let reviewed = reviewed_of(&preview.body);
-    let real = bpost(
-        &r,
-        &uri,
-        &format!("{query}&mode=real&reviewed={reviewed}&patch={}", enc(patch)),
-    )
-    .await;
+    let digest = regex::Regex::new(r#"name="patch_reviewed" value="([0-9a-f]+)""#)
+        .unwrap()
+        .captures(&preview.body)
+        .expect("the previewed patch's digest")[1]
+        .to_string();
+    // A patch edited after its preview is refused.
+    let real_form = |p: &str| {
+        format!(
+            "{query}&mode=real&reviewed={reviewed}&patch_reviewed={digest}&patch={}",
+            enc(p)
+        )
+    };
+    let stale = bpost(&r, &uri, &real_form(&patch.replace("EUR", "USD"))).await;
+    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.body);
+    assert_eq!(statuses(&app, &ids).await, [RecordStatus::Open; 3]);
+    let real = bpost(&r, &uri, &real_form(patch)).await;
     let op_page = operation_done(&r, &real).await;
     assert!(
         op_page.contains("1 done, 2 skipped, 0 failed of 3 selected"),

@@ -409,6 +409,17 @@ async fn ops_fix_corrects_a_batch_and_a_real_worker_runs_each_once() {
         applied.iter().map(|r| r.business_key.clone()).collect();
     assert_eq!(keys.len(), 6, "six keys: {keys:?}");
     app.cleanup().await;
+
+    // A keyless function takes no group fix: a corrected job put twice
+    // would run twice.
+    let keyless = TestApp::new(json!({"key": "none"}), json!({}), json!({}));
+    let out = aqw(
+        keyless.path(),
+        &["ops", "fix", &keyless.queue, "--patch", patch, "--by", "a"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", out_of(&out));
+    assert!(out_of(&out).contains("keyless"), "{}", out_of(&out));
+    keyless.cleanup().await;
 }
 
 /// `aqw poison replay --all` is carried out as an operation (its JSON names

@@ -223,6 +223,19 @@ pub(super) async fn dispatch(app_dir: &Path, cmd: OpsCmd, output: Output) -> Res
     }
 }
 
+/// A group fix on `ops`'s function with `patch`: refused (exit 2) for a
+/// keyless function or a patch that reads a redacted field.
+fn fix_checks(ops: &QueueOps, patch: &str) -> Result<(), Failure> {
+    if let Some(why) = operation::fix_refused(ops) {
+        return Err(Failure::usage(why));
+    }
+    let none = aqw::redact::Redaction::default();
+    let redact = ops.function.as_ref().map_or(&none, |f| &f.redact);
+    operation::parse_patch_for(patch, redact)
+        .map(|_| ())
+        .map_err(|e| Failure::usage(format!("--patch: {e}")))
+}
+
 /// The patch of `ops fix`, read and checked (exit 2 naming the flag).
 fn patch_text(patch: Option<String>, file: Option<&Path>) -> Result<String, Failure> {
     let (flag, text) = match (patch, file) {
@@ -283,6 +296,9 @@ async fn start(
 ) -> Result<Exit, Failure> {
     check_rate(a.rate)?;
     let (ops, store) = stores(app, Some(&a.queue))?;
+    if let OpKind::Fix { patch, .. } = &kind {
+        fix_checks(&ops, patch)?;
+    }
     let mut now = selection(&a)?;
     now.cutoff = aqw::idempotency::fmt_time(aqw_core::clock::now_utc());
     let open = operation::select_open(&ops, &now).await?;
@@ -445,7 +461,9 @@ async fn resume(
             Ok(exit_of(&end))
         }
         None => {
-            let why = if op.state.is_final() {
+            let why = if let OpKind::Unknown { name } = &op.kind {
+                format!("operation {id} is of kind {name:?}, which this aqw does not know: a newer aqw carries it out")
+            } else if op.state.is_final() {
                 format!("operation {id} is already {}", op.state.as_str())
             } else {
                 format!(

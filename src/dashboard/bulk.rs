@@ -343,11 +343,22 @@ pub async fn fix(
         let body = fix_review(&queue, &chosen, &query, &fingerprint(&ids), "", &v, None);
         return page(StatusCode::OK, "Group fix: patch", &v, None, body);
     }
-    let patch = match operation::parse_patch(patch_text) {
+    if let Some(why) = operation::fix_refused(ops) {
+        return *bad_request(&v, &why);
+    }
+    let none = crate::redact::Redaction::default();
+    let redact = ops.function.as_ref().map_or(&none, |f| &f.redact);
+    let patch = match operation::parse_patch_for(patch_text, redact) {
         Ok(p) => p,
         Err(m) => return *bad_request(&v, &format!("patch: {m}")),
     };
     if get(&form, "mode") == Some("real") {
+        // The ids were reviewed (begin checked); the patch must be the one
+        // previewed, not one edited after the preview.
+        if get(&form, "patch_reviewed") != Some(&patch_digest(patch_text)) {
+            let m = "The patch is not the one previewed (it was edited after its preview, or never previewed). Nothing was changed: preview it, then fix.";
+            return refusal(StatusCode::CONFLICT, "Preview this patch first", &v, m);
+        }
         let kind = OpKind::Fix {
             patch: patch_text.to_string(),
             past_provider_window: get(&form, "past_provider_window").is_some(),
@@ -367,6 +378,11 @@ pub async fn fix(
         Some(&preview),
     );
     page(StatusCode::OK, "Group fix: preview", &v, None, body)
+}
+
+/// What the preview form carries so the real fix runs the previewed patch.
+fn patch_digest(patch: &str) -> String {
+    operation::fingerprint(&[patch.to_string()])
 }
 
 /// One previewed record: its id, and the key the corrected job derives or
@@ -433,6 +449,7 @@ fn fix_review(
                 }
                 label { "JSON Patch " textarea #group-fix-patch name="patch" rows="4" cols="80" required { (patch) } }
                 @if preview.is_some() {
+                    input type="hidden" name="patch_reviewed" value=(patch_digest(patch));
                     (rate_field())
                     button #group-fix-preview name="mode" value="preview" type="submit" { "Preview again" }
                     " "

@@ -442,10 +442,9 @@ pub(super) async fn replay_one(
         if let Closing::AlreadyClosed(why) = closing.await? {
             return Ok(item.with(ReplayAction::Skipped, why));
         }
-        let gone = ops.poison.delete_copy(rec, receipts).await?;
+        let gone = ops.poison.delete_closed_copy(rec, receipts).await;
         item = item.with(ReplayAction::AlreadyDone, "key already done; not re-put");
-        item.confirmed = Some(true);
-        item.copy_left = !gone;
+        (item.confirmed, item.copy_left) = (Some(true), !gone);
         return Ok(item);
     }
     let put = Put {
@@ -597,7 +596,10 @@ impl Put<'_> {
                 return Ok::<_, OpsError>(Err(why));
             }
             failpoint::hit("replay.after_record");
-            Ok(Ok(ops.poison.delete_copy(self.rec, self.receipts).await?))
+            Ok(Ok(ops
+                .poison
+                .delete_closed_copy(self.rec, self.receipts)
+                .await))
         };
         let count_on_key = async {
             if let (Some(f), Some(k)) = (ops.function.as_ref(), self.key) {

@@ -305,6 +305,13 @@ impl PoisonStore {
         Ok(false)
     }
 
+    /// [`Self::delete_copy`] once `rec` is closed: an error leaves the copy
+    /// to the next scan (the close stands, so it is no failed replay);
+    /// whether it is gone.
+    pub async fn delete_closed_copy(&self, rec: &PoisonRecord, held: &Held) -> bool {
+        self.delete_copy(rec, held).await.unwrap_or(false)
+    }
+
     /// Delete `rec`'s copy with the pop receipt its record kept (the one
     /// the put returned: valid until someone receives the copy), without a
     /// scan: true when the copy is gone (deleted now or before), false when

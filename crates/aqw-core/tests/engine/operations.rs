@@ -503,3 +503,57 @@ async fn a_fast_replay_with_records_in_flight_killed_and_resumed_runs_each_job_o
         assert_eq!(r.replay_count, 1, "closed once: {r:?}");
     }
 }
+
+/// `poison replay --all --limit 6` killed after two records and resumed by
+/// another executor: the limit holds across the resume (kept as the time of
+/// the sixth record), so exactly the six oldest are replayed.
+#[tokio::test(start_paused = true)]
+async fn a_limited_replay_resumed_after_a_kill_stops_at_its_limit() {
+    let env = Env::new(|_, _| Behave::Fail(REFUSED.into()));
+    let w = start(env.worker());
+    for i in 0..10 {
+        env.enqueue(&env.job(&format!("lim{i}"))).await;
+        env.wait_until("poisoned", minutes(5), || async {
+            env.records().await.len() == i + 1
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    w.stop().await;
+    env.provider.set_rule(|_, _| Behave::Succeed);
+    let opts = ReplayOptions {
+        limit: Some(6),
+        rate: Some(1.0),
+        by: "oncall".into(),
+        uncertain_checked: true,
+        ..ReplayOptions::default()
+    };
+    let (ops, st) = (env.ops(), store(&env));
+    let run = {
+        let (ops, st, opts) = (env.ops(), store(&env), opts.clone());
+        tokio::spawn(async move {
+            let _ = replay_group(&ops, &st, &opts, executor("cli"), &|_, _| {}).await;
+        })
+    };
+    env.wait_until("the operation", minutes(1), || async {
+        !st.list().await.unwrap_or_default().is_empty()
+    })
+    .await;
+    let id = st.list().await.unwrap()[0].id.clone();
+    wait_done_at_least(&env, &id, 2).await;
+    run.abort();
+    let _ = run.await;
+    tokio::time::sleep(LEASE).await;
+    let end = execute(&ops, &st, &id, &executor("worker-b"))
+        .await
+        .expect("resume")
+        .expect("the lease expired");
+    assert_eq!(end.state, OpState::Done, "{end:?}");
+    let mut records = env.records().await;
+    records.sort_by(|a, b| a.poisoned_at.cmp(&b.poisoned_at));
+    let replayed: Vec<bool> = records
+        .iter()
+        .map(|r| r.status == RecordStatus::Replayed)
+        .collect();
+    assert_eq!(replayed, [[true; 6].as_slice(), &[false; 4]].concat());
+}

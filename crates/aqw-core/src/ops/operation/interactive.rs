@@ -13,6 +13,7 @@ use crate::idempotency::fmt_time;
 use crate::ops::replay::{confirm, past_window_overrides};
 use crate::ops::{OpsError, OpsResult, QueueOps, ReplayOptions, ReplayReport};
 use std::collections::HashSet;
+use time::format_description::well_known::Rfc3339;
 
 /// Replay every open record `opts.filter` picks (oldest first, at most
 /// `opts.limit`) through an operation: the operation (as it ended; none
@@ -99,7 +100,7 @@ async fn prepare(ops: &QueueOps, opts: &ReplayOptions) -> OpsResult<(NewOperatio
             "--rate {rate}: a replay of --all is an operation, at {MIN_RATE} to {MAX_RATE} records per second"
         )));
     }
-    let selection = Selection {
+    let mut selection = Selection {
         error: opts.filter.error.as_ref().map(|r| r.as_str().to_string()),
         since: opts.filter.since.map(fmt_time),
         until: opts.filter.until.map(fmt_time),
@@ -113,6 +114,15 @@ async fn prepare(ops: &QueueOps, opts: &ReplayOptions) -> OpsResult<(NewOperatio
         open.truncate(l);
     }
     past_window_overrides(ops, opts, &open).await?;
+    // A limit is also kept as a time: a resumed run must not count records
+    // it cannot see (those closed after the last checkpoint) to find where
+    // the limit ends.
+    if let (Some(_), Some((last, _))) = (opts.limit, open.last()) {
+        if let Ok(t) = time::OffsetDateTime::parse(&last.poisoned_at, &Rfc3339) {
+            let bound = opts.filter.until.map_or(t, |u| u.min(t));
+            selection.until = Some(fmt_time(bound));
+        }
+    }
     let ids: Vec<String> = open.iter().map(|(r, _)| r.message_id.clone()).collect();
     let new = NewOperation {
         queue: ops.queue.clone(),

@@ -120,6 +120,46 @@ pub fn parse_patch(text: &str) -> Result<json_patch::Patch, String> {
     Ok(patch)
 }
 
+/// [`parse_patch`], refused when it reads a field `redact` masks: a `move`
+/// or `copy` from one, or a `test` of one (or of a pointer above or below
+/// one) would carry its value into a key, a preview or a field shown
+/// unmasked, or answer a guess. Writing or removing one is fine.
+pub fn parse_patch_for(text: &str, redact: &Redaction) -> Result<json_patch::Patch, String> {
+    use json_patch::PatchOperation as Op;
+    let patch = parse_patch(text)?;
+    let related = |p: &str, r: &str| {
+        p == r || p.is_empty() || p.starts_with(&format!("{r}/")) || r.starts_with(&format!("{p}/"))
+    };
+    for op in &patch.0 {
+        let read = match op {
+            Op::Move(m) => Some(m.from.to_string()),
+            Op::Copy(c) => Some(c.from.to_string()),
+            Op::Test(t) => Some(t.path.to_string()),
+            _ => None,
+        };
+        if let Some(p) = read.filter(|p| redact.pointers().iter().any(|r| related(p, r))) {
+            return Err(format!(
+                "the patch reads {p:?}, a redacted field (or above or below one): a group fix may replace or remove a redacted field, never move, copy or test one"
+            ));
+        }
+    }
+    Ok(patch)
+}
+
+/// Why `ops`'s function cannot take a group fix, if it cannot: it must be
+/// keyed, since a corrected job put twice (a fix interrupted between its
+/// put and its record's close, then resumed) is settled only by its key.
+pub fn fix_refused(ops: &QueueOps) -> Option<String> {
+    match ops.function.as_ref() {
+        None => Some(format!("no function of this app consumes {}", ops.queue)),
+        Some(f) if matches!(f.key, crate::idempotency::KeySpec::None) => Some(format!(
+            "{} is keyless (\"key\": \"none\"): a group fix needs a keyed function, since a corrected job put twice is settled only by its key; fix records one by one with `aqw poison fix`",
+            f.name
+        )),
+        Some(_) => None,
+    }
+}
+
 /// `payload` corrected by `patch`, as compact JSON: what a group fix puts in
 /// place of a record. The error (one line) says why the patch does not
 /// apply to this payload.

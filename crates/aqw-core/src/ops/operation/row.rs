@@ -266,6 +266,27 @@ impl OperationStore {
         self.write_or_stop(op, etag, u).await
     }
 
+    /// After a stop the executor did not write (a cancel): its counts, when
+    /// the lease is still its own (not taken over), conditional on the row
+    /// as read now; the row as written, or `None` when it was not ours or
+    /// changed again (the counts then stay as they were: the records are
+    /// the truth).
+    pub async fn add_counts(&self, op: &Operation) -> StorageResult<Option<Operation>> {
+        let Some((now, etag)) = self.get(&op.id).await? else {
+            return Ok(None);
+        };
+        if now.lease_owner != op.lease_owner {
+            return Ok(None);
+        }
+        let mut u = Entity::new();
+        counts_into(&mut u, op);
+        match self.table.merge(PARTITION, &op.id, &u, Some(&etag)).await {
+            Ok(_) => Ok(self.get(&op.id).await?.map(|(o, _)| o)),
+            Err(StorageError::PreconditionFailed) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The executor's last write: `state` (done, halted or failed), the
     /// counts, `reason`, and the lease let go.
     pub async fn finish(

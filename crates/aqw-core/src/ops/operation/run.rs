@@ -204,9 +204,11 @@ impl Run<'_> {
             Err(e) => return Err(e),
         };
         let mut selected = selected;
-        if let Some(limit) = self.op.selection.limit {
-            let handled = self.op.done + self.op.skipped + self.op.failed;
-            selected.truncate(limit.saturating_sub(handled) as usize);
+        // The first run takes exactly the limit; a resumed one is bounded
+        // by the time the limit was kept as (`until`), since the counts on
+        // the row can miss records closed after the last checkpoint.
+        if let (Some(limit), false) = (self.op.selection.limit, self.resumed) {
+            selected.truncate(limit as usize);
         }
         if let Some(why) = self.should_halt().await? {
             return self.finish(OpState::Halted, Some(&why)).await;
@@ -219,7 +221,8 @@ impl Run<'_> {
         };
         match self.carry_out(&hands, selected).await? {
             Some(Stop::Halt(why)) => return self.finish(OpState::Halted, Some(&why)).await,
-            Some(Stop::Row(now)) => return Ok(self.stopped(now)),
+            Some(Stop::Row(now)) => return Ok(self.stopped_drained(now).await),
+            Some(Stop::Error(e)) => return Err(e),
             None => {}
         }
         // A resumed run cannot know what its predecessor left between a
@@ -266,17 +269,19 @@ impl Run<'_> {
                 continue;
             }
             since = 0;
-            if let Some(why) = self.should_halt().await? {
-                stop = Some(Stop::Halt(why));
+            stop = match self.should_halt().await {
+                Ok(Some(why)) => Some(Stop::Halt(why)),
+                Ok(None) => None,
+                Err(e) => Some(Stop::Error(e)),
+            };
+            if stop.is_some() {
                 continue;
             }
-            match self
-                .store
-                .checkpoint(&self.op, &self.etag, self.opts.lease)
-                .await?
-            {
-                Refresh::Go(e) => self.etag = e,
-                Refresh::Stop(now) => stop = Some(Stop::Row(now)),
+            let checkpoint = self.store.checkpoint(&self.op, &self.etag, self.opts.lease);
+            match checkpoint.await {
+                Ok(Refresh::Go(e)) => self.etag = e,
+                Ok(Refresh::Stop(now)) => stop = Some(Stop::Row(now)),
+                Err(e) => stop = Some(Stop::Error(e.into())),
             }
         }
     }
@@ -360,6 +365,16 @@ impl Run<'_> {
         }
     }
 
+    /// The row said stop (a cancel, a take-over) and the records in flight
+    /// finished: their counts are written when the lease is still ours (a
+    /// cancel), so `ops show` counts what was done; then the row as it is.
+    async fn stopped_drained(self, now: Option<Box<Operation>>) -> Operation {
+        match self.store.add_counts(&self.op).await {
+            Ok(Some(row)) => self.stopped(Some(Box::new(row))),
+            _ => self.stopped(now),
+        }
+    }
+
     /// The row said stop: it is as someone else left it.
     fn stopped(self, now: Option<Box<Operation>>) -> Operation {
         let op = now.map(|o| *o).unwrap_or(self.op);
@@ -384,6 +399,9 @@ enum Stop {
     Halt(String),
     /// The row said stop (a cancel, a take-over): the row as it now is.
     Row(Option<Box<Operation>>),
+    /// Storage failed on the row or the halt checks: the run ends with it
+    /// (the lease expires and the next executor resumes).
+    Error(OpsError),
 }
 
 impl Hands<'_> {
@@ -520,7 +538,15 @@ impl Hands<'_> {
             Ok(found) => found,
             Err(outcome) => return outcome,
         };
-        let patch = match super::parse_patch(patch) {
+        // Checked when the operation was created; again here, since the
+        // function's key or redaction may have changed since.
+        let none = crate::redact::Redaction::default();
+        let redact = self.ops.function.as_ref().map_or(&none, |f| &f.redact);
+        let checked = match super::fix_refused(self.ops) {
+            Some(why) => Err(why),
+            None => super::parse_patch_for(patch, redact),
+        };
+        let patch = match checked {
             Ok(p) => p,
             Err(e) => return Outcome::Failed(format!("{id}: {e}")),
         };
