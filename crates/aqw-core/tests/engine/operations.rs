@@ -87,6 +87,30 @@ async fn wait_done_at_least(env: &Env, id: &str, n: u64) {
     .await;
 }
 
+/// Run an executor of `id` until `done` records are handled, kill it (its
+/// task aborted, as by SIGKILL), and wait out its lease.
+async fn kill_after(env: &Env, id: &str, done: u64) {
+    let first = spawn(env, id, "worker-a");
+    wait_done_at_least(env, id, done).await;
+    first.abort();
+    let _ = first.await;
+    tokio::time::sleep(LEASE).await;
+}
+
+/// Run the replayed jobs: each of `keys` applied once, and each record
+/// replayed and closed once.
+async fn assert_each_replayed_job_ran_once(env: &Env, keys: &[String]) {
+    let w = start(env.worker());
+    env.drained(minutes(5)).await;
+    tokio::time::sleep(minutes(1)).await;
+    w.stop().await;
+    env.provider.assert_applied_once(keys);
+    for r in env.records().await {
+        assert_eq!(r.status, RecordStatus::Replayed, "{}", env.dump().await);
+        assert_eq!(r.replay_count, 1, "closed once: {r:?}");
+    }
+}
+
 /// Killed after 7 of 20 records, the executor's lease holds the operation
 /// until it expires; then another executor resumes it, and every record is
 /// discarded once (no record is seen closed twice, none left open), each
@@ -143,26 +167,14 @@ async fn a_replay_killed_mid_run_is_resumed_and_runs_each_job_once() {
     let keys = poisoned(&env, 12).await;
     env.provider.set_rule(|_, _| Behave::Succeed);
     let op = create(&env, replay_kind(), 12, 4.0).await;
-    let first = spawn(&env, &op.id, "worker-a");
-    wait_done_at_least(&env, &op.id, 5).await;
-    first.abort();
-    let _ = first.await;
-    tokio::time::sleep(LEASE).await;
+    kill_after(&env, &op.id, 5).await;
     let app = env.app();
     let storage: &dyn Storage = &env.storage;
     let ran = resume_idle(&app, storage, &executor("worker-b")).await;
     assert_eq!(ran.expect("resume"), 1, "an idle worker picked it up");
     assert_eq!(row(&env, &op.id).await.state, OpState::Done);
 
-    let w = start(env.worker());
-    env.drained(minutes(5)).await;
-    tokio::time::sleep(minutes(1)).await;
-    w.stop().await;
-    env.provider.assert_applied_once(&keys);
-    for r in env.records().await {
-        assert_eq!(r.status, RecordStatus::Replayed, "{}", env.dump().await);
-        assert_eq!(r.replay_count, 1, "closed once: {r:?}");
-    }
+    assert_each_replayed_job_ran_once(&env, &keys).await;
 }
 
 /// A cancel written through another handle on the store stops the
@@ -348,11 +360,7 @@ async fn a_group_fix_killed_mid_run_runs_each_corrected_job_once() {
         past_provider_window: false,
     };
     let op = create(&env, kind, 14, 2.0).await;
-    let first = spawn(&env, &op.id, "worker-a");
-    wait_done_at_least(&env, &op.id, 4).await;
-    first.abort();
-    let _ = first.await;
-    tokio::time::sleep(LEASE).await;
+    kill_after(&env, &op.id, 4).await;
     let (ops, st) = (env.ops(), store(&env));
     let end = execute(&ops, &st, &op.id, &executor("worker-b"))
         .await
@@ -482,26 +490,14 @@ async fn a_fast_replay_with_records_in_flight_killed_and_resumed_runs_each_job_o
     let keys = poisoned(&env, 40).await;
     env.provider.set_rule(|_, _| Behave::Succeed);
     let op = create(&env, replay_kind(), 40, 80.0).await;
-    let first = spawn(&env, &op.id, "worker-a");
-    wait_done_at_least(&env, &op.id, 12).await;
-    first.abort();
-    let _ = first.await;
-    tokio::time::sleep(LEASE).await;
+    kill_after(&env, &op.id, 12).await;
     let (ops, st) = (env.ops(), store(&env));
     let end = execute(&ops, &st, &op.id, &executor("worker-b"))
         .await
         .expect("resume")
         .expect("the lease expired");
     assert_eq!(end.state, OpState::Done, "{end:?}");
-    let w = start(env.worker());
-    env.drained(minutes(5)).await;
-    tokio::time::sleep(minutes(1)).await;
-    w.stop().await;
-    env.provider.assert_applied_once(&keys);
-    for r in env.records().await {
-        assert_eq!(r.status, RecordStatus::Replayed, "{}", env.dump().await);
-        assert_eq!(r.replay_count, 1, "closed once: {r:?}");
-    }
+    assert_each_replayed_job_ran_once(&env, &keys).await;
 }
 
 /// `poison replay --all --limit 6` killed after two records and resumed by
