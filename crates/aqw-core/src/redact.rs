@@ -5,6 +5,16 @@
 //! a fix that leaves a masked value as the mask gets the original value back
 //! ([`Redaction::restore`]), so masking never corrupts a corrected payload.
 //!
+//! A pointer segment `*` is a wildcard: it matches every element of an
+//! array and every member of an object at that level (`/items/*/pan`), so a
+//! patch that inserts an element cannot shift a redacted value out from
+//! under an index (`/items/0/pan` masks only what is at index 0 now).
+//!
+//! A group fix's JSON Patch is shown through [`patch_for_display`]: a value
+//! written at, under or above a redacted field is masked, and a viewer who
+//! may not act sees no value at all (a patch may add a secret at a path no
+//! rule covers).
+//!
 //! Logs and alerts carry no payload, only errors and keys; a key rule over a
 //! redacted field puts that value in the key, which is shown (say so in the
 //! docs/configuration.md rather than hide keys, which the procedure needs).
@@ -15,6 +25,9 @@ use std::borrow::Cow;
 /// What a masked value reads as.
 pub const MASK: &str = "[redacted]";
 
+/// The pointer segment that matches every array element and object member.
+pub const WILDCARD: &str = "*";
+
 /// The pointers of one function; empty when it declares none.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Redaction {
@@ -24,7 +37,7 @@ pub struct Redaction {
 impl Redaction {
     /// Check each pointer (RFC 6901: empty is the whole document, which
     /// would hide every payload, so it is refused; otherwise `/`-separated,
-    /// `~` only as `~0` or `~1`).
+    /// `~` only as `~0` or `~1`; `*` only as a whole segment, the wildcard).
     pub fn parse(pointers: &[String]) -> Result<Self, String> {
         for (i, p) in pointers.iter().enumerate() {
             let bad = |why: &str| Err(format!("[{i}] {p:?}: {why}"));
@@ -36,6 +49,9 @@ impl Redaction {
                 if c == '~' && !matches!(chars.next(), Some('0' | '1')) {
                     return bad("~ must be written ~0, and / inside a name ~1");
                 }
+            }
+            if segments(p).any(|s| s.contains('*') && s != WILDCARD) {
+                return bad("* is a wildcard and stands alone as a whole segment (\"/items/*/pan\"); a name with * in it cannot be redacted");
             }
         }
         Ok(Self {
@@ -75,13 +91,10 @@ impl Redaction {
                 "{MASK}: the payload has the key {key:?} twice in one object, so it cannot be read unambiguously, and this function redacts fields"
             ));
         }
-        let mut masked = vec![];
-        for p in &self.pointers {
-            if let Some(v) = value.pointer_mut(p) {
-                *v = Value::String(MASK.into());
-                masked.push(p.clone());
-            }
-        }
+        let masked: Vec<String> = (self.pointers.iter())
+            .filter(|p| mask_pattern(&mut value, &segments(p).collect::<Vec<_>>()))
+            .cloned()
+            .collect();
         if masked.is_empty() {
             return Masked::Exact(Cow::Borrowed(text));
         }
@@ -105,12 +118,17 @@ impl Redaction {
         };
         let mut restored = false;
         for p in &self.pointers {
-            let (Some(slot), Some(was)) = (fixed.pointer_mut(p), original.pointer(p)) else {
-                continue;
-            };
-            if slot.as_str() == Some(MASK) {
-                *slot = was.clone();
-                restored = true;
+            // Each concrete field the pointer reaches, at the same place in
+            // the original (a wildcard reaches each element by its index).
+            for at in reached(&fixed, &segments(p).collect::<Vec<_>>()) {
+                let (Some(slot), Some(was)) = (fixed.pointer_mut(&at), original.pointer(&at))
+                else {
+                    continue;
+                };
+                if slot.as_str() == Some(MASK) {
+                    *slot = was.clone();
+                    restored = true;
+                }
             }
         }
         if !restored {
@@ -118,6 +136,134 @@ impl Redaction {
         }
         Cow::Owned(serde_json::to_string(&fixed).unwrap_or_else(|_| edited.to_string()))
     }
+
+    /// Whether the concrete pointer `path` (a JSON Patch operation's) is at,
+    /// under or above a redacted field; a `*` of a rule matches any one
+    /// segment, and the empty path (the whole document) is above them all.
+    pub fn touches(&self, path: &str) -> bool {
+        self.pointers.iter().any(|r| prefix_related(r, path))
+    }
+
+    /// Whether the concrete pointer `path` is at or under a redacted field
+    /// (a `*` of a rule matching any one segment): its value is masked.
+    pub fn covers(&self, path: &str) -> bool {
+        let depth = segments(path).count();
+        (self.pointers.iter()).any(|r| segments(r).count() <= depth && prefix_related(r, path))
+    }
+
+    /// `value`, written at the concrete pointer `path` by a patch, as a
+    /// person may see it: wholly masked when `path` is at or under a
+    /// redacted field; with the redacted fields below `path` masked inside
+    /// it when it is above one.
+    fn mask_written(&self, path: &str, value: &mut Value) {
+        let at: Vec<&str> = segments(path).collect();
+        for r in &self.pointers {
+            if !prefix_related(r, path) {
+                continue;
+            }
+            let rule: Vec<&str> = segments(r).collect();
+            if at.len() >= rule.len() {
+                *value = Value::String(MASK.into());
+                return;
+            }
+            mask_pattern(value, &rule[at.len()..]);
+        }
+    }
+}
+
+/// A group fix's JSON Patch (RFC 6902) `text` as a person may see it, in
+/// every view (the dashboard's operation page, `aqw ops show` and `list`, in
+/// text and in JSON): compact JSON with the operations' `op`, `path` and
+/// `from` as written, and each `value`
+/// - when `show_values` (the viewer may act): shown, except a value written
+///   at or under a redacted field is [`MASK`], and one written above one has
+///   that field masked inside it (`/items/*/pan` masks `pan` in a value
+///   added at `/items/-`);
+/// - otherwise (a read-only viewer): [`MASK`], every one: a patch may add a
+///   secret at a path no rule covers, and one who may not act has no need
+///   of its values.
+///
+/// Text that is not a JSON Patch (a row no aqw wrote) is not shown at all.
+pub fn patch_for_display(text: &str, redact: &Redaction, show_values: bool) -> String {
+    use json_patch::PatchOperation as Op;
+    let Ok(mut patch) = serde_json::from_str::<json_patch::Patch>(text) else {
+        return format!("{MASK}: not a JSON Patch ({} bytes)", text.len());
+    };
+    for op in &mut patch.0 {
+        let (path, value) = match op {
+            Op::Add(o) => (o.path.as_str(), &mut o.value),
+            Op::Replace(o) => (o.path.as_str(), &mut o.value),
+            Op::Test(o) => (o.path.as_str(), &mut o.value),
+            Op::Remove(_) | Op::Move(_) | Op::Copy(_) => continue,
+        };
+        if show_values {
+            redact.mask_written(path, value);
+        } else {
+            *value = Value::String(MASK.into());
+        }
+    }
+    serde_json::to_string(&patch).unwrap_or_else(|_| MASK.into())
+}
+
+/// The segments of a JSON pointer as written (still escaped); none for the
+/// empty pointer, the whole document.
+fn segments(pointer: &str) -> impl Iterator<Item = &str> {
+    pointer.split('/').skip(1)
+}
+
+/// Whether the rule `rule` (`*` matching any one segment) and the concrete
+/// pointer `path` agree on every segment both have: `path` is at, under or
+/// above what the rule redacts.
+fn prefix_related(rule: &str, path: &str) -> bool {
+    segments(rule)
+        .zip(segments(path))
+        .all(|(r, p)| r == WILDCARD || r == p)
+}
+
+/// Mask every place of `value` the pattern `segs` reaches; whether one was.
+fn mask_pattern(value: &mut Value, segs: &[&str]) -> bool {
+    let at = reached(value, segs);
+    for p in &at {
+        if let Some(v) = value.pointer_mut(p) {
+            *v = Value::String(MASK.into());
+        }
+    }
+    !at.is_empty()
+}
+
+/// Every place of `value` the pattern `segs` reaches (`*`: each element of
+/// an array, each member of an object), as concrete pointers.
+fn reached(value: &Value, segs: &[&str]) -> Vec<String> {
+    fn walk(v: &Value, segs: &[&str], at: String, out: &mut Vec<String>) {
+        let Some((&first, rest)) = segs.split_first() else {
+            out.push(at);
+            return;
+        };
+        if first != WILDCARD {
+            // serde_json's own reading of the segment (unescaping, indices).
+            if let Some(child) = v.pointer(&format!("/{first}")) {
+                walk(child, rest, format!("{at}/{first}"), out);
+            }
+            return;
+        }
+        match v {
+            Value::Array(xs) => {
+                for (i, c) in xs.iter().enumerate() {
+                    walk(c, rest, format!("{at}/{i}"), out);
+                }
+            }
+            Value::Object(m) => {
+                for (k, c) in m {
+                    let k = k.replace('~', "~0").replace('/', "~1");
+                    walk(c, rest, format!("{at}/{k}"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = vec![];
+    walk(value, segs, String::new(), &mut out);
+    out
 }
 
 /// The first key found twice in one object of the JSON `text`, if any.
@@ -274,6 +420,194 @@ mod tests {
         assert!(Redaction::parse(&["/a~2".into()])
             .unwrap_err()
             .contains("~0"));
+        assert!(Redaction::parse(&["/items/*/pan".into(), "/*".into(), "/a/*".into()]).is_ok());
+        for bad in ["/items/*x/pan", "/a*", "/**", "/a/b*c"] {
+            let e = Redaction::parse(&["/ok".into(), bad.into()]).unwrap_err();
+            assert!(
+                e.contains("[1]") && e.contains("whole segment"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    /// Issue 48: `*` matches every array element and object member at its
+    /// level, nested, at the end, and reaches nothing where nothing is.
+    #[test]
+    fn wildcards_match_every_element_and_member() {
+        let masked = |rules: &[&str], text: &str| -> (Value, Option<String>) {
+            let m = r(rules).mask(text);
+            (serde_json::from_str(m.text()).unwrap(), m.note())
+        };
+        // Arrays: each element's pan, whatever its index.
+        let (v, note) = masked(
+            &["/items/*/pan"],
+            r#"{"items":[{"pan":"4111","n":1},{"n":2},{"pan":"5500","n":3}]}"#,
+        );
+        assert_eq!(v["items"][0]["pan"], MASK);
+        assert_eq!(
+            v["items"][1],
+            serde_json::json!({"n": 2}),
+            "no pan, none added"
+        );
+        assert_eq!(v["items"][2]["pan"], MASK);
+        assert_eq!(v["items"][2]["n"], 3);
+        assert!(note.unwrap().contains("/items/*/pan"));
+        // Objects: each member.
+        let (v, _) = masked(
+            &["/cards/*/number"],
+            r#"{"cards":{"visa":{"number":"4111"},"mc":{"number":"5500","exp":"1/30"}}}"#,
+        );
+        assert_eq!(v["cards"]["visa"]["number"], MASK);
+        assert_eq!(v["cards"]["mc"]["number"], MASK);
+        assert_eq!(v["cards"]["mc"]["exp"], "1/30");
+        // Nested wildcards, and names that need escaping.
+        let (v, _) = masked(
+            &["/a/*/b/*/c"],
+            r#"{"a":[{"b":{"x/y":{"c":"s1"},"z~":{"c":"s2","d":1}}},{"b":[{"c":"s3"}]}]}"#,
+        );
+        let text = v.to_string();
+        assert!(
+            !text.contains("s1") && !text.contains("s2") && !text.contains("s3"),
+            "{text}"
+        );
+        assert_eq!(v["a"][0]["b"]["z~"]["d"], 1);
+        // `*` at the end: every element itself, the array's length kept.
+        let (v, _) = masked(&["/tags/*"], r#"{"tags":["t1","t2"],"x":1}"#);
+        assert_eq!(v, serde_json::json!({"tags": [MASK, MASK], "x": 1}));
+        // No match: a scalar or missing level under the wildcard, an empty array.
+        let red = r(&["/items/*/pan"]);
+        for exact in [
+            r#"{"items":"4111"}"#,
+            r#"{"items":[]}"#,
+            r#"{"other":[{"pan":1}]}"#,
+            r#"{"items":[1,2]}"#,
+        ] {
+            assert_eq!(
+                red.mask(exact),
+                Masked::Exact(Cow::Borrowed(exact)),
+                "{exact}"
+            );
+        }
+    }
+
+    /// A fix written from a view masked by a wildcard gets each element's
+    /// value back from the same element of the original.
+    #[test]
+    fn a_fix_keeps_wildcard_masked_values() {
+        let red = r(&["/items/*/pan"]);
+        let original = r#"{"items":[{"pan":"4111","q":1},{"pan":"5500","q":2}]}"#;
+        let edited = red.mask(original).text().replace("\"q\":2", "\"q\":3");
+        let fixed: Value = serde_json::from_str(&red.restore(&edited, original)).unwrap();
+        assert_eq!(fixed["items"][0]["pan"], "4111");
+        assert_eq!(fixed["items"][1]["pan"], "5500");
+        assert_eq!(fixed["items"][1]["q"], 3);
+    }
+
+    #[test]
+    fn touches_reads_a_wildcard_as_any_segment() {
+        let red = r(&["/items/*/pan", "/card/number"]);
+        for yes in [
+            "/items/0/pan",
+            "/items/7/pan",
+            "/items/-/pan",
+            "/items/3",
+            "/items",
+            "",
+            "/items/0/pan/x",
+            "/card",
+            "/card/number/0",
+        ] {
+            assert!(red.touches(yes), "{yes}");
+        }
+        for no in [
+            "/items/0/name",
+            "/card/exp",
+            "/cardx",
+            "/other",
+            "/items/0/panx",
+        ] {
+            assert!(!red.touches(no), "{no}");
+        }
+    }
+
+    /// A group fix may not move, copy or test a field a wildcard rule
+    /// redacts, at any index, nor anything above it; writing one is fine.
+    #[test]
+    fn a_group_fix_cannot_read_a_wildcard_redacted_field() {
+        use crate::ops::operation::parse_patch_for;
+        let red = r(&["/items/*/pan"]);
+        for refused in [
+            r#"[{"op":"copy","from":"/items/3/pan","path":"/x"}]"#,
+            r#"[{"op":"move","from":"/items/0","path":"/x"}]"#,
+            r#"[{"op":"test","path":"/items/1/pan","value":"4111"}]"#,
+            r#"[{"op":"copy","from":"/items","path":"/x"}]"#,
+        ] {
+            assert!(parse_patch_for(refused, &red).is_err(), "{refused}");
+        }
+        for fine in [
+            r#"[{"op":"replace","path":"/items/0/pan","value":"x"}]"#,
+            r#"[{"op":"add","path":"/items/0","value":{"sku":"gift"}}]"#,
+            r#"[{"op":"copy","from":"/items/0/sku","path":"/sku"}]"#,
+        ] {
+            assert!(parse_patch_for(fine, &red).is_ok(), "{fine}");
+        }
+    }
+
+    /// Issue 48: a patch's values are masked where they write a redacted
+    /// field (at, under or above it), and not shown at all to a viewer who
+    /// may not act.
+    #[test]
+    fn patches_are_shown_with_redacted_values_masked() {
+        let red = r(&["/card/number", "/items/*/pan"]);
+        let patch = r#"[
+            {"op":"replace","path":"/card/number","value":"4111111111111111"},
+            {"op":"add","path":"/card","value":{"number":"5500005555555559","exp":"1/30"}},
+            {"op":"add","path":"/items/0","value":{"pan":"4012888888881881","sku":"s-1"}},
+            {"op":"add","path":"/items/-","value":{"pan":"378282246310005"}},
+            {"op":"replace","path":"/items/2/pan/last4","value":"0005"},
+            {"op":"replace","path":"","value":{"card":{"number":"6011111111111117"},"items":[{"pan":"3530111333300000"}]}},
+            {"op":"add","path":"/note","value":"ada@example.com"},
+            {"op":"move","from":"/acount","path":"/account"},
+            {"op":"remove","path":"/card/number"}
+        ]"#;
+        let shown = patch_for_display(patch, &red, true);
+        for secret in ["4111", "5500", "4012", "3782", "0005", "6011", "3530"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        for kept in [
+            "1/30",
+            "s-1",
+            "ada@example.com",
+            "/acount",
+            "\"remove\"",
+            "/items/-",
+        ] {
+            assert!(shown.contains(kept), "{kept} not in {shown}");
+        }
+        let ops: Value = serde_json::from_str(&shown).unwrap();
+        assert_eq!(ops[0]["value"], MASK);
+        assert_eq!(ops[1]["value"]["number"], MASK);
+        assert_eq!(ops.as_array().unwrap().len(), 9);
+        // A read-only viewer: paths and ops, no value at all.
+        let bare = patch_for_display(patch, &red, false);
+        assert!(
+            !bare.contains("1/30") && !bare.contains("ada@") && !bare.contains("s-1"),
+            "{bare}"
+        );
+        assert!(
+            bare.contains("/note") && bare.contains("/card/number"),
+            "{bare}"
+        );
+        let unredacted = patch_for_display(patch, &Redaction::default(), false);
+        assert!(!unredacted.contains("ada@"), "{unredacted}");
+        // Not a patch, or one with a twin member: nothing of it.
+        for odd in [
+            "4111 not json",
+            r#"[{"op":"add","path":"/a","value":"4111","value":"x"}]"#,
+        ] {
+            let s = patch_for_display(odd, &red, true);
+            assert!(!s.contains("4111") && s.starts_with(MASK), "{s}");
+        }
     }
 
     #[test]

@@ -43,7 +43,7 @@ pub use replay::{
 pub use report::{
     report, IncidentReport, KeyOutcome, NewKey, ReportAnswer, ReportRow, ReportTotals, Uncertain,
 };
-pub use show::{show, ShowReport};
+pub use show::{mask_message, show, ShowReport};
 pub use status::{status, QueueStatus};
 pub use window::{fmt_span, ProviderWindow};
 

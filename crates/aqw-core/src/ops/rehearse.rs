@@ -7,6 +7,7 @@ use super::{OpsResult, QueueOps};
 use crate::idempotency::{derive_key, IdempotencyKey, KeyRecord};
 use crate::message::decode;
 use crate::poison::PoisonRecord;
+use crate::redact::{Redaction, MASK};
 use serde_json::Value;
 
 /// What `poison fix --dry-run` found.
@@ -52,13 +53,18 @@ pub struct DiscardRehearsal {
 pub async fn rehearse_fix(ops: &QueueOps, id: &str, payload: &str) -> OpsResult<FixRehearsal> {
     let (rec, _) = ops.open_record(id).await?;
     let old = decode(&rec.message, rec.encoding).unwrap_or_else(|_| rec.message.clone());
+    let none = Redaction::default();
+    let redact = ops.function.as_ref().map_or(&none, |f| &f.redact);
+    // As the fix will: a masked value left as the mask gets its own back.
+    let restored = redact.restore(payload, &old);
+    let payload: &str = &restored;
     let mut report = FixRehearsal {
         id: id.into(),
         old_key: rec.key.clone(),
         new_key: None,
         key_state: None,
         refusal: None,
-        diff: payload_diff(&old, payload),
+        diff: payload_diff(&old, payload, redact),
         size_diff: payload.len() as i64 - old.len() as i64,
     };
     let Some(f) = ops.function.clone() else {
@@ -139,40 +145,55 @@ fn close_key_refusal(rec: &PoisonRecord, state: Option<&KeyRecord>) -> Option<St
 }
 
 /// `- old` / `+ new` lines: per JSON leaf (by its pointer) when both payloads
-/// are JSON, else per text line.
-pub fn payload_diff(old: &str, new: &str) -> Vec<String> {
-    match (
+/// are JSON, a leaf `redact` covers shown as [`MASK`] (that it changed still
+/// shows); else per text line, unless `redact` has rules: a redacted value
+/// could be on any line.
+pub fn payload_diff(old: &str, new: &str, redact: &Redaction) -> Vec<String> {
+    let (Ok(a), Ok(b)) = (
         serde_json::from_str::<Value>(old),
         serde_json::from_str::<Value>(new),
-    ) {
-        (Ok(a), Ok(b)) => {
-            let (a, b) = (leaves(&a), leaves(&b));
-            let mut out = Vec::new();
-            for (p, v) in &a {
-                match b.iter().find(|(q, _)| q == p) {
-                    Some((_, w)) if w == v => {}
-                    Some((_, w)) => out.extend([format!("- {p}: {v}"), format!("+ {p}: {w}")]),
-                    None => out.push(format!("- {p}: {v}")),
-                }
-            }
-            for (p, w) in b.iter().filter(|(q, _)| !a.iter().any(|(p, _)| p == q)) {
-                out.push(format!("+ {p}: {w}"));
-            }
-            out
+    ) else {
+        if !redact.is_empty() {
+            return vec![format!(
+                "{MASK}: not JSON, and this function redacts fields: no line diff"
+            )];
         }
-        _ => {
-            let (a, b): (Vec<&str>, Vec<&str>) = (old.lines().collect(), new.lines().collect());
-            let gone = a
-                .iter()
-                .filter(|l| !b.contains(l))
-                .map(|l| format!("- {l}"));
-            let came = b
-                .iter()
-                .filter(|l| !a.contains(l))
-                .map(|l| format!("+ {l}"));
-            gone.chain(came).collect()
+        return line_diff(old, new);
+    };
+    let (a, b) = (leaves(&a), leaves(&b));
+    let show = |p: &str, v: &Value| match redact.covers(p) {
+        true => MASK.to_string(),
+        false => v.to_string(),
+    };
+    let mut out = Vec::new();
+    for (p, v) in &a {
+        match b.iter().find(|(q, _)| q == p) {
+            Some((_, w)) if w == v => {}
+            Some((_, w)) => out.extend([
+                format!("- {p}: {}", show(p, v)),
+                format!("+ {p}: {}", show(p, w)),
+            ]),
+            None => out.push(format!("- {p}: {}", show(p, v))),
         }
     }
+    for (p, w) in b.iter().filter(|(q, _)| !a.iter().any(|(p, _)| p == q)) {
+        out.push(format!("+ {p}: {}", show(p, w)));
+    }
+    out
+}
+
+/// `- old` / `+ new` per text line.
+fn line_diff(old: &str, new: &str) -> Vec<String> {
+    let (a, b): (Vec<&str>, Vec<&str>) = (old.lines().collect(), new.lines().collect());
+    let gone = a
+        .iter()
+        .filter(|l| !b.contains(l))
+        .map(|l| format!("- {l}"));
+    let came = b
+        .iter()
+        .filter(|l| !a.contains(l))
+        .map(|l| format!("+ {l}"));
+    gone.chain(came).collect()
 }
 
 /// Every leaf of a JSON value with its JSON pointer, in document order.
@@ -204,16 +225,41 @@ fn leaves(v: &Value) -> Vec<(String, Value)> {
 #[cfg(test)]
 mod tests {
     use super::payload_diff;
+    use crate::redact::Redaction;
 
     #[test]
     fn a_renamed_field_is_one_removal_and_one_addition() {
+        let none = Redaction::default();
         let d = payload_diff(
             r#"{"acount":"a4","credits":5}"#,
             r#"{"account":"a4","credits":5}"#,
+            &none,
         );
         assert_eq!(d, vec![r#"- /acount: "a4""#, r#"+ /account: "a4""#]);
-        let d = payload_diff(r#"{"n":{"x":1}}"#, r#"{"n":{"x":2}}"#);
+        let d = payload_diff(r#"{"n":{"x":1}}"#, r#"{"n":{"x":2}}"#, &none);
         assert_eq!(d, vec!["- /n/x: 1", "+ /n/x: 2"]);
-        assert_eq!(payload_diff("a\nb", "a\nc"), vec!["- b", "+ c"]);
+        assert_eq!(payload_diff("a\nb", "a\nc", &none), vec!["- b", "+ c"]);
+    }
+
+    /// A redacted leaf's change shows, never its values; nor do the lines
+    /// of a payload that is not JSON.
+    #[test]
+    fn a_redacted_leaf_shows_as_the_mask() {
+        let red = Redaction::parse(&["/items/*/pan".into()]).unwrap();
+        let d = payload_diff(
+            r#"{"items":[{"pan":"4111","q":1}]}"#,
+            r#"{"items":[{"sku":"s"},{"pan":"5500","q":2}]}"#,
+            &red,
+        );
+        let text = d.join("\n");
+        assert!(!text.contains("4111") && !text.contains("5500"), "{text}");
+        assert!(text.contains("- /items/0/pan: [redacted]"), "{text}");
+        assert!(text.contains("+ /items/1/pan: [redacted]"), "{text}");
+        assert!(text.contains("+ /items/0/sku: \"s\""), "{text}");
+        let d = payload_diff("pan=4111", "pan=5500", &red);
+        assert!(
+            !d.join("").contains("4111") && !d.join("").contains("5500"),
+            "{d:?}"
+        );
     }
 }

@@ -85,6 +85,31 @@ pub async fn show(ops: &QueueOps, id: &str) -> OpsResult<ShowReport> {
     })
 }
 
+/// A listed record's message as a person may see it (`aqw poison list
+/// --output json`, `poison discard --output json`): the function's `redact`
+/// fields masked, as [`show`] masks them, or the message wholly hidden when
+/// it does not decode; a claim-check reference (no payload in it) is left.
+/// What was masked, None when nothing was.
+pub fn mask_message(
+    record: &mut PoisonRecord,
+    redaction: &crate::redact::Redaction,
+) -> Option<String> {
+    if redaction.is_empty() {
+        return None;
+    }
+    let Ok(text) = decode(&record.message, record.encoding) else {
+        record.message = crate::redact::MASK.into();
+        return Some("redacted (undecodable, wholly hidden)".into());
+    };
+    if crate::claim::parse(&text).is_some() {
+        return None;
+    }
+    let masked = redaction.mask(&text);
+    let note = masked.note()?;
+    record.message = encode(masked.text(), record.encoding);
+    Some(note)
+}
+
 /// The payload as shown: JSON and text with the function's `redact` fields
 /// masked (the record's message too, unless it is a claim-check reference,
 /// which holds no payload), or why there is none to show.

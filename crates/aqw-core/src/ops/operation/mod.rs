@@ -122,14 +122,12 @@ pub fn parse_patch(text: &str) -> Result<json_patch::Patch, String> {
 
 /// [`parse_patch`], refused when it reads a field `redact` masks: a `move`
 /// or `copy` from one, or a `test` of one (or of a pointer above or below
-/// one) would carry its value into a key, a preview or a field shown
-/// unmasked, or answer a guess. Writing or removing one is fine.
+/// one; a rule's `*` matches any segment) would carry its value into a key,
+/// a preview or a field shown unmasked, or answer a guess. Writing or
+/// removing one is fine.
 pub fn parse_patch_for(text: &str, redact: &Redaction) -> Result<json_patch::Patch, String> {
     use json_patch::PatchOperation as Op;
     let patch = parse_patch(text)?;
-    let related = |p: &str, r: &str| {
-        p == r || p.is_empty() || p.starts_with(&format!("{r}/")) || r.starts_with(&format!("{p}/"))
-    };
     for op in &patch.0 {
         let read = match op {
             Op::Move(m) => Some(m.from.to_string()),
@@ -137,7 +135,7 @@ pub fn parse_patch_for(text: &str, redact: &Redaction) -> Result<json_patch::Pat
             Op::Test(t) => Some(t.path.to_string()),
             _ => None,
         };
-        if let Some(p) = read.filter(|p| redact.pointers().iter().any(|r| related(p, r))) {
+        if let Some(p) = read.filter(|p| redact.touches(p)) {
             return Err(format!(
                 "the patch reads {p:?}, a redacted field (or above or below one): a group fix may replace or remove a redacted field, never move, copy or test one"
             ));
