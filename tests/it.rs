@@ -51,6 +51,7 @@ mod provider_answers;
 mod provider_window;
 mod recovery;
 mod redaction;
+mod redaction_probes;
 mod reliability;
 mod report;
 mod retention;

@@ -25,7 +25,7 @@ fn app() -> TestApp {
 }
 
 /// Poison `payloads` with a handler that always fails (retryable, cap 1).
-async fn poisoned(app: &TestApp, payloads: &[&str]) -> Vec<String> {
+pub(crate) async fn poisoned(app: &TestApp, payloads: &[&str]) -> Vec<String> {
     let mut ids = vec![];
     for p in payloads {
         ids.push(app.enqueue(p).await);

@@ -178,46 +178,13 @@ pub enum KeyStatusFilter {
     Cancelled,
 }
 
-/// Which records `poison list` shows.
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum StatusFilter {
-    /// Not yet replayed or discarded: needs a person.
-    Open,
-    /// Re-put to the source queue.
-    Replayed,
-    /// Closed without replaying.
-    Discarded,
-    /// Closed by `poison fix`: a corrected message took its place.
-    Replaced,
-    /// Every record.
-    All,
-}
-
 #[derive(Subcommand)]
 pub enum PoisonCmd {
     /// List poison records, newest first; exit 1 while any listed record is open.
     #[command(
-        after_help = "Examples:\n  aqw poison list receipts --status open\n  aqw poison list receipts --since 01:00:00 --error 'HTTP 503'"
+        after_help = "Examples:\n  aqw poison list receipts --status open\n  aqw poison list receipts --since 01:00:00 --error 'HTTP 503'\n  aqw poison list receipts --output json --unredacted --by alice   (logged)"
     )]
-    List {
-        /// Source queue of the poisoned messages (not the -poison queue).
-        queue: String,
-        /// Records in this state only.
-        #[arg(long, value_enum, default_value_t = StatusFilter::All)]
-        status: StatusFilter,
-        /// Poisoned at or after: RFC 3339 time or a duration ago (hh:mm:ss).
-        #[arg(long)]
-        since: Option<String>,
-        /// Poisoned before: RFC 3339 time or a duration ago (hh:mm:ss).
-        #[arg(long)]
-        until: Option<String>,
-        /// Records of this function only.
-        #[arg(long)]
-        function: Option<String>,
-        /// Regular expression over the error text.
-        #[arg(long)]
-        error: Option<String>,
-    },
+    List(super::poison_list::ListArgs),
     /// Show one record: error, attempts, key state and decoded payload.
     #[command(
         after_help = "The payload is printed as its exact text, as a fix would start from it.\n\nExamples:\n  aqw poison show receipts 7d0f3c9e-1b7a-4f1e-9d7a-2a1f0c3e4b5d\n  aqw poison show receipts 7d0f3c9e-1b7a-4f1e-9d7a-2a1f0c3e4b5d --pretty"

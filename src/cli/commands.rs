@@ -4,13 +4,12 @@
 
 use super::args::{
     Cli, Command, ConfigCmd, DashboardArgs, EnqueueArgs, KeysCmd, Output, PauseArgs, PoisonCmd,
-    ResumeArgs, StatusFilter,
+    ResumeArgs,
 };
 use super::exit::{Exit, Failure};
 use super::render;
 use aqw::config::{self, AppConfig};
 use aqw::ops::{self, Filter, FixAction, QueueOps, ReplayOptions};
-use aqw::poison::RecordStatus;
 use clap::CommandFactory;
 use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
@@ -271,24 +270,7 @@ async fn check_uncertain(app: &AppConfig, queue: &str, report: &mut ops::ReplayR
 async fn poison(app_dir: &Path, cmd: PoisonCmd, output: Output) -> Result<Exit, Failure> {
     let app = load(app_dir)?;
     match cmd {
-        PoisonCmd::List {
-            queue,
-            status,
-            since,
-            until,
-            function,
-            error,
-        } => {
-            let filter = Filter {
-                status: record_status(status),
-                since: since.as_deref().map(parse_time).transpose()?,
-                until: until.as_deref().map(parse_time).transpose()?,
-                function,
-                error: parse_error_regex(error.as_deref())?,
-                ids: vec![],
-            };
-            poison_list(&app, &queue, &filter, output).await
-        }
+        PoisonCmd::List(a) => super::poison_list::run(&app, a, output).await,
         PoisonCmd::Show { queue, id, pretty } => {
             let mut report = ops::show(&queue_ops(&app, &queue)?, &id).await?;
             if let Some(pk) = report.uncertain_provider_key() {
@@ -314,17 +296,6 @@ async fn poison(app_dir: &Path, cmd: PoisonCmd, output: Output) -> Result<Exit, 
             let q = queue_ops(&app, &queue)?;
             super::purge::records(q, older_than.as_deref(), dry_run, output).await
         }
-    }
-}
-
-/// The record status `poison list --status` selects (`None`: all).
-fn record_status(status: StatusFilter) -> Option<RecordStatus> {
-    match status {
-        StatusFilter::Open => Some(RecordStatus::Open),
-        StatusFilter::Replayed => Some(RecordStatus::Replayed),
-        StatusFilter::Discarded => Some(RecordStatus::Discarded),
-        StatusFilter::Replaced => Some(RecordStatus::Replaced),
-        StatusFilter::All => None,
     }
 }
 
@@ -385,35 +356,18 @@ async fn poison_discard(
         render::discard_rehearsal(&rehearsal, output);
         return Ok(Exit::needs_a_person_if(rehearsal.refusal.is_some()));
     }
-    let rec = ops::discard(&ops, &id, &reason, &by, close_key).await?;
-    render::poison_discard(&id, &reason, &by, close_key, &rec, output);
+    let mut rec = ops::discard(&ops, &id, &reason, &by, close_key).await?;
+    let redaction = super::poison_list::redaction(app, &ops, &rec);
+    let note = ops::mask_message(&mut rec, redaction);
+    render::poison_discard(
+        &id,
+        &reason,
+        &by,
+        close_key,
+        (&rec, note.as_deref()),
+        output,
+    );
     Ok(Exit::Ok)
-}
-
-async fn poison_list(
-    app: &Arc<AppConfig>,
-    queue: &str,
-    filter: &Filter,
-    output: Output,
-) -> Result<Exit, Failure> {
-    let ops = queue_ops(app, queue)?;
-    let records = ops::list(&ops, filter).await?;
-    let open = records
-        .iter()
-        .filter(|r| r.status == RecordStatus::Open)
-        .count();
-    if records.is_empty() && output == Output::Text {
-        // Say what the filter hid: "0 open, 5 in all", not "no records".
-        let all = ops.records().await?;
-        let open_all = all
-            .iter()
-            .filter(|r| r.status == RecordStatus::Open)
-            .count();
-        render::empty_poison_list(queue, open_all, all.len());
-        return Ok(Exit::Ok);
-    }
-    render::poison_list(queue, &records, open, output);
-    Ok(Exit::needs_a_person_if(open > 0))
 }
 
 async fn poison_replay(
@@ -571,7 +525,7 @@ pub(super) fn parse_time(s: &str) -> Result<time::OffsetDateTime, Failure> {
     ops::parse_time(s).map_err(Failure::usage)
 }
 
-fn parse_error_regex(error: Option<&str>) -> Result<Option<regex::Regex>, Failure> {
+pub(super) fn parse_error_regex(error: Option<&str>) -> Result<Option<regex::Regex>, Failure> {
     error
         .map(regex::Regex::new)
         .transpose()

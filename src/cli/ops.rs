@@ -199,20 +199,20 @@ pub(super) async fn dispatch(app_dir: &Path, cmd: OpsCmd, output: Output) -> Res
         OpsCmd::List { queue } => {
             let (_, store) = stores(&app, queue.as_deref())?;
             let ops = store.list().await.map_err(storage)?;
-            render_list(&ops, output);
+            render_list(&app, &ops, output);
             Ok(Exit::Ok)
         }
         OpsCmd::Show { id, queue } => {
             let (_, store) = stores(&app, queue.as_deref())?;
             let op = store.get(&id).await.map_err(storage)?;
             let (op, _) = op.ok_or_else(|| Failure::usage(format!("no operation {id}")))?;
-            render_one(&op, output);
+            render_one(&app, &op, output);
             Ok(exit_of(&op))
         }
         OpsCmd::Cancel { id, by, queue } => {
             let (_, store) = stores(&app, queue.as_deref())?;
             let op = store.cancel(&id, &by).await.map_err(storage)?;
-            render_one(&op.map_err(Failure::usage)?, output);
+            render_one(&app, &op.map_err(Failure::usage)?, output);
             Ok(Exit::Ok)
         }
         OpsCmd::Resume {
@@ -329,7 +329,7 @@ async fn start(
     let exec = executor(false);
     let op = create(&store, &new, (!a.detach).then_some(&exec)).await?;
     if a.detach {
-        render_one(&op, output);
+        render_one(app, &op, output);
         return Ok(Exit::Ok);
     }
     if output == Output::Text {
@@ -344,7 +344,7 @@ async fn start(
     }
     let end = operation::execute(&ops, &store, &op.id, &exec).await?;
     let end = end.unwrap_or(op);
-    render_one(&end, output);
+    render_one(app, &end, output);
     Ok(exit_of(&end))
 }
 
@@ -457,7 +457,7 @@ async fn resume(
     let ops = queue_ops(app, &op.queue)?;
     match operation::execute(&ops, &store, id, &executor(take_over)).await? {
         Some(end) => {
-            render_one(&end, output);
+            render_one(app, &end, output);
             Ok(exit_of(&end))
         }
         None => {
@@ -472,7 +472,7 @@ async fn resume(
                     op.lease_until.as_deref().unwrap_or("?")
                 )
             };
-            render_one(&op, output);
+            render_one(app, &op, output);
             Err(Failure::usage(why))
         }
     }
@@ -489,9 +489,26 @@ fn exit_of(op: &Operation) -> Exit {
     Exit::needs_a_person_if(short || op.failed > 0 || left_open)
 }
 
-fn render_list(ops: &[Operation], output: Output) {
+/// `op` as a person may see it: a fix's patch through
+/// [`aqw::redact::patch_for_display`] with the redaction of the function of
+/// its queue, values shown (whoever runs the CLI holds the account's keys
+/// and may act), except where they write a redacted field; every value
+/// masked when this app has no function for its queue, whose rules are
+/// then unknown.
+fn shown(app: &AppConfig, op: &Operation) -> Operation {
+    let mut op = op.clone();
+    if let OpKind::Fix { patch, .. } = &mut op.kind {
+        let function = app.function_for_queue(&op.queue);
+        let none = aqw::redact::Redaction::default();
+        let redact = function.map_or(&none, |f| &f.redact);
+        *patch = aqw::redact::patch_for_display(patch, redact, function.is_some());
+    }
+    op
+}
+
+fn render_list(app: &AppConfig, ops: &[Operation], output: Output) {
     if output == Output::Json {
-        print_json(&ops);
+        print_json(&ops.iter().map(|o| shown(app, o)).collect::<Vec<_>>());
         return;
     }
     if ops.is_empty() {
@@ -520,7 +537,8 @@ fn render_list(ops: &[Operation], output: Output) {
     }
 }
 
-fn render_one(op: &Operation, output: Output) {
+fn render_one(app: &AppConfig, op: &Operation, output: Output) {
+    let op = &shown(app, op);
     if output == Output::Json {
         print_json(op);
         return;

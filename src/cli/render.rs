@@ -171,72 +171,6 @@ pub fn control(function: &str, row: &aqw::control::Control, output: Output) {
     }
 }
 
-/// `poison list`.
-pub fn poison_list(queue: &str, records: &[PoisonRecord], open: usize, output: Output) {
-    if output == Output::Json {
-        print_json(&records);
-    } else if records.is_empty() {
-        outln!("no poison records for {queue}");
-    } else {
-        print_record_list(records);
-        outln!("{} record(s), {open} open", records.len());
-    }
-}
-
-/// The poison list for a person: every id and key in full (columns as wide
-/// as their longest value), the error's first line in full beneath each row.
-fn print_record_list(records: &[PoisonRecord]) {
-    let width = |f: &dyn Fn(&PoisonRecord) -> usize, title: &str| {
-        records.iter().map(f).max().unwrap_or(0).max(title.len())
-    };
-    let id_w = width(&|r| r.message_id.chars().count(), "ID");
-    let key_w = width(&|r| r.key.as_deref().unwrap_or("-").chars().count(), "KEY");
-    outln!(
-        "{:<id_w$}  {:<9}  {:<20}  {:>3}  {:<10}  KEY",
-        "ID",
-        "STATUS",
-        "POISONED AT",
-        "DQ",
-        "KIND"
-    );
-    outln!("{:<id_w$}  ERROR", "");
-    for r in records {
-        outln!(
-            "{:<id_w$}  {:<9}  {:<20}  {:>3}  {:<10}  {:<key_w$}",
-            r.message_id,
-            r.status.as_str(),
-            r.poisoned_at.chars().take(19).collect::<String>(),
-            r.dequeue_count,
-            r.error.kind.as_str(),
-            r.key.as_deref().unwrap_or("-"),
-        );
-        let (first, tail) = first_line(&r.error.message);
-        outln!("{:<id_w$}  {first}{tail}", "");
-        if r.uncertain_attempts > 0 && r.status == aqw::poison::RecordStatus::Open {
-            outln!(
-                "{:<id_w$}  [{} attempt(s) may have taken effect: check the provider before replaying]",
-                "", r.uncertain_attempts
-            );
-        } else if r.uncertain_attempts > 0 {
-            // Closed: the warning no longer asks for a check; the key says
-            // how it ended.
-            outln!(
-                "{:<id_w$}  [{} attempt(s) may have taken effect; record {}: `aqw poison show` says how its key ended]",
-                "", r.uncertain_attempts, r.status.as_str()
-            );
-        }
-    }
-}
-
-/// `poison list` that matched nothing: what the filter hid.
-pub fn empty_poison_list(queue: &str, open: usize, all: usize) {
-    if all == 0 {
-        outln!("no poison records for {queue}");
-    } else {
-        outln!("no poison records for {queue} match ({open} open, {all} in all)");
-    }
-}
-
 /// `poison show`.
 pub fn poison_show(report: &ShowReport, pretty: bool, output: Output) {
     if output == Output::Json {
@@ -415,11 +349,14 @@ pub fn poison_discard(
     reason: &str,
     by: &str,
     close_key: bool,
-    rec: &PoisonRecord,
+    (rec, redacted): (&PoisonRecord, Option<&str>),
     output: Output,
 ) {
     if output == Output::Json {
-        print_json(&rec);
+        print_json(&super::poison_list::Listed {
+            record: rec,
+            redacted,
+        });
         return;
     }
     let key_note = match (close_key, rec.key.as_deref()) {

@@ -166,16 +166,35 @@ pub async fn show(State(d): S, Path(id): Path<String>, headers: HeaderMap) -> Re
         Err(e) => return d.ops_error(&v, e),
     };
     let refresh = (!op.state.is_final()).then_some(REFRESH_SECS);
+    let patch = match &op.kind {
+        OpKind::Fix { patch, .. } => Some(d.patch_shown(&op.queue, patch, v.can_act)),
+        _ => None,
+    };
     page(
         StatusCode::OK,
         "Group operation",
         &v,
         refresh,
-        op_view(&op, &v),
+        op_view(&op, patch.as_deref(), &v),
     )
 }
 
-fn op_view(op: &Operation, v: &Viewer) -> Markup {
+impl Dashboard {
+    /// A fix's patch as `/ops/{id}` shows it ([`crate::redact::patch_for_display`]):
+    /// values only to a viewer who may act, and then masked where they
+    /// write a field the function of `queue` redacts; none when no function
+    /// of this app consumes `queue`, whose rules are then unknown.
+    fn patch_shown(&self, queue: &str, patch: &str, can_act: bool) -> String {
+        let ops = self.owned_queue(queue);
+        let function = ops.as_ref().and_then(|q| q.function.as_ref());
+        let none = crate::redact::Redaction::default();
+        let redact = function.map_or(&none, |f| &f.redact);
+        let shown = crate::redact::patch_for_display(patch, redact, can_act && function.is_some());
+        aqw_core::scrub::printable(&shown).to_string()
+    }
+}
+
+fn op_view(op: &Operation, patch: Option<&str>, v: &Viewer) -> Markup {
     html! {
         p #op-state { "Operation " (op.id) ": " strong { (op.state.as_str()) } ", " (op.kind.name()) " on " (op.queue) "." }
         p #op-progress { (op.done) " done, " (op.skipped) " skipped, " (op.failed) " failed of "
@@ -187,8 +206,9 @@ fn op_view(op: &Operation, v: &Viewer) -> Markup {
             @if let OpKind::Discard { reason, close_key } = &op.kind {
                 dt { "reason" } dd { (reason) @if *close_key { " (keys closed)" } }
             }
-            @if let OpKind::Fix { patch, .. } = &op.kind {
-                dt { "JSON Patch" } dd.id #op-patch { (aqw_core::scrub::printable(patch)) }
+            @if let Some(patch) = patch {
+                dt { "JSON Patch" } dd.id #op-patch { (patch) }
+                @if !v.can_act { dd #op-patch-values { "Values are shown only to those who may act." } }
             }
             @if op.returned_poisoned > 0 { dt { "replayed jobs back in poison" } dd { (op.returned_poisoned) } }
             @if let Some(r) = &op.stop_reason { dt { "stopped" } dd #op-stopped { (r) } }
