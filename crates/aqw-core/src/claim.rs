@@ -486,64 +486,47 @@ mod tests {
         ));
     }
 
-    /// The probes of issue 48: each refused by the rule it breaks, and the
-    /// error names no blob.
+    /// The probes of issue 48 and their neighbours on queue `orders`, each
+    /// with the rule it breaks.
+    fn refused_cases(sha: &str) -> Vec<(String, Invalid)> {
+        let upper = sha.to_uppercase();
+        let not_own = [
+            "../victim/doc.txt".to_string(),
+            "../victim/nope.txt".into(),
+            format!("charges/{sha}"),
+            format!("orders/../charges/{sha}"),
+            format!("orders/{sha}/"),
+            format!("orders-poison/{sha}"),
+            format!("orders/{}", "0".repeat(64)),
+        ];
+        let mut cases: Vec<(String, Invalid)> = not_own
+            .iter()
+            .map(|blob| (reference(1, blob, 1, sha), Invalid::NotOwnBlob))
+            .collect();
+        let own = format!("orders/{sha}");
+        let too_long = Invalid::TooLong {
+            length: MAX + 1,
+            max: MAX,
+        };
+        cases.extend([
+            (
+                reference(1, &format!("orders/{upper}"), 1, &upper),
+                Invalid::Hash,
+            ),
+            (reference(1, "orders/ab", 1, "ab"), Invalid::Hash),
+            (reference(2, &own, 1, sha), Invalid::Version),
+            (reference(1, &own, MAX + 1, sha), too_long),
+        ]);
+        cases
+    }
+
+    /// Each probe is refused by the rule it breaks, and the error names no
+    /// blob.
     #[test]
     fn a_reference_names_only_its_own_queues_blob() {
         let sha = hex::encode(Sha256::digest(b"x"));
         let check = |payload: &str| parse(payload, scope("orders")).unwrap();
-        let cases = [
-            (
-                reference(1, "../victim/doc.txt", 1, &sha),
-                Invalid::NotOwnBlob,
-            ),
-            (
-                reference(1, "../victim/nope.txt", 1, &sha),
-                Invalid::NotOwnBlob,
-            ),
-            (
-                reference(1, &format!("charges/{sha}"), 1, &sha),
-                Invalid::NotOwnBlob,
-            ),
-            (
-                reference(1, &format!("orders/../charges/{sha}"), 1, &sha),
-                Invalid::NotOwnBlob,
-            ),
-            (
-                reference(1, &format!("orders/{sha}/"), 1, &sha),
-                Invalid::NotOwnBlob,
-            ),
-            (
-                reference(1, &format!("orders-poison/{sha}"), 1, &sha),
-                Invalid::NotOwnBlob,
-            ),
-            (
-                reference(1, &format!("orders/{}", "0".repeat(64)), 1, &sha),
-                Invalid::NotOwnBlob,
-            ),
-            (
-                reference(
-                    1,
-                    &format!("orders/{}", sha.to_uppercase()),
-                    1,
-                    &sha.to_uppercase(),
-                ),
-                Invalid::Hash,
-            ),
-            (reference(1, "orders/ab", 1, "ab"), Invalid::Hash),
-            (
-                reference(2, &format!("orders/{sha}"), 1, &sha),
-                Invalid::Version,
-            ),
-            (
-                reference(1, &format!("orders/{sha}"), MAX + 1, &sha),
-                Invalid::TooLong {
-                    length: MAX + 1,
-                    max: MAX,
-                },
-            ),
-        ];
-        for (payload, want) in cases {
+        for (payload, want) in refused_cases(&sha) {
             let got = check(&payload).unwrap_err();
             assert_eq!(got, want, "{payload}");
             let text = got.to_string();
