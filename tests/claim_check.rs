@@ -71,7 +71,10 @@ async fn a_5_mib_job_runs_is_poisoned_shown_replayed_byte_exact_and_fixed() {
     let blob = put["blob"].as_str().expect("claim-checked").to_string();
     let (text, reference) = the_payload(&app).await;
     assert!(text.len() < 400, "a small message: {} bytes", text.len());
-    let r = claim::parse(&reference).expect("a reference").unwrap();
+    let scope = app.config.claim_check.scope(&app.queue);
+    let r = claim::parse(&reference, scope)
+        .expect("a reference")
+        .unwrap();
     assert_eq!(
         (r.blob.as_str(), r.length),
         (blob.as_str(), job.len() as u64)

@@ -19,6 +19,7 @@ mod common;
 
 mod bad_input;
 mod claim_check;
+mod claim_check_refs;
 mod connections;
 mod contract;
 mod dashboard;

@@ -1,14 +1,16 @@
 //! `aqw.claimCheck`: when a job's body goes to Blob storage instead of the
-//! queue message (`aqw_core::claim`), and which container holds it.
+//! queue message (`aqw_core::claim`), which container holds it, and the
+//! largest body a reference may name.
 
 use super::raw::RawClaimCheck;
 use super::ConfigError;
-use aqw_core::claim::{ClaimCheck, MIN_THRESHOLD};
+use aqw_core::claim::{ClaimCheck, MAX_BYTES_CAP, MIN_THRESHOLD};
 use aqw_core::message::{max_payload, MessageEncoding};
 
 /// `aqw.claimCheck`, defaulted for `encoding`: the threshold between
 /// [`MIN_THRESHOLD`] and the largest payload a message holds, the container
-/// a valid Blob container name.
+/// a valid Blob container name, `maxBytes` between the threshold and
+/// [`MAX_BYTES_CAP`].
 pub(super) fn validate(
     file: &str,
     raw: Option<&RawClaimCheck>,
@@ -48,6 +50,20 @@ pub(super) fn validate(
         }
         c.container = name.clone();
     }
+    if let Some(max) = raw.max_bytes {
+        let least = c.threshold as u64;
+        if !(least..=MAX_BYTES_CAP).contains(&max) {
+            return Err(ConfigError::new(
+                file,
+                "aqw.claimCheck.maxBytes",
+                format!(
+                    "{max} is not between the threshold ({least} bytes) and {MAX_BYTES_CAP} \
+                     bytes (256 MiB)"
+                ),
+            ));
+        }
+        c.max_bytes = max;
+    }
     Ok(c)
 }
 
@@ -71,6 +87,7 @@ mod tests {
             enabled: None,
             threshold,
             container: container.map(str::to_string),
+            max_bytes: None,
         }
     }
 
@@ -92,6 +109,33 @@ mod tests {
         for bad in ["Big", "a--b", "-ab", "ab", "a_b"] {
             let e = validate("h", Some(&raw(None, Some(bad))), b64).unwrap_err();
             assert_eq!(e.field, "aqw.claimCheck.container", "{bad}");
+        }
+    }
+
+    #[test]
+    fn max_bytes_is_at_least_the_threshold_and_at_most_the_cap() {
+        let b64 = MessageEncoding::Base64;
+        let c = validate("host.json", None, b64).unwrap();
+        assert_eq!(c.max_bytes, aqw_core::claim::DEFAULT_MAX_BYTES);
+        let with = |threshold, max| RawClaimCheck {
+            max_bytes: Some(max),
+            ..raw(threshold, None)
+        };
+        for ok in [49_152, 1 << 20, MAX_BYTES_CAP] {
+            assert_eq!(
+                validate("h", Some(&with(None, ok)), b64).unwrap().max_bytes,
+                ok
+            );
+        }
+        assert!(validate("h", Some(&with(Some(4096), 4096)), b64).is_ok());
+        for (threshold, bad) in [
+            (None, 49_151),
+            (Some(4096), 4095),
+            (None, MAX_BYTES_CAP + 1),
+            (None, 0),
+        ] {
+            let e = validate("h", Some(&with(threshold, bad)), b64).unwrap_err();
+            assert_eq!(e.field, "aqw.claimCheck.maxBytes", "{bad}");
         }
     }
 }

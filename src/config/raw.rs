@@ -116,6 +116,7 @@ pub(super) struct RawClaimCheck {
     pub(super) enabled: Option<bool>,
     pub(super) threshold: Option<u64>,
     pub(super) container: Option<String>,
+    pub(super) max_bytes: Option<u64>,
 }
 
 /// `aqw.schedules.<Name>` (checked in [`super::schedules`]).

@@ -214,6 +214,14 @@ fn claim_check_row(app: &AppConfig, look: &Lookup, row: &mut impl FnMut(&str, St
         false => "off (a payload that does not fit a message is refused)".into(),
     };
     row("claimCheck", value, look.host("/aqw/claimCheck"));
+    row(
+        "claimCheck.maxBytes",
+        format!(
+            "a reference may name a body of at most {} bytes",
+            c.max_bytes
+        ),
+        look.host("/aqw/claimCheck/maxBytes"),
+    );
 }
 
 fn table_rows(app: &AppConfig, look: &Lookup, row: &mut impl FnMut(&str, String, Source)) {

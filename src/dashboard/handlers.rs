@@ -261,8 +261,7 @@ pub async fn record(
             .and_then(|f| crate::handlers::lookup::of(&f.handler));
         report.provider_check = Some(crate::handlers::lookup::ask(lookup, pk).await.line());
     }
-    let payload = PayloadView::of(&report.record);
-    let editable = PayloadView::editable(&report.record);
+    let (payload, editable) = PayloadView::of_report(&report);
     let p = RecordPage {
         queue: &queue,
         record: &report.record,

@@ -5,6 +5,7 @@
 //! characters are shown as `\u{…}` escapes. HTML escaping is maud's job.
 
 use crate::message::MessageEncoding;
+use crate::ops::ShowReport;
 use crate::poison::PoisonRecord;
 use base64::Engine as _;
 
@@ -66,6 +67,28 @@ impl PayloadView {
                     valid_up_to,
                 }
             }
+        }
+    }
+
+    /// What the record page shows of a `poison show` report, and the text
+    /// its fix form starts from. A claim-checked record shows its job's
+    /// body, fetched through a reference checked for the record's queue and
+    /// masked by the function's `redact` (`report.payload_text`), never the
+    /// reference; when the body cannot be had, why, and the reference.
+    pub fn of_report(report: &ShowReport) -> (Self, String) {
+        let rec = &report.record;
+        let reference = crate::message::decode(&rec.message, rec.encoding)
+            .is_ok_and(|p| aqw_core::claim::is_reference(&p));
+        match (&report.payload_text, &report.decode_error) {
+            (Some(body), _) if reference => {
+                (Self::of_bytes(body.clone().into_bytes()), body.clone())
+            }
+            (None, Some(why)) if reference => {
+                let why = format!("The claim-checked body cannot be shown: {why}");
+                let raw = printable(&Self::editable(rec));
+                (PayloadView::Undecodable { why, raw }, String::new())
+            }
+            _ => (Self::of(rec), Self::editable(rec)),
         }
     }
 

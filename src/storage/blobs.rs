@@ -18,6 +18,7 @@
 //! and port the account is on.
 
 use super::pipeline::find_header;
+use super::transport::BODY_LIMIT_HEADER;
 use super::*;
 use azure_core::http::{Method, Pipeline, RawResponse, Request};
 
@@ -127,6 +128,18 @@ pub struct AzureBlobs {
     client: BlobsClient,
 }
 
+/// A Get Blob answer read with a bound: too large when its Content-Length
+/// or the bytes that came are over it.
+fn bounded(rsp: &RawResponse, max_bytes: u64) -> BlobRead {
+    let declared = find_header(rsp.headers(), "content-length").and_then(|l| l.parse::<u64>().ok());
+    let body = rsp.body();
+    match declared {
+        Some(n) if n > max_bytes => BlobRead::TooLarge(Some(n)),
+        _ if body.len() as u64 > max_bytes => BlobRead::TooLarge(declared),
+        _ => BlobRead::Whole(body.to_vec()),
+    }
+}
+
 fn gone_is_ok(r: StorageResult<RawResponse>) -> StorageResult<()> {
     match r {
         Ok(_) | Err(StorageError::NotFound) => Ok(()),
@@ -159,12 +172,15 @@ impl BlobStore for AzureBlobs {
         etag_of(&self.client.send(r).await?)
     }
 
-    async fn get(&self, name: &str) -> StorageResult<Option<Vec<u8>>> {
-        let r = self
+    async fn get(&self, name: &str, max_bytes: u64) -> StorageResult<Option<BlobRead>> {
+        let mut r = self
             .client
             .request(Method::Get, &blob_path(&self.name, name))?;
+        // The transport reads no more than the bound (and nothing of a body
+        // whose Content-Length is over it): a blob's size is input.
+        r.insert_header(BODY_LIMIT_HEADER, max_bytes.to_string());
         match self.client.send(r).await {
-            Ok(rsp) => Ok(Some(rsp.body().to_vec())),
+            Ok(rsp) => Ok(Some(bounded(&rsp, max_bytes))),
             Err(StorageError::NotFound) => Ok(None),
             Err(e) => Err(e),
         }

@@ -30,7 +30,7 @@
 //! `Authorization` header and every query parameter outside its allow-list
 //! (`sig` is not on it).
 
-use super::transport::{error_chain, Incoming, Outgoing, SendError, Transport};
+use super::transport::{error_chain, Incoming, Outgoing, SendError, Transport, BODY_LIMIT_HEADER};
 use super::{Secret, StorageError};
 use async_trait::async_trait;
 use azure_core::error::{Error, ErrorKind};
@@ -163,10 +163,13 @@ impl HttpClient for CountingTransport {
         let version = find_header(request.headers(), "x-ms-version").unwrap_or_default();
         let op = super::blobs::blob_operation(request.method(), request.url(), version)
             .unwrap_or_else(|| operation_name(request.method(), request.url()));
+        let body_limit =
+            find_header(request.headers(), BODY_LIMIT_HEADER).and_then(|v| v.parse::<u64>().ok());
         let outgoing = outgoing(request)?;
         let http = self.http()?;
         let span = storage_span(request.method(), op, request.url());
-        let result = http.send(outgoing).instrument(span.clone()).await;
+        let sent = http.send_bounded(outgoing, body_limit);
+        let result = sent.instrument(span.clone()).await;
         self.record_outcome(op, &span, result.as_ref().map(|r| r.status).ok());
         match result {
             Ok(rsp) => Ok(raw_response(rsp)),
@@ -193,6 +196,9 @@ impl HttpClient for CountingTransport {
 fn outgoing(request: &Request) -> azure_core::Result<Outgoing<'_>> {
     let mut headers = http::HeaderMap::with_capacity(16);
     for (name, value) in request.headers().iter() {
+        if name.as_str() == BODY_LIMIT_HEADER {
+            continue; // for the transport, not the service
+        }
         let invalid = || {
             Error::with_message(
                 ErrorKind::Other,

@@ -101,9 +101,20 @@ impl Transport {
     }
 
     pub async fn send(&self, req: Outgoing<'_>) -> Result<Incoming, SendError> {
+        self.send_bounded(req, None).await
+    }
+
+    /// [`Transport::send`], reading at most `body_limit` + 1 bytes of the
+    /// response body ([`read_body`]).
+    pub async fn send_bounded(
+        &self,
+        req: Outgoing<'_>,
+        body_limit: Option<u64>,
+    ) -> Result<Incoming, SendError> {
+        let timeout = self.limits.request;
         match &self.wire {
-            Wire::Direct(client) => send_direct(client, req, self.limits.request).await,
-            Wire::Proxied(client) => send_proxied(client, req, self.limits.request).await,
+            Wire::Direct(client) => send_direct(client, req, timeout, body_limit).await,
+            Wire::Proxied(client) => send_proxied(client, req, timeout, body_limit).await,
         }
     }
 }
@@ -157,10 +168,71 @@ fn proxied(limits: Limits) -> Result<reqwest::Client, String> {
         .map_err(|e| format!("cannot build HTTP client: {e}"))
 }
 
+/// The request header by which a client asks for a bounded read of the
+/// response body (a blob's bytes are input): the pipeline takes it off the
+/// request ([`super::pipeline`]), so it never reaches the wire.
+pub(crate) const BODY_LIMIT_HEADER: &str = "x-aqw-body-limit";
+
+/// What a bounded read keeps of a response body: a body that declares
+/// (`Content-Length`) more than `limit` bytes is not read at all (empty);
+/// one that sends more than it declared is read up to the first chunk past
+/// `limit`, then the rest is left unread (the connection is dropped, not
+/// pooled). Either way the caller sees more than `limit` bytes declared or
+/// read, and refuses the body; memory stays within `limit` plus a chunk.
+#[derive(Debug, Default)]
+struct BoundedBody {
+    bytes: Vec<u8>,
+}
+
+impl BoundedBody {
+    /// Whether the read must go on after this chunk.
+    fn push(&mut self, chunk: &[u8], limit: u64) -> bool {
+        self.bytes.extend_from_slice(chunk);
+        self.bytes.len() as u64 <= limit
+    }
+}
+
+/// Whether the headers declare a body longer than `limit`.
+fn declared_over(headers: &http::HeaderMap, limit: u64) -> bool {
+    headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n > limit)
+}
+
+/// The body of a direct response, whole or bounded ([`BoundedBody`]).
+async fn read_body(
+    mut body: hyper::body::Incoming,
+    headers: &http::HeaderMap,
+    limit: Option<u64>,
+) -> Result<Bytes, SendError> {
+    let Some(limit) = limit else {
+        let whole = body.collect().await;
+        return Ok(whole
+            .map_err(|e| SendError::Io(error_chain(&e)))?
+            .to_bytes());
+    };
+    let mut kept = BoundedBody::default();
+    if declared_over(headers, limit) {
+        return Ok(Bytes::new());
+    }
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| SendError::Io(error_chain(&e)))?;
+        if let Some(data) = frame.data_ref() {
+            if !kept.push(data, limit) {
+                break;
+            }
+        }
+    }
+    Ok(kept.bytes.into())
+}
+
 async fn send_direct(
     client: &Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
     req: Outgoing<'_>,
     timeout: Duration,
+    body_limit: Option<u64>,
 ) -> Result<Incoming, SendError> {
     let uri: http::Uri = req
         .url
@@ -180,11 +252,7 @@ async fn send_direct(
             }
         })?;
         let (parts, body) = rsp.into_parts();
-        let body = body
-            .collect()
-            .await
-            .map_err(|e| SendError::Io(error_chain(&e)))?
-            .to_bytes();
+        let body = read_body(body, &parts.headers, body_limit).await?;
         Ok(Incoming {
             status: parts.status.as_u16(),
             headers: parts.headers,
@@ -201,6 +269,7 @@ async fn send_proxied(
     client: &reqwest::Client,
     req: Outgoing<'_>,
     timeout: Duration,
+    body_limit: Option<u64>,
 ) -> Result<Incoming, SendError> {
     // reqwest's error text names the URL: keep the chain without it.
     let failed = |e: reqwest::Error| {
@@ -221,7 +290,19 @@ async fn send_proxied(
         .map_err(failed)?;
     let status = rsp.status().as_u16();
     let headers = rsp.headers().clone();
-    let body = rsp.bytes().await.map_err(failed)?;
+    let body = match body_limit {
+        None => rsp.bytes().await.map_err(failed)?,
+        Some(limit) if declared_over(&headers, limit) => Bytes::new(),
+        Some(limit) => {
+            let (mut rsp, mut kept) = (rsp, BoundedBody::default());
+            while let Some(chunk) = rsp.chunk().await.map_err(failed)? {
+                if !kept.push(&chunk, limit) {
+                    break;
+                }
+            }
+            kept.bytes.into()
+        }
+    };
     Ok(Incoming {
         status,
         headers,
@@ -279,7 +360,7 @@ mod tests {
             headers: http::HeaderMap::new(),
             body: Bytes::new(),
         };
-        let out = send_direct(&direct(STORAGE), req, Duration::from_millis(300)).await;
+        let out = send_direct(&direct(STORAGE), req, Duration::from_millis(300), None).await;
         match out {
             Err(SendError::TimedOut(after)) => assert_eq!(after, Duration::from_millis(300)),
             other => panic!("expected a timeout, got {:?}", other.map(|r| r.status)),
@@ -336,6 +417,62 @@ mod tests {
             assert_eq!(rsp.headers["x-ms-request-id"], "r-1");
             assert_eq!(rsp.headers["x-seen-version"], "2018-03-28");
             assert_eq!(rsp.body.as_ref(), b"<QueueMessage/>!");
+        }
+    }
+
+    /// A bounded read stops once the bound is passed: a body sent without
+    /// a length and without end is read no further than the bound and a
+    /// chunk (unbounded, it would run into the exchange's timeout), and one
+    /// whose Content-Length is over the bound is not read at all. Both wires.
+    #[tokio::test]
+    async fn a_bounded_read_stops_past_its_bound() {
+        const CHUNK: usize = 16 * 1024;
+        let endless = || {
+            let chunks = futures::stream::repeat_with(|| {
+                Ok::<_, std::io::Error>(Bytes::from(vec![b'x'; CHUNK]))
+            });
+            axum::body::Body::from_stream(chunks)
+        };
+        let app = axum::Router::new()
+            .route(
+                "/c/endless",
+                axum::routing::get(move || async move { endless() }),
+            )
+            .route(
+                "/c/declared",
+                axum::routing::get(|| async { vec![b'y'; 4 * 1024 * 1024] }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let limit = 100_000u64;
+        for wire in [
+            Wire::Direct(direct(STORAGE)),
+            Wire::Proxied(proxied(STORAGE).unwrap()),
+        ] {
+            let t = Transport {
+                wire,
+                limits: STORAGE,
+            };
+            let get = |path: &str| format!("http://{addr}/c/{path}");
+            let send = |url: String| {
+                let t = &t;
+                async move {
+                    let req = Outgoing {
+                        method: http::Method::GET,
+                        url: &url,
+                        headers: http::HeaderMap::new(),
+                        body: Bytes::new(),
+                    };
+                    t.send_bounded(req, Some(limit)).await
+                }
+            };
+            let rsp = send(get("endless")).await.expect("stopped, not timed out");
+            let n = rsp.body.len() as u64;
+            assert!(n > limit && n <= limit + CHUNK as u64, "{t:?}: {n} bytes");
+            let rsp = send(get("declared")).await.unwrap();
+            assert_eq!(rsp.headers["content-length"], "4194304");
+            assert!(rsp.body.is_empty(), "{t:?}: read a body declared too long");
         }
     }
 

@@ -111,9 +111,15 @@ pub enum ErrorKind {
     #[serde(rename = "claim_check_missing")]
     ClaimCheckMissing,
     /// The job's claim-check blob is not the body its reference names
-    /// (length or SHA-256), or the reference is malformed.
+    /// (length or SHA-256).
     #[serde(rename = "claim_check_corrupt")]
     ClaimCheckCorrupt,
+    /// The job's claim-check reference is malformed or names anything but
+    /// its own queue's content-addressed blob within
+    /// `aqw.claimCheck.maxBytes` ([`crate::claim::Reference::check`]):
+    /// refused without a storage call.
+    #[serde(rename = "claim_check_invalid")]
+    ClaimCheckInvalid,
 }
 
 impl ErrorKind {
@@ -129,6 +135,7 @@ impl ErrorKind {
             ErrorKind::ReplayedFailure => "replayed_failure",
             ErrorKind::ClaimCheckMissing => "claim_check_missing",
             ErrorKind::ClaimCheckCorrupt => "claim_check_corrupt",
+            ErrorKind::ClaimCheckInvalid => "claim_check_invalid",
         }
     }
     /// The kind named `s`; anything unknown is `Retryable`.
@@ -142,6 +149,7 @@ impl ErrorKind {
             "replayed_failure" => ErrorKind::ReplayedFailure,
             "claim_check_missing" => ErrorKind::ClaimCheckMissing,
             "claim_check_corrupt" => ErrorKind::ClaimCheckCorrupt,
+            "claim_check_invalid" => ErrorKind::ClaimCheckInvalid,
             _ => ErrorKind::Retryable,
         }
     }

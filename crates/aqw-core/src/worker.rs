@@ -319,8 +319,14 @@ async fn put_back_received(rt: &FunctionRuntime, due: usize) -> Option<usize> {
     // raise its DequeueCount, and rounds of that would walk it past the
     // cap without a run.
     for m in received {
-        crate::claim::refresh_before_reput(rt.blobs.as_ref(), &m.text, rt.app.message_encoding)
-            .await;
+        let scope = rt.app.claim_check.scope(&rt.function.queue);
+        crate::claim::refresh_before_reput(
+            rt.blobs.as_ref(),
+            &m.text,
+            rt.app.message_encoding,
+            scope,
+        )
+        .await;
         if rt
             .source
             .put(&m.text, Duration::ZERO, crate::storage::Ttl::Default)

@@ -101,8 +101,10 @@ pub async fn process(
 }
 
 /// The message's payload decoded (or why it cannot be), a claim-checked
-/// body fetched from its blob and checked ([`crate::claim`]); with the
-/// poison case when the blob is missing or corrupt. `Err`: storage failed
+/// body fetched from its blob and checked ([`crate::claim`]: the reference
+/// first, against the function's own queue, with no storage call when it
+/// is invalid); with the poison case when the reference is invalid or the
+/// blob missing or corrupt. `Err`: storage failed
 /// fetching the blob, and the attempt is abandoned (the message comes back
 /// after its lease).
 async fn body_of(
@@ -111,9 +113,14 @@ async fn body_of(
 ) -> Result<(Result<String, String>, Option<crate::decide::PoisonCase>), StorageError> {
     use crate::claim::FetchError;
     let decoded = decode(&msg.text, rt.app.message_encoding).map_err(|e| e.to_string());
-    let fetched = match decoded.as_ref().ok().and_then(|p| crate::claim::parse(p)) {
+    let scope = rt.app.claim_check.scope(&rt.function.queue);
+    let fetched = match decoded
+        .as_ref()
+        .ok()
+        .and_then(|p| crate::claim::parse(p, scope))
+    {
         None => return Ok((decoded, None)),
-        Some(Err(e)) => Err(FetchError::Corrupt(e)),
+        Some(Err(e)) => Err(FetchError::Invalid(e)),
         Some(Ok(reference)) => crate::claim::fetch(rt.blobs.as_ref(), &reference).await,
     };
     match fetched {
@@ -126,7 +133,8 @@ async fn body_of(
     }
 }
 
-/// The poison case of a missing or corrupt claim-check blob.
+/// The poison case of an invalid reference or a missing or corrupt
+/// claim-check blob.
 fn claim_poison(e: crate::claim::FetchError) -> crate::decide::PoisonCase {
     crate::decide::PoisonCase {
         kind: e.poison_kind().unwrap_or(ErrorKind::Permanent),

@@ -365,7 +365,8 @@ impl Settling<'_> {
     async fn put_copy(&self, after: Duration) -> Result<(), StorageError> {
         let rt = self.rt;
         let (text, encoding) = (&self.msg.text, rt.app.message_encoding);
-        crate::claim::refresh_before_reput(rt.blobs.as_ref(), text, encoding).await;
+        let scope = rt.app.claim_check.scope(&rt.function.queue);
+        crate::claim::refresh_before_reput(rt.blobs.as_ref(), text, encoding, scope).await;
         rt.source.put(text, after, Ttl::Default).await.map(|_| ())
     }
 

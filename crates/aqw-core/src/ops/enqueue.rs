@@ -182,6 +182,9 @@ pub fn prepare_enqueue(
         Err(_) => None,
     };
     let (text, claim_check) = if app.claim_check.applies_to(payload, app.message_encoding) {
+        app.claim_check
+            .refuse_oversize(payload.len())
+            .map_err(OpsError::Usage)?;
         let body = ClaimCheckBody {
             container: app.claim_check.container.clone(),
             body: payload.to_string(),
@@ -285,15 +288,20 @@ async fn claim_checked_text(
 
 /// Before a poison record's text is put again (replay): a claim-check
 /// reference's blob is refreshed ([`crate::claim::refresh_text`]); a blob
-/// that is gone refuses the replay, naming it.
+/// that is gone refuses the replay, naming it, and an invalid reference
+/// refuses it without a storage call.
 pub(crate) async fn refresh_claim_check(
     ops: &super::QueueOps,
     text: &str,
     encoding: MessageEncoding,
 ) -> OpsResult<()> {
-    match crate::claim::refresh_text(ops.blobs.as_ref(), text, encoding).await {
+    let scope = ops.claim_scope();
+    match crate::claim::refresh_text(ops.blobs.as_ref(), text, encoding, scope).await {
         Ok(()) => Ok(()),
         Err(crate::claim::FetchError::Storage(e)) => Err(e.into()),
+        Err(e @ crate::claim::FetchError::Invalid(_)) => Err(OpsError::Usage(format!(
+            "{e}: replaying it would only poison it again, as claim_check_invalid (discard it, or fix it with the job's body)"
+        ))),
         Err(e) => Err(OpsError::Usage(format!(
             "{e}: the job's body is gone, so it cannot be replayed (fix it with a new payload, or discard it)"
         ))),

@@ -128,7 +128,7 @@ pub(crate) async fn replace_record(
 ) -> OpsResult<FixReport> {
     let id = rec.message_id.as_str();
     // A payload written from a redacted view gets its masked values back.
-    let original = crate::claim::decode_body(ops.blobs.as_ref(), &rec.message, rec.encoding).await;
+    let original = ops.body_of(rec).await;
     let restored = match (&ops.function, original) {
         (Some(f), Ok(original)) => f.redact.restore(payload, &original).into_owned(),
         _ => payload.to_string(),
@@ -185,12 +185,13 @@ fn corrected(ops: &QueueOps, payload: &str) -> OpsResult<(FunctionConfig, Option
             "the corrected payload would be poisoned at once: {e}"
         ))
     })?;
-    if !ops
-        .app
-        .claim_check
-        .applies_to(payload, ops.app.message_encoding)
-    {
+    let claim_check = &ops.app.claim_check;
+    if !claim_check.applies_to(payload, ops.app.message_encoding) {
         crate::message::encode_checked(payload, ops.app.message_encoding)
+            .map_err(OpsError::Usage)?;
+    } else {
+        claim_check
+            .refuse_oversize(payload.len())
             .map_err(OpsError::Usage)?;
     }
     Ok((f, key))

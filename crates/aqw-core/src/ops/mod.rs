@@ -149,6 +149,22 @@ impl QueueOps {
         Ok((rec, etag))
     }
 
+    /// What a claim-check reference of this queue's records may name: the
+    /// source queue's own blobs (records are the source queue's, whichever
+    /// queue, `<queue>-poison` or the table, they were read from).
+    pub fn claim_scope(&self) -> crate::claim::Scope<'_> {
+        self.app.claim_check.scope(&self.queue)
+    }
+
+    /// A record's payload as its job would run: decoded, a claim-checked
+    /// body fetched through a reference checked for this queue
+    /// ([`crate::claim::decode_body`]); else why not (show, a fix's
+    /// redaction restore, a group fix and its preview).
+    pub async fn body_of(&self, rec: &PoisonRecord) -> Result<String, String> {
+        let scope = self.claim_scope();
+        crate::claim::decode_body(self.blobs.as_ref(), &rec.message, rec.encoding, scope).await
+    }
+
     /// The key state of a record, if its function and key are known.
     pub async fn key_record(&self, rec: &PoisonRecord) -> OpsResult<Option<KeyRecord>> {
         self.key_named(rec.key.as_deref()).await

@@ -535,6 +535,11 @@ impl Put<'_> {
         if interrupted_before && self.key.is_none() {
             return Ok(item.with(ReplayAction::Skipped, INTERRUPTED_KEYLESS));
         }
+        // A claim-checked job's blob is refreshed first, and a record whose
+        // reference is invalid or whose blob is gone is refused before the
+        // marker below is written (a marker would hold the record as
+        // interrupted).
+        super::enqueue::refresh_claim_check(ops, &self.rec.message, self.rec.encoding).await?;
         // Crash marker, needed only for keyless jobs: a keyed job re-put twice
         // is a clean duplicate, so it saves the round trip. The marker is
         // conditional on the version this replay saw, so of two replays racing
@@ -545,7 +550,6 @@ impl Put<'_> {
                 None => return Ok(item.with(ReplayAction::Skipped, CHANGED_MEANWHILE)),
             }
         }
-        super::enqueue::refresh_claim_check(ops, &self.rec.message, self.rec.encoding).await?;
         let receipt =
             crate::poison::put_creating(ops.source.as_ref(), &self.rec.message, Ttl::Default)
                 .await?;

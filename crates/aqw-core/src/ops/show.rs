@@ -68,8 +68,7 @@ pub async fn show(ops: &QueueOps, id: &str) -> OpsResult<ShowReport> {
         .as_ref()
         .and_then(|k| ProviderWindow::of(window, k, crate::clock::now_utc()));
     let mut record = record;
-    let body =
-        crate::claim::decode_body(ops.blobs.as_ref(), &record.message, record.encoding).await;
+    let body = ops.body_of(&record).await;
     let redaction = ops.function.as_ref().map(|f| &f.redact);
     let (payload, payload_text, decode_error, redacted) = shown(&mut record, body, redaction);
     Ok(ShowReport {
@@ -132,7 +131,7 @@ fn shown(
                 _ => text,
             };
             let reference = decode(&record.message, record.encoding)
-                .is_ok_and(|p| crate::claim::parse(&p).is_some());
+                .is_ok_and(|p| crate::claim::is_reference(&p));
             if note.is_some() && !reference {
                 record.message = encode(&text, record.encoding);
             }

@@ -78,12 +78,21 @@ async fn referenced_by_open_records(store: &PoisonStore) -> StorageResult<HashSe
         Err(StorageError::NotFound) => return Ok(HashSet::new()),
         Err(e) => return Err(e),
     };
+    // Only a queue's own blobs are listed, so only a reference to one of
+    // them keeps anything; whatever length it says (keeping is the safe
+    // side: the blob goes once the record closes).
+    let scope = crate::claim::Scope {
+        queue: store.queue(),
+        max_bytes: u64::MAX,
+    };
     Ok(records
         .into_iter()
         .filter(|(r, _)| r.status == RecordStatus::Open)
         .filter_map(|(r, _)| {
             let payload = crate::message::decode(&r.message, r.encoding).ok()?;
-            crate::claim::parse(&payload)?.ok().map(|c| c.blob)
+            crate::claim::parse(&payload, scope)
+                .and_then(Result::ok)
+                .map(|c| c.blob.clone())
         })
         .collect())
 }

@@ -361,6 +361,16 @@ pub struct BlobItem {
     pub etag: Etag,
 }
 
+/// What a bounded read of a blob ([`BlobStore::get`]) found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BlobRead {
+    /// The whole blob: at most the bound.
+    Whole(Vec<u8>),
+    /// The blob is larger than the bound, and was not read past it: its
+    /// size when the service said it (a length header), else `None`.
+    TooLarge(Option<u64>),
+}
+
 /// One Blob Storage container of block blobs (claim-check payloads,
 /// [`crate::claim`]).
 #[async_trait]
@@ -372,8 +382,11 @@ pub trait BlobStore: Send + Sync {
     /// Write `bytes` as the blob `name`, replacing any blob of that name;
     /// the new ETag. `NotFound` when the container is missing.
     async fn put(&self, name: &str, bytes: &[u8]) -> StorageResult<Etag>;
-    /// The blob's bytes; `None` when there is no such blob (or container).
-    async fn get(&self, name: &str) -> StorageResult<Option<Vec<u8>>>;
+    /// The blob's bytes when it holds at most `max_bytes`, else
+    /// [`BlobRead::TooLarge`] without reading more than the bound (the blob's
+    /// bytes are input: a larger one must cost no more memory than the
+    /// bound); `None` when there is no such blob (or container).
+    async fn get(&self, name: &str, max_bytes: u64) -> StorageResult<Option<BlobRead>>;
     /// Mark the blob written now (its `last_modified` and ETag change, the
     /// bytes do not); `NotFound` when it is missing.
     async fn touch(&self, name: &str) -> StorageResult<Etag>;

@@ -21,6 +21,10 @@
 //! - `claim_check.rs`: a large job through a blob: runs once on its exact
 //!   body, a missing or corrupt blob poisons with its own kind, show,
 //!   replay and fix;
+//! - `claim_check_refs.rs`: a reference is input: one naming another
+//!   queue's blob, `../` or too many bytes is invalid with no blob request
+//!   (run, show, replay, preview); a blob larger than its reference is
+//!   corrupt by its size; a body over maxBytes is refused at the enqueue;
 //! - `retention.rs`: the purge and the sweep keep what an open record needs;
 //! - `operations.rs`: durable group operations: killed mid-run and resumed
 //!   (each record once), cancelled from another handle, halted by the
@@ -30,6 +34,7 @@
 
 mod answers;
 mod claim_check;
+mod claim_check_refs;
 mod common;
 mod crashes;
 mod fleet;

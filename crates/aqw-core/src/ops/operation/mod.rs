@@ -359,7 +359,7 @@ pub async fn preview_fix(
     rec: &PoisonRecord,
     patch: &json_patch::Patch,
 ) -> Result<String, String> {
-    let body = crate::claim::decode_body(ops.blobs.as_ref(), &rec.message, rec.encoding).await?;
+    let body = ops.body_of(rec).await?;
     let corrected = apply_patch(patch, &body)?;
     let f = ops
         .function

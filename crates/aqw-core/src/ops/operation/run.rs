@@ -550,8 +550,7 @@ impl Hands<'_> {
             Ok(p) => p,
             Err(e) => return Outcome::Failed(format!("{id}: {e}")),
         };
-        let body =
-            crate::claim::decode_body(self.ops.blobs.as_ref(), &rec.message, rec.encoding).await;
+        let body = self.ops.body_of(&rec).await;
         let corrected = match body.map(|b| super::apply_patch(&patch, &b)) {
             Ok(Ok(c)) => c,
             Ok(Err(why)) => return Outcome::Skipped(format!("{id}: {why}")),

@@ -4,7 +4,7 @@
 //! against Azurite by the contract suite (`aqw_core::contract`).
 
 use super::{count, wire, Shared, State};
-use crate::storage::{BlobItem, BlobStore, Etag, StorageError, StorageResult};
+use crate::storage::{BlobItem, BlobRead, BlobStore, Etag, StorageError, StorageResult};
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::sync::{Arc, MutexGuard};
@@ -72,7 +72,7 @@ impl BlobStore for MemoryBlobs {
         Ok(etag)
     }
 
-    async fn get(&self, name: &str) -> StorageResult<Option<Vec<u8>>> {
+    async fn get(&self, name: &str, max_bytes: u64) -> StorageResult<Option<BlobRead>> {
         let (st, _) = self.begin("blob.get").await?;
         let found = st
             .containers
@@ -80,7 +80,12 @@ impl BlobStore for MemoryBlobs {
             .and_then(|c| c.blobs.get(name))
             .map(|b| b.bytes.clone());
         drop(st);
-        Ok(found.map(|b| b.as_ref().clone()))
+        // The size is checked before the bytes are copied, as the Azure
+        // adapter checks the length header before reading the body.
+        Ok(found.map(|b| match b.len() as u64 {
+            n if n > max_bytes => BlobRead::TooLarge(Some(n)),
+            _ => BlobRead::Whole(b.as_ref().clone()),
+        }))
     }
 
     async fn touch(&self, name: &str) -> StorageResult<Etag> {
