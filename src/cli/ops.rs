@@ -225,7 +225,10 @@ pub(super) async fn dispatch(app_dir: &Path, cmd: OpsCmd, output: Output) -> Res
 
 /// A group fix on `ops`'s function with `patch`: refused (exit 2) for a
 /// keyless function or a patch that reads a redacted field.
-fn fix_checks(ops: &QueueOps, patch: &str) -> Result<(), Failure> {
+fn fix_checks(ops: &QueueOps, kind: &OpKind) -> Result<(), Failure> {
+    let OpKind::Fix { patch, .. } = kind else {
+        return Ok(());
+    };
     if let Some(why) = operation::fix_refused(ops) {
         return Err(Failure::usage(why));
     }
@@ -296,23 +299,11 @@ async fn start(
 ) -> Result<Exit, Failure> {
     check_rate(a.rate)?;
     let (ops, store) = stores(app, Some(&a.queue))?;
-    if let OpKind::Fix { patch, .. } = &kind {
-        fix_checks(&ops, patch)?;
-    }
+    fix_checks(&ops, &kind)?;
     let mut now = selection(&a)?;
     now.cutoff = aqw::idempotency::fmt_time(aqw_core::clock::now_utc());
     let open = operation::select_open(&ops, &now).await?;
-    if let OpKind::Fix { patch, .. } = &kind {
-        // A dry run previews every record; a real run tries the patch on
-        // the first, so a patch past a bound is refused before anything
-        // is created.
-        let tried = if a.dry_run {
-            open.len()
-        } else {
-            open.len().min(1)
-        };
-        preview_fix(&ops, &open[..tried], patch, output, a.dry_run).await?;
-    }
+    try_fix(&ops, &open, &kind, a.dry_run, output).await?;
     let ids: Vec<String> = open.into_iter().map(|(r, _)| r.message_id).collect();
     let fingerprint = operation::fingerprint(&ids);
     if a.dry_run {
@@ -398,6 +389,27 @@ fn selection(a: &SelectArgs) -> Result<Selection, Failure> {
         cutoff: String::new(),
         ..Selection::default()
     })
+}
+
+/// A fix's patch tried before anything is created: a dry run previews
+/// every record; a real run tries the first, so a patch past a bound is
+/// refused (exit 2) before the operation exists.
+async fn try_fix(
+    ops: &QueueOps,
+    open: &[(aqw::poison::PoisonRecord, Option<aqw::storage::Etag>)],
+    kind: &OpKind,
+    dry_run: bool,
+    output: Output,
+) -> Result<(), Failure> {
+    let OpKind::Fix { patch, .. } = kind else {
+        return Ok(());
+    };
+    let tried = if dry_run {
+        open.len()
+    } else {
+        open.len().min(1)
+    };
+    preview_fix(ops, &open[..tried], patch, output, dry_run).await
 }
 
 /// `ops fix --dry-run`: per record, the key the corrected job derives or

@@ -339,66 +339,70 @@ pub async fn fix(
     body: Bytes,
 ) -> Response {
     let (b, _slot) = tri!(d.begin(&queue, &headers, &body).await);
-    let Begun {
-        form,
-        v,
-        p,
-        ops,
-        query,
-        chosen,
-        ids,
-    } = b;
-    let patch_text = get(&form, "patch").map(str::trim).unwrap_or_default();
+    let (form, v) = (&b.form, &b.v);
+    let patch_text = get(form, "patch").map(str::trim).unwrap_or_default();
     if patch_text.is_empty() {
-        let reviewed = d.review.ids(&queue, &ids);
-        let body = fix_review(&queue, &chosen, &query, &reviewed, "", &v, None);
-        return page(StatusCode::OK, "Group fix: patch", &v, None, body);
+        let reviewed = d.review.ids(&queue, &b.ids);
+        let body = fix_review(&queue, &b.chosen, &b.query, &reviewed, "", v, None);
+        return page(StatusCode::OK, "Group fix: patch", v, None, body);
     }
-    if let Some(why) = operation::fix_refused(ops) {
-        return *bad_request(&v, &why);
+    if let Some(why) = operation::fix_refused(b.ops) {
+        return *bad_request(v, &why);
     }
     let none = crate::redact::Redaction::default();
-    let redact = ops.function.as_ref().map_or(&none, |f| &f.redact);
+    let redact = b.ops.function.as_ref().map_or(&none, |f| &f.redact);
     let patch = match operation::parse_patch_for(patch_text, redact) {
         Ok(p) => p,
-        Err(m) => return *bad_request(&v, &format!("patch: {m}")),
+        Err(m) => return *bad_request(v, &format!("patch: {m}")),
     };
-    if get(&form, "mode") == Some("real") {
-        // The ids were reviewed (begin checked); the patch must be the one
-        // previewed, not one edited after the preview.
-        if !d
-            .review
-            .patch_ok(&queue, patch_text, get(&form, "patch_reviewed"))
-        {
-            let m = "The patch is not the one previewed (it was edited after its preview, or never previewed). Nothing was changed: preview it, then fix.";
-            return refusal(StatusCode::CONFLICT, "Preview this patch first", &v, m);
-        }
-        let kind = OpKind::Fix {
-            patch: patch_text.to_string(),
-            past_provider_window: get(&form, "past_provider_window").is_some(),
-        };
-        return d
-            .start_group((&v, &p), &queue, &query, &form, &ids, kind)
-            .await;
+    if get(form, "mode") != Some("real") {
+        return d.fix_preview_page(&queue, &b, patch_text, &patch).await;
     }
-    let preview = match fix_preview(ops, &chosen, &patch).await {
-        Ok(rows) => rows,
-        Err(m) => return *bad_request(&v, &format!("patch: {m}. Nothing was changed.")),
+    // The ids were reviewed (begin checked); the patch must be the one
+    // previewed, not one edited after the preview.
+    if !d
+        .review
+        .patch_ok(&queue, patch_text, get(form, "patch_reviewed"))
+    {
+        let m = "The patch is not the one previewed (it was edited after its preview, or never previewed). Nothing was changed: preview it, then fix.";
+        return refusal(StatusCode::CONFLICT, "Preview this patch first", v, m);
+    }
+    let kind = OpKind::Fix {
+        patch: patch_text.to_string(),
+        past_provider_window: get(form, "past_provider_window").is_some(),
     };
-    let digests = (
-        d.review.ids(&queue, &ids),
-        d.review.patch(&queue, patch_text),
-    );
-    let body = fix_review(
-        &queue,
-        &chosen,
-        &query,
-        &digests.0,
-        patch_text,
-        &v,
-        Some((&preview, &digests.1)),
-    );
-    page(StatusCode::OK, "Group fix: preview", &v, None, body)
+    d.start_group((v, &b.p), &queue, &b.query, form, &b.ids, kind)
+        .await
+}
+
+impl Dashboard {
+    /// The preview of `patch` on the reviewed records (nothing changes),
+    /// carrying this process's digests of the ids and the patch; 400 when
+    /// the patch passes a bound on one of them.
+    async fn fix_preview_page(
+        &self,
+        queue: &str,
+        b: &Begun<'_>,
+        patch_text: &str,
+        patch: &operation::Patch,
+    ) -> Response {
+        let preview = match fix_preview(b.ops, &b.chosen, patch).await {
+            Ok(rows) => rows,
+            Err(m) => return *bad_request(&b.v, &format!("patch: {m}. Nothing was changed.")),
+        };
+        let reviewed = self.review.ids(queue, &b.ids);
+        let patch_reviewed = self.review.patch(queue, patch_text);
+        let body = fix_review(
+            queue,
+            &b.chosen,
+            &b.query,
+            &reviewed,
+            patch_text,
+            &b.v,
+            Some((&preview, &patch_reviewed)),
+        );
+        page(StatusCode::OK, "Group fix: preview", &b.v, None, body)
+    }
 }
 
 /// One previewed record: its id, and the key the corrected job derives or
