@@ -32,7 +32,7 @@ pub async fn run(
         }
         None => None,
     };
-    let watchers = watch_operations(&app, &shutdown);
+    let watchers = watch_operations(&app, &alerts, &shutdown);
     worker.run_reporting(health, shutdown).await;
     for w in watchers {
         w.abort();
@@ -44,9 +44,11 @@ pub async fn run(
 }
 
 /// One watcher of durable operations per storage account the functions
-/// use (issue 40): an operation whose executor died is resumed here.
+/// use (issue 40): an operation whose executor died is resumed here (or
+/// halted and alerted, when its executors keep dying).
 fn watch_operations(
     app: &Arc<AppConfig>,
+    alerts: &crate::telemetry::Alerts,
     shutdown: &CancellationToken,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut seen: Vec<&crate::config::Connection> = vec![];
@@ -61,7 +63,11 @@ fn watch_operations(
         };
         let owner = format!("run-{}-{}", std::process::id(), tasks.len());
         let storage: Arc<dyn aqw_core::storage::Storage> = Arc::new(storage);
-        let watch = aqw_core::ops::operation::watch(app.clone(), storage, owner, shutdown.clone());
+        let opts = aqw_core::ops::operation::ExecuteOptions {
+            alerts: alerts.clone(),
+            ..aqw_core::ops::operation::ExecuteOptions::new(owner)
+        };
+        let watch = aqw_core::ops::operation::watch(app.clone(), storage, opts, shutdown.clone());
         tasks.push(tokio::spawn(watch));
     }
     tasks

@@ -23,7 +23,7 @@ fn app() -> TestApp {
 }
 
 /// `n` open records, each with its envelope copy on `<queue>-poison`.
-async fn poisoned(app: &TestApp, n: usize) {
+pub(crate) async fn poisoned(app: &TestApp, n: usize) {
     poisoned_named(app, "rec", n).await
 }
 
@@ -65,12 +65,12 @@ async fn poisoned_named(app: &TestApp, prefix: &str, n: usize) {
     .await;
 }
 
-fn store(app: &TestApp) -> OperationStore {
+pub(crate) fn store(app: &TestApp) -> OperationStore {
     OperationStore::new(app.storage().table(&app.control_table))
 }
 
 /// `aqw ARGS` as a child process of its own.
-fn spawn(app: &TestApp, args: &[&str]) -> Child {
+pub(crate) fn spawn(app: &TestApp, args: &[&str]) -> Child {
     Command::new(aqw_bin())
         .args(args)
         .arg("--app")
@@ -96,7 +96,7 @@ async fn progressed(app: &TestApp, done: u64) -> Operation {
     .await
 }
 
-async fn records_in(app: &TestApp, status: RecordStatus) -> Vec<PoisonRecord> {
+pub(crate) async fn records_in(app: &TestApp, status: RecordStatus) -> Vec<PoisonRecord> {
     let ops = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
     let all = ops.records().await.unwrap();
     all.into_iter().filter(|r| r.status == status).collect()
@@ -282,7 +282,7 @@ async fn bad_operation_input_exits_2_naming_the_value() {
 }
 
 /// An app whose handler posts to `sink`'s `/effects`.
-fn app_to(sink: &Sink) -> TestApp {
+pub(crate) fn app_to(sink: &Sink) -> TestApp {
     let handler =
         json!({"type": "http", "url": format!("{}/effects", sink.url), "timeout": "00:00:05"});
     TestApp::new(
@@ -292,7 +292,7 @@ fn app_to(sink: &Sink) -> TestApp {
     )
 }
 
-fn out_of(out: &std::process::Output) -> String {
+pub(crate) fn out_of(out: &std::process::Output) -> String {
     format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -46,6 +46,7 @@ mod oncall3;
 mod oncall4;
 mod operations;
 mod outage;
+mod patch_bounds;
 mod poison_format;
 mod provider_answers;
 #[cfg(feature = "failpoints")]

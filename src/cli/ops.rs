@@ -225,7 +225,10 @@ pub(super) async fn dispatch(app_dir: &Path, cmd: OpsCmd, output: Output) -> Res
 
 /// A group fix on `ops`'s function with `patch`: refused (exit 2) for a
 /// keyless function or a patch that reads a redacted field.
-fn fix_checks(ops: &QueueOps, patch: &str) -> Result<(), Failure> {
+fn fix_checks(ops: &QueueOps, kind: &OpKind) -> Result<(), Failure> {
+    let OpKind::Fix { patch, .. } = kind else {
+        return Ok(());
+    };
     if let Some(why) = operation::fix_refused(ops) {
         return Err(Failure::usage(why));
     }
@@ -296,15 +299,11 @@ async fn start(
 ) -> Result<Exit, Failure> {
     check_rate(a.rate)?;
     let (ops, store) = stores(app, Some(&a.queue))?;
-    if let OpKind::Fix { patch, .. } = &kind {
-        fix_checks(&ops, patch)?;
-    }
+    fix_checks(&ops, &kind)?;
     let mut now = selection(&a)?;
     now.cutoff = aqw::idempotency::fmt_time(aqw_core::clock::now_utc());
     let open = operation::select_open(&ops, &now).await?;
-    if let (true, OpKind::Fix { patch, .. }) = (a.dry_run, &kind) {
-        preview_fix(&ops, &open, patch, output).await?;
-    }
+    try_fix(&ops, &open, &kind, a.dry_run, output).await?;
     let ids: Vec<String> = open.into_iter().map(|(r, _)| r.message_id).collect();
     let fingerprint = operation::fingerprint(&ids);
     if a.dry_run {
@@ -392,30 +391,62 @@ fn selection(a: &SelectArgs) -> Result<Selection, Failure> {
     })
 }
 
+/// A fix's patch tried before anything is created: a dry run previews
+/// every record; a real run tries the first, so a patch past a bound is
+/// refused (exit 2) before the operation exists.
+async fn try_fix(
+    ops: &QueueOps,
+    open: &[(aqw::poison::PoisonRecord, Option<aqw::storage::Etag>)],
+    kind: &OpKind,
+    dry_run: bool,
+    output: Output,
+) -> Result<(), Failure> {
+    let OpKind::Fix { patch, .. } = kind else {
+        return Ok(());
+    };
+    let tried = if dry_run {
+        open.len()
+    } else {
+        open.len().min(1)
+    };
+    preview_fix(ops, &open[..tried], patch, output, dry_run).await
+}
+
 /// `ops fix --dry-run`: per record, the key the corrected job derives or
-/// why the patch leaves it open (text only: the JSON dry run stays one
-/// object). Never the corrected body.
+/// why the patch leaves it open (`show`, text only: the JSON dry run stays
+/// one object). Never the corrected body. A patch past a bound on any
+/// record (the payload's growth, the bytes it copies) is refused: exit 2.
 async fn preview_fix(
     ops: &QueueOps,
     open: &[(aqw::poison::PoisonRecord, Option<aqw::storage::Etag>)],
     patch: &str,
     output: Output,
+    show: bool,
 ) -> Result<(), Failure> {
-    if output != Output::Text {
-        return Ok(());
-    }
+    let show = show && output == Output::Text;
     let patch = operation::parse_patch(patch).map_err(Failure::usage)?;
     let mut fits = 0;
     for (rec, _) in open {
         match operation::preview_fix(ops, rec, &patch).await {
             Ok(k) => {
                 fits += 1;
-                outln!("{:<38} fix      -> {k}", rec.message_id);
+                if show {
+                    outln!("{:<38} fix      -> {k}", rec.message_id);
+                }
             }
-            Err(why) => outln!("{:<38} left open: {why}", rec.message_id),
+            Err(operation::PatchError::Refused(why)) => {
+                return Err(Failure::usage(format!(
+                    "--patch: {why} (on record {}); nothing was created",
+                    rec.message_id
+                )));
+            }
+            Err(why) if show => outln!("{:<38} left open: {why}", rec.message_id),
+            Err(_) => {}
         }
     }
-    outln!("the patch fits {fits} of {} record(s)", open.len());
+    if show {
+        outln!("the patch fits {fits} of {} record(s)", open.len());
+    }
     Ok(())
 }
 
@@ -525,8 +556,15 @@ fn render_list(app: &AppConfig, ops: &[Operation], output: Output) {
     );
     for op in ops {
         let progress = format!("{}/{}", op.done, op.selected);
+        // Why a halted or failed one stopped: what someone must look at.
+        let why = match (op.state, &op.stop_reason) {
+            (OpState::Halted | OpState::Failed, Some(r)) => {
+                format!(" ({})", r.chars().take(100).collect::<String>())
+            }
+            _ => String::new(),
+        };
         outln!(
-            "{:<26} {:<9} {:<7} {:<16} {:>14} {}",
+            "{:<26} {:<9} {:<7} {:<16} {:>14} {}{why}",
             op.id,
             op.state.as_str(),
             op.kind.name(),
@@ -583,6 +621,13 @@ fn render_one(app: &AppConfig, op: &Operation, output: Output) {
     );
     if let Some(r) = &op.stop_reason {
         outln!("  stopped: {r}");
+    }
+    if op.takeovers > 0 {
+        outln!(
+            "  taken over from a dead executor {} time(s) since its last checkpoint (halted past {})",
+            op.takeovers,
+            operation::MAX_TAKEOVERS
+        );
     }
     if let Some(e) = &op.last_error {
         outln!("  last error: {e}");

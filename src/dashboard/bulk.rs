@@ -6,9 +6,15 @@
 //! redacted field elsewhere must not show it). Why they are safe to click:
 //! - the selection is [`selection::select`], the list page's own, forced to
 //!   open records;
-//! - the dry run (or review) carries a fingerprint of the ids it showed, and
+//! - the dry run (or review) carries a digest of the ids it showed, and
 //!   the real action re-selects and refuses (409) when the same query now
 //!   selects other records, so an action touches exactly what was reviewed;
+//!   a fix's preview carries a digest of the patch it applied, and the real
+//!   fix runs only that patch. Both digests are keyed
+//!   ([`selection::ReviewKey`], a secret of this process), so a client
+//!   cannot compute one and skip the review;
+//! - a patch passes the bounds of `aqw_core`'s `apply_patch` (growth,
+//!   bytes copied, ops) or its preview is refused (400) before it runs;
 //! - the real action is a durable operation ([`super::operations`]): a row
 //!   naming who, the query, the fingerprint and the rate the review chose,
 //!   carried out by a background task at that rate, not by the request (a
@@ -21,7 +27,7 @@ use super::auth::Principal;
 use super::handlers::refusal;
 use super::operations::{bad_request, rate_field, rate_of, selection_of};
 use super::request::{get, page, pairs, see_other, tri, Pairs, Refused, S};
-use super::selection::{self, fingerprint, SelectError};
+use super::selection::{self, SelectError};
 use super::views::{self, csrf_field, enc, record_url, Viewer};
 use super::Dashboard;
 use crate::ops::operation::{self, NewOperation, OpKind};
@@ -85,7 +91,8 @@ impl Dashboard {
             return Err(no(StatusCode::CONFLICT, "Nothing matches", &m));
         }
         let ids: Vec<String> = chosen.iter().map(|r| r.message_id.clone()).collect();
-        if get(form, "mode") == Some("real") && get(form, "reviewed") != Some(&fingerprint(&ids)) {
+        let reviewed = self.review.ids_ok(&ops.queue, &ids, get(form, "reviewed"));
+        if get(form, "mode") == Some("real") && !reviewed {
             let m = format!(
                 "The records this query selects changed since your review ({n} now match: {what}). Nothing was changed: go back to the list and review again."
             );
@@ -186,7 +193,8 @@ pub async fn replay(
         Ok(r) => r,
         Err(e) => return d.ops_error(&v, e),
     };
-    let body = replay_review(&queue, &report, &query, &fingerprint(&ids), &v);
+    let reviewed = d.review.ids(&queue, &ids);
+    let body = replay_review(&queue, &report, &query, &reviewed, &v);
     page(StatusCode::OK, "Group replay: dry run", &v, None, body)
 }
 
@@ -211,7 +219,8 @@ impl Dashboard {
             kind,
             by: p.name.clone(),
             selection,
-            fingerprint: fingerprint(ids),
+            // The unkeyed fingerprint, as the CLI's: comparable anywhere.
+            fingerprint: operation::fingerprint(ids),
             selected: ids.len() as u64,
             rate,
             halt_after: operation::DEFAULT_HALT_AFTER,
@@ -242,7 +251,8 @@ pub async fn discard(
     let reason = get(&form, "reason").map(str::trim);
     let close_key = get(&form, "close_key").is_some();
     let Some(reason) = reason.filter(|_| get(&form, "mode") == Some("real")) else {
-        let body = discard_review(&queue, &chosen, &query, &fingerprint(&ids), &v);
+        let reviewed = d.review.ids(&queue, &ids);
+        let body = discard_review(&queue, &chosen, &query, &reviewed, &v);
         return page(StatusCode::OK, "Group discard: review", &v, None, body);
     };
     let kind = OpKind::Discard {
@@ -329,60 +339,70 @@ pub async fn fix(
     body: Bytes,
 ) -> Response {
     let (b, _slot) = tri!(d.begin(&queue, &headers, &body).await);
-    let Begun {
-        form,
-        v,
-        p,
-        ops,
-        query,
-        chosen,
-        ids,
-    } = b;
-    let patch_text = get(&form, "patch").map(str::trim).unwrap_or_default();
+    let (form, v) = (&b.form, &b.v);
+    let patch_text = get(form, "patch").map(str::trim).unwrap_or_default();
     if patch_text.is_empty() {
-        let body = fix_review(&queue, &chosen, &query, &fingerprint(&ids), "", &v, None);
-        return page(StatusCode::OK, "Group fix: patch", &v, None, body);
+        let reviewed = d.review.ids(&queue, &b.ids);
+        let body = fix_review(&queue, &b.chosen, &b.query, &reviewed, "", v, None);
+        return page(StatusCode::OK, "Group fix: patch", v, None, body);
     }
-    if let Some(why) = operation::fix_refused(ops) {
-        return *bad_request(&v, &why);
+    if let Some(why) = operation::fix_refused(b.ops) {
+        return *bad_request(v, &why);
     }
     let none = crate::redact::Redaction::default();
-    let redact = ops.function.as_ref().map_or(&none, |f| &f.redact);
+    let redact = b.ops.function.as_ref().map_or(&none, |f| &f.redact);
     let patch = match operation::parse_patch_for(patch_text, redact) {
         Ok(p) => p,
-        Err(m) => return *bad_request(&v, &format!("patch: {m}")),
+        Err(m) => return *bad_request(v, &format!("patch: {m}")),
     };
-    if get(&form, "mode") == Some("real") {
-        // The ids were reviewed (begin checked); the patch must be the one
-        // previewed, not one edited after the preview.
-        if get(&form, "patch_reviewed") != Some(&patch_digest(patch_text)) {
-            let m = "The patch is not the one previewed (it was edited after its preview, or never previewed). Nothing was changed: preview it, then fix.";
-            return refusal(StatusCode::CONFLICT, "Preview this patch first", &v, m);
-        }
-        let kind = OpKind::Fix {
-            patch: patch_text.to_string(),
-            past_provider_window: get(&form, "past_provider_window").is_some(),
-        };
-        return d
-            .start_group((&v, &p), &queue, &query, &form, &ids, kind)
-            .await;
+    if get(form, "mode") != Some("real") {
+        return d.fix_preview_page(&queue, &b, patch_text, &patch).await;
     }
-    let preview = fix_preview(ops, &chosen, &patch).await;
-    let body = fix_review(
-        &queue,
-        &chosen,
-        &query,
-        &fingerprint(&ids),
-        patch_text,
-        &v,
-        Some(&preview),
-    );
-    page(StatusCode::OK, "Group fix: preview", &v, None, body)
+    // The ids were reviewed (begin checked); the patch must be the one
+    // previewed, not one edited after the preview.
+    if !d
+        .review
+        .patch_ok(&queue, patch_text, get(form, "patch_reviewed"))
+    {
+        let m = "The patch is not the one previewed (it was edited after its preview, or never previewed). Nothing was changed: preview it, then fix.";
+        return refusal(StatusCode::CONFLICT, "Preview this patch first", v, m);
+    }
+    let kind = OpKind::Fix {
+        patch: patch_text.to_string(),
+        past_provider_window: get(form, "past_provider_window").is_some(),
+    };
+    d.start_group((v, &b.p), &queue, &b.query, form, &b.ids, kind)
+        .await
 }
 
-/// What the preview form carries so the real fix runs the previewed patch.
-fn patch_digest(patch: &str) -> String {
-    operation::fingerprint(&[patch.to_string()])
+impl Dashboard {
+    /// The preview of `patch` on the reviewed records (nothing changes),
+    /// carrying this process's digests of the ids and the patch; 400 when
+    /// the patch passes a bound on one of them.
+    async fn fix_preview_page(
+        &self,
+        queue: &str,
+        b: &Begun<'_>,
+        patch_text: &str,
+        patch: &operation::Patch,
+    ) -> Response {
+        let preview = match fix_preview(b.ops, &b.chosen, patch).await {
+            Ok(rows) => rows,
+            Err(m) => return *bad_request(&b.v, &format!("patch: {m}. Nothing was changed.")),
+        };
+        let reviewed = self.review.ids(queue, &b.ids);
+        let patch_reviewed = self.review.patch(queue, patch_text);
+        let body = fix_review(
+            queue,
+            &b.chosen,
+            &b.query,
+            &reviewed,
+            patch_text,
+            &b.v,
+            Some((&preview, &patch_reviewed)),
+        );
+        page(StatusCode::OK, "Group fix: preview", &b.v, None, body)
+    }
 }
 
 /// One previewed record: its id, and the key the corrected job derives or
@@ -392,25 +412,37 @@ struct FixPreview {
     outcome: Result<String, String>,
 }
 
+/// The patch applied to the first [`FIX_PREVIEW_ROWS`] records; why not,
+/// when it passes a bound on one of them (the patch itself is refused).
 async fn fix_preview(
     ops: &QueueOps,
     records: &[PoisonRecord],
     patch: &operation::Patch,
-) -> Vec<FixPreview> {
+) -> Result<Vec<FixPreview>, String> {
     let mut rows = vec![];
     for listed in records.iter().take(FIX_PREVIEW_ROWS) {
         // The list reads no payloads: read the whole record.
         let outcome = match ops.record(&listed.message_id).await {
             Ok(Some((r, _))) => operation::preview_fix(ops, &r, patch).await,
-            Ok(None) => Err("the record vanished".to_string()),
-            Err(e) => Err(crate::telemetry::scrub(&e.to_string())),
+            Ok(None) => Err(operation::PatchError::NotApplied(
+                "the record vanished".into(),
+            )),
+            Err(e) => Err(operation::PatchError::NotApplied(crate::telemetry::scrub(
+                &e.to_string(),
+            ))),
+        };
+        let outcome = match outcome {
+            Err(operation::PatchError::Refused(m)) => {
+                return Err(format!("{m} (on record {})", listed.message_id))
+            }
+            other => other.map_err(|e| e.to_string()),
         };
         rows.push(FixPreview {
             id: listed.message_id.clone(),
             outcome,
         });
     }
-    rows
+    Ok(rows)
 }
 
 fn fix_review(
@@ -420,14 +452,14 @@ fn fix_review(
     reviewed: &str,
     patch: &str,
     v: &Viewer,
-    preview: Option<&[FixPreview]>,
+    preview: Option<(&[FixPreview], &str)>,
 ) -> Markup {
-    let applies = preview.map(|p| p.iter().filter(|r| r.outcome.is_ok()).count());
+    let applies = preview.map(|(p, _)| p.iter().filter(|r| r.outcome.is_ok()).count());
     html! {
         p #group-review { "Group fix: nothing has changed yet. " (records.len())
             " open record(s): " (describe(query)) ". One JSON Patch (RFC 6902) is applied to each payload; "
             "a record it does not apply to is left open." }
-        @if let Some(rows) = preview {
+        @if let Some((rows, _)) = preview {
             p #fix-preview-summary { "The patch applies to " (applies.unwrap_or(0)) " of the first " (rows.len()) "." }
             table #fix-preview {
                 thead { tr { th { "id" } th { "corrected job" } } }
@@ -448,8 +480,8 @@ fn fix_review(
                     input type="hidden" name=(k) value=(val);
                 }
                 label { "JSON Patch " textarea #group-fix-patch name="patch" rows="4" cols="80" required { (patch) } }
-                @if preview.is_some() {
-                    input type="hidden" name="patch_reviewed" value=(patch_digest(patch));
+                @if let Some((_, patch_reviewed)) = preview {
+                    input type="hidden" name="patch_reviewed" value=(patch_reviewed);
                     (rate_field())
                     button #group-fix-preview name="mode" value="preview" type="submit" { "Preview again" }
                     " "

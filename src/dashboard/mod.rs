@@ -166,6 +166,8 @@ pub struct Dashboard {
     warnings: Vec<String>,
     /// Held by a group action while it runs: one at a time (`bulk.rs`).
     bulk: tokio::sync::Mutex<()>,
+    /// The key of the digests a review form carries (`bulk.rs`).
+    review: selection::ReviewKey,
 }
 
 impl Dashboard {
@@ -192,6 +194,7 @@ impl Dashboard {
             auth: auth::Auth::new(options.auth),
             read_only: options.read_only,
             bulk: tokio::sync::Mutex::new(()),
+            review: selection::ReviewKey::new(),
         })
     }
 }

@@ -63,15 +63,76 @@ pub(super) async fn select(ops: &QueueOps, params: &Pairs) -> Result<Selection, 
     })
 }
 
-/// A short fingerprint of a set of record ids (order does not matter): a
-/// group action's dry run carries it, and the real action refuses when the
-/// same query now selects other records.
-pub(super) fn fingerprint(ids: &[String]) -> String {
-    use sha2::Digest;
+/// The key of the digests a review form carries to the real action (the
+/// ids a dry run or review showed, the patch a preview applied): HMAC-SHA256
+/// under a secret drawn at random when the dashboard starts, so a client
+/// cannot compute one and skip the review. A review must therefore be
+/// done by the same process as its action: a restart invalidates pending
+/// reviews (the action is refused with 409 and asks for a new review).
+pub(super) struct ReviewKey([u8; 32]);
+
+impl ReviewKey {
+    /// A fresh random key.
+    pub fn new() -> Self {
+        let mut key = [0u8; 32];
+        rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut key);
+        ReviewKey(key)
+    }
+
+    /// The MAC of `what` on `queue` over `parts` (each length-prefixed,
+    /// so no two lists of parts read alike).
+    fn mac(&self, what: &str, queue: &str, parts: &[&str]) -> hmac::Hmac<sha2::Sha256> {
+        use hmac::Mac;
+        let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.0).expect("any key length");
+        for p in [what, queue].iter().chain(parts) {
+            m.update(&(p.len() as u64).to_be_bytes());
+            m.update(p.as_bytes());
+        }
+        m
+    }
+
+    fn sign(&self, what: &str, queue: &str, parts: &[&str]) -> String {
+        use hmac::Mac;
+        hex::encode(self.mac(what, queue, parts).finalize().into_bytes())
+    }
+
+    /// Whether `presented` is the digest of `what` (constant-time).
+    fn verify(&self, what: &str, queue: &str, parts: &[&str], presented: Option<&str>) -> bool {
+        use hmac::Mac;
+        let Some(Ok(bytes)) = presented.map(hex::decode) else {
+            return false;
+        };
+        self.mac(what, queue, parts).verify_slice(&bytes).is_ok()
+    }
+
+    /// The digest of a review of `ids` (order does not matter) on `queue`:
+    /// a group action's dry run carries it, and the real action refuses when
+    /// the same query now selects other records.
+    pub fn ids(&self, queue: &str, ids: &[String]) -> String {
+        self.sign("reviewed", queue, &sorted(ids))
+    }
+
+    /// Whether `presented` is [`Self::ids`] of `ids` on `queue`.
+    pub fn ids_ok(&self, queue: &str, ids: &[String], presented: Option<&str>) -> bool {
+        self.verify("reviewed", queue, &sorted(ids), presented)
+    }
+
+    /// The digest of a previewed `patch` on `queue`: the real fix runs only
+    /// the patch its preview applied.
+    pub fn patch(&self, queue: &str, patch: &str) -> String {
+        self.sign("patch", queue, &[patch])
+    }
+
+    /// Whether `presented` is [`Self::patch`] of `patch` on `queue`.
+    pub fn patch_ok(&self, queue: &str, patch: &str, presented: Option<&str>) -> bool {
+        self.verify("patch", queue, &[patch], presented)
+    }
+}
+
+fn sorted(ids: &[String]) -> Vec<&str> {
     let mut sorted: Vec<&str> = ids.iter().map(String::as_str).collect();
     sorted.sort_unstable();
-    let digest = sha2::Sha256::digest(sorted.join("\n").as_bytes());
-    hex::encode(&digest[..12])
+    sorted
 }
 
 /// The list filter from the query string (status open by default).
@@ -220,13 +281,24 @@ mod tests {
     }
 
     #[test]
-    fn a_fingerprint_ignores_order_and_tells_sets_apart() {
+    fn a_review_digest_ignores_order_tells_sets_apart_and_is_keyed() {
         let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(
-            fingerprint(&ids(&["a", "b"])),
-            fingerprint(&ids(&["b", "a"]))
-        );
-        assert_ne!(fingerprint(&ids(&["a", "b"])), fingerprint(&ids(&["a"])));
-        assert_ne!(fingerprint(&ids(&["ab"])), fingerprint(&ids(&["a", "b"])));
+        let key = ReviewKey::new();
+        let ab = key.ids("q", &ids(&["a", "b"]));
+        assert_eq!(ab, key.ids("q", &ids(&["b", "a"])));
+        assert!(key.ids_ok("q", &ids(&["b", "a"]), Some(&ab)));
+        assert!(!key.ids_ok("q", &ids(&["a"]), Some(&ab)));
+        assert!(!key.ids_ok("other", &ids(&["a", "b"]), Some(&ab)));
+        assert_ne!(key.ids("q", &ids(&["ab"])), ab);
+        assert_ne!(key.ids("q", &ids(&["a", "b"])), key.patch("q", "a"));
+        // Another process (another key) cannot make or check one.
+        assert!(!ReviewKey::new().ids_ok("q", &ids(&["a", "b"]), Some(&ab)));
+        // The unkeyed fingerprint of before, or no digest, is refused.
+        let unkeyed = crate::ops::operation::fingerprint(&ids(&["a", "b"]));
+        assert!(!key.ids_ok("q", &ids(&["a", "b"]), Some(&unkeyed)));
+        assert!(!key.ids_ok("q", &ids(&["a", "b"]), None));
+        assert!(!key.ids_ok("q", &ids(&["a", "b"]), Some("not hex")));
+        let p = key.patch("q", "[]");
+        assert!(key.patch_ok("q", "[]", Some(&p)) && !key.patch_ok("q", "[ ]", Some(&p)));
     }
 }

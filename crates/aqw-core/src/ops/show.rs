@@ -100,7 +100,7 @@ pub fn mask_message(
         record.message = crate::redact::MASK.into();
         return Some("redacted (undecodable, wholly hidden)".into());
     };
-    if crate::claim::parse(&text).is_some() {
+    if crate::claim::is_reference(&text) {
         return None;
     }
     let masked = redaction.mask(&text);

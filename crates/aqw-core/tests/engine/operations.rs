@@ -6,13 +6,17 @@
 //! poisoned; records poisoned after its creation are not its own. A group
 //! fix (one JSON Patch for a bad producer's batch) killed mid-run runs each
 //! corrected job once; `poison replay --all` is an operation that keeps
-//! its limit; a kind this aqw does not know is never run.
+//! its limit; a kind this aqw does not know is never run. A fix whose
+//! patch would grow each payload past its bound (a copy bomb) is refused
+//! record by record and its executor lives on; an operation whose
+//! executors keep dying holding its lease is halted, never taken again.
 
 use crate::common::*;
+use aqw_core::alert::{AlertEvent, Alerts};
 use aqw_core::control::ControlStore;
 use aqw_core::ops::operation::{
-    execute, replay_group, resume_idle, ExecuteOptions, NewOperation, OpKind, OpState, Operation,
-    OperationStore, Selection, LEASE,
+    execute, replay_group, resume_idle, Claim, ExecuteOptions, NewOperation, OpKind, OpState,
+    Operation, OperationStore, Selection, LEASE, MAX_TAKEOVERS,
 };
 use aqw_core::ops::{ReplayAction, ReplayOptions};
 use aqw_core::poison::RecordStatus;
@@ -552,4 +556,122 @@ async fn a_limited_replay_resumed_after_a_kill_stops_at_its_limit() {
         .map(|r| r.status == RecordStatus::Replayed)
         .collect();
     assert_eq!(replayed, [[true; 6].as_slice(), &[false; 4]].concat());
+}
+
+/// The patch of issue 48: `add /a` of a 1 KiB value, then 40 copies of
+/// `/a` into itself, each doubling the payload.
+fn copy_bomb() -> String {
+    let mut p =
+        vec![serde_json::json!({"op": "add", "path": "/a", "value": {"s": "x".repeat(1024)}})];
+    for i in 0..40 {
+        p.push(serde_json::json!({"op": "copy", "from": "/a", "path": format!("/a/k{i}")}));
+    }
+    serde_json::Value::Array(p).to_string()
+}
+
+/// A group fix with the copy bomb: the executor refuses the patch on each
+/// record at the op that would pass the payload's bound, before that op
+/// allocates; the operation ends with every record left open and why, and
+/// the same executor goes on to carry out the next operation.
+#[tokio::test(start_paused = true)]
+async fn a_copy_bomb_fix_is_refused_on_each_record_and_its_executor_lives_on() {
+    let env = Env::new(|_, _| Behave::Fail(REFUSED.into()));
+    poisoned(&env, 3).await;
+    let kind = OpKind::Fix {
+        patch: copy_bomb(),
+        past_provider_window: false,
+    };
+    let op = create(&env, kind, 3, 5.0).await;
+    let (ops, st) = (env.ops(), store(&env));
+    let end = execute(&ops, &st, &op.id, &executor("worker-a"))
+        .await
+        .expect("execute")
+        .expect("it ran");
+    assert_eq!(end.state, OpState::Done, "{end:?}");
+    assert_eq!((end.done, end.skipped, end.failed), (0, 3, 0), "{end:?}");
+    let why = end.last_error.clone().unwrap_or_default();
+    assert!(
+        why.contains("would grow the payload past 1 MiB at op 10 (copy /a -> /a/k9)"),
+        "{why}"
+    );
+    assert_eq!(row(&env, &op.id).await.last_error, end.last_error);
+    assert!(env
+        .records()
+        .await
+        .iter()
+        .all(|r| r.status == RecordStatus::Open));
+    let next = create(&env, discard_kind(), 3, 5.0).await;
+    let end = execute(&ops, &st, &next.id, &executor("worker-a"))
+        .await
+        .expect("execute")
+        .expect("it ran");
+    assert_eq!((end.state, end.done), (OpState::Done, 3), "{end:?}");
+}
+
+async fn claim(st: &OperationStore, id: &str, owner: &str) -> Claim {
+    st.claim(id, owner, LEASE, false).await.expect("claim")
+}
+
+/// Executors that die holding the lease (an out-of-memory patch killed
+/// each `aqw run` that took it): each expired lease taken from a dead
+/// holder is counted on the row, a checkpoint (progress) starts the count
+/// again, and the claim past [`MAX_TAKEOVERS`] halts the operation with
+/// `crashed executors` and an alert instead of running it; no idle worker
+/// takes it again.
+#[tokio::test(start_paused = true)]
+async fn an_operation_whose_executors_keep_dying_is_halted_and_never_taken_again() {
+    let env = Env::new(|_, _| Behave::Fail(REFUSED.into()));
+    poisoned(&env, 2).await;
+    let op = create(&env, discard_kind(), 2, 5.0).await;
+    let st = store(&env);
+    // The first claim of an unheld operation takes over nobody; one that
+    // checkpoints made progress.
+    assert!(matches!(
+        claim(&st, &op.id, "first").await,
+        Claim::Taken(..)
+    ));
+    assert_eq!(row(&env, &op.id).await.takeovers, 0);
+    tokio::time::sleep(LEASE).await;
+    let Claim::Taken(taken, etag) = claim(&st, &op.id, "resumed").await else {
+        panic!("an expired lease is taken")
+    };
+    assert_eq!(row(&env, &op.id).await.takeovers, 1);
+    st.checkpoint(&taken, &etag, LEASE)
+        .await
+        .expect("checkpoint");
+    assert_eq!(row(&env, &op.id).await.takeovers, 0, "progress resets it");
+    // Then executors that each die holding the lease, with no progress.
+    for i in 1..=MAX_TAKEOVERS {
+        tokio::time::sleep(LEASE).await;
+        let owner = format!("dead-{i}");
+        assert!(matches!(claim(&st, &op.id, &owner).await, Claim::Taken(..)));
+        assert_eq!(row(&env, &op.id).await.takeovers, i);
+    }
+    tokio::time::sleep(LEASE).await;
+    let (alerts, mut delivered) = Alerts::channel();
+    let idle = ExecuteOptions {
+        alerts,
+        ..executor("idle")
+    };
+    let app = env.app();
+    let storage: &dyn Storage = &env.storage;
+    assert_eq!(resume_idle(&app, storage, &idle).await.unwrap(), 1);
+    let halted = row(&env, &op.id).await;
+    assert_eq!(halted.state, OpState::Halted, "{halted:?}");
+    let why = halted.stop_reason.unwrap_or_default();
+    assert!(why.starts_with("crashed executors"), "{why}");
+    assert!(why.contains("dead-3") && why.contains("idle"), "{why}");
+    let Ok(AlertEvent::Notice(body)) = delivered.try_recv() else {
+        panic!("an alert")
+    };
+    assert_eq!(body["event"], "aqw.operation.halted", "{body}");
+    assert_eq!(body["operation"], op.id.as_str(), "{body}");
+    tokio::time::sleep(LEASE * 2).await;
+    assert_eq!(resume_idle(&app, storage, &idle).await.unwrap(), 0);
+    assert!(matches!(claim(&st, &op.id, "later").await, Claim::No));
+    assert!(env
+        .records()
+        .await
+        .iter()
+        .all(|r| r.status == RecordStatus::Open));
 }

@@ -14,13 +14,15 @@
 //! and [`OperationStore`], the only code that knows the row's columns.
 
 mod interactive;
+mod patch;
 mod row;
 mod run;
 
 pub use interactive::replay_group;
 /// A parsed JSON Patch (RFC 6902), as [`parse_patch`] gives it.
 pub use json_patch::Patch;
-pub use row::{OperationStore, Refresh};
+pub use patch::{size_bound, PatchError, GROWTH_FACTOR, MAX_PATCH_OPS, MIN_SIZE_BOUND};
+pub use row::{Claim, OperationStore, Refresh};
 pub use run::{execute, resume_idle, watch, ExecuteOptions, IDLE_SCAN_INTERVAL, LEASE};
 
 use super::{Filter, OpsError, OpsResult, QueueOps};
@@ -46,6 +48,13 @@ pub const MAX_RATE: f64 = 1000.0;
 /// Records this operation replayed that came back poisoned before it halts
 /// itself, when none is given.
 pub const DEFAULT_HALT_AFTER: u32 = 3;
+
+/// Take-overs of an operation whose executor died holding its lease, in a
+/// row with no checkpoint between them, before the next claim halts it
+/// (`crashed executors`) instead of running it again: an operation that
+/// kills its executor (out of memory, say) would otherwise be taken by
+/// every idle `aqw run` in turn, each dying the same way.
+pub const MAX_TAKEOVERS: u32 = 3;
 
 /// What an operation does with each record.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -101,9 +110,9 @@ impl OpKind {
 /// operation's row (a property holds 64 KiB), and a correction is small.
 pub const MAX_PATCH_BYTES: usize = 16 * 1024;
 
-/// `text` as a JSON Patch (RFC 6902): a non-empty array of operations, at
-/// most [`MAX_PATCH_BYTES`]. The error says what is wrong, for exit 2 or a
-/// 400.
+/// `text` as a JSON Patch (RFC 6902): a non-empty array of at most
+/// [`MAX_PATCH_OPS`] operations, at most [`MAX_PATCH_BYTES`]. The error
+/// says what is wrong, for exit 2 or a 400.
 pub fn parse_patch(text: &str) -> Result<json_patch::Patch, String> {
     if text.len() > MAX_PATCH_BYTES {
         return Err(format!(
@@ -116,6 +125,12 @@ pub fn parse_patch(text: &str) -> Result<json_patch::Patch, String> {
     })?;
     if patch.0.is_empty() {
         return Err("the patch has no operations".into());
+    }
+    if patch.0.len() > MAX_PATCH_OPS {
+        return Err(format!(
+            "the patch has {} operations; at most {MAX_PATCH_OPS}",
+            patch.0.len()
+        ));
     }
     Ok(patch)
 }
@@ -159,13 +174,12 @@ pub fn fix_refused(ops: &QueueOps) -> Option<String> {
 }
 
 /// `payload` corrected by `patch`, as compact JSON: what a group fix puts in
-/// place of a record. The error (one line) says why the patch does not
-/// apply to this payload.
-pub fn apply_patch(patch: &json_patch::Patch, payload: &str) -> Result<String, String> {
-    let mut doc: serde_json::Value =
-        serde_json::from_str(payload).map_err(|e| format!("the payload is not JSON: {e}"))?;
-    json_patch::patch(&mut doc, patch).map_err(|e| format!("the patch does not apply: {e}"))?;
-    serde_json::to_string(&doc).map_err(|e| e.to_string())
+/// place of a record. The only code that applies a patch: op by op, within
+/// the bounds of [`patch`] (the payload's growth, the bytes copied, the
+/// number of ops), refused before an op allocates past them. The error
+/// (one line) says why there is no corrected payload.
+pub fn apply_patch(patch: &json_patch::Patch, payload: &str) -> Result<String, PatchError> {
+    patch::apply(&patch.0, payload)
 }
 
 /// Where an operation stands.
@@ -352,23 +366,24 @@ pub fn fingerprint(ids: &[String]) -> String {
 
 /// What a group fix would do with `rec` (read with its payload): the key
 /// the corrected job derives (`key K`, or `keyless`), or why the record
-/// would be left open. Reads the blob of a claim-checked payload; never
-/// returns the corrected body (a patch may move a redacted field).
+/// would be left open ([`PatchError::Refused`] when the patch passes a
+/// bound on this payload: refuse the patch itself). Reads the blob of a
+/// claim-checked payload; never returns the corrected body (a patch may
+/// move a redacted field).
 pub async fn preview_fix(
     ops: &QueueOps,
     rec: &PoisonRecord,
     patch: &json_patch::Patch,
-) -> Result<String, String> {
-    let body = ops.body_of(rec).await?;
+) -> Result<String, PatchError> {
+    let left = PatchError::NotApplied;
+    let body = ops.body_of(rec).await.map_err(left)?;
     let corrected = apply_patch(patch, &body)?;
-    let f = ops
-        .function
-        .as_ref()
-        .ok_or("no function consumes this queue")?;
+    let f = ops.function.as_ref();
+    let f = f.ok_or_else(|| left("no function consumes this queue".into()))?;
     match crate::idempotency::derive_key(&f.key, &corrected) {
         Ok(Some(k)) => Ok(format!("key {}", k.as_str())),
         Ok(None) => Ok("keyless".into()),
-        Err(e) => Err(format!("would be poisoned at once: {e}")),
+        Err(e) => Err(left(format!("would be poisoned at once: {e}"))),
     }
 }
 
@@ -427,6 +442,9 @@ pub struct Operation {
     pub failed: u64,
     /// Records this operation replayed that came back poisoned.
     pub returned_poisoned: u64,
+    /// Expired leases taken from a dead executor since the last checkpoint
+    /// ([`MAX_TAKEOVERS`]); 0 on a row written before it was counted.
+    pub takeovers: u32,
     /// The last error or refusal, one line.
     pub last_error: Option<String>,
     /// Why it was cancelled, halted or failed (and by whom).

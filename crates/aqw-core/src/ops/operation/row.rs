@@ -42,6 +42,21 @@ mod col {
     pub(super) const LEASE_OWNER: &str = "LeaseOwner";
     pub(super) const LEASE_UNTIL: &str = "LeaseUntil";
     pub(super) const UPDATED_AT: &str = "UpdatedAt";
+    pub(super) const TAKEOVERS: &str = "Takeovers";
+}
+
+/// What a claim of an operation's lease gave.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// The lease is this executor's: the row and its new ETag.
+    Taken(Box<Operation>, Etag),
+    /// Its lease had expired once too often in a row
+    /// ([`super::MAX_TAKEOVERS`]): the claim halted it instead (the row as
+    /// written). Whoever claimed reports it.
+    Halted(Box<Operation>),
+    /// Not this executor's to run: someone else holds it, it is finished
+    /// or of an unknown kind, or another executor won the race.
+    No,
 }
 
 /// What an executor's checkpoint found.
@@ -125,6 +140,7 @@ impl OperationStore {
             skipped: 0,
             failed: 0,
             returned_poisoned: 0,
+            takeovers: 0,
             last_error: None,
             stop_reason: None,
             lease_owner: held.map(|(o, _)| one_line(o)),
@@ -217,43 +233,83 @@ impl OperationStore {
 
     /// Take the lease of `id` for `owner` until `now + lease`, when the
     /// operation is not finished and its lease is free (or already
-    /// `owner`'s): the row and its new ETag; `None` when someone else holds
-    /// it, it is finished, or another executor won the race. `take_over`
-    /// takes a lease still held (an operator who knows its holder is gone):
-    /// safe, since the holder's next checkpoint then fails on the ETag and it
-    /// stops, and each record's close is ETag-guarded.
+    /// `owner`'s), under the ETag read. `take_over` takes a lease still held
+    /// (an operator who knows its holder is gone): safe, since the holder's
+    /// next checkpoint then fails on the ETag and it stops, and each
+    /// record's close is ETag-guarded.
+    ///
+    /// Taking an expired lease from another holder (its executor died
+    /// holding it) counts a take-over on the row, in the same write; the
+    /// claim that would be take-over number [`super::MAX_TAKEOVERS`] + 1
+    /// with no checkpoint between them halts the operation instead
+    /// (`crashed executors`): an operation that kills whoever runs it is
+    /// not handed from worker to worker for ever.
     pub async fn claim(
         &self,
         id: &str,
         owner: &str,
         lease: Duration,
         take_over: bool,
-    ) -> StorageResult<Option<(Operation, Etag)>> {
+    ) -> StorageResult<Claim> {
         let Some((mut op, etag)) = self.get(id).await? else {
-            return Ok(None);
+            return Ok(Claim::No);
         };
         let now = crate::clock::now_utc();
         let mine = op.lease_owner.as_deref() == Some(owner);
         let unknown = matches!(op.kind, OpKind::Unknown { .. });
         if unknown || op.state.is_final() || !(mine || take_over || op.lease_free(now)) {
-            return Ok(None);
+            return Ok(Claim::No);
+        }
+        let dead_holder = !mine && op.lease_owner.is_some() && op.lease_free(now);
+        let takeovers = op.takeovers.saturating_add(u32::from(dead_holder));
+        if takeovers > super::MAX_TAKEOVERS {
+            return self.halt_crashed(op, &etag, owner).await;
         }
         let mut u = lease_update(owner, now, lease);
         u.insert(col::STATE.into(), json!(OpState::Running.as_str()));
+        u.insert(col::TAKEOVERS.into(), json!(takeovers));
         match self.table.merge(PARTITION, id, &u, Some(&etag)).await {
             Ok(etag) => {
                 op.state = OpState::Running;
                 op.lease_owner = Some(owner.to_string());
-                Ok(Some((op, etag)))
+                op.takeovers = takeovers;
+                Ok(Claim::Taken(Box::new(op), etag))
             }
-            Err(StorageError::PreconditionFailed) => Ok(None),
+            Err(StorageError::PreconditionFailed) => Ok(Claim::No),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Halt `op`, whose executors died holding its lease once too often
+    /// in a row, under `etag`; `Claim::No` when someone else wrote first.
+    async fn halt_crashed(&self, mut op: Operation, etag: &Etag, by: &str) -> StorageResult<Claim> {
+        let why = format!(
+            "crashed executors: its lease expired {} times in a row with no progress between (last held by {}); found by {}",
+            op.takeovers.saturating_add(1),
+            op.lease_owner.as_deref().unwrap_or("?"),
+            by
+        );
+        let mut u = stop_update(OpState::Halted, &why);
+        u.insert(
+            col::LEASE_UNTIL.into(),
+            json!(fmt_time(crate::clock::now_utc())),
+        );
+        match self.table.merge(PARTITION, &op.id, &u, Some(etag)).await {
+            Ok(_) => {
+                op.state = OpState::Halted;
+                op.stop_reason = Some(one_line(&why));
+                Ok(Claim::Halted(Box::new(op)))
+            }
+            Err(StorageError::PreconditionFailed) => Ok(Claim::No),
             Err(e) => Err(e),
         }
     }
 
     /// The executor's write after each record: its counts and a renewed
     /// lease, conditional on `etag`. A 412 means someone else wrote the
-    /// row: a cancel, or another executor that took an expired lease.
+    /// row: a cancel, or another executor that took an expired lease. A
+    /// checkpoint is progress: the take-overs in a row start again at 0,
+    /// so an operation resumed across rolling restarts is never halted.
     pub async fn checkpoint(
         &self,
         op: &Operation,
@@ -263,6 +319,7 @@ impl OperationStore {
         let owner = op.lease_owner.as_deref().unwrap_or_default();
         let mut u = lease_update(owner, crate::clock::now_utc(), lease);
         counts_into(&mut u, op);
+        u.insert(col::TAKEOVERS.into(), json!(0));
         self.write_or_stop(op, etag, u).await
     }
 
@@ -464,6 +521,8 @@ fn from_entity(id: &str, e: &Entity) -> Operation {
         skipped: n(col::SKIPPED),
         failed: n(col::FAILED),
         returned_poisoned: n(col::RETURNED),
+        // A row written before the column existed: none counted.
+        takeovers: u32::try_from(n(col::TAKEOVERS)).unwrap_or(u32::MAX),
         last_error: s(col::LAST_ERROR),
         stop_reason: s(col::STOP_REASON).filter(|r| !r.is_empty()),
         lease_owner: s(col::LEASE_OWNER),

@@ -11,7 +11,8 @@
 //! (a scan made the receipt stale) are swept in one pass at the end, so a
 //! record's cost does not grow with the poison queue's depth.
 
-use super::{OpKind, OpState, Operation, OperationStore, Refresh};
+use super::{Claim, OpKind, OpState, Operation, OperationStore, Refresh};
+use crate::alert::Alerts;
 use crate::config::AppConfig;
 use crate::ops::fix::{replace_record, FixAction};
 use crate::ops::replay::{past_window_overrides, replay_one, Batch};
@@ -70,6 +71,9 @@ pub struct ExecuteOptions {
     /// Where a replay sends what it did with each record, for a caller that
     /// reports them (`poison replay --all`).
     pub observer: Option<UnboundedSender<ReplayItem>>,
+    /// Where a halt is alerted (`aqw run`'s webhook); the ERROR log event
+    /// `aqw.operation.halted` is written either way.
+    pub alerts: Alerts,
 }
 
 impl ExecuteOptions {
@@ -82,6 +86,7 @@ impl ExecuteOptions {
             take_over: false,
             provider_answers: HashMap::new(),
             observer: None,
+            alerts: Alerts::disabled(),
         }
     }
 }
@@ -97,11 +102,14 @@ pub async fn execute(
     id: &str,
     opts: &ExecuteOptions,
 ) -> OpsResult<Option<Operation>> {
-    let Some((op, etag)) = store
-        .claim(id, &opts.owner, opts.lease, opts.take_over)
-        .await?
-    else {
-        return Ok(None);
+    let claim = store.claim(id, &opts.owner, opts.lease, opts.take_over);
+    let (op, etag) = match claim.await? {
+        Claim::Taken(op, etag) => (*op, etag),
+        Claim::Halted(op) => {
+            halted(&op, ops, &opts.alerts);
+            return Ok(Some(*op));
+        }
+        Claim::No => return Ok(None),
     };
     tracing::info!(event = "aqw.operation.started", operation = %op.id, queue = %op.queue,
         kind = op.kind.name(), by = %op.by, owner = %crate::scrub::one_line(&opts.owner),
@@ -157,10 +165,9 @@ pub async fn resume_idle(
 pub async fn watch(
     app: Arc<AppConfig>,
     storage: Arc<dyn Storage>,
-    owner: String,
+    opts: ExecuteOptions,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
-    let opts = ExecuteOptions::new(owner);
     loop {
         let jitter = rand::random::<f64>() * 0.4 + 0.8;
         tokio::select! {
@@ -358,7 +365,11 @@ impl Run<'_> {
                 self.op.state = state;
                 self.op.stop_reason = reason.map(str::to_string);
                 self.op.lease_until = None;
-                log_end(&self.op);
+                if state == OpState::Halted {
+                    halted(&self.op, self.ops, &self.opts.alerts);
+                } else {
+                    log_end(&self.op);
+                }
                 Ok(self.op)
             }
             Refresh::Stop(now) => Ok(self.stopped(now)),
@@ -578,6 +589,35 @@ fn log_end(op: &Operation) {
         skipped = op.skipped, failed = op.failed, returned_poisoned = op.returned_poisoned,
         reason = %op.stop_reason.as_deref().unwrap_or(""), fingerprint = %op.fingerprint,
         "the operation stopped (each record it touched names it)");
+}
+
+/// An operation halted (the breaker, replayed jobs back in poison, its
+/// executors crashing): the ERROR event `aqw.operation.halted` and an
+/// alert, since nothing will run it again until someone looks.
+fn halted(op: &Operation, ops: &QueueOps, alerts: &Alerts) {
+    let reason = op.stop_reason.as_deref().unwrap_or("");
+    tracing::error!(event = "aqw.operation.halted", operation = %op.id, queue = %op.queue,
+        kind = op.kind.name(), by = %op.by, done = op.done, skipped = op.skipped,
+        failed = op.failed, takeovers = op.takeovers, reason = %reason,
+        "the operation halted; nothing runs it again (`aqw ops show {}`)", op.id);
+    let summary = format!(
+        "operation {} ({} on {}, by {}) halted: {reason}. Nothing runs it again; see `aqw ops show {}`",
+        op.id,
+        op.kind.name(),
+        op.queue,
+        op.by,
+        op.id
+    );
+    alerts.notice(serde_json::json!({
+        "event": "aqw.operation.halted",
+        "severity": "error",
+        "function": ops.function.as_ref().map_or("", |f| f.name.as_str()),
+        "queue": op.queue,
+        "operation": op.id,
+        "reason": reason,
+        "summary": crate::scrub::one_line(&crate::scrub::scrub(&summary)),
+        "runbook": crate::alert::ONCALL_URL,
+    }));
 }
 
 /// How one record went.
