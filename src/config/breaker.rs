@@ -153,6 +153,8 @@ mod tests {
             .unwrap();
         assert_eq!(s.failure_ratio, 0.5);
         assert_eq!(s.probes, 1);
+        assert_eq!(s.cool_down, Duration::from_secs(1));
+        assert_eq!(s.minimum_attempts, 20);
         let q = raw(serde_json::json!({"consecutiveFailures": 3, "quietWindow": "00:10:00"}));
         let s = breaker_for("h", Some(&q), None, "Job").unwrap().unwrap();
         assert_eq!(
@@ -164,8 +166,6 @@ mod tests {
             breaker_for("h", Some(&bad), None, "Job").unwrap_err().field,
             "aqw.breaker.consecutiveFailures"
         );
-        assert_eq!(s.cool_down, Duration::from_secs(1));
-        assert_eq!(s.minimum_attempts, 20);
     }
 
     #[test]
