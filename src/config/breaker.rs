@@ -76,6 +76,18 @@ fn apply(
             .filter(|n| (1..=32).contains(n))
             .ok_or_else(|| err("probes", "must be between 1 and 32"))?;
     }
+    if let Some(n) = raw.consecutive_failures {
+        settings.consecutive_failures =
+            u32::try_from(n)
+                .ok()
+                .filter(|n| *n <= 10_000)
+                .ok_or_else(|| {
+                    err(
+                        "consecutiveFailures",
+                        "must be between 0 (the quiet rule off) and 10000",
+                    )
+                })?;
+    }
     let span = |field: &str, v: &Option<String>| -> Result<Option<Duration>, ConfigError> {
         let Some(s) = v else { return Ok(None) };
         let d = timespan(host_file, &format!("{path}.{field}"), s)?;
@@ -92,6 +104,9 @@ fn apply(
     }
     if let Some(d) = span("maxCoolDown", &raw.max_cool_down)? {
         settings.max_cool_down = d;
+    }
+    if let Some(d) = span("quietWindow", &raw.quiet_window)? {
+        settings.quiet_window = d;
     }
     Ok(())
 }
@@ -140,6 +155,17 @@ mod tests {
         assert_eq!(s.probes, 1);
         assert_eq!(s.cool_down, Duration::from_secs(1));
         assert_eq!(s.minimum_attempts, 20);
+        let q = raw(serde_json::json!({"consecutiveFailures": 3, "quietWindow": "00:10:00"}));
+        let s = breaker_for("h", Some(&q), None, "Job").unwrap().unwrap();
+        assert_eq!(
+            (s.consecutive_failures, s.quiet_window),
+            (3, Duration::from_secs(600))
+        );
+        let bad = raw(serde_json::json!({"consecutiveFailures": -1}));
+        assert_eq!(
+            breaker_for("h", Some(&bad), None, "Job").unwrap_err().field,
+            "aqw.breaker.consecutiveFailures"
+        );
     }
 
     #[test]

@@ -217,6 +217,8 @@ pub(super) struct RawBreakerSettings {
     pub(super) cool_down: Option<String>,
     pub(super) max_cool_down: Option<String>,
     pub(super) probes: Option<i64>,
+    pub(super) consecutive_failures: Option<i64>,
+    pub(super) quiet_window: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

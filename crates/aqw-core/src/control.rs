@@ -18,6 +18,13 @@ pub const WATCH_INTERVAL: Duration = Duration::from_secs(2);
 
 const PARTITION: &str = "function";
 
+/// What separates a function's name from the rest of an evidence row's key.
+const EVIDENCE_INFIX: &str = "~evidence~";
+
+/// The longest `Failing` column read back: [`crate::breaker::evidence::MAX_TRACKED`]
+/// entries of at most 46 characters, with room.
+const MAX_FAILING_TEXT: usize = 4096;
+
 mod col {
     pub(super) const PAUSED: &str = "Paused";
     pub(super) const PAUSED_BY: &str = "PausedBy";
@@ -30,6 +37,97 @@ mod col {
     pub(super) const BREAKER_REASON: &str = "BreakerReason";
     pub(super) const BREAKER_WORKER: &str = "BreakerWorker";
     pub(super) const BREAKER_COOL_DOWN: &str = "BreakerCoolDownSeconds";
+    pub(super) const EV_AT: &str = "EvidenceAtMs";
+    pub(super) const EV_SUCCESSES: &str = "Successes";
+    pub(super) const EV_LAST_SUCCESS: &str = "LastSuccessMs";
+    pub(super) const EV_FAILING: &str = "Failing";
+}
+
+/// One replica's breaker evidence for one function, as published. Times
+/// are Unix milliseconds on the publisher's clock.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EvidenceRow {
+    /// The function.
+    pub function: String,
+    /// The publishing replica (a hash of its worker id).
+    pub replica: String,
+    /// When it was written.
+    pub at_ms: i64,
+    /// Its successes in the breaker's window.
+    pub successes: u32,
+    /// Its last success.
+    pub last_success_ms: Option<i64>,
+    /// Its distinct failing jobs: each job, its first and latest failure.
+    pub failing: Vec<(u64, i64, i64)>,
+}
+
+impl EvidenceRow {
+    fn row_key(function: &str, replica: &str) -> String {
+        format!("{function}{EVIDENCE_INFIX}{replica}")
+    }
+
+    fn to_entity(&self) -> Entity {
+        let failing: Vec<String> = self
+            .failing
+            .iter()
+            .map(|(job, first, last)| format!("{job:016x}:{first}:{last}"))
+            .collect();
+        let mut e = Entity::new();
+        e.insert(col::EV_AT.into(), json!(self.at_ms));
+        e.insert(col::EV_SUCCESSES.into(), json!(self.successes));
+        // Always written (0: none), since a merge keeps what it does not name.
+        e.insert(
+            col::EV_LAST_SUCCESS.into(),
+            json!(self.last_success_ms.unwrap_or(0)),
+        );
+        e.insert(col::EV_FAILING.into(), json!(failing.join(",")));
+        e
+    }
+
+    /// A row read back: input like any other (another version, a hand
+    /// edit): malformed entries are skipped and sizes bounded.
+    fn from_entity(row_key: &str, e: &Entity) -> Option<Self> {
+        let (function, replica) = row_key.split_once(EVIDENCE_INFIX)?;
+        let int = |k: &str| e.get(k).and_then(|v| v.as_i64());
+        let text = e
+            .get(col::EV_FAILING)
+            .and_then(|v| v.as_str())
+            .unwrap_or("");
+        let failing = if text.len() > MAX_FAILING_TEXT {
+            Vec::new()
+        } else {
+            text.split(',')
+                .filter_map(|p| {
+                    let mut parts = p.splitn(3, ':');
+                    let job = u64::from_str_radix(parts.next()?, 16).ok()?;
+                    let first: i64 = parts.next()?.parse().ok()?;
+                    let last: i64 = parts.next()?.parse().ok()?;
+                    Some((job, first.min(last), last))
+                })
+                .take(crate::breaker::evidence::MAX_TRACKED)
+                .collect()
+        };
+        Some(Self {
+            function: function.to_string(),
+            replica: replica.to_string(),
+            at_ms: int(col::EV_AT)?,
+            successes: int(col::EV_SUCCESSES)
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(0),
+            last_success_ms: int(col::EV_LAST_SUCCESS).filter(|t| *t > 0),
+            failing,
+        })
+    }
+}
+
+/// Every control row of the partition, read once: each function's row, and
+/// the evidence rows of every replica.
+#[derive(Debug, Clone, Default)]
+pub struct ControlRows {
+    /// Each function's control row, by name.
+    pub functions: std::collections::HashMap<String, Control>,
+    /// The evidence rows, as read.
+    pub evidence: Vec<EvidenceRow>,
 }
 
 /// An operator's pause.
@@ -187,17 +285,44 @@ impl ControlStore {
     /// Every function's control row, in one partition query (the watch of
     /// a worker's functions costs one request per interval, whatever their
     /// number). A missing table is no rows.
-    pub async fn all(&self) -> StorageResult<std::collections::HashMap<String, Control>> {
+    pub async fn all(&self) -> StorageResult<ControlRows> {
         let query = crate::storage::TableQuery {
             partition: Some(PARTITION),
             ..Default::default()
         };
-        match self.table.query_where(&query).await {
-            Ok(rows) => Ok(rows
-                .into_iter()
-                .map(|r| (r.row_key, Control::from_entity(&r.entity)))
-                .collect()),
-            Err(StorageError::NotFound) => Ok(Default::default()),
+        let rows = match self.table.query_where(&query).await {
+            Ok(rows) => rows,
+            Err(StorageError::NotFound) => return Ok(Default::default()),
+            Err(e) => return Err(e),
+        };
+        let mut all = ControlRows::default();
+        for r in rows {
+            if r.row_key.contains(EVIDENCE_INFIX) {
+                all.evidence
+                    .extend(EvidenceRow::from_entity(&r.row_key, &r.entity));
+            } else {
+                all.functions
+                    .insert(r.row_key, Control::from_entity(&r.entity));
+            }
+        }
+        Ok(all)
+    }
+
+    /// Publish this replica's evidence for a function (one upsert).
+    pub async fn publish_evidence(&self, row: &EvidenceRow) -> StorageResult<()> {
+        self.upsert(
+            &EvidenceRow::row_key(&row.function, &row.replica),
+            row.to_entity(),
+        )
+        .await
+    }
+
+    /// Remove a replica's evidence row (it has nothing to say any more, or
+    /// its replica is long gone); a row already gone is fine.
+    pub async fn delete_evidence(&self, function: &str, replica: &str) -> StorageResult<()> {
+        let rk = EvidenceRow::row_key(function, replica);
+        match self.table.delete(PARTITION, &rk).await {
+            Ok(_) | Err(StorageError::NotFound) => Ok(()),
             Err(e) => Err(e),
         }
     }

@@ -7,8 +7,9 @@
 //! `aqw status` reads it.
 
 use crate::alert::{error_group, Alerts};
+use crate::breaker::{job_id, FleetView};
 use crate::breaker::{Admission, Attempt, Breaker, BreakerSettings, Transition};
-use crate::control::{Control, ControlStore, WATCH_INTERVAL};
+use crate::control::{Control, ControlStore, EvidenceRow, WATCH_INTERVAL};
 use crate::scrub::scrub;
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,6 +42,8 @@ struct BreakerState {
     /// When this replica's breaker last changed state by itself (a newer
     /// `closed` of another replica closes it too).
     own_at: Option<time::OffsetDateTime>,
+    /// Whether this replica's evidence row exists (to delete it once empty).
+    evidence_row: bool,
 }
 
 impl Gate {
@@ -75,6 +78,7 @@ impl Gate {
                     breaker: Breaker::new(s),
                     last_error: None,
                     own_at: None,
+                    evidence_row: false,
                 })
             }),
         }
@@ -219,8 +223,9 @@ impl Gate {
                 match group[0].control.all().await {
                     Ok(rows) => {
                         for g in group {
-                            let c = rows.get(&g.function).cloned().unwrap_or_default();
+                            let c = rows.functions.get(&g.function).cloned().unwrap_or_default();
                             g.apply(&c);
+                            g.exchange_evidence(&rows.evidence).await;
                         }
                     }
                     Err(e) => {
@@ -328,6 +333,136 @@ impl Gate {
     }
 }
 
+/// An evidence row older than this is a replica's that is gone (a live one
+/// rewrites or deletes its row as its evidence changes): ignored, and
+/// deleted by whoever reads it.
+const EVIDENCE_STALE: Duration = Duration::from_secs(600);
+
+impl Gate {
+    /// This replica's id on evidence rows: a hash of its worker id.
+    fn replica(&self) -> String {
+        format!("{:016x}", job_id(&self.worker_id))
+    }
+
+    /// After a watch read: take in the rest of the fleet's evidence for
+    /// this function (which may trip the breaker), then publish this
+    /// replica's own when it is due, or delete its row once it is empty.
+    /// Costs nothing while no replica reports a failure.
+    async fn exchange_evidence(&self, rows: &[EvidenceRow]) {
+        let Some(b) = &self.breaker else { return };
+        let (me, now, wall_ms) = (
+            self.replica(),
+            Instant::now(),
+            unix_ms(crate::clock::now_utc()),
+        );
+        let mut stale = Vec::new();
+        let mut fleet = FleetView::default();
+        // First in line to trip on the fleet's evidence: the lowest id of
+        // the replicas reporting failures (this one, if it has any).
+        let mut first_in_line = true;
+        let on_my_clock = |ms: i64| {
+            let ago = Duration::from_millis(u64::try_from(wall_ms - ms).unwrap_or(0));
+            now.checked_sub(ago).unwrap_or(now)
+        };
+        for r in rows
+            .iter()
+            .filter(|r| r.function == self.function && r.replica != me)
+        {
+            if wall_ms - r.at_ms > EVIDENCE_STALE.as_millis() as i64 {
+                stale.push(r.replica.clone());
+                continue;
+            }
+            if !r.failing.is_empty() && r.replica < me {
+                first_in_line = false;
+            }
+            fleet.successes = fleet.successes.saturating_add(r.successes);
+            fleet.last_success = fleet.last_success.max(r.last_success_ms.map(on_my_clock));
+            for (job, first, last) in &r.failing {
+                let f = crate::breaker::Failing {
+                    first: on_my_clock(*first),
+                    last: on_my_clock(*last),
+                };
+                let e = fleet.failing.entry(*job).or_insert(f);
+                *e = e.merge(f);
+            }
+        }
+        let (transition, publish) = {
+            let mut b = b.lock().unwrap();
+            // A replica with no failure of its own is never first in line.
+            let first_in_line = first_in_line && b.breaker.evidence().failing().next().is_some();
+            let t = b.breaker.observe_fleet(now, fleet, !first_in_line);
+            (
+                t,
+                self.evidence_to_publish(&mut b, now, wall_ms, me.clone()),
+            )
+        };
+        if let Some(t) = transition {
+            self.announce(&t);
+        }
+        self.write_evidence(publish, &me, stale).await;
+    }
+
+    /// What to write now: `Some(Some(row))` to publish, `Some(None)` to
+    /// delete this replica's row, `None` to leave it.
+    fn evidence_to_publish(
+        &self,
+        b: &mut BreakerState,
+        now: Instant,
+        wall_ms: i64,
+        replica: String,
+    ) -> Option<Option<EvidenceRow>> {
+        let ev = b.breaker.evidence();
+        if ev.is_empty() {
+            let delete = std::mem::take(&mut b.evidence_row);
+            b.breaker.evidence_published();
+            return delete.then_some(None);
+        }
+        if !b.breaker.evidence_due() {
+            return None;
+        }
+        let wall = |t: Instant| wall_ms - now.saturating_duration_since(t).as_millis() as i64;
+        let row = EvidenceRow {
+            function: self.function.clone(),
+            replica,
+            at_ms: wall_ms,
+            successes: ev.success_count(),
+            last_success_ms: ev.last_success().map(wall),
+            failing: ev
+                .failing()
+                .map(|(j, f)| (j, wall(f.first), wall(f.last)))
+                .collect(),
+        };
+        b.breaker.evidence_published();
+        b.evidence_row = true;
+        Some(Some(row))
+    }
+
+    async fn write_evidence(
+        &self,
+        publish: Option<Option<EvidenceRow>>,
+        me: &str,
+        stale: Vec<String>,
+    ) {
+        let result = match publish {
+            Some(Some(row)) => self.control.publish_evidence(&row).await,
+            Some(None) => self.control.delete_evidence(&self.function, me).await,
+            None => Ok(()),
+        };
+        if let Err(e) = result {
+            warn!(function = %self.function, error = %e, "could not publish the breaker's evidence; the fleet decides without it");
+        }
+        for replica in stale {
+            // Best effort: another replica may delete it first.
+            let _ = self.control.delete_evidence(&self.function, &replica).await;
+        }
+    }
+}
+
+/// Unix milliseconds.
+fn unix_ms(t: time::OffsetDateTime) -> i64 {
+    (t.unix_timestamp_nanos() / 1_000_000) as i64
+}
+
 /// Past a publisher's longest cool-down, this much more silence means it is
 /// gone (it republishes at every half-open and reopening).
 const STALE_MARGIN: Duration = Duration::from_secs(30);
@@ -368,6 +503,7 @@ fn summary(function: &str, t: &Transition, cause: Option<&str>) -> String {
     let with = cause.map(|c| format!(" with {c}")).unwrap_or_default();
     match t {
         Transition::Opened {
+            rule: crate::breaker::Rule::Volume,
             failed,
             attempts,
             cool_down,
@@ -375,6 +511,14 @@ fn summary(function: &str, t: &Transition, cause: Option<&str>) -> String {
             "{function} paused: {}% of {attempts} attempts failed{with}; probing again in {:?}",
             failed * 100 / (*attempts).max(1),
             cool_down
+        ),
+        Transition::Opened {
+            rule: crate::breaker::Rule::Quiet,
+            failed,
+            cool_down,
+            ..
+        } => format!(
+            "{function} paused: {failed} distinct jobs failed in a row across the fleet, none succeeded{with}; probing again in {cool_down:?}"
         ),
         Transition::HalfOpened => {
             format!("{function}: cool-down over; letting probe messages through")
@@ -397,6 +541,7 @@ mod tests {
     #[test]
     fn the_summary_names_the_share_and_the_status() {
         let t = Transition::Opened {
+            rule: crate::breaker::Rule::Volume,
             failed: 38,
             attempts: 40,
             cool_down: Duration::from_secs(30),

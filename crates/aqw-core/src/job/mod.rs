@@ -300,14 +300,14 @@ async fn run_and_settle(
         // to nearly every call (a 503 with Retry-After, a gateway in
         // maintenance) is down for the fleet, which then holds instead of
         // calling it at full concurrency.
-        tell_breaker(ctx.rt, &attempt, facts.dequeue_count);
+        tell_breaker(ctx, &attempt);
         let reason = match &attempt {
             AttemptResult::Failed { message, .. } => message.to_string(),
             _ => String::new(),
         };
         return ctx.defer_later(after, &reason).await;
     }
-    tell_breaker(ctx.rt, &attempt, facts.dequeue_count);
+    tell_breaker(ctx, &attempt);
     let fate = fate(facts, &attempt, policy, jitter);
     ctx.by_fate(fate, success).await
 }
@@ -403,19 +403,23 @@ const PAUSED_PARK: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Count the attempt toward the breaker: successes, and retryable failures
 /// (a timeout too), noting whether it was the message's first attempt.
-fn tell_breaker(rt: &FunctionRuntime, attempt: &AttemptResult<'_>, dequeue_count: u32) {
+fn tell_breaker(ctx: &Settling<'_>, attempt: &AttemptResult<'_>) {
+    // A job is its key, or its message when it has none: the breaker
+    // counts distinct jobs, whatever their attempt number.
+    let job = match ctx.key {
+        Some(k) => crate::breaker::job_id(k.as_str()),
+        None => crate::breaker::job_id(&ctx.msg.id),
+    };
     match attempt {
-        AttemptResult::Succeeded => rt.gate.record(BreakerAttempt::Succeeded, None),
+        AttemptResult::Succeeded => ctx.rt.gate.record(BreakerAttempt::Succeeded(job), None),
         AttemptResult::Failed {
             kind: ErrorKind::Retryable | ErrorKind::Timeout,
             message,
             ..
-        } => rt.gate.record(
-            BreakerAttempt::FailedRetryable {
-                first: dequeue_count <= 1,
-            },
-            Some(message),
-        ),
+        } => ctx
+            .rt
+            .gate
+            .record(BreakerAttempt::FailedRetryable(job), Some(message)),
         _ => {}
     }
 }

@@ -30,7 +30,10 @@
 //!   (each record once), cancelled from another handle, halted by the
 //!   breaker or by replayed jobs coming back poisoned;
 //! - `outage.rs`: the breaker in a full and a partial provider outage, and a
-//!   storage outage.
+//!   storage outage;
+//! - `spread.rs`: the breaker on the fleet's evidence: an outage over 1, 2,
+//!   12, 16 and 50 replicas, and a trickle through one, poisons nothing; a
+//!   few keys failing alone still reach poison.
 
 mod answers;
 mod claim_check;
@@ -45,4 +48,5 @@ mod producer;
 mod replay;
 mod retention;
 mod schedules;
+mod spread;
 mod verification;

@@ -1,5 +1,5 @@
-//! Outages. The circuit breaker (`src/breaker.rs`) counts retryable
-//! failures of first attempts: a provider that is down fails everyone, the
+//! Outages. The circuit breaker (`src/breaker/`) counts retryable
+//! failures by distinct job (`spread.rs` has the fleet-wide cases): a provider that is down fails everyone, the
 //! breaker opens and parks what it received (a fresh copy, so the wasted
 //! receives spend no attempt), and nothing is walked to poison; without it
 //! the same outage poisons. A partial outage (a few keys failing every
@@ -146,6 +146,7 @@ async fn a_long_outage_spends_no_attempt() {
         cool_down: Duration::from_millis(500),
         max_cool_down: Duration::from_secs(1),
         probes: 1,
+        ..BreakerSettings::default()
     };
     let worker = env
         .builder_on(Arc::new(env.storage.clone()), |f| f.breaker = Some(quick))

@@ -4,11 +4,14 @@
 //! is a row of the table test below. [`crate::worker`] asks it before each
 //! receive and tells it how each attempt ended.
 //!
-//! What counts: a *retryable* failure of a message on its *first* attempt
-//! (DequeueCount 1), and every success. A provider that is down fails
-//! messages that never failed before; a few bad keys fail again and again on
-//! their retries, which say something about those messages, not about the
-//! provider, so a partial outage never trips the breaker and its messages
+//! What counts ([`evidence`]): retryable failures and successes, by
+//! *distinct job* (its key, or its message id), whatever the attempt
+//! number, this replica's own and what the rest of the fleet published on
+//! the control table ([`Breaker::observe_fleet`]). Two rules trip it: the
+//! volume rule (many outcomes, nearly all failures) and the quiet rule (a
+//! streak of distinct jobs failing with no success anywhere in between),
+//! so an outage trips it however the fleet is spread and however quiet the
+//! function is, while a few keys failing again and again stay a few and
 //! reach poison as before. Permanent failures are not counted at all.
 //!
 //! One breaker per function for the whole fleet: a replica whose own window
@@ -20,7 +23,9 @@
 //! After a close, concurrency ramps up from the probe count, doubling every
 //! [`RAMP_STEP`], instead of jumping to full.
 
-use std::collections::VecDeque;
+pub mod evidence;
+
+pub use evidence::{job_id, Evidence, Failing, FleetView, Rule, Tally};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -39,6 +44,11 @@ pub struct BreakerSettings {
     pub max_cool_down: Duration,
     /// Messages let through when the cool-down ends (half-open).
     pub probes: u32,
+    /// The quiet rule: this many distinct jobs failing with no success in
+    /// the fleet between them trips the breaker (0: off).
+    pub consecutive_failures: u32,
+    /// How far back the quiet rule looks.
+    pub quiet_window: Duration,
 }
 
 impl Default for BreakerSettings {
@@ -50,6 +60,8 @@ impl Default for BreakerSettings {
             cool_down: Duration::from_secs(30),
             max_cool_down: Duration::from_secs(300),
             probes: 2,
+            consecutive_failures: 5,
+            quiet_window: Duration::from_secs(300),
         }
     }
 }
@@ -103,23 +115,24 @@ impl State {
 /// How one attempt of the handler ended, as far as the breaker cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Attempt {
-    /// The handler succeeded.
-    Succeeded,
-    /// A retryable failure (or a timeout); `first` when DequeueCount was 1.
-    FailedRetryable {
-        /// Whether the message was on its first attempt (DequeueCount 1).
-        first: bool,
-    },
+    /// The handler succeeded for job `0` ([`job_id`] of its key or message id).
+    Succeeded(u64),
+    /// A retryable failure (or a timeout) of job `0`, at any attempt.
+    FailedRetryable(u64),
 }
 
 /// A change of state, to log, count and alert.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Transition {
-    /// Closed → open: `failed` of `attempts` in the window failed.
+    /// Closed → open: `failed` of `attempts` distinct jobs in the window
+    /// failed (the volume rule), or `failed` in a row with no success (the
+    /// quiet rule).
     Opened {
-        /// Attempts in the window that failed.
+        /// Which rule tripped.
+        rule: Rule,
+        /// Distinct failing jobs (the streak, for the quiet rule).
         failed: u32,
-        /// Attempts in the window.
+        /// Outcomes counted (failing jobs + successes) in the window.
         attempts: u32,
         /// How long the breaker stays open.
         cool_down: Duration,
@@ -166,19 +179,14 @@ pub enum Admission {
     Wait(Duration),
 }
 
-/// Attempts counted in one slice of the window.
-#[derive(Debug, Clone, Copy)]
-struct Slice {
-    start: Instant,
-    attempts: u32,
-    failures: u32,
-}
-
-/// Slices per window: memory stays bounded whatever the throughput.
-const SLICES: u32 = 20;
-
 /// How long the poll loop waits while half-open probes are out.
 const PROBE_POLL: Duration = Duration::from_millis(200);
+
+/// How long a replica that is not first in line waits before it trips on
+/// the fleet's evidence itself: three control reads, time for the first in
+/// line to read the same evidence and for its `open` row to reach this
+/// one (which then follows instead).
+pub const LEADER_GRACE: Duration = Duration::from_secs(6);
 
 /// After a close, the receive allowance doubles this often, from the probe
 /// count up to a full batch.
@@ -193,7 +201,17 @@ pub struct Breaker {
     settings: BreakerSettings,
     state: State,
     cool_down: Duration,
-    slices: VecDeque<Slice>,
+    /// This replica's outcomes.
+    own: Evidence,
+    /// The rest of the fleet's, as last read.
+    fleet: FleetView,
+    /// When the breaker last changed state: evidence from before does not count.
+    since: Option<Instant>,
+    /// Another replica is first in line to trip on the fleet's evidence:
+    /// this one trips on it only after [`LEADER_GRACE`] (on its own, at once).
+    deferred: bool,
+    /// Since when the fleet's evidence has said "trip" while deferred.
+    due_since: Option<Instant>,
     /// When the breaker last closed after an opening (the ramp's start).
     closed_at: Option<Instant>,
 }
@@ -205,7 +223,11 @@ impl Breaker {
             settings,
             state: State::Closed,
             cool_down: settings.cool_down,
-            slices: VecDeque::new(),
+            own: Evidence::default(),
+            fleet: FleetView::default(),
+            since: None,
+            deferred: false,
+            due_since: None,
             closed_at: None,
         }
     }
@@ -234,7 +256,7 @@ impl Breaker {
         match self.state {
             State::Closed => {
                 self.state = State::Following { until };
-                self.slices.clear();
+                self.own.clear();
                 Some(Transition::Followed)
             }
             State::Following { until: was } => {
@@ -338,11 +360,11 @@ impl Breaker {
     pub fn record(&mut self, now: Instant, attempt: Attempt) -> Option<Transition> {
         match (self.state, attempt) {
             (State::Open { .. } | State::Following { .. }, _) => None,
-            (State::HalfOpen { .. }, Attempt::Succeeded) => {
+            (State::HalfOpen { .. }, Attempt::Succeeded(_)) => {
                 self.close(now);
                 Some(Transition::Closed)
             }
-            (State::HalfOpen { .. }, Attempt::FailedRetryable { .. }) => {
+            (State::HalfOpen { .. }, Attempt::FailedRetryable(_)) => {
                 self.cool_down = (self.cool_down * 2).min(self.settings.max_cool_down);
                 self.state = State::Open {
                     until: now + self.cool_down,
@@ -351,65 +373,101 @@ impl Breaker {
                     cool_down: self.cool_down,
                 })
             }
-            (State::Closed, Attempt::Succeeded) => {
-                self.count(now, false);
+            (State::Closed, Attempt::Succeeded(job)) => {
+                self.own.success(now, job, self.settings.window);
                 None
             }
-            (State::Closed, Attempt::FailedRetryable { first: false }) => None,
-            (State::Closed, Attempt::FailedRetryable { first: true }) => {
-                self.count(now, true);
+            (State::Closed, Attempt::FailedRetryable(job)) => {
+                self.own.failure(now, job);
                 self.trip_if_due(now)
             }
         }
     }
 
+    /// What the rest of the fleet published (read every control-row
+    /// watch): kept for the next verdicts, and a verdict now.
+    /// `deferred`: another replica reporting failures is first in line to
+    /// trip on the fleet's evidence (the lowest replica id), so one alert
+    /// goes out and the rest follow its row; this one trips on the fleet's
+    /// evidence only if that has not happened within [`LEADER_GRACE`].
+    pub fn observe_fleet(
+        &mut self,
+        now: Instant,
+        fleet: FleetView,
+        deferred: bool,
+    ) -> Option<Transition> {
+        self.fleet = fleet;
+        self.deferred = deferred;
+        match self.state {
+            State::Closed => self.trip_if_due(now),
+            _ => None,
+        }
+    }
+
+    /// This replica's own evidence, to publish.
+    pub fn evidence(&self) -> &Evidence {
+        &self.own
+    }
+
+    /// Mark this replica's evidence as published.
+    pub fn evidence_published(&mut self) {
+        self.own.published();
+    }
+
+    /// The fleet's evidence counted together now (for `aqw status` and logs).
+    pub fn tally(&self, now: Instant) -> Tally {
+        evidence::tally(&self.own, &self.fleet, self.since, now, &self.settings)
+    }
+
+    /// Whether this replica should publish its evidence now: it has
+    /// failures, or another replica has and this one's successes (or the
+    /// emptying of its failures) must be heard; and it changed since.
+    pub fn evidence_due(&self) -> bool {
+        self.own.changed() && (!self.own.is_empty() || self.fleet.has_failures())
+    }
+
     fn close(&mut self, now: Instant) {
         self.state = State::Closed;
         self.cool_down = self.settings.cool_down;
-        self.slices.clear();
+        self.own.clear();
+        self.since = Some(now);
         self.closed_at = Some(now);
     }
 
-    /// Add one attempt to the window, dropping slices older than it.
-    fn count(&mut self, now: Instant, failed: bool) {
-        let window = self.settings.window;
-        while let Some(s) = self.slices.front() {
-            if now.saturating_duration_since(s.start) >= window {
-                self.slices.pop_front();
-            } else {
-                break;
-            }
-        }
-        let slice_len = window / SLICES;
-        let fresh = match self.slices.back() {
-            Some(s) => now.saturating_duration_since(s.start) >= slice_len,
-            None => true,
-        };
-        if fresh {
-            self.slices.push_back(Slice {
-                start: now,
-                attempts: 0,
-                failures: 0,
-            });
-        }
-        let s = self.slices.back_mut().expect("a slice was just ensured");
-        s.attempts += 1;
-        s.failures += u32::from(failed);
-    }
-
     fn trip_if_due(&mut self, now: Instant) -> Option<Transition> {
-        let attempts: u32 = self.slices.iter().map(|s| s.attempts).sum();
-        let failed: u32 = self.slices.iter().map(|s| s.failures).sum();
-        let due = attempts >= self.settings.minimum_attempts
-            && f64::from(failed) >= self.settings.failure_ratio * f64::from(attempts);
-        if !due {
+        self.own.prune(now, &self.settings);
+        let alone = evidence::tally(
+            &self.own,
+            &FleetView::default(),
+            self.since,
+            now,
+            &self.settings,
+        );
+        let t = self.tally(now);
+        let Some(rule) = evidence::verdict(&t, &self.settings, now) else {
+            self.due_since = None;
+            return None;
+        };
+        // Its own volume alone is what tripped a replica before the fleet
+        // shared evidence: that trips at once, wherever it stands in line.
+        let own_verdict = evidence::verdict(&alone, &self.settings, now) == Some(Rule::Volume);
+        let due_since = *self.due_since.get_or_insert(now);
+        if self.deferred && !own_verdict && now.saturating_duration_since(due_since) < LEADER_GRACE
+        {
             return None;
         }
+        self.due_since = None;
+        let (failed, attempts) = match rule {
+            Rule::Volume => (t.failing, t.failing + t.successes),
+            Rule::Quiet => (t.streak, t.streak),
+        };
         self.state = State::Open {
             until: now + self.cool_down,
         };
-        self.slices.clear();
+        self.own.clear();
+        self.since = Some(now);
         Some(Transition::Opened {
+            rule,
             failed,
             attempts,
             cool_down: self.cool_down,
@@ -429,12 +487,25 @@ mod tests {
             cool_down: Duration::from_secs(2),
             max_cool_down: Duration::from_secs(5),
             probes: 1,
+            consecutive_failures: 0,
+            quiet_window: Duration::from_secs(10),
         }
     }
 
-    const OK: Attempt = Attempt::Succeeded;
-    const FAIL: Attempt = Attempt::FailedRetryable { first: true };
-    const FAIL_AGAIN: Attempt = Attempt::FailedRetryable { first: false };
+    /// Job 0 stands for "a job of its own" in the steps below (each row a
+    /// new job); [`AGAIN`] is one job failing again and again.
+    const OK: Attempt = Attempt::Succeeded(0);
+    const FAIL: Attempt = Attempt::FailedRetryable(0);
+    const AGAIN: u64 = u64::MAX;
+    const FAIL_AGAIN: Attempt = Attempt::FailedRetryable(AGAIN);
+
+    fn distinct(a: Attempt, row: usize) -> Attempt {
+        match a {
+            Attempt::Succeeded(0) => Attempt::Succeeded(row as u64 + 1),
+            Attempt::FailedRetryable(0) => Attempt::FailedRetryable(row as u64 + 1),
+            other => other,
+        }
+    }
 
     /// One step of a scenario: at `t` seconds, record an attempt or ask to
     /// receive `want`; then the expected state name and transition.
@@ -451,7 +522,7 @@ mod tests {
         for (i, row) in rows.iter().enumerate() {
             match row {
                 Record(t, a, state, tr) => {
-                    let got = b.record(at(*t), *a);
+                    let got = b.record(at(*t), distinct(*a, i));
                     assert_eq!(got.as_ref().map(|t| t.to()), *tr, "row {i}: transition");
                     assert_eq!(b.state().name(), *state, "row {i}: state");
                 }
@@ -575,8 +646,8 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let mut b = Breaker::new(settings());
-        for _ in 0..4 {
-            b.record(at(0), FAIL);
+        for job in 1..=4 {
+            b.record(at(0), Attempt::FailedRetryable(job));
         }
         assert_eq!(b.state().name(), "open");
         assert_eq!(b.follow(at(60_000)), None);
@@ -618,8 +689,8 @@ mod tests {
     fn closing_resets_the_cool_down() {
         let t0 = Instant::now();
         let mut b = Breaker::new(settings());
-        for _ in 0..4 {
-            b.record(t0, FAIL);
+        for job in 1..=4 {
+            b.record(t0, Attempt::FailedRetryable(job));
         }
         b.admit(t0 + Duration::from_secs(2), 1);
         b.record(t0 + Duration::from_secs(2), FAIL);

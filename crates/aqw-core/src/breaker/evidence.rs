@@ -1,0 +1,406 @@
+//! The breaker's evidence (issue 49): what this replica saw, what the rest
+//! of the fleet published, and the two rules that read them together.
+//!
+//! Outcomes are counted by *distinct job* (its key, or its message id when
+//! it has none), whatever its attempt number: a job failing five times is
+//! one failing job, so a few bad keys failing again and again stay a few,
+//! while many distinct jobs failing the same way is an outage. A job that
+//! later succeeds leaves the failing set.
+//!
+//! - **Volume rule** (busy functions): over `window`, when failing jobs +
+//!   successes reach `minimumAttempts` and failing jobs are at least
+//!   `failureRatio` of them.
+//! - **Quiet rule** (a trickle, a quiet night), while the window holds
+//!   fewer than `minimumAttempts` outcomes: `consecutiveFailures` distinct
+//!   jobs began failing with no success anywhere in the fleet since the
+//!   first of them, within `quietWindow`, and that first failure is at
+//!   least [`SETTLE`] old, so the fleet's successes had time to be heard.
+//!   Jobs that began failing before the last success (the tail of a
+//!   partial outage, still retrying) are not in a streak.
+//!
+//! Pure values: time is passed in, nothing here reads a clock or does I/O.
+
+use super::BreakerSettings;
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How old the first failure of a quiet streak must be before it trips:
+/// three control reads, the longest a success on another replica takes to
+/// reach this one (this replica publishes its failure at its next read,
+/// the other publishes its successes at the read that brings it, and this
+/// one reads them at its next). Under the default retry a job has had
+/// three attempts by then, of five.
+pub const SETTLE: Duration = Duration::from_secs(6);
+
+/// The most failing jobs one replica tracks (and publishes): memory and the
+/// row stay bounded whatever the outage; past it the oldest are dropped,
+/// which only under-counts a streak already far over any sensible trip.
+pub const MAX_TRACKED: usize = 64;
+
+/// Success slices per window.
+const SLICES: u32 = 20;
+
+/// A job's identity for counting: FNV-1a of its key (or message id).
+pub fn job_id(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// This replica's own outcomes.
+#[derive(Debug, Clone, Default)]
+pub struct Evidence {
+    /// Distinct jobs whose last attempt failed retryably: when each first
+    /// failed (since it last left the set) and when it last failed.
+    failing: BTreeMap<u64, Failing>,
+    /// Successes per slice (start, count).
+    successes: VecDeque<(Instant, u32)>,
+    /// The last success of any job.
+    last_success: Option<Instant>,
+    /// Something changed since the last publication.
+    changed: bool,
+}
+
+impl Evidence {
+    /// A job succeeded.
+    pub fn success(&mut self, now: Instant, job: u64, window: Duration) {
+        self.failing.remove(&job);
+        let slice = window / SLICES;
+        match self.successes.back_mut() {
+            Some((start, n)) if now.saturating_duration_since(*start) < slice => *n += 1,
+            _ => self.successes.push_back((now, 1)),
+        }
+        self.last_success = Some(now);
+        self.changed = true;
+    }
+
+    /// A job failed retryably.
+    pub fn failure(&mut self, now: Instant, job: u64) {
+        let f = self.failing.entry(job).or_insert(Failing {
+            first: now,
+            last: now,
+        });
+        f.last = now;
+        if self.failing.len() > MAX_TRACKED {
+            let oldest = self
+                .failing
+                .iter()
+                .min_by_key(|(_, f)| f.last)
+                .map(|(j, _)| *j);
+            if let Some(j) = oldest {
+                self.failing.remove(&j);
+            }
+        }
+        self.changed = true;
+    }
+
+    /// Drop what is older than both rules look back.
+    pub fn prune(&mut self, now: Instant, s: &BreakerSettings) {
+        let keep = s.window.max(s.quiet_window);
+        self.failing
+            .retain(|_, f| now.saturating_duration_since(f.last) < keep);
+        while let Some((start, _)) = self.successes.front() {
+            if now.saturating_duration_since(*start) >= s.window {
+                self.successes.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// Forget everything (the breaker opened or closed: a new chapter).
+    pub fn clear(&mut self) {
+        *self = Self {
+            changed: true,
+            ..Self::default()
+        };
+    }
+
+    /// Whether there is anything for the fleet to know.
+    pub fn is_empty(&self) -> bool {
+        self.failing.is_empty() && self.successes.is_empty()
+    }
+
+    /// Whether it changed since [`Evidence::published`].
+    pub fn changed(&self) -> bool {
+        self.changed
+    }
+
+    /// It was published as it stands.
+    pub fn published(&mut self) {
+        self.changed = false;
+    }
+
+    /// The failing jobs, when each first and last failed.
+    pub fn failing(&self) -> impl Iterator<Item = (u64, Failing)> + '_ {
+        self.failing.iter().map(|(j, f)| (*j, *f))
+    }
+
+    /// Successes in the window.
+    pub fn success_count(&self) -> u32 {
+        self.successes.iter().map(|(_, n)| n).sum()
+    }
+
+    /// The last success.
+    pub fn last_success(&self) -> Option<Instant> {
+        self.last_success
+    }
+}
+
+/// One failing job: when it first failed (since it last succeeded or left
+/// the window) and when it last failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Failing {
+    /// Its first failure.
+    pub first: Instant,
+    /// Its latest failure.
+    pub last: Instant,
+}
+
+impl Failing {
+    /// Both reports of one job taken together.
+    pub fn merge(self, other: Failing) -> Failing {
+        Failing {
+            first: self.first.min(other.first),
+            last: self.last.max(other.last),
+        }
+    }
+}
+
+/// What the other replicas published, on this replica's clock.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FleetView {
+    /// Their successes in the window.
+    pub successes: u32,
+    /// Their failing jobs.
+    pub failing: BTreeMap<u64, Failing>,
+    /// Their latest success.
+    pub last_success: Option<Instant>,
+}
+
+impl FleetView {
+    /// Whether any other replica reports a failing job.
+    pub fn has_failures(&self) -> bool {
+        !self.failing.is_empty()
+    }
+}
+
+/// The fleet's evidence counted together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    /// Distinct jobs failing within the window.
+    pub failing: u32,
+    /// Successes within the window.
+    pub successes: u32,
+    /// Distinct jobs failing since the fleet's last success, within the quiet window.
+    pub streak: u32,
+    /// When the oldest of the streak failed.
+    pub streak_since: Option<Instant>,
+}
+
+/// Which rule tripped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// Many outcomes, nearly all failures.
+    Volume,
+    /// A streak of distinct failures with no success in between.
+    Quiet,
+}
+
+/// Own and fleet evidence together, counting only what happened after
+/// `since` (the breaker's last change of state).
+pub fn tally(
+    own: &Evidence,
+    fleet: &FleetView,
+    since: Option<Instant>,
+    now: Instant,
+    s: &BreakerSettings,
+) -> Tally {
+    let mut failing: BTreeMap<u64, Failing> = fleet.failing.clone();
+    for (j, f) in own.failing() {
+        let e = failing.entry(j).or_insert(f);
+        *e = e.merge(f);
+    }
+    // Evidence from before the breaker's last change does not count.
+    failing.retain(|_, f| since.is_none_or(|since| f.last >= since));
+    let last_success = own.last_success.max(fleet.last_success);
+    let in_window = |t: Instant| now.saturating_duration_since(t) < s.window;
+    let in_quiet = |t: Instant| now.saturating_duration_since(t) < s.quiet_window;
+    // A job is in the streak when it began failing after the fleet's last
+    // success: new jobs failing from their first attempt, as in an outage,
+    // not the tail of a partial outage (jobs that were failing among
+    // successes, still retrying after the last of them).
+    let began = |f: &Failing| match since {
+        Some(since) if f.first < since => since,
+        _ => f.first,
+    };
+    let streak: Vec<Instant> = failing
+        .values()
+        .filter(|f| in_quiet(f.last) && last_success.is_none_or(|ls| f.first > ls))
+        .map(began)
+        .collect();
+    Tally {
+        failing: failing.values().filter(|f| in_window(f.last)).count() as u32,
+        successes: own.success_count() + fleet.successes,
+        streak: streak.len() as u32,
+        streak_since: streak.iter().min().copied(),
+    }
+}
+
+/// Whether the tally trips the breaker, and by which rule.
+pub fn verdict(t: &Tally, s: &BreakerSettings, now: Instant) -> Option<Rule> {
+    let outcomes = t.failing + t.successes;
+    if outcomes >= s.minimum_attempts
+        && f64::from(t.failing) >= s.failure_ratio * f64::from(outcomes)
+    {
+        return Some(Rule::Volume);
+    }
+    // The quiet rule is for what the volume rule cannot see: under
+    // `minimumAttempts` outcomes in the window. At volume a partial outage
+    // can show a run of failures by chance; the ratio decides there.
+    let quiet = outcomes < s.minimum_attempts;
+    let settled = t
+        .streak_since
+        .is_some_and(|first| now.saturating_duration_since(first) >= SETTLE);
+    (quiet && s.consecutive_failures > 0 && t.streak >= s.consecutive_failures && settled)
+        .then_some(Rule::Quiet)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> BreakerSettings {
+        BreakerSettings {
+            minimum_attempts: 10,
+            consecutive_failures: 3,
+            ..BreakerSettings::default()
+        }
+    }
+
+    #[test]
+    fn a_job_failing_again_and_again_is_one_failing_job() {
+        let s = settings();
+        let t0 = Instant::now();
+        let mut own = Evidence::default();
+        for i in 0..20 {
+            own.failure(t0 + Duration::from_secs(i), job_id("k1"));
+        }
+        own.failure(t0 + Duration::from_secs(20), job_id("k2"));
+        let now = t0 + Duration::from_secs(30);
+        let t = tally(&own, &FleetView::default(), None, now, &s);
+        assert_eq!((t.failing, t.streak), (2, 2));
+        assert_eq!(verdict(&t, &s, now), None);
+    }
+
+    #[test]
+    fn the_quiet_rule_needs_distinct_jobs_no_success_and_settled_evidence() {
+        let s = settings();
+        let t0 = Instant::now();
+        let mut own = Evidence::default();
+        for (i, k) in ["a", "b", "c"].iter().enumerate() {
+            own.failure(t0 + Duration::from_secs(i as u64), job_id(k));
+        }
+        let early = t0 + Duration::from_secs(3);
+        let t = tally(&own, &FleetView::default(), None, early, &s);
+        assert_eq!(t.streak, 3);
+        assert_eq!(verdict(&t, &s, early), None, "not settled yet");
+        let later = t0 + SETTLE;
+        assert_eq!(verdict(&t, &s, later), Some(Rule::Quiet));
+        // Another replica's success after the first failure breaks the streak.
+        let fleet = FleetView {
+            successes: 1,
+            last_success: Some(t0 + Duration::from_millis(1500)),
+            ..FleetView::default()
+        };
+        let t = tally(&own, &fleet, None, later, &s);
+        assert_eq!(t.streak, 1);
+        assert_eq!(verdict(&t, &s, later), None);
+        // The tail of a partial outage: jobs that began failing before the
+        // last success and still retry are not a streak.
+        for (i, k) in ["a", "b", "c"].iter().enumerate() {
+            own.failure(t0 + Duration::from_secs(20 + i as u64), job_id(k));
+        }
+        let t = tally(&own, &fleet, None, t0 + Duration::from_secs(30), &s);
+        assert_eq!(t.streak, 1, "only c began failing after the success");
+    }
+
+    #[test]
+    fn the_quiet_rule_is_for_low_volume_only() {
+        let s = settings();
+        let t0 = Instant::now();
+        let mut own = Evidence::default();
+        for i in 0..9 {
+            own.success(t0, job_id(&format!("ok{i}")), s.window);
+        }
+        for i in 0..5 {
+            own.failure(t0 + Duration::from_secs(1), job_id(&format!("bad{i}")));
+        }
+        let now = t0 + Duration::from_secs(1) + SETTLE;
+        let t = tally(&own, &FleetView::default(), None, now, &s);
+        assert_eq!((t.streak, t.failing + t.successes), (5, 14));
+        assert_eq!(verdict(&t, &s, now), None, "14 outcomes: the ratio decides");
+    }
+
+    #[test]
+    fn failures_spread_over_replicas_add_up() {
+        let s = settings();
+        let t0 = Instant::now();
+        let mut own = Evidence::default();
+        own.failure(t0, job_id("a"));
+        let mut fleet = FleetView::default();
+        let at = |s: u64| Failing {
+            first: t0 + Duration::from_secs(s),
+            last: t0 + Duration::from_secs(s),
+        };
+        fleet.failing.insert(job_id("a"), at(1));
+        fleet.failing.insert(job_id("b"), at(1));
+        fleet.failing.insert(job_id("c"), at(2));
+        // The streak began with a's first failure, at 0 (here).
+        let now = t0 + SETTLE;
+        let t = tally(&own, &fleet, None, now, &s);
+        assert_eq!((t.failing, t.streak), (3, 3), "a counted once");
+        assert_eq!(verdict(&t, &s, now), Some(Rule::Quiet));
+        // Evidence from before the breaker's last change does not count.
+        let t = tally(
+            &own,
+            &fleet,
+            Some(t0 + Duration::from_millis(1500)),
+            now,
+            &s,
+        );
+        assert_eq!(t.failing, 1);
+    }
+
+    #[test]
+    fn volume_rule_over_distinct_jobs_and_successes() {
+        let s = settings();
+        let t0 = Instant::now();
+        let mut own = Evidence::default();
+        for i in 0..9 {
+            own.failure(t0, job_id(&format!("j{i}")));
+        }
+        own.success(t0, job_id("ok"), s.window);
+        let t = tally(&own, &FleetView::default(), None, t0, &s);
+        assert_eq!((t.failing, t.successes), (9, 1));
+        assert_eq!(verdict(&t, &s, t0), Some(Rule::Volume));
+        own.success(t0, job_id("ok2"), s.window);
+        let t = tally(&own, &FleetView::default(), None, t0, &s);
+        assert_eq!(verdict(&t, &s, t0), None, "9 of 11 is under 90 %");
+    }
+
+    #[test]
+    fn memory_stays_bounded() {
+        let s = settings();
+        let t0 = Instant::now();
+        let mut own = Evidence::default();
+        for i in 0..10_000u64 {
+            own.failure(t0 + Duration::from_millis(i), i);
+            own.success(t0 + Duration::from_millis(i), u64::MAX - i, s.window);
+        }
+        assert!(own.failing().count() <= MAX_TRACKED);
+        own.prune(t0 + Duration::from_secs(3600), &s);
+        assert!(own.is_empty());
+    }
+}
