@@ -287,7 +287,43 @@ async fn run_and_settle(
         )),
         None => None,
     };
-    let attempt = match (&replayed_message, &spent_message, first) {
+    let attempt = reworded(first, replayed_message.as_deref(), spent_message.as_deref());
+    // A 429 is a rate limit, not an outage: the adaptive rate answers it
+    // (`later::tell_adaptive_rate`), the breaker does not count it (bare
+    // 429s to a whole backlog would open it, and its probes would then
+    // call in synchronized bursts).
+    let throttle = matches!(
+        &run,
+        HandlerRun::Finished(Err(HandlerError::Throttled { .. }))
+    );
+    if !throttle {
+        // A provider's other "later" (a 503 with Retry-After, a gateway in
+        // maintenance) still counts: answered to nearly every call, it is
+        // down for the fleet, which then holds instead of calling it at
+        // full concurrency.
+        tell_breaker(ctx.rt, &attempt, facts.dequeue_count);
+    }
+    if let Some(after) = later_delay(ctx, &attempt, policy) {
+        // The provider said "later": it spends no attempt.
+        let reason = match &attempt {
+            AttemptResult::Failed { message, .. } => message.to_string(),
+            _ => String::new(),
+        };
+        return ctx.defer_later(after, &reason).await;
+    }
+    let fate = fate(facts, &attempt, policy, jitter);
+    ctx.by_fate(fate, success).await
+}
+
+/// The attempt as settled: a failure the provider replays becomes a
+/// `replayed_failure`; an "in progress" past its timeout keeps its kind
+/// with the text saying how long it lasted.
+fn reworded<'a>(
+    first: AttemptResult<'a>,
+    replayed: Option<&'a str>,
+    spent_in_progress: Option<&'a str>,
+) -> AttemptResult<'a> {
+    match (replayed, spent_in_progress, first) {
         (Some(m), _, _) => AttemptResult::Failed {
             kind: ErrorKind::ReplayedFailure,
             message: m,
@@ -307,35 +343,7 @@ async fn run_and_settle(
             uncertain,
         },
         (_, _, first) => first,
-    };
-    // A 429 is a rate limit, not an outage: the adaptive rate answers it
-    // (`later::tell_adaptive_rate`), the breaker does not count it (bare
-    // 429s to a whole backlog would open it, and its probes would then
-    // call in synchronized bursts).
-    let throttle = matches!(
-        &run,
-        HandlerRun::Finished(Err(HandlerError::Throttled { .. }))
-    );
-    if let Some(after) = later_delay(ctx, &attempt, policy) {
-        // The provider said "later": it spends no attempt. Another
-        // "later" still counts toward the breaker: a provider answering it
-        // to nearly every call (a 503 with Retry-After, a gateway in
-        // maintenance) is down for the fleet, which then holds instead of
-        // calling it at full concurrency.
-        if !throttle {
-            tell_breaker(ctx.rt, &attempt, facts.dequeue_count);
-        }
-        let reason = match &attempt {
-            AttemptResult::Failed { message, .. } => message.to_string(),
-            _ => String::new(),
-        };
-        return ctx.defer_later(after, &reason).await;
     }
-    if !throttle {
-        tell_breaker(ctx.rt, &attempt, facts.dequeue_count);
-    }
-    let fate = fate(facts, &attempt, policy, jitter);
-    ctx.by_fate(fate, success).await
 }
 
 /// How the handler's run ended, as the decision core reads it; a throttle
