@@ -38,6 +38,7 @@ mod hostile_input;
 mod identity;
 mod identity_https;
 mod keys;
+mod later;
 mod layout;
 mod log_filter;
 mod monitoring;

@@ -60,6 +60,11 @@ fn reading(r: &Result<aqw::handlers::Success, HandlerError>) -> String {
         Ok(_) => "success".into(),
         Err(HandlerError::InProgress { .. }) => "in progress".into(),
         Err(HandlerError::ReplayedFailure { .. }) => "replayed failure".into(),
+        Err(HandlerError::Throttled {
+            retry_after: Some(_),
+            ..
+        }) => "later".into(),
+        Err(HandlerError::Throttled { .. }) => "later, aqw's backoff".into(),
         Err(HandlerError::Permanent { .. }) => "permanent".into(),
         Err(HandlerError::Retryable {
             retry_after: Some(_),
@@ -108,6 +113,19 @@ async fn each_row_of_the_answer_table() {
         ((404, vec![], "no such account"), "permanent"),
         ((451, vec![], "declared refusal"), "refused, not applied"),
         ((429, vec![("retry-after", "2")], ""), "later"),
+        ((429, vec![], "too many requests"), "later, aqw's backoff"),
+        (
+            (429, vec![("ratelimit", r#""default";r=0;t=10"#)], ""),
+            "later",
+        ),
+        (
+            (
+                429,
+                vec![("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "5")],
+                "",
+            ),
+            "later",
+        ),
         ((503, vec![("retry-after", "5")], ""), "later"),
         (
             (503, vec![], "upstream connect error or disconnect/reset"),

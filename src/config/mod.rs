@@ -129,6 +129,9 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
         trace_parent: a.trace_parent,
         shutdown_timeout: a.shutdown_timeout,
         max_deferral: a.max_deferral,
+        in_progress_timeout: a.in_progress_timeout,
+        adaptive_rate: raw.aqw.adaptive_rate.unwrap_or(true),
+        alert_throttled_for: a.alert_throttled_for,
         retention,
         schedules: schedules::schedules(host_file, &raw.aqw.schedules, &functions)?,
         claim_check: claim_check::validate(

@@ -102,6 +102,8 @@ pub(super) struct RawAqw {
     pub(super) tracing: Option<RawTracing>,
     pub(super) shutdown_timeout: Option<String>,
     pub(super) max_deferral: Option<String>,
+    pub(super) in_progress_timeout: Option<String>,
+    pub(super) adaptive_rate: Option<bool>,
     pub(super) breaker: Option<RawBreaker>,
     pub(super) retention: Option<RawRetention>,
     #[serde(default)]
@@ -188,6 +190,8 @@ pub(super) struct RawAlert {
     pub(super) dashboard_url: Option<String>,
     /// A `%SETTING%` reference to the HMAC signing secret.
     pub(super) secret: Option<String>,
+    /// How long a function may be throttled before an alert (a timespan).
+    pub(super) throttled_for: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -129,11 +129,7 @@ pub fn effective(app: &AppConfig, look: &Lookup) -> Vec<Setting> {
     );
     row("retry", retry(&app.retry), look.host("/aqw/retry"));
     row("lease", secs(app.lease), look.host("/aqw/lease"));
-    row(
-        "maxDeferral",
-        secs(app.max_deferral),
-        look.host("/aqw/maxDeferral"),
-    );
+    later_rows(app, look, &mut row);
     table_rows(app, look, &mut row);
     claim_check_row(app, look, &mut row);
     let port = app.http_port.map_or("off".into(), |p| p.to_string());
@@ -155,6 +151,31 @@ pub fn effective(app: &AppConfig, look: &Lookup) -> Vec<Setting> {
     }
     schedule_rows(app, look, &mut row);
     out
+}
+
+/// How a provider's "later" is waited out: the deferral, the in-progress
+/// timeout, the adaptive rate.
+fn later_rows(app: &AppConfig, look: &Lookup, row: &mut impl FnMut(&str, String, Source)) {
+    row(
+        "maxDeferral",
+        secs(app.max_deferral),
+        look.host("/aqw/maxDeferral"),
+    );
+    row(
+        "inProgressTimeout",
+        secs(app.in_progress_timeout),
+        look.host("/aqw/inProgressTimeout"),
+    );
+    let adaptive = if app.adaptive_rate {
+        "on (learns each provider's limit from its 429s; limits.callsPerSecond is the ceiling)"
+    } else {
+        "off"
+    };
+    row(
+        "adaptiveRate",
+        adaptive.into(),
+        look.host("/aqw/adaptiveRate"),
+    );
 }
 
 /// Each schedule of `aqw.schedules`: when, which function, the catch-up.
@@ -248,6 +269,11 @@ fn delivery_rows(app: &AppConfig, look: &Lookup, row: &mut impl FnMut(&str, Stri
     row("alert.webhook", webhook, look.host("/aqw/alert/webhook"));
     let format = format!("{:?}", app.alert_format).to_lowercase();
     row("alert.format", format, look.host("/aqw/alert/format"));
+    row(
+        "alert.throttledFor",
+        secs(app.alert_throttled_for),
+        look.host("/aqw/alert/throttledFor"),
+    );
     let dashboard = app
         .alert_dashboard_url
         .as_ref()

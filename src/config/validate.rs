@@ -137,6 +137,8 @@ pub(super) struct AqwSettings {
     pub(super) trace_parent: Option<String>,
     pub(super) shutdown_timeout: Duration,
     pub(super) max_deferral: Duration,
+    pub(super) in_progress_timeout: Duration,
+    pub(super) alert_throttled_for: Duration,
 }
 
 impl AqwSettings {
@@ -175,7 +177,10 @@ impl AqwSettings {
                 "must be between 00:00:01 and 7 days".into(),
             ));
         }
+        let (in_progress_timeout, alert_throttled_for) = later_settings(host_file, raw_aqw)?;
         Ok(Self {
+            in_progress_timeout,
+            alert_throttled_for,
             lease,
             retry,
             keys_table,
@@ -192,6 +197,26 @@ impl AqwSettings {
             max_deferral,
         })
     }
+}
+
+/// `aqw.inProgressTimeout` (1 s to 7 days, 5 minutes unless set) and
+/// `aqw.alert.throttledFor` (at least 1 s, 10 minutes unless set).
+fn later_settings(host_file: &str, raw_aqw: &RawAqw) -> Result<(Duration, Duration), ConfigError> {
+    let f = |field: &str, msg: &str| ConfigError::new(host_file, field, msg.to_string());
+    let field = "aqw.inProgressTimeout";
+    let in_progress = opt_timespan(host_file, field, &raw_aqw.in_progress_timeout)?
+        .unwrap_or(aqw_core::decide::DEFAULT_IN_PROGRESS_TIMEOUT);
+    if in_progress < Duration::from_secs(1) || in_progress > MAX_VISIBILITY_TIMEOUT {
+        return Err(f(field, "must be between 00:00:01 and 7 days"));
+    }
+    let field = "aqw.alert.throttledFor";
+    let raw = raw_aqw.alert.as_ref().and_then(|a| a.throttled_for.clone());
+    let throttled_for = opt_timespan(host_file, field, &raw)?
+        .unwrap_or(aqw_core::flow::adaptive::DEFAULT_THROTTLED_FOR);
+    if throttled_for < Duration::from_secs(1) {
+        return Err(f(field, "must be at least 00:00:01"));
+    }
+    Ok((in_progress, throttled_for))
 }
 
 /// `aqw.tables`: the keys and poison table names, valid and distinct.

@@ -2,9 +2,12 @@
 //!
 //! Headers: `Idempotency-Key: <ProviderKey>` (the same on every attempt and
 //! every replay), `Aqw-Key` (the business key, percent-encoded), `Aqw-Message-Id`,
-//! `Aqw-Dequeue-Count`, `Aqw-Previously-Pending`. 2xx success; 408, 409, 425, 429,
-//! 5xx, connect errors and timeouts retryable (honouring `Retry-After`); other
-//! 4xx permanent.
+//! `Aqw-Dequeue-Count`, `Aqw-Previously-Pending`. 2xx success; 429
+//! throttled, a "later" that spends no attempt, with the delay of
+//! `Retry-After` or the RateLimit fields ([`super::rate_headers`]), or
+//! aqw's backoff; 408, 409, 425, 5xx, connect errors and timeouts
+//! retryable (a refusal or a 503 with a delay is a "later" too); other 4xx
+//! permanent.
 //!
 //! Uncertainty, stated once: an attempt "may have taken effect" when its
 //! outcome is unknown — a timeout or a connection lost after the request was
@@ -82,16 +85,10 @@ pub fn header_safe(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
-/// `Retry-After`: delay-seconds or an HTTP date.
+/// `Retry-After`: delay-seconds or an HTTP date (see
+/// [`super::rate_headers`], which also reads the RateLimit fields).
 pub fn parse_retry_after(value: &str) -> Option<Duration> {
-    let v = value.trim();
-    if let Ok(secs) = v.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
-    }
-    let when =
-        time::OffsetDateTime::parse(v, &time::format_description::well_known::Rfc2822).ok()?;
-    let delta = when - time::OffsetDateTime::now_utc();
-    Some(Duration::try_from(delta).unwrap_or(Duration::ZERO))
+    super::rate_headers::parse_retry_after_at(value, time::OffsetDateTime::now_utc())
 }
 
 /// Classify a status code: None = success.
@@ -117,11 +114,20 @@ pub fn classify_with(
     };
     match status {
         200..=299 => None,
-        // Refused before processing: 425, 429, and what the function
-        // declares. 408 and every 5xx (a proxy's 503 included): the
-        // provider may have acted before answering.
-        // A 503 with `Retry-After` is the provider's own "come back later"
-        // (RFC 9110 §10.2.3), not a proxy's reset.
+        // Throttled: refused for now, not applied, whatever the headers
+        // say (RFC 6585 §4): it spends no attempt and slows the adaptive
+        // rate, and trips no breaker (the provider is up and answering).
+        429 => Some(HandlerError::Throttled {
+            message,
+            retry_after,
+        }),
+        // Refused before processing: 425 and what the function declares.
+        // 408 and every 5xx (a proxy's 503 included): the provider may
+        // have acted before answering. A 503 with `Retry-After` is the
+        // provider's own "come back later" (RFC 9110 §10.2.3, §15.6.4),
+        // not a proxy's reset: a "later" too, and a throttle for the
+        // adaptive rate, but it counts toward the breaker (a provider in
+        // maintenance answers it to every call).
         s if is_refusal(s, refused) || (s == 503 && retry_after.is_some()) => {
             Some(HandlerError::Retryable {
                 message,
@@ -170,11 +176,8 @@ impl Handler for HttpHandler {
             .await
             .map_err(|e| self.send_error(e))?;
         let status = resp.status;
-        let retry_after = resp
-            .headers
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_retry_after);
+        let retry_after =
+            super::rate_headers::provider_delay(&resp.headers, time::OffsetDateTime::now_utc());
         let body = String::from_utf8_lossy(&resp.body);
         let replayed = replay_signalled(&resp.headers, self.answers.replay_header.as_deref())
             || (self.answers.replay_marker.as_ref()).is_some_and(|m| m.found_in(&body));
@@ -264,7 +267,7 @@ mod tests {
     fn status_classification() {
         assert!(classify(200, None, "").is_none());
         assert!(classify(204, None, "").is_none());
-        for s in [408, 425, 429, 500, 502, 503] {
+        for s in [408, 425, 500, 502, 503] {
             assert!(
                 matches!(classify(s, None, ""), Some(HandlerError::Retryable { .. })),
                 "{s}"
@@ -279,11 +282,12 @@ mod tests {
         let e = classify(429, Some(Duration::from_secs(7)), "slow down").unwrap();
         assert_eq!(
             e,
-            HandlerError::Retryable {
-                message: "HTTP 429: slow down".into(),
-                retry_after: Some(Duration::from_secs(7)),
-                may_have_taken_effect: false,
-            }
+            HandlerError::throttled("HTTP 429: slow down", Some(Duration::from_secs(7)))
+        );
+        assert_eq!(
+            classify(429, None, "").unwrap(),
+            HandlerError::throttled("HTTP 429", None),
+            "a bare 429 is throttled too: refused for now, not applied"
         );
         // A 5xx or a 408 came after the provider had the body: it may have acted.
         for s in [408, 500, 502, 504] {
@@ -311,9 +315,7 @@ mod tests {
                 })
             )
         };
-        for s in [425, 429] {
-            assert!(!uncertain(s, &[]), "{s} is a refusal");
-        }
+        assert!(!uncertain(425, &[]), "425 is a refusal");
         // A proxy answers 503 after an upstream reset: unknown unless the
         // provider's own refusal is declared; 409 is "in progress".
         assert!(uncertain(503, &[]), "503 is unknown unless declared");
@@ -483,18 +485,44 @@ mod tests {
             h.handle(&job(None)).await,
             Err(HandlerError::InProgress { .. })
         ));
-        for (status, uncertain) in [(503, true), (429, false)] {
-            let url = provider(status, &[]).await;
-            let h = HttpHandler::new(url, Duration::from_secs(5)).unwrap();
-            match h.handle(&job(None)).await {
+        let url = provider(503, &[]).await;
+        let h = HttpHandler::new(url, Duration::from_secs(5)).unwrap();
+        assert!(
+            matches!(
+                h.handle(&job(None)).await,
                 Err(HandlerError::Retryable {
-                    may_have_taken_effect,
-                    message,
+                    may_have_taken_effect: true,
                     ..
-                }) => assert_eq!(may_have_taken_effect, uncertain, "{status}: {message}"),
-                other => panic!("{status}: expected a retryable failure, got {other:?}"),
-            }
-        }
+                })
+            ),
+            "a bare 503 may have taken effect"
+        );
+        let url = provider(429, &[]).await;
+        let h = HttpHandler::new(url, Duration::from_secs(5)).unwrap();
+        assert!(matches!(
+            h.handle(&job(None)).await,
+            Err(HandlerError::Throttled {
+                retry_after: None,
+                ..
+            })
+        ));
+        let url = provider(
+            429,
+            &[
+                ("ratelimit", "\"default\";r=0;t=9"),
+                ("ratelimit-policy", "\"default\";q=7;w=1"),
+            ],
+        )
+        .await;
+        let h = HttpHandler::new(url, Duration::from_secs(5)).unwrap();
+        let nine = Some(Duration::from_secs(9));
+        assert!(
+            matches!(
+                h.handle(&job(None)).await,
+                Err(HandlerError::Throttled { retry_after, .. }) if retry_after == nine
+            ),
+            "the RateLimit field's reset is the delay"
+        );
         let url = provider(422, &[]).await;
         let h = HttpHandler::new(url, Duration::from_secs(5)).unwrap();
         assert!(matches!(

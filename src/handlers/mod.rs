@@ -8,6 +8,7 @@
 pub mod exec;
 pub mod http;
 pub mod lookup;
+pub mod rate_headers;
 
 pub use aqw_core::handler::{Handler, HandlerError, HandlerSpec, Job, ProviderAnswer, Success};
 use std::collections::HashMap;

@@ -30,12 +30,24 @@ pub struct Policy {
     /// `aqw.maxDeferral`: how long a provider's "later" may put a job off
     /// without spending an attempt.
     pub max_deferral: Duration,
+    /// `aqw.inProgressTimeout`: how long a provider's "in progress" is
+    /// waited out without spending an attempt.
+    pub in_progress_timeout: Duration,
 }
 
 /// `aqw.maxDeferral` unless set: a day. A provider that says "later" for
 /// longer is down, not busy, and a day is the window in which providers
 /// such as Stripe remember an `Idempotency-Key`.
 pub const DEFAULT_MAX_DEFERRAL: Duration = Duration::from_secs(24 * 3600);
+
+/// `aqw.inProgressTimeout` unless set: 5 minutes. A 409 "in progress"
+/// means the provider is still running the first request with this key;
+/// a request that takes longer than a few minutes is past every common
+/// gateway's timeout (Azure's load balancers and API Management default
+/// to 4 min and 5 min, AWS API Gateway's integration limit is 29 s), so
+/// the first request has most likely failed on the provider's side, and
+/// each further 409 is counted as an attempt again.
+pub const DEFAULT_IN_PROGRESS_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The shortest wait a "later" gets.
 pub const MIN_LATER: Duration = Duration::from_secs(1);
@@ -298,6 +310,7 @@ mod tests {
             timeout: None,
             host_poisons_failed_last_attempt: false,
             max_deferral: DEFAULT_MAX_DEFERRAL,
+            in_progress_timeout: DEFAULT_IN_PROGRESS_TIMEOUT,
         }
     }
 

@@ -100,6 +100,20 @@ pub enum HandlerError {
         /// The provider's `Retry-After`, if it gave one.
         retry_after: Option<Duration>,
     },
+    /// The provider refused the call for now and did not apply it: a rate
+    /// limit (HTTP 429, with or without `Retry-After`; a 503 with
+    /// `Retry-After`). It spends no attempt: the job waits as a fresh copy
+    /// for `retry_after`, or aqw's own backoff when the provider named no
+    /// delay, until `aqw.maxDeferral`; and the function's adaptive rate
+    /// ([`crate::flow::adaptive`]) slows down.
+    #[error("{message}")]
+    Throttled {
+        /// What the provider said.
+        message: String,
+        /// The delay the provider named (`Retry-After`, the RateLimit
+        /// fields); `None`: aqw's backoff.
+        retry_after: Option<Duration>,
+    },
     /// The provider answered from its idempotency store with a failure it
     /// saved from an earlier attempt (Stripe saves 500s too): no retry with
     /// this provider key can succeed inside the provider's window, so the
@@ -126,6 +140,13 @@ impl HandlerError {
             message: message.into(),
             retry_after: None,
             may_have_taken_effect: true,
+        }
+    }
+    /// A refusal for now (a rate limit), with the delay the provider named.
+    pub fn throttled(message: impl Into<String>, retry_after: Option<Duration>) -> Self {
+        HandlerError::Throttled {
+            message: message.into(),
+            retry_after,
         }
     }
     /// A failure no retry can fix: the message is poisoned at once.

@@ -43,6 +43,9 @@ pub struct FunctionRuntime {
     pub gate: Arc<Gate>,
     /// The fleet-wide flow limits, when the function has any.
     pub flow: Option<Arc<crate::flow::Flow>>,
+    /// The call rate learned from the provider's throttling
+    /// (`aqw.adaptiveRate`): inactive until its first 429.
+    pub adaptive: crate::flow::adaptive::AdaptiveRate,
     /// Where the expiry guard's alert goes.
     pub alerts: Alerts,
     /// When this replica last raised the expiry alert for the function.
@@ -87,7 +90,13 @@ impl FunctionRuntime {
             alerts.clone(),
         )
         .on_account(&function.connection.setting);
+        let adaptive = crate::flow::adaptive::AdaptiveRate::new(
+            &function.name,
+            app.adaptive_rate,
+            function.limits.calls_per_second,
+        );
         Self {
+            adaptive,
             policy: app.policy_for(&function),
             keys: KeyStore::new(storage.table(&app.keys_table)),
             heartbeats: crate::heartbeat::HeartbeatStore::new(storage.table(&app.heartbeat_table)),

@@ -101,11 +101,25 @@ async fn receive_within_limits(
     want: u32,
     shutdown: &CancellationToken,
 ) -> Received {
+    // The adaptive rate first (local, free while the provider has not
+    // throttled), then the fleet-wide limits.
+    let want = match rt.adaptive.take(want) {
+        Ok(n) => n,
+        Err(wait) => {
+            // Jittered, so replicas cut at the same throttle do not call
+            // again in the same instant.
+            let jitter = rand::thread_rng().gen_range(0.8..1.2);
+            return Received::OverLimit(wait.mul_f64(jitter).min(MAX_LIMIT_WAIT));
+        }
+    };
     let grant = match &rt.flow {
         None => None,
         Some(flow) => match flow.before_receive(want).await {
             Ok(g) => Some(g),
-            Err(wait) => return Received::OverLimit(wait.min(MAX_LIMIT_WAIT)),
+            Err(wait) => {
+                rt.adaptive.give_back(want);
+                return Received::OverLimit(wait.min(MAX_LIMIT_WAIT));
+            }
         },
     };
     let n = grant.as_ref().map_or(want, |g| g.receive);
@@ -117,6 +131,7 @@ async fn receive_within_limits(
         Some(Ok(msgs)) => msgs.len() as u32,
         _ => 0,
     };
+    rt.adaptive.give_back(want.saturating_sub(got));
     let tickets = match (&rt.flow, grant) {
         (Some(flow), Some(grant)) => flow.after_receive(grant, got).await,
         _ => Vec::new(),

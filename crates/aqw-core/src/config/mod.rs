@@ -185,6 +185,16 @@ pub struct AppConfig {
     /// attempt, counted from its key's first attempt; then its later
     /// refusals count as failures again.
     pub max_deferral: Duration,
+    /// `aqw.inProgressTimeout`: how long a provider's "in progress" (409)
+    /// is waited out without spending an attempt, counted from its first
+    /// such answer for the key; then each is an uncertain attempt.
+    pub in_progress_timeout: Duration,
+    /// `aqw.adaptiveRate`: a function's call rate adapts to its provider's
+    /// throttling ([`crate::flow::adaptive`]); on unless `false`.
+    pub adaptive_rate: bool,
+    /// `aqw.alert.throttledFor`: a function throttled this long raises an
+    /// alert.
+    pub alert_throttled_for: Duration,
     /// `aqw.retention`: what the purge commands and the sweep may delete.
     pub retention: Retention,
     /// `concurrency.dynamicConcurrencyEnabled` in host.json. The Functions
@@ -253,6 +263,9 @@ impl AppConfig {
             trace_parent: None,
             shutdown_timeout: Duration::from_secs(25),
             max_deferral: crate::decide::DEFAULT_MAX_DEFERRAL,
+            in_progress_timeout: crate::decide::DEFAULT_IN_PROGRESS_TIMEOUT,
+            adaptive_rate: true,
+            alert_throttled_for: crate::flow::adaptive::DEFAULT_THROTTLED_FOR,
             retention: Retention::default(),
             dynamic_concurrency: false,
             functions: vec![],
@@ -271,6 +284,7 @@ impl AppConfig {
             timeout: self.function_timeout,
             host_poisons_failed_last_attempt: false,
             max_deferral: self.max_deferral,
+            in_progress_timeout: self.in_progress_timeout,
         }
     }
 

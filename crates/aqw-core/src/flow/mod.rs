@@ -19,6 +19,7 @@
 //! reading a limit's row holds the receive (fail closed, logged); an error
 //! handing slots back leaves them counted until [`slots::HOLD_TTL`].
 
+pub mod adaptive;
 pub mod rate;
 mod rows;
 pub mod slots;

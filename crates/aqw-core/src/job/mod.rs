@@ -11,6 +11,7 @@
 //! - `outcome.rs`: [`Outcome`] and [`record_outcome`].
 
 mod handler;
+mod later;
 mod outcome;
 mod settle;
 
@@ -193,6 +194,15 @@ async fn admit(
     if let Some(after) = held_by_gate(rt, settle) {
         return Err(after);
     }
+    // In serve mode the host delivers whatever the adaptive rate says (in
+    // run mode the poll loop asked it before receiving): over it, park,
+    // spread over up to three times the wait.
+    if settle.delivers_while_paused() {
+        if let Err(wait) = rt.adaptive.take(1) {
+            let spread = rand::thread_rng().gen_range(1.0..3.0);
+            return Err(wait.max(crate::decide::MIN_LATER).mul_f64(spread));
+        }
+    }
     let (Some(flow), Ok(payload)) = (&rt.flow, decoded) else {
         return Ok(None);
     };
@@ -255,7 +265,9 @@ async fn claim(ctx: &mut Settling<'_>, policy: &Policy) -> Result<KeyState<'stat
     }
 }
 
-/// Run the handler, then settle by its fate.
+/// Run the handler, then settle by its fate: a provider's "in progress"
+/// under `aqw.inProgressTimeout` and its "later" (a throttle, a refusal
+/// with a delay) wait without spending an attempt ([`later`]).
 async fn run_and_settle(
     ctx: &mut Settling<'_>,
     payload: String,
@@ -265,51 +277,145 @@ async fn run_and_settle(
 ) -> Outcome {
     let jitter = rand::thread_rng().gen();
     let (run, success) = ctx.run(payload, hard_stop).await;
-    let (timeout_message, replayed_message);
-    let attempt = match &run {
-        HandlerRun::Finished(Ok(_)) => AttemptResult::Succeeded,
-        HandlerRun::Interrupted => AttemptResult::Interrupted,
-        HandlerRun::TimedOut(t) => {
-            timeout_message = format!("handler exceeded functionTimeout ({t:?})");
-            AttemptResult::Failed {
-                kind: ErrorKind::Timeout,
-                message: &timeout_message,
-                retry_after: None,
-                // A timeout cut the handler off mid-way: it may have acted.
-                uncertain: true,
-            }
-        }
-        HandlerRun::Finished(Err(e)) => failed_attempt(e),
+    later::tell_adaptive_rate(ctx.rt, &run);
+    let timeout_message = match &run {
+        HandlerRun::TimedOut(t) => format!("handler exceeded functionTimeout ({t:?})"),
+        _ => String::new(),
     };
+    let first = attempt_of(ctx, &run, &timeout_message, jitter);
     // The same saved failure on every attempt: the provider replays it.
-    let attempt = match replays_its_failure(ctx, &attempt) {
-        Some(m) => {
-            replayed_message = m;
-            AttemptResult::Failed {
-                kind: ErrorKind::ReplayedFailure,
-                message: &replayed_message,
-                retry_after: None,
-                uncertain: false,
-            }
+    let replayed_message = replays_its_failure(ctx, &first);
+    let spent_message = match in_progress_of(ctx, &first, policy, jitter) {
+        Some((later::InProgress::Wait(after), message)) => {
+            return ctx.wait_in_progress(after, message).await
         }
-        None => attempt,
+        Some((later::InProgress::Spend { lasted }, message)) => Some(format!(
+            "{message} (in progress for {})",
+            later::for_a_person(lasted)
+        )),
+        None => None,
     };
-    if let Some(after) = later_delay(ctx, &attempt, policy) {
-        // The provider said "later" (a rate limit): it spends no attempt.
-        // It still counts toward the breaker: a provider answering "later"
-        // to nearly every call (a 503 with Retry-After, a gateway in
-        // maintenance) is down for the fleet, which then holds instead of
-        // calling it at full concurrency.
+    let attempt = reworded(first, replayed_message.as_deref(), spent_message.as_deref());
+    // A 429 is a rate limit, not an outage: the adaptive rate answers it
+    // (`later::tell_adaptive_rate`), the breaker does not count it (bare
+    // 429s to a whole backlog would open it, and its probes would then
+    // call in synchronized bursts).
+    let throttle = matches!(
+        &run,
+        HandlerRun::Finished(Err(HandlerError::Throttled { .. }))
+    );
+    if !throttle {
+        // A provider's other "later" (a 503 with Retry-After, a gateway in
+        // maintenance) still counts: answered to nearly every call, it is
+        // down for the fleet, which then holds instead of calling it at
+        // full concurrency.
         tell_breaker(ctx, &attempt);
+    }
+    if let Some(after) = later_delay(ctx, &attempt, policy) {
+        // The provider said "later": it spends no attempt.
         let reason = match &attempt {
             AttemptResult::Failed { message, .. } => message.to_string(),
             _ => String::new(),
         };
         return ctx.defer_later(after, &reason).await;
     }
-    tell_breaker(ctx, &attempt);
     let fate = fate(facts, &attempt, policy, jitter);
     ctx.by_fate(fate, success).await
+}
+
+/// The attempt as settled: a failure the provider replays becomes a
+/// `replayed_failure`; an "in progress" past its timeout keeps its kind
+/// with the text saying how long it lasted.
+fn reworded<'a>(
+    first: AttemptResult<'a>,
+    replayed: Option<&'a str>,
+    spent_in_progress: Option<&'a str>,
+) -> AttemptResult<'a> {
+    match (replayed, spent_in_progress, first) {
+        (Some(m), _, _) => AttemptResult::Failed {
+            kind: ErrorKind::ReplayedFailure,
+            message: m,
+            retry_after: None,
+            uncertain: false,
+        },
+        (
+            None,
+            Some(m),
+            AttemptResult::Failed {
+                kind, uncertain, ..
+            },
+        ) => AttemptResult::Failed {
+            kind,
+            message: m,
+            retry_after: None,
+            uncertain,
+        },
+        (_, _, first) => first,
+    }
+}
+
+/// How the handler's run ended, as the decision core reads it; a throttle
+/// with aqw's backoff when the provider named no delay.
+fn attempt_of<'a>(
+    ctx: &Settling<'_>,
+    run: &'a HandlerRun,
+    timeout_message: &'a str,
+    jitter: f64,
+) -> AttemptResult<'a> {
+    match run {
+        HandlerRun::Finished(Ok(_)) => AttemptResult::Succeeded,
+        HandlerRun::Interrupted => AttemptResult::Interrupted,
+        HandlerRun::TimedOut(_) => AttemptResult::Failed {
+            kind: ErrorKind::Timeout,
+            message: timeout_message,
+            retry_after: None,
+            // A timeout cut the handler off mid-way: it may have acted.
+            uncertain: true,
+        },
+        HandlerRun::Finished(Err(HandlerError::Throttled {
+            message,
+            retry_after,
+        })) => later::throttled_attempt(message, *retry_after, || ctx.deferred_for(), jitter),
+        HandlerRun::Finished(Err(e)) => failed_attempt(e),
+    }
+}
+
+/// A keyed job's "in progress": wait or spend an attempt
+/// ([`later::in_progress`]), measured from the key's first such answer;
+/// with the answer's text. `None` for anything else, or a keyless job.
+fn in_progress_of<'a>(
+    ctx: &Settling<'_>,
+    attempt: &AttemptResult<'a>,
+    policy: &Policy,
+    jitter: f64,
+) -> Option<(later::InProgress, &'a str)> {
+    let AttemptResult::Failed {
+        kind: ErrorKind::InProgress,
+        message,
+        retry_after,
+        ..
+    } = attempt
+    else {
+        return None;
+    };
+    let claim = ctx.claim.as_ref()?;
+    let now = crate::clock::now_utc();
+    let first_seen = claim.first_seen.as_deref().and_then(|f| {
+        time::OffsetDateTime::parse(f, &time::format_description::well_known::Rfc3339).ok()
+    });
+    let since = later::in_progress_since(&claim.history, first_seen, now);
+    let lasted = std::time::Duration::try_from(now - since).unwrap_or_default();
+    let left = ctx
+        .deferred_for()
+        .and_then(|d| policy.max_deferral.checked_sub(d));
+    let fate = later::in_progress(
+        lasted,
+        policy.in_progress_timeout,
+        left,
+        *retry_after,
+        jitter,
+    );
+    Some((fate, message))
 }
 
 /// How long to wait when the provider said "later" (see
@@ -484,6 +590,17 @@ fn failed_attempt(e: &HandlerError) -> AttemptResult<'_> {
             kind: ErrorKind::ReplayedFailure,
             message,
             retry_after: None,
+            uncertain: false,
+        },
+        // Read by `attempt_of` first (with aqw's backoff); here only for
+        // completeness: refused for now, not applied.
+        HandlerError::Throttled {
+            message,
+            retry_after,
+        } => AttemptResult::Failed {
+            kind: ErrorKind::Retryable,
+            message,
+            retry_after: *retry_after,
             uncertain: false,
         },
     }

@@ -289,6 +289,26 @@ impl Settling<'_> {
         self.park(after).await
     }
 
+    /// The provider is still running the first request with this key
+    /// (409): note it on the key (outcome `in_progress`, may have taken
+    /// effect: that request may complete), then put the job back as a
+    /// fresh copy visible after `after`, spending no attempt.
+    pub(super) async fn wait_in_progress(&self, after: Duration, message: &str) -> Outcome {
+        if let Some(c) = &self.claim {
+            let noted =
+                self.rt
+                    .keys
+                    .record_failure_as(c, super::later::IN_PROGRESS_OUTCOME, message, true);
+            if let Err(FinishError::Storage(e)) = noted.await {
+                return abandoned(e);
+            }
+        }
+        tracing::info!(event = "aqw.job.in_progress", error = %crate::scrub::scrub(message), retry_in_s = after.as_secs_f64(), "the provider is still processing this key; waiting without spending an attempt");
+        metrics::counter!("aqw_deferrals_total", "function" => self.rt.function.name.clone())
+            .increment(1);
+        self.park(after).await
+    }
+
     /// A failed attempt below the cap: note it on the key, then hide the
     /// message until `after` (or, while the breaker is open, park it).
     async fn retry(&self, after: Duration, message: &str, uncertain: bool) -> Outcome {

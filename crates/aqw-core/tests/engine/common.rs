@@ -46,6 +46,8 @@ pub enum Behave {
     Later(Duration),
     /// "Still processing an earlier request with this key" (a 409).
     InProgress,
+    /// A bare 429: refused for now, no delay named.
+    Throttled,
 }
 
 /// How one call to the provider ended.
@@ -197,11 +199,14 @@ impl Provider {
             ),
             Behave::Later(after) => (
                 CallOutcome::Failed("HTTP 429".into()),
-                Err(HandlerError::Retryable {
-                    message: "HTTP 429: rate limited".into(),
-                    retry_after: Some(after),
-                    may_have_taken_effect: false,
-                }),
+                Err(HandlerError::throttled(
+                    "HTTP 429: rate limited",
+                    Some(after),
+                )),
+            ),
+            Behave::Throttled => (
+                CallOutcome::Failed("HTTP 429".into()),
+                Err(HandlerError::throttled("HTTP 429", None)),
             ),
             Behave::Fail(m) => (
                 CallOutcome::Failed(m.clone()),
@@ -673,6 +678,26 @@ pub fn ten_calls_a_second() -> impl Fn(&Job, usize) -> Behave + Send + Sync + 's
         w.1 += 1;
         if w.1 > 10 {
             Behave::Later(Duration::from_secs(1))
+        } else {
+            Behave::Succeed
+        }
+    }
+}
+
+/// A provider that takes `limit` calls in each one-second window (read at
+/// each call, so a test can change it) and answers a bare 429 beyond.
+pub fn limited_to(
+    limit: Arc<std::sync::atomic::AtomicU32>,
+) -> impl Fn(&Job, usize) -> Behave + Send + Sync + 'static {
+    let window = Mutex::new((tokio::time::Instant::now(), 0u32));
+    move |_, _| {
+        let mut w = window.lock().unwrap();
+        if w.0.elapsed() >= Duration::from_secs(1) {
+            *w = (tokio::time::Instant::now(), 0);
+        }
+        w.1 += 1;
+        if w.1 > limit.load(std::sync::atomic::Ordering::Relaxed) {
+            Behave::Throttled
         } else {
             Behave::Succeed
         }

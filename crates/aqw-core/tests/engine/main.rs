@@ -29,6 +29,8 @@
 //! - `operations.rs`: durable group operations: killed mid-run and resumed
 //!   (each record once), cancelled from another handle, halted by the
 //!   breaker or by replayed jobs coming back poisoned;
+//! - `later.rs`: a bare 429 and a 409 "in progress" waited out without
+//!   spending attempts; the adaptive rate converging under a provider's limit;
 //! - `outage.rs`: the breaker in a full and a partial provider outage, and a
 //!   storage outage;
 //! - `spread.rs`: the breaker on the fleet's evidence: an outage over 1, 2,
@@ -42,6 +44,7 @@ mod common;
 mod crashes;
 mod fleet;
 mod flow;
+mod later;
 mod operations;
 mod outage;
 mod producer;

@@ -1,0 +1,451 @@
+//! The adaptive call rate (issue 49): a function's calls per second learn
+//! the provider's limit from its throttling answers (a 429, a 503 with
+//! `Retry-After`: [`crate::handler::HandlerError::Throttled`]).
+//!
+//! [`ClientRateLimiter`] is the AWS SDKs' adaptive retry mode's client rate
+//! limiter, a token bucket whose fill rate follows CUBIC (RFC 9438): on a
+//! throttle the rate drops to `BETA` (0.7) times the rate measured, and on
+//! each success it grows back along a cubic curve scaled by
+//! `SCALE_CONSTANT` (0.4), reaching the rate of the last throttle after
+//! `cbrt(last_max × (1 − BETA) / SCALE_CONSTANT)` seconds, and never past
+//! twice the rate measured (half-second buckets smoothed by `SMOOTH`, 0.8).
+//! Ported from smithy-rs `rust-runtime/aws-smithy-runtime/src/client/
+//! retries/client_rate_limiter.rs` and aws-sdk-go-v2
+//! `aws/retry/adaptive_ratelimit.go` (whose test vectors the tests below
+//! reuse). Like the AWS client's `enabled` flag, the bucket is inactive
+//! until the first throttle: until then a call costs a mutex and a few
+//! float operations to measure the rate, no wait and no storage request.
+//!
+//! aqw's departures, each for the fleet: the floor of the fill rate is
+//! [`MIN_FILL_RATE`] (0.05/s) rather than AWS's 0.5/s, because a fleet
+//! shares one provider limit between its replicas (50 replicas over a
+//! 10/s provider need 0.2/s each, under AWS's floor); below 10 calls/s
+//! the cubic curve's time is counted in calls rather than seconds
+//! ([`ClientRateLimiter::time_scale`]: AWS's absolute growth, 0.4 calls/s³,
+//! applied to each of 50 replicas at 0.2/s, drove the fleet past the
+//! limit again within seconds of every cut: 38 % of the calls refused in
+//! the engine's simulation, under 20 % with the scaled curve); the rate is
+//! cut at most once per call interval at the new rate (the refusals of
+//! the calls already in flight do not cut it again, as TCP cuts once per
+//! round trip; a replica's 16 concurrent calls refused at once would
+//! otherwise cut it 16 times, to the floor); a configured
+//! `limits.callsPerSecond` is the ceiling; and tokens are taken for a
+//! whole receive at once ([`ClientRateLimiter::take`]).
+//!
+//! Fleet-wide convergence without a shared row: each replica runs its own
+//! limiter, as each AWS client does. A provider over its limit refuses
+//! calls about in proportion to each replica's share of the traffic, so
+//! every replica above its share is throttled and cut by 0.7 while it
+//! grows back cubically: the sum of the replicas' rates falls under the
+//! provider's limit after a few throttles and oscillates just below it
+//! (the same argument as for many TCP CUBIC flows sharing one bottleneck).
+//! So no storage request is spent on it.
+
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The floor of a replica's learned rate (calls per second).
+pub const MIN_FILL_RATE: f64 = 0.05;
+const MIN_CAPACITY: f64 = 1.0;
+const SMOOTH: f64 = 0.8;
+/// At and above this last max rate (calls/s) the cubic curve is AWS's in
+/// seconds; below it, in calls ([`ClientRateLimiter::time_scale`]).
+const REFERENCE_RATE: f64 = 10.0;
+/// The slowest the cubic curve's time runs (at 0.3 calls/s and below): a
+/// replica cut to a small share still finds a risen limit within minutes.
+const MIN_TIME_SCALE: f64 = 0.03;
+/// The longest a cut shields the rate from the next one (seconds).
+const MAX_CUT_INTERVAL: f64 = 5.0;
+/// How far the rate drops on a throttle.
+const BETA: f64 = 0.7;
+/// How fast the rate grows back after a throttle.
+const SCALE_CONSTANT: f64 = 0.4;
+
+/// The AWS SDKs' client rate limiter as a pure value: time is passed in
+/// (seconds on any monotonic scale), so tests drive it by hand.
+#[derive(Debug, Clone)]
+pub struct ClientRateLimiter {
+    fill_rate: f64,
+    max_capacity: f64,
+    capacity: f64,
+    last_refill: Option<f64>,
+    measured_rate: f64,
+    last_bucket: f64,
+    request_count: u64,
+    enabled: bool,
+    last_max_rate: f64,
+    last_throttle: f64,
+    time_window: f64,
+    ceiling: Option<f64>,
+}
+
+impl ClientRateLimiter {
+    /// An inactive limiter at `now`, never above `ceiling` calls/s once active.
+    pub fn new(now: f64, ceiling: Option<f64>) -> Self {
+        Self {
+            fill_rate: 0.0,
+            max_capacity: f64::MAX,
+            capacity: 0.0,
+            last_refill: None,
+            measured_rate: 0.0,
+            last_bucket: (now * 2.0).floor() / 2.0,
+            request_count: 0,
+            enabled: false,
+            last_max_rate: 0.0,
+            last_throttle: now,
+            time_window: 0.0,
+            ceiling: ceiling.filter(|c| c.is_finite() && *c > 0.0),
+        }
+    }
+
+    /// The learned rate, once a throttle made the limiter active.
+    pub fn rate(&self) -> Option<f64> {
+        self.enabled.then_some(self.fill_rate)
+    }
+
+    /// Take tokens for up to `want` calls at `now`: how many may go now
+    /// (all while inactive), or how many seconds until one may.
+    pub fn take(&mut self, now: f64, want: u32) -> Result<u32, f64> {
+        if !self.enabled || want == 0 {
+            return Ok(want);
+        }
+        self.refill(now);
+        let available = self.capacity.floor();
+        if available >= 1.0 {
+            let n = (want as f64).min(available);
+            self.capacity -= n;
+            Ok(n as u32)
+        } else {
+            Err((1.0 - self.capacity) / self.fill_rate)
+        }
+    }
+
+    /// Hand back tokens taken for calls that were not made.
+    pub fn give_back(&mut self, n: u32) {
+        if self.enabled {
+            self.capacity = (self.capacity + n as f64).min(self.max_capacity);
+        }
+    }
+
+    /// A response at `now`: a throttle or not (AWS's `update_rate_limiter`).
+    pub fn update(&mut self, now: f64, throttled: bool) {
+        self.measure(now);
+        if throttled && self.enabled && now - self.last_throttle < self.cut_interval() {
+            // An answer to a call sent before the last cut: the rate was
+            // cut for it already (TCP cuts once per round trip). Without
+            // this, a backlog's first burst of refusals (16 calls in flight
+            // on each replica) cut the rate 16 times over, to the floor.
+            return;
+        }
+        let calculated = if throttled {
+            // A throttle in the first half-second bucket has no measured
+            // rate yet (AWS's would be 0, its floor then): the calls of
+            // the bucket so far stand for it.
+            let measured = if self.measured_rate > 0.0 {
+                self.measured_rate
+            } else {
+                self.request_count as f64 * 2.0
+            };
+            let rate_to_use = if self.enabled {
+                measured.min(self.fill_rate)
+            } else {
+                measured
+            };
+            self.last_max_rate = rate_to_use;
+            let s = self.time_scale();
+            self.time_window = ((self.last_max_rate * (1.0 - BETA)) / (SCALE_CONSTANT * s)).cbrt();
+            self.last_throttle = now;
+            self.enabled = true;
+            rate_to_use * BETA
+        } else {
+            let s = self.time_scale();
+            let dt = (now - self.last_throttle) * s - self.time_window;
+            SCALE_CONSTANT * s * dt.powi(3) + self.last_max_rate
+        };
+        let mut new_rate = calculated.min(2.0 * self.measured_rate);
+        if let Some(c) = self.ceiling {
+            new_rate = new_rate.min(c);
+        }
+        self.refill(now);
+        self.fill_rate = new_rate.max(MIN_FILL_RATE);
+        self.max_capacity = new_rate.max(MIN_CAPACITY);
+        self.capacity = self.capacity.min(self.max_capacity);
+    }
+
+    /// How fast the cubic curve's time runs: 1 (the AWS curve) for a last
+    /// max rate of [`REFERENCE_RATE`] or more; below it, slower in
+    /// proportion, so that the curve is AWS's counted in calls rather than
+    /// seconds: a replica holding a small share of a provider's limit grows
+    /// back after as many calls as a client at 10/s does, not after as many
+    /// seconds (which, over 50 replicas, would overshoot the limit 50 times
+    /// as fast as one client).
+    fn time_scale(&self) -> f64 {
+        (self.last_max_rate / REFERENCE_RATE).clamp(MIN_TIME_SCALE, 1.0)
+    }
+
+    /// After a cut, throttles within the time of one call at the new
+    /// rate (at most [`MAX_CUT_INTERVAL`] s) answer calls made before it.
+    fn cut_interval(&self) -> f64 {
+        (1.0 / self.fill_rate).min(MAX_CUT_INTERVAL)
+    }
+
+    fn refill(&mut self, now: f64) {
+        if let Some(last) = self.last_refill {
+            let fill = (now - last).max(0.0) * self.fill_rate;
+            self.capacity = (self.capacity + fill).min(self.max_capacity);
+        }
+        self.last_refill = Some(now);
+    }
+
+    /// The rate of calls, over half-second buckets, smoothed.
+    fn measure(&mut self, now: f64) {
+        let bucket = (now * 2.0).floor() / 2.0;
+        self.request_count += 1;
+        if bucket > self.last_bucket {
+            let current = self.request_count as f64 / (bucket - self.last_bucket);
+            self.measured_rate = current * SMOOTH + self.measured_rate * (1.0 - SMOOTH);
+            self.request_count = 0;
+            self.last_bucket = bucket;
+        }
+    }
+}
+
+/// `aqw.alert.throttledFor` unless set: 10 minutes. A rate limit met for
+/// a few minutes is the adaptive rate doing its work; one met for ten is
+/// a provider limit below the work's arrival rate, and the backlog grows.
+pub const DEFAULT_THROTTLED_FOR: Duration = Duration::from_secs(600);
+
+/// How long without a throttle ends a "throttled" episode (for the alert
+/// and the log).
+pub const QUIET: Duration = Duration::from_secs(60);
+
+/// How often at most the learned rate is logged per function.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// One function's adaptive rate on one replica: the limiter on the tokio
+/// clock, its gauge, its rate-limited log, and how long the function has
+/// been throttled.
+pub struct AdaptiveRate {
+    function: String,
+    on: bool,
+    start: Instant,
+    state: Mutex<State>,
+}
+
+struct State {
+    limiter: ClientRateLimiter,
+    logged: Option<Instant>,
+    throttled_since: Option<Instant>,
+    last_throttle: Option<Instant>,
+    alerted: bool,
+}
+
+impl AdaptiveRate {
+    /// The adaptive rate of `function`, off when `on` is false (then it
+    /// never waits), never above `ceiling` calls/s.
+    pub fn new(function: &str, on: bool, ceiling: Option<f64>) -> Self {
+        Self {
+            function: function.to_string(),
+            on,
+            start: Instant::now(),
+            state: Mutex::new(State {
+                limiter: ClientRateLimiter::new(0.0, ceiling),
+                logged: None,
+                throttled_since: None,
+                last_throttle: None,
+                alerted: false,
+            }),
+        }
+    }
+
+    fn now(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    /// Tokens for up to `want` calls: how many may go now, or how long
+    /// until one may.
+    pub fn take(&self, want: u32) -> Result<u32, Duration> {
+        if !self.on {
+            return Ok(want);
+        }
+        let now = self.now();
+        let mut s = self.state.lock().unwrap();
+        s.limiter
+            .take(now, want)
+            .map_err(|secs| Duration::from_secs_f64(secs.clamp(0.001, 3600.0)))
+    }
+
+    /// Hand back tokens for calls not made.
+    pub fn give_back(&self, n: u32) {
+        if self.on && n > 0 {
+            self.state.lock().unwrap().limiter.give_back(n);
+        }
+    }
+
+    /// A provider's answer: throttled or not. Returns how long the
+    /// function has been throttled when this throttle is the first past
+    /// `alert_after` in its episode (then raise the alert once).
+    pub fn record(&self, throttled: bool, alert_after: Duration) -> Option<Duration> {
+        if !self.on {
+            return None;
+        }
+        let (now, at) = (self.now(), Instant::now());
+        let mut s = self.state.lock().unwrap();
+        let before = s.limiter.rate();
+        s.limiter.update(now, throttled);
+        if throttled {
+            metrics::counter!("aqw_throttles_total", "function" => self.function.clone())
+                .increment(1);
+            if s.last_throttle.is_none_or(|t| at - t > QUIET) {
+                s.throttled_since = Some(at);
+                s.alerted = false;
+            }
+            s.last_throttle = Some(at);
+        }
+        let rate = s.limiter.rate();
+        if let Some(r) = rate {
+            metrics::gauge!("aqw_adaptive_rate", "function" => self.function.clone()).set(r);
+            if before != rate && s.logged.is_none_or(|t| at - t >= LOG_EVERY) {
+                s.logged = Some(at);
+                tracing::info!(event = "aqw.rate.adapted", function = %self.function, calls_per_second = r, throttled, "the provider's rate limit: calls per second adapted");
+            }
+        }
+        let since = s.throttled_since?;
+        let throttled_for = at - since;
+        let due = throttled && !s.alerted && throttled_for >= alert_after;
+        due.then(|| {
+            s.alerted = true;
+            throttled_for
+        })
+    }
+
+    /// The learned rate on this replica, once throttled.
+    pub fn rate(&self) -> Option<f64> {
+        self.state.lock().unwrap().limiter.rate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-6
+    }
+
+    /// aws-sdk-go-v2's `adaptive_ratelimit_test.go` vectors (as ported to
+    /// smithy-rs): the time window for a last max rate of 10, and the
+    /// cubic curve back from a throttle at t = 5.
+    #[test]
+    fn the_cubic_curve_matches_the_aws_sdks() {
+        let mut l = ClientRateLimiter::new(5.0, None);
+        l.last_max_rate = 10.0;
+        l.time_window = ((10.0 * (1.0 - BETA)) / SCALE_CONSTANT).cbrt();
+        assert!(close(l.time_window, 1.9574338205844317));
+        let cubic = |t: f64| SCALE_CONSTANT * (t - 5.0 - l.time_window).powi(3) + 10.0;
+        for (t, want) in [
+            (5.0, 7.0),
+            (6.0, 9.64893600966),
+            (7.0, 10.000030849917364),
+            (8.0, 10.453284520772092),
+            (9.0, 13.408697022224185),
+            (10.0, 21.26626835427364),
+            (11.0, 36.425998516920465),
+        ] {
+            assert!(close(cubic(t), want), "t {t}: {} vs {want}", cubic(t));
+        }
+    }
+
+    /// Calls at `per_s` for `secs` from `t`, each answered throttled or not.
+    fn drive(l: &mut ClientRateLimiter, t: &mut f64, secs: f64, per_s: f64, throttled: bool) {
+        let end = *t + secs;
+        while *t < end {
+            *t += 1.0 / per_s;
+            l.update(*t, throttled);
+        }
+    }
+
+    #[test]
+    fn inactive_until_the_first_throttle() {
+        let mut l = ClientRateLimiter::new(0.0, None);
+        let mut t = 0.0;
+        drive(&mut l, &mut t, 5.0, 20.0, false);
+        assert_eq!(l.rate(), None);
+        assert_eq!(l.take(t, 1000), Ok(1000), "no bucket while inactive");
+        l.update(t, true);
+        let r = l.rate().expect("active after a throttle");
+        assert!((13.0..=14.5).contains(&r), "0.7 × ~20/s measured: {r}");
+    }
+
+    #[test]
+    fn a_throttle_cuts_the_rate_and_successes_bring_it_back() {
+        let mut l = ClientRateLimiter::new(0.0, None);
+        let mut t = 0.0;
+        drive(&mut l, &mut t, 5.0, 10.0, false);
+        l.update(t, true);
+        let cut = l.rate().unwrap();
+        drive(&mut l, &mut t, 1.0, cut, true);
+        let cut_again = l.rate().unwrap();
+        assert!(cut_again < cut, "{cut_again} < {cut}");
+        drive(&mut l, &mut t, 10.0, 5.0, false);
+        assert!(
+            l.rate().unwrap() > cut_again,
+            "grows back on success: {:?}",
+            l.rate()
+        );
+        for _ in 0..200 {
+            l.update(t, true);
+            t += 0.5;
+        }
+        assert!(close(l.rate().unwrap(), MIN_FILL_RATE), "the floor");
+    }
+
+    #[test]
+    fn the_ceiling_holds() {
+        let mut l = ClientRateLimiter::new(0.0, Some(4.0));
+        let mut t = 0.0;
+        drive(&mut l, &mut t, 5.0, 50.0, false);
+        l.update(t, true);
+        assert!(l.rate().unwrap() <= 4.0);
+        drive(&mut l, &mut t, 60.0, 50.0, false);
+        assert!(close(l.rate().unwrap(), 4.0), "{:?}", l.rate());
+    }
+
+    #[test]
+    fn tokens_pace_the_calls_once_active() {
+        let mut l = ClientRateLimiter::new(0.0, None);
+        let mut t = 0.0;
+        drive(&mut l, &mut t, 3.0, 4.0, false);
+        l.update(t, true);
+        let r = l.rate().unwrap();
+        // Drain, then the next token is 1/r away.
+        while l.take(t, 16).is_ok() {}
+        let wait = l.take(t, 1).unwrap_err();
+        assert!(wait > 0.0 && wait <= 1.0 / r + 1e-9, "{wait} for {r}/s");
+        let later = t + wait + 1e-6;
+        assert_eq!(l.take(later, 16), Ok(1));
+        l.give_back(1);
+        assert_eq!(l.take(later, 16), Ok(1), "handed back");
+        let mut none = ClientRateLimiter::new(0.0, Some(f64::NAN));
+        none.update(1.0, true);
+        assert!(none.rate().unwrap().is_finite(), "a NaN ceiling is none");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_alert_comes_once_per_episode() {
+        let a = AdaptiveRate::new("F", true, None);
+        let after = Duration::from_secs(600);
+        assert_eq!(a.record(true, after), None);
+        for _ in 0..20 {
+            tokio::time::advance(Duration::from_secs(30)).await;
+            a.record(false, after);
+            if a.record(true, after).is_some() {
+                assert!(a.rate().is_some());
+                assert_eq!(a.record(true, after), None, "once");
+                return;
+            }
+        }
+        panic!("no alert after 10 minutes throttled");
+    }
+}
