@@ -81,12 +81,12 @@ pub(crate) async fn bget(r: &Router, uri: &str) -> Reply {
 }
 
 /// POST a form as the bearer principal.
-async fn bpost(r: &Router, uri: &str, form: &str) -> Reply {
+pub(crate) async fn bpost(r: &Router, uri: &str, form: &str) -> Reply {
     call(r, "POST", uri, &[BEARER], Some(form)).await
 }
 
 /// An app whose jobs are keyed by `orderId`, with these queue settings.
-fn keyed_app(queues: serde_json::Value) -> TestApp {
+pub(crate) fn keyed_app(queues: serde_json::Value) -> TestApp {
     TestApp::new(json!({"key": "order:{/orderId}"}), queues, json!({}))
 }
 
@@ -106,12 +106,12 @@ async fn sign_in(r: &Router, nonce: &str, form: &str) -> Reply {
     call(r, "POST", "/login", &[("cookie", nonce)], Some(form)).await
 }
 
-fn csrf_of(page: &str) -> String {
+pub(crate) fn csrf_of(page: &str) -> String {
     let re = regex::Regex::new(r#"name="csrf" value="([0-9a-f]+)""#).unwrap();
     re.captures(page).expect("a form with a CSRF token")[1].to_string()
 }
 
-fn enc(s: &str) -> String {
+pub(crate) fn enc(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
@@ -229,7 +229,7 @@ async fn by_is_the_principal_never_a_form_field() {
 }
 
 /// Insert a record straight into the poison table (records are table rows).
-async fn insert_record(
+pub(crate) async fn insert_record(
     app: &TestApp,
     id: &str,
     message: &str,
