@@ -163,16 +163,11 @@ pub struct DashboardArgs {
     /// Views only: no replay, discard or fix (and no authentication needed).
     #[arg(long)]
     pub read_only: bool,
-    /// Accept AQW_DASHBOARD_TRUSTED_PROXIES ranges wider than /8 (IPv4) or
-    /// /32 (IPv6); same as AQW_DASHBOARD_ALLOW_WIDE_TRUSTED_PROXIES=1.
+    /// Accept trusted-proxy ranges wider than /8 or /32 (AQW_DASHBOARD_ALLOW_WIDE_TRUSTED_PROXIES=1).
     #[arg(long)]
     pub allow_wide_trusted_proxies: bool,
-    /// Connections served at once, in total (more wait in the listen backlog).
-    #[arg(long, default_value_t = aqw::dashboard::MAX_CONNECTIONS, env = "AQW_DASHBOARD_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_connections: u32,
-    /// Connections served at once from one client address (more are closed).
-    #[arg(long, default_value_t = aqw::dashboard::MAX_CONNECTIONS_PER_CLIENT, env = "AQW_DASHBOARD_MAX_CONNECTIONS_PER_CLIENT", value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_connections_per_client: u32,
+    #[command(flatten)]
+    pub limits: aqw::dashboard::ConnectionLimits,
 }
 
 /// Which keys `keys list` shows.

@@ -104,10 +104,7 @@ async fn dashboard(app_dir: &Path, a: DashboardArgs) -> Result<Exit, Failure> {
         auth,
         listen: Some(a.listen),
         public_hosts,
-        limits: aqw::dashboard::ConnectionLimits {
-            total: a.max_connections as usize,
-            per_client: a.max_connections_per_client as usize,
-        },
+        limits: a.limits,
     };
     options.check().map_err(Failure::usage)?;
     for warning in options.warnings() {

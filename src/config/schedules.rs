@@ -18,7 +18,15 @@ pub(super) fn schedules(
     functions: &[FunctionConfig],
 ) -> Result<Vec<Schedule>, ConfigError> {
     raw.iter()
-        .map(|(name, r)| schedule(host_file, name, r, functions))
+        .map(|(name, r)| match name_refused(name) {
+            Some(why) => Err(ConfigError::new(
+                host_file,
+                // Escaped: the name itself may hold a control character.
+                format!("aqw.schedules.{}", aqw_core::scrub::one_line(name)),
+                why,
+            )),
+            None => schedule(host_file, name, r, functions),
+        })
         .collect()
 }
 
@@ -65,9 +73,6 @@ fn schedule(
         };
         ConfigError::new(host_file, at, msg)
     };
-    if let Some(why) = name_refused(name) {
-        return Err(err("", why));
-    }
     let when = match (&raw.cron, &raw.every) {
         (Some(c), None) => When::cron(c, raw.time_zone.as_deref()).map_err(|m| err("cron", m))?,
         (None, Some(e)) => {

@@ -48,23 +48,28 @@ pub const MAX_CONNECTIONS: u32 = 256;
 /// (`--max-connections-per-client`): a browser opens at most 6 per host.
 pub const MAX_CONNECTIONS_PER_CLIENT: u32 = 32;
 
-/// How many connections the dashboard serves at once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How many connections the dashboard serves at once (`aqw dashboard`'s
+/// flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
 pub struct ConnectionLimits {
-    pub total: usize,
-    pub per_client: usize,
+    /// Connections served at once; one more is answered 503 and closed.
+    #[arg(long = "max-connections", default_value_t = MAX_CONNECTIONS, env = "AQW_DASHBOARD_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub total: u32,
+    /// Connections served at once from one client address (an IPv6 /64).
+    #[arg(long = "max-connections-per-client", default_value_t = MAX_CONNECTIONS_PER_CLIENT, env = "AQW_DASHBOARD_MAX_CONNECTIONS_PER_CLIENT", value_parser = clap::value_parser!(u32).range(1..))]
+    pub per_client: u32,
 }
 
 impl Default for ConnectionLimits {
     fn default() -> Self {
         ConnectionLimits {
-            total: MAX_CONNECTIONS as usize,
-            per_client: MAX_CONNECTIONS_PER_CLIENT as usize,
+            total: MAX_CONNECTIONS,
+            per_client: MAX_CONNECTIONS_PER_CLIENT,
         }
     }
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Counts {
     total: usize,
     per_client: HashMap<IpAddr, usize>,
@@ -77,6 +82,7 @@ pub(super) struct Connections {
 }
 
 /// One admitted connection: counted until dropped.
+#[derive(Debug)]
 pub(super) struct Slot {
     client: IpAddr,
     counts: Arc<Mutex<Counts>>,
@@ -119,11 +125,11 @@ impl Connections {
     fn admit(&self, peer: IpAddr) -> Result<Slot, &'static str> {
         let client = client_of(peer);
         let mut c = self.counts.lock().expect("connection counts");
-        if c.total >= self.limits.total {
+        if c.total >= self.limits.total as usize {
             return Err("the dashboard serves as many connections as it allows");
         }
         let mine = c.per_client.entry(client).or_insert(0);
-        if *mine >= self.limits.per_client {
+        if *mine >= self.limits.per_client as usize {
             return Err("too many connections from your address");
         }
         *mine += 1;

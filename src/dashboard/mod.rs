@@ -22,10 +22,15 @@
 //! - every request's `Host` must be the listen address or a configured public
 //!   name (DNS rebinding, `guard.rs`);
 //! - wrong tokens back off per client and globally, 429 (`throttle.rs`);
+//! - connections are capped per client and in total, and a request body is
+//!   read only after the `Host`, principal and bearer checks, at most 4 KiB
+//!   before sign-in (`listener.rs`);
 //! - every POST carries a CSRF token bound to its principal;
 //! - "by" is the authenticated principal, never a form field;
 //! - payloads are attacker-controlled: maud escapes everything, invalid
-//!   UTF-8 is shown lossily with a hex dump (`payload.rs`);
+//!   UTF-8 is shown lossily with a hex dump (`payload.rs`); every other
+//!   free-text value renders through one type, `text::Text`, which writes
+//!   control and bidi characters as `\u{…}`;
 //! - no secret renders: errors are scrubbed, the webhook URL and the
 //!   connection are never shown;
 //! - CSP without inline script or style, `frame-ancestors 'none'`,
