@@ -86,7 +86,7 @@ pub(crate) async fn bpost(r: &Router, uri: &str, form: &str) -> Reply {
 }
 
 /// An app whose jobs are keyed by `orderId`, with these queue settings.
-fn keyed_app(queues: serde_json::Value) -> TestApp {
+pub(crate) fn keyed_app(queues: serde_json::Value) -> TestApp {
     TestApp::new(json!({"key": "order:{/orderId}"}), queues, json!({}))
 }
 

@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(60);
-const TOKEN: &str = "browser-test-token-0123456789";
+const TOKEN: &str = "browser-test-token-e83b05c7d2f1";
 
 /// The dashboard binary, killed on drop.
 struct DashboardProcess {

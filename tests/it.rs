@@ -24,6 +24,7 @@ mod connections;
 mod contract;
 mod dashboard;
 mod dashboard_browser;
+mod dashboard_hardening;
 mod dashboard_probes;
 mod delayed;
 mod deploy;

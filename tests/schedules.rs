@@ -147,3 +147,27 @@ async fn serve_instances_put_each_tick_once() {
     );
     app.cleanup().await;
 }
+
+/// Issue 48: a schedule's name is its row's key in the control table, so
+/// `a/b` (or `\`, `#`, `?`, a control character, a name too long) is
+/// refused at load, naming the setting, instead of failing `aqw status`.
+#[tokio::test]
+async fn a_schedule_name_no_table_key_can_hold_is_refused_naming_the_setting() {
+    let sink = Sink::start().await;
+    let app = scheduled_app(&sink, "{/schedule}:{/tick}");
+    let host = app.path().join("host.json");
+    let good = std::fs::read_to_string(&host).unwrap();
+    let long = "T".repeat(101);
+    for bad in ["a/b", "a\\\\b", "a#b", "a?b", "a\\u001bb", long.as_str()] {
+        std::fs::write(&host, good.replace("\"Tick\"", &format!("\"{bad}\""))).unwrap();
+        let out = aqw(app.path(), &["status"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains("aqw.schedules."), "{bad}: {err}");
+    }
+    std::fs::write(&host, good.replace("\"Tick\"", "\"a/b\"")).unwrap();
+    let out = aqw(app.path(), &["status"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("aqw.schedules.a/b"), "{err}");
+    app.cleanup().await;
+}

@@ -163,6 +163,11 @@ pub struct DashboardArgs {
     /// Views only: no replay, discard or fix (and no authentication needed).
     #[arg(long)]
     pub read_only: bool,
+    /// Accept trusted-proxy ranges wider than /8 or /32 (AQW_DASHBOARD_ALLOW_WIDE_TRUSTED_PROXIES=1).
+    #[arg(long)]
+    pub allow_wide_trusted_proxies: bool,
+    #[command(flatten)]
+    pub limits: aqw::dashboard::ConnectionLimits,
 }
 
 /// Which keys `keys list` shows.

@@ -88,8 +88,12 @@ async fn serve(app_dir: &Path) -> Result<Exit, Failure> {
 }
 
 async fn dashboard(app_dir: &Path, a: DashboardArgs) -> Result<Exit, Failure> {
-    let auth =
-        aqw::dashboard::AuthConfig::from_env(|k| std::env::var(k).ok()).map_err(Failure::usage)?;
+    let wide = aqw::dashboard::ALLOW_WIDE_SETTING;
+    let auth = aqw::dashboard::AuthConfig::from_env(|k| match k {
+        _ if k == wide && a.allow_wide_trusted_proxies => Some("1".into()),
+        _ => std::env::var(k).ok(),
+    })
+    .map_err(Failure::usage)?;
     let public_hosts = aqw::dashboard::public_hosts(
         &std::env::var("AQW_DASHBOARD_PUBLIC_URL").unwrap_or_default(),
     )
@@ -99,6 +103,7 @@ async fn dashboard(app_dir: &Path, a: DashboardArgs) -> Result<Exit, Failure> {
         auth,
         listen: Some(a.listen),
         public_hosts,
+        limits: a.limits,
     };
     options.check().map_err(Failure::usage)?;
     for warning in options.warnings() {
@@ -166,9 +171,14 @@ async fn status(app_dir: &Path, output: Output) -> Result<Exit, Failure> {
             ))
         })?;
         let qo = queue_ops(&app, &f.queue)?;
+        // One unreadable schedule (a bad row) is shown as such, not the
+        // end of the whole status.
         let status = aqw_core::schedule::status(&app, s, qo.control.table().as_ref(), &qo.keys)
             .await
-            .map_err(ops::OpsError::from)?;
+            .unwrap_or_else(|e| {
+                let why = aqw::telemetry::scrub(&e.to_string());
+                aqw_core::schedule::ScheduleStatus::unread(s, why)
+            });
         schedules.push(status);
     }
     render::status(&lines, &schedules, open, output);

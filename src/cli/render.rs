@@ -76,6 +76,10 @@ fn status_schedules(schedules: &[ScheduleStatus]) {
     );
     for s in schedules {
         let last = match (&s.last_tick, &s.last_outcome) {
+            _ if s.error.is_some() => format!(
+                "cannot read: {}",
+                one_line(s.error.as_deref().unwrap_or(""))
+            ),
             (Some(t), Some(o)) => format!("{t} ({o})"),
             (Some(t), None) => t.clone(),
             (None, _) => "none yet".to_string(),

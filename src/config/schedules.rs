@@ -18,8 +18,44 @@ pub(super) fn schedules(
     functions: &[FunctionConfig],
 ) -> Result<Vec<Schedule>, ConfigError> {
     raw.iter()
-        .map(|(name, r)| schedule(host_file, name, r, functions))
+        .map(|(name, r)| match name_refused(name) {
+            Some(why) => Err(ConfigError::new(
+                host_file,
+                // Escaped: the name itself may hold a control character.
+                format!("aqw.schedules.{}", aqw_core::scrub::one_line(name)),
+                why,
+            )),
+            None => schedule(host_file, name, r, functions),
+        })
         .collect()
+}
+
+/// The longest schedule name: its row's RowKey in the control table, and
+/// part of every tick's key.
+pub const MAX_SCHEDULE_NAME: usize = 100;
+
+/// Why `name` cannot name a schedule, if it cannot: the name is its row's
+/// RowKey in the control table, where `/`, `\`, `#`, `?` and control
+/// characters are not allowed (issue 48: a schedule named `a/b` made `aqw
+/// status` fail as a whole), and it is shown on pages and terminals.
+fn name_refused(name: &str) -> Option<String> {
+    if name.trim().is_empty() {
+        return Some("a schedule needs a name".into());
+    }
+    if name.chars().count() > MAX_SCHEDULE_NAME {
+        return Some(format!(
+            "the name is longer than {MAX_SCHEDULE_NAME} characters"
+        ));
+    }
+    let bad = name.chars().find(|c| {
+        matches!(c, '/' | '\\' | '#' | '?')
+            || c.is_control()
+            || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}' | '\u{061C}')
+    })?;
+    Some(format!(
+        "the name must not contain {:?}: a schedule's name is a table key, where /, \\, #, ? and control or direction characters are not allowed",
+        bad
+    ))
 }
 
 fn schedule(

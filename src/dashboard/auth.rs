@@ -36,7 +36,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub use super::guard::IpRange;
+pub use super::settings::AuthConfig;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -44,172 +44,10 @@ type HmacSha256 = Hmac<Sha256>;
 pub const SESSION_TTL_SECS: u64 = 12 * 3600;
 pub const SESSION_COOKIE: &str = "aqw_session";
 pub const LOGIN_COOKIE: &str = "aqw_login";
-/// Shorter tokens are refused at start-up.
-pub const MIN_TOKEN_LEN: usize = 16;
-/// Tokens made of fewer different characters are refused at start-up
-/// (`aaaaaaaaaaaaaaaa`, `1212121212121212`): they are guessable however long.
-pub const MIN_TOKEN_DISTINCT: usize = 8;
 /// Live sessions the server remembers; beyond it the oldest ends.
 pub const MAX_SESSIONS: usize = 1000;
 /// Principal names are cut to this many characters.
 const MAX_NAME_CHARS: usize = 200;
-
-/// Authentication settings, from the environment.
-#[derive(Clone, Default)]
-pub struct AuthConfig {
-    /// `AQW_DASHBOARD_TOKEN`.
-    pub token: Option<String>,
-    /// `AQW_DASHBOARD_USER`: the principal the token stands for.
-    pub user: String,
-    /// `AQW_DASHBOARD_TRUST_PRINCIPAL=1`.
-    pub trust_principal: bool,
-    /// `AQW_DASHBOARD_PROXY_SECRET`: principal headers are believed only on
-    /// requests whose `X-AQW-Proxy-Secret` header carries it.
-    pub proxy_secret: Option<String>,
-    /// `AQW_DASHBOARD_TRUSTED_PROXIES`: principal headers are believed only
-    /// on connections from these addresses.
-    pub trusted_proxies: Vec<IpRange>,
-}
-
-impl std::fmt::Debug for AuthConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AuthConfig")
-            .field("token", &self.token.as_ref().map(|_| "***"))
-            .field("user", &self.user)
-            .field("trust_principal", &self.trust_principal)
-            .field("proxy_secret", &self.proxy_secret.as_ref().map(|_| "***"))
-            .field("trusted_proxies", &self.trusted_proxies)
-            .finish()
-    }
-}
-
-impl AuthConfig {
-    /// Read `AQW_DASHBOARD_TOKEN`, `AQW_DASHBOARD_USER`,
-    /// `AQW_DASHBOARD_TRUST_PRINCIPAL`, `AQW_DASHBOARD_PROXY_SECRET` and
-    /// `AQW_DASHBOARD_TRUSTED_PROXIES` through `env`.
-    pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
-        let token = env("AQW_DASHBOARD_TOKEN").filter(|t| !t.is_empty());
-        if let Some(t) = &token {
-            check_secret("AQW_DASHBOARD_TOKEN", t)?;
-        }
-        let proxy_secret = env("AQW_DASHBOARD_PROXY_SECRET").filter(|t| !t.is_empty());
-        if let Some(s) = &proxy_secret {
-            check_secret("AQW_DASHBOARD_PROXY_SECRET", s)?;
-        }
-        let trusted_proxies = env("AQW_DASHBOARD_TRUSTED_PROXIES")
-            .unwrap_or_default()
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(|s| {
-                let range = IpRange::parse(s).ok_or_else(|| {
-                    format!(
-                        "AQW_DASHBOARD_TRUSTED_PROXIES: {s:?} is not an IP address or CIDR range"
-                    )
-                })?;
-                // Trusting every address is trusting no front end at all.
-                if range.covers_everything() {
-                    return Err(format!(
-                        "AQW_DASHBOARD_TRUSTED_PROXIES: {s:?} covers every address, so anyone could send principal headers; name the front end's addresses"
-                    ));
-                }
-                Ok(range)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let trust_principal = match env("AQW_DASHBOARD_TRUST_PRINCIPAL").as_deref() {
-            None | Some("") | Some("0") | Some("false") => false,
-            Some("1") | Some("true") => true,
-            Some(other) => {
-                return Err(format!(
-                    "AQW_DASHBOARD_TRUST_PRINCIPAL must be 1 or 0, not {other:?}"
-                ))
-            }
-        };
-        let user = env("AQW_DASHBOARD_USER")
-            .map(|u| u.trim().to_string())
-            .filter(|u| !u.is_empty())
-            .unwrap_or_else(|| "dashboard".into());
-        Ok(AuthConfig {
-            token,
-            user,
-            trust_principal,
-            proxy_secret,
-            trusted_proxies,
-        })
-    }
-
-    /// Principal headers can be checked to have come through a front end.
-    pub fn principal_guarded(&self) -> bool {
-        self.proxy_secret.is_some() || !self.trusted_proxies.is_empty()
-    }
-
-    /// Some way to authenticate is configured.
-    pub fn configured(&self) -> bool {
-        self.token.is_some() || self.trust_principal
-    }
-}
-
-/// Refuse a secret that is short or made of few different characters,
-/// saying why (never the secret itself).
-fn check_secret(name: &str, secret: &str) -> Result<(), String> {
-    let hint = "e.g. openssl rand -hex 24";
-    if secret.chars().count() < MIN_TOKEN_LEN {
-        return Err(format!(
-            "{name} is too short: use at least {MIN_TOKEN_LEN} characters ({hint})"
-        ));
-    }
-    let distinct = secret
-        .chars()
-        .collect::<std::collections::HashSet<_>>()
-        .len();
-    if distinct < MIN_TOKEN_DISTINCT {
-        return Err(format!(
-            "{name} has only {distinct} different characters (at least {MIN_TOKEN_DISTINCT} needed): \
-             it is easy to guess however long; use a random one ({hint})"
-        ));
-    }
-    if let Some(why) = weak_pattern(secret) {
-        return Err(format!(
-            "{name} {why}: it is among the first guesses; use a random one ({hint})"
-        ));
-    }
-    Ok(())
-}
-
-/// Words that open every guessing list.
-const WEAK_WORDS: &[&str] = &[
-    "password", "passw0rd", "qwerty", "letmein", "changeme", "iloveyou", "admin123", "welcome1",
-];
-
-/// Why `secret` follows a pattern guessers try first: a common password
-/// word, or mostly one ascending run (`0123456789abcdef`, `abcdefgh…`).
-fn weak_pattern(secret: &str) -> Option<String> {
-    let lower = secret.to_ascii_lowercase();
-    if let Some(w) = WEAK_WORDS.iter().find(|w| lower.contains(*w)) {
-        return Some(format!("contains the common password word {w:?}"));
-    }
-    // The next character of an ascending run: digits then letters, as in hex.
-    let next = |c: char| match c {
-        '9' => Some('a'),
-        c => char::from_u32(c as u32 + 1),
-    };
-    let chars: Vec<char> = lower.chars().collect();
-    let (mut longest, mut run) = (1, 1);
-    for pair in chars.windows(2) {
-        run = if next(pair[0]) == Some(pair[1]) {
-            run + 1
-        } else {
-            1
-        };
-        longest = longest.max(run);
-    }
-    (longest * 4 >= chars.len() * 3).then(|| {
-        format!(
-            "is mostly one ascending run ({longest} of {} characters)",
-            chars.len()
-        )
-    })
-}
 
 /// How a principal authenticated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -634,46 +472,5 @@ mod tests {
         assert_eq!(log_safe("a\nb\u{1b}[31m"), "a\\u{a}b\\u{1b}[31m");
         assert_eq!(log_safe("ev\u{202e}il"), "ev\\u{202e}il");
         assert_eq!(log_safe(&"x".repeat(500)).len(), MAX_NAME_CHARS);
-    }
-
-    #[test]
-    fn low_entropy_secrets_are_refused_saying_why() {
-        let err = check_secret("AQW_DASHBOARD_TOKEN", &"ab".repeat(12)).unwrap_err();
-        assert!(err.contains("only 2 different characters"), "{err}");
-        assert!(!err.contains("abab"));
-        // Issue 40: the patterns guessers try first.
-        for weak in ["0123456789abcdef", "password12345678", "Qwerty-9f2k1m0x7z"] {
-            let err = check_secret("AQW_DASHBOARD_TOKEN", weak).unwrap_err();
-            assert!(!err.contains(weak), "{err}");
-        }
-        assert!(check_secret("AQW_DASHBOARD_TOKEN", "test-token-0123456789abcdef").is_ok());
-        assert!(check_secret("AQW_DASHBOARD_TOKEN", "9f2k1m0x7zq4w8e6").is_ok());
-        let env = |k: &str| {
-            (k == "AQW_DASHBOARD_TRUSTED_PROXIES").then(|| "10.0.0.0/8, nope".to_string())
-        };
-        assert!(AuthConfig::from_env(env).unwrap_err().contains("\"nope\""));
-        // Issue 40: a list that trusts every address is no guard.
-        for all in ["0.0.0.0/0", "10.0.0.0/8, ::/0"] {
-            let env = |k: &str| (k == "AQW_DASHBOARD_TRUSTED_PROXIES").then(|| all.to_string());
-            let err = AuthConfig::from_env(env).unwrap_err();
-            assert!(err.contains("covers every address"), "{err}");
-        }
-    }
-
-    #[test]
-    fn short_tokens_and_odd_flags_are_config_errors() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| {
-                pairs
-                    .iter()
-                    .find(|(n, _)| *n == k)
-                    .map(|(_, v)| v.to_string())
-            }
-        };
-        assert!(AuthConfig::from_env(env(&[("AQW_DASHBOARD_TOKEN", "short")])).is_err());
-        assert!(AuthConfig::from_env(env(&[("AQW_DASHBOARD_TRUST_PRINCIPAL", "yes")])).is_err());
-        let c = AuthConfig::from_env(env(&[("AQW_DASHBOARD_TOKEN", "9f2k1m0x7zq4w8e6")])).unwrap();
-        assert_eq!(c.user, "dashboard");
-        assert!(!format!("{c:?}").contains("9f2k1m0x7zq4w8e6"));
     }
 }

@@ -25,9 +25,10 @@
 
 use super::auth::Principal;
 use super::handlers::refusal;
-use super::operations::{bad_request, rate_field, rate_of, selection_of};
+use super::operations::{bad_request, op_id_field, op_id_of, rate_field, rate_of, selection_of};
 use super::request::{get, page, pairs, see_other, tri, Pairs, Refused, S};
 use super::selection::{self, SelectError};
+use super::text::{or_dash, Text};
 use super::views::{self, csrf_field, enc, record_url, Viewer};
 use super::Dashboard;
 use crate::ops::operation::{self, NewOperation, OpKind};
@@ -127,6 +128,14 @@ impl Dashboard {
         let form = pairs(body);
         let (v, p) = self.actor(headers, &form)?;
         let ops = self.queue_ops(queue)?;
+        if get(&form, "mode") == Some("real") {
+            // Submitted before: show what that submission created.
+            match self.submitted_before(&form).await {
+                Ok(Some(op)) => return Err(Box::new(see_other(&format!("/ops/{}", enc(&op.id))))),
+                Ok(None) => {}
+                Err(e) => return Err(Box::new(self.ops_error(&v, e))),
+            }
+        }
         let Ok(slot) = self.bulk.try_lock() else {
             let m = "Another group action is running on this dashboard; try again when it has finished. Nothing was changed.";
             return Err(Box::new(refusal(
@@ -210,9 +219,9 @@ impl Dashboard {
         ids: &[String],
         kind: OpKind,
     ) -> Response {
-        let (selection, rate) = match (selection_of(query), rate_of(form)) {
-            (Ok(s), Ok(r)) => (s, r),
-            (Err(m), _) | (_, Err(m)) => return *bad_request(v, &m),
+        let (selection, rate, id) = match (selection_of(query), rate_of(form), op_id_of(form)) {
+            (Ok(s), Ok(r), Ok(id)) => (s, r, id),
+            (Err(m), _, _) | (_, Err(m), _) | (_, _, Err(m)) => return *bad_request(v, &m),
         };
         let new = NewOperation {
             queue: queue.to_string(),
@@ -225,8 +234,8 @@ impl Dashboard {
             rate,
             halt_after: operation::DEFAULT_HALT_AFTER,
         };
-        match self.start_operation(new).await {
-            Ok(op) => see_other(&format!("/ops/{}", enc(&op.id))),
+        match self.start_operation(new, &id).await {
+            Ok((op, _)) => see_other(&format!("/ops/{}", enc(&op.id))),
             Err(e) => self.ops_error(v, e),
         }
     }
@@ -269,6 +278,7 @@ fn carried(query: &Pairs, reviewed: &str, v: &Viewer) -> Markup {
         (csrf_field(v))
         input type="hidden" name="mode" value="real";
         input type="hidden" name="reviewed" value=(reviewed);
+        (op_id_field())
         @for (k, val) in query.iter().filter(|(k, _)| k != "status") {
             input type="hidden" name=(k) value=(val);
         }
@@ -284,7 +294,7 @@ fn replay_review(
 ) -> Markup {
     html! {
         p #group-review { "Dry run of a group replay: nothing has changed yet. "
-            (r.selected) " open record(s): " (describe(query)) "." }
+            (r.selected) " open record(s): " (Text(&describe(query))) "." }
         (views::dry_run_table(queue, r))
         @if v.can_act {
             form method="post" action={ "/q/" (enc(queue)) "/group/replay" } {
@@ -306,13 +316,13 @@ fn discard_review(
 ) -> Markup {
     html! {
         p #group-review { "Review of a group discard: nothing has changed yet. "
-            (records.len()) " open record(s): " (describe(query)) "." }
+            (records.len()) " open record(s): " (Text(&describe(query))) "." }
         table #group-records {
             thead { tr { th { "id" } th { "key" } th { "error" } } }
             tbody { @for r in records { tr {
-                td.id { a href=(record_url(queue, &r.message_id)) { (r.message_id) } }
-                td.id { (r.key.as_deref().unwrap_or("-")) }
-                td.wrap { (selection::cause(r).1) }
+                td.id { a href=(record_url(queue, &r.message_id)) { (Text(&r.message_id)) } }
+                td.id { (or_dash(r.key.as_deref())) }
+                td.wrap { (Text(&selection::cause(r).1)) }
             } } }
         }
         @if v.can_act {
@@ -457,17 +467,17 @@ fn fix_review(
     let applies = preview.map(|(p, _)| p.iter().filter(|r| r.outcome.is_ok()).count());
     html! {
         p #group-review { "Group fix: nothing has changed yet. " (records.len())
-            " open record(s): " (describe(query)) ". One JSON Patch (RFC 6902) is applied to each payload; "
+            " open record(s): " (Text(&describe(query))) ". One JSON Patch (RFC 6902) is applied to each payload; "
             "a record it does not apply to is left open." }
         @if let Some((rows, _)) = preview {
             p #fix-preview-summary { "The patch applies to " (applies.unwrap_or(0)) " of the first " (rows.len()) "." }
             table #fix-preview {
                 thead { tr { th { "id" } th { "corrected job" } } }
                 tbody { @for r in rows { tr {
-                    td.id { a href=(record_url(queue, &r.id)) { (r.id) } }
+                    td.id { a href=(record_url(queue, &r.id)) { (Text(&r.id)) } }
                     @match &r.outcome {
-                        Ok(k) => td.id { (k) },
-                        Err(e) => td.wrap.refused { (e) },
+                        Ok(k) => td.id { (Text(k)) },
+                        Err(e) => td.wrap.refused { (Text(e)) },
                     }
                 } } }
             }
@@ -476,6 +486,7 @@ fn fix_review(
             form method="post" action={ "/q/" (enc(queue)) "/group/fix" } {
                 (csrf_field(v))
                 input type="hidden" name="reviewed" value=(reviewed);
+                (op_id_field())
                 @for (k, val) in query.iter().filter(|(k, _)| k != "status") {
                     input type="hidden" name=(k) value=(val);
                 }

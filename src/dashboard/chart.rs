@@ -1,8 +1,10 @@
 //! The poison list's chart: poisons per hour over the last 24 hours, one
 //! stacked colour per function and error cause, drawn on the server as SVG
 //! (no script; the CSP forbids it). Each bar segment carries a `<title>`, so
-//! hovering shows its hour, series and count.
+//! hovering shows its hour, series and count (the series, free text, as
+//! [`Text`]).
 
+use super::text::Text;
 use crate::poison::PoisonRecord;
 use maud::{html, Markup};
 use std::collections::BTreeMap;
@@ -95,7 +97,7 @@ pub fn poisons_chart(
         svg #poison-chart viewBox={ "0 0 " (WIDTH) " " (PLOT_HEIGHT + 20) } role="img" aria-label=(label) {
             title { (label) }
             @for (x, y, height, colour, tip) in segments(&series, max) {
-                rect x=(x) y=(y) width=(bar - 4) height=(height) fill=(colour) { title { (tip) } }
+                rect x=(x) y=(y) width=(bar - 4) height=(height) fill=(colour) { title { (Text(&tip)) } }
             }
             line x1="0" y1=(PLOT_HEIGHT) x2=(WIDTH) y2=(PLOT_HEIGHT) stroke="#999" {}
             text x="0" y=(PLOT_HEIGHT + 15) font-size="11" { "24 h ago" }
@@ -104,7 +106,7 @@ pub fn poisons_chart(
         ul.legend {
             @for (i, (name, b)) in series.iter().enumerate() {
                 li { svg width="10" height="10" { rect width="10" height="10" fill=(PALETTE[i]) {} }
-                    " " (name) " (" (b.iter().sum::<u32>()) ")" }
+                    " " (Text(name)) " (" (b.iter().sum::<u32>()) ")" }
             }
         }
     }

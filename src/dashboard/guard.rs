@@ -61,6 +61,13 @@ impl IpRange {
         self.prefix == 0
     }
 
+    /// Wider than any one front end's addresses: a prefix shorter than /8
+    /// (IPv4: over 16 million addresses) or /32 (IPv6, a whole provider's
+    /// allocation). Refused unless the operator overrides it.
+    pub fn is_wide(&self) -> bool {
+        self.prefix < if self.net.is_ipv4() { 8 } else { 32 }
+    }
+
     pub fn contains(&self, ip: IpAddr) -> bool {
         let bits = |ip: IpAddr| match ip {
             IpAddr::V4(v4) => (u128::from(u32::from(v4)) << 96, 32u32),
@@ -78,6 +85,12 @@ impl IpRange {
             .checked_shl(128 - u32::from(self.prefix))
             .unwrap_or(0);
         net & mask == addr & mask
+    }
+}
+
+impl std::fmt::Display for IpRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.net, self.prefix)
     }
 }
 

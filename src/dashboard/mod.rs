@@ -22,10 +22,15 @@
 //! - every request's `Host` must be the listen address or a configured public
 //!   name (DNS rebinding, `guard.rs`);
 //! - wrong tokens back off per client and globally, 429 (`throttle.rs`);
+//! - connections are capped per client and in total, and a request body is
+//!   read only after the `Host`, principal and bearer checks, at most 4 KiB
+//!   before sign-in (`listener.rs`);
 //! - every POST carries a CSRF token bound to its principal;
 //! - "by" is the authenticated principal, never a form field;
 //! - payloads are attacker-controlled: maud escapes everything, invalid
-//!   UTF-8 is shown lossily with a hex dump (`payload.rs`);
+//!   UTF-8 is shown lossily with a hex dump (`payload.rs`); every other
+//!   free-text value renders through one type, `text::Text`, which writes
+//!   control and bidi characters as `\u{…}`;
 //! - no secret renders: errors are scrubbed, the webhook URL and the
 //!   connection are never shown;
 //! - CSP without inline script or style, `frame-ancestors 'none'`,
@@ -41,17 +46,24 @@ mod chart;
 mod control;
 mod guard;
 mod handlers;
+mod listener;
 mod operations;
 mod payload;
 mod progress;
 mod request;
 mod selection;
+mod settings;
+mod text;
 mod throttle;
 mod views;
 
-pub use auth::{AuthConfig, IpRange};
 pub use guard::{public_hosts, PROXY_SECRET_HEADER};
+pub use listener::{
+    serve, ConnectionLimits, BODY_READ_TIMEOUT, HEADER_READ_TIMEOUT, MAX_BODY, MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_CLIENT, MAX_UNAUTHENTICATED_BODY,
+};
 pub use payload::PayloadView;
+pub use settings::{AuthConfig, IpRange, ALLOW_WIDE_SETTING};
 
 use crate::config::AppConfig;
 use crate::ops::QueueOps;
@@ -62,7 +74,6 @@ use axum::routing::{get, post};
 use axum::Router;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use tokio_util::sync::CancellationToken;
 
 /// Records per list page.
 pub const PAGE_SIZE: usize = 50;
@@ -83,6 +94,8 @@ pub struct Options {
     pub listen: Option<SocketAddr>,
     /// Host names it also answers to (`AQW_DASHBOARD_PUBLIC_URL`).
     pub public_hosts: Vec<String>,
+    /// Connections served at once (`--max-connections`, `--max-connections-per-client`).
+    pub limits: ConnectionLimits,
 }
 
 impl Options {
@@ -126,23 +139,41 @@ impl Options {
         }
     }
 
+    /// Which principal headers are believed, as actually in force: `None`
+    /// when they are not trusted at all (`/healthz`, start-up line).
+    pub fn principal_guard(&self) -> Option<String> {
+        let a = &self.auth;
+        if !a.trust_principal {
+            return None;
+        }
+        let proxies = "AQW_DASHBOARD_TRUSTED_PROXIES";
+        let mut guard = match (&a.proxy_secret, a.trusted_proxies.is_empty()) {
+            (Some(_), true) => "only on requests carrying X-AQW-Proxy-Secret".to_string(),
+            (None, false) => format!("only on connections from {proxies}"),
+            (Some(_), false) => {
+                format!("on requests carrying X-AQW-Proxy-Secret or from {proxies}")
+            }
+            (None, true) => "from any process on this machine (no guard: loopback only)".into(),
+        };
+        let wide = a.wide_trusted_proxies();
+        if !wide.is_empty() {
+            let list: Vec<String> = wide.iter().map(|r| r.to_string()).collect();
+            guard.push_str(&format!(
+                " — wide trusted-proxy range allowed by override ({}=1): {}",
+                settings::ALLOW_WIDE_SETTING,
+                list.join(", ")
+            ));
+        }
+        Some(guard)
+    }
+
     /// What an operator must know about this setup: logged at start-up and
     /// listed by `/healthz`.
     pub fn warnings(&self) -> Vec<String> {
         let mut w = Vec::new();
-        let a = &self.auth;
-        if a.trust_principal {
-            let guard = match (&a.proxy_secret, a.trusted_proxies.is_empty()) {
-                (Some(_), true) => "only on requests carrying X-AQW-Proxy-Secret".to_string(),
-                (None, false) => "only on connections from AQW_DASHBOARD_TRUSTED_PROXIES".into(),
-                (Some(_), false) => {
-                    "on requests carrying X-AQW-Proxy-Secret or from AQW_DASHBOARD_TRUSTED_PROXIES"
-                        .into()
-                }
-                (None, true) => "from any process on this machine (no guard: loopback only)".into(),
-            };
+        if let Some(guard) = self.principal_guard() {
             w.push(format!("AQW_DASHBOARD_TRUST_PRINCIPAL=1: X-MS-CLIENT-PRINCIPAL headers are believed {guard}"));
-            if a.token.is_some() {
+            if self.auth.token.is_some() {
                 w.push("a bearer token, when presented, decides, then a live session cookie; principal headers are read only when neither identifies the request".into());
             }
         }
@@ -163,11 +194,14 @@ pub struct Dashboard {
     hosts: guard::Hosts,
     throttle: throttle::Throttle,
     mode: &'static str,
+    principal_guard: Option<String>,
     warnings: Vec<String>,
     /// Held by a group action while it runs: one at a time (`bulk.rs`).
     bulk: tokio::sync::Mutex<()>,
     /// The key of the digests a review form carries (`bulk.rs`).
     review: selection::ReviewKey,
+    /// The connections being served, per client and in total (`listener.rs`).
+    connections: listener::Connections,
 }
 
 impl Dashboard {
@@ -190,11 +224,13 @@ impl Dashboard {
             hosts: guard::Hosts::new(options.listen_ip(), options.public_hosts.clone()),
             throttle: throttle::Throttle::default(),
             mode: options.mode(),
+            principal_guard: options.principal_guard(),
             warnings: options.warnings(),
             auth: auth::Auth::new(options.auth),
             read_only: options.read_only,
             bulk: tokio::sync::Mutex::new(()),
             review: selection::ReviewKey::new(),
+            connections: listener::Connections::new(options.limits),
         })
     }
 }
@@ -221,6 +257,12 @@ pub fn app(state: Arc<Dashboard>) -> Router {
         .route("/ops/{id}/cancel", post(operations::cancel))
         .route("/q/{queue}/pause", post(control::pause))
         .route("/q/{queue}/resume", post(control::resume))
+        // Innermost first: a body is read only after the `Host` check, the
+        // principal guard and the bearer check have passed (issue 48).
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            listener::read_body_in_time,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             throttle::limit,
@@ -230,7 +272,6 @@ pub fn app(state: Arc<Dashboard>) -> Router {
             guard::check,
         ))
         .layer(axum::middleware::from_fn(security_headers))
-        .layer(axum::middleware::from_fn(read_body_in_time))
         .with_state(state)
 }
 
@@ -242,6 +283,7 @@ async fn healthz(axum::extract::State(d): axum::extract::State<Arc<Dashboard>>) 
         "mode": d.mode,
         "read_only": d.read_only,
         "trust_principal": d.auth.config().trust_principal,
+        "principal_guard": d.principal_guard,
         "warnings": d.warnings,
     }))
     .into_response()
@@ -263,91 +305,6 @@ async fn security_headers(req: Request<axum::body::Body>, next: Next) -> Respons
     set(h, header::REFERRER_POLICY, "no-referrer");
     set(h, header::CACHE_CONTROL, "no-store");
     r
-}
-
-/// How long a connection may take to send a request's headers (and how
-/// long an idle kept-alive connection stays open): a client that trickles
-/// its headers, or holds a connection without a request, is cut off.
-pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// How long a request's body may take to arrive.
-pub const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
-
-/// The largest request body the dashboard reads (a fixed payload is at
-/// most 64 KiB of queue message, form-encoded).
-pub const MAX_BODY: usize = 1 << 20;
-
-/// Serve the dashboard on `listener` until `shutdown`: HTTP/1.1, each
-/// connection with [`HEADER_READ_TIMEOUT`] and each body with
-/// [`BODY_READ_TIMEOUT`] (issue 40: a connection with partial headers or a
-/// partial body stayed open for over 40 s). Written on hyper's connection
-/// builder because `axum::serve` has no read timeouts.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    state: Arc<Dashboard>,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    let router = app(state);
-    let connections = tokio_util::task::TaskTracker::new();
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                // A failed accept (too many open files) is the connection's
-                // problem, not the dashboard's.
-                Err(_) => continue,
-            },
-            _ = shutdown.cancelled() => break,
-        };
-        let service = router
-            .clone()
-            .layer(axum::Extension(axum::extract::ConnectInfo(peer)));
-        let shutdown = shutdown.clone();
-        connections.spawn(async move {
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT);
-            let conn = builder.serve_connection(
-                hyper_util::rt::TokioIo::new(stream),
-                hyper_util::service::TowerToHyperService::new(service),
-            );
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = shutdown.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
-                }
-            }
-        });
-    }
-    connections.close();
-    connections.wait().await;
-    Ok(())
-}
-
-/// Read the whole body within [`BODY_READ_TIMEOUT`] and [`MAX_BODY`]
-/// before any handler runs: 408 for a body that trickles, 413 for one too
-/// large.
-async fn read_body_in_time(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let (parts, body) = req.into_parts();
-    match tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, MAX_BODY)).await {
-        Ok(Ok(bytes)) => {
-            next.run(axum::extract::Request::from_parts(parts, bytes.into()))
-                .await
-        }
-        Ok(Err(_)) => (
-            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-            "request body too large",
-        )
-            .into_response(),
-        Err(_) => (
-            axum::http::StatusCode::REQUEST_TIMEOUT,
-            "request body not received in time",
-        )
-            .into_response(),
-    }
 }
 
 /// Whether `addr` only accepts connections from this machine.

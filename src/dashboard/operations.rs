@@ -6,6 +6,7 @@
 //! one (refreshing itself while it runs) and cancels it.
 
 use super::request::{get, page, pairs, see_other, tri, Pairs, Refused, S};
+use super::text::{or_dash, Text};
 use super::views::{csrf_field, enc, Viewer};
 use super::Dashboard;
 use crate::ops::operation::{
@@ -41,6 +42,24 @@ pub(super) fn selection_of(query: &Pairs) -> Result<Selection, String> {
         limit: None,
         cutoff: String::new(),
     })
+}
+
+/// The id a reviewed form carries for the operation it creates (made when
+/// the review was shown: a second submission finds the first's row); a
+/// fresh one for a form without it.
+pub(super) fn op_id_of(form: &Pairs) -> Result<String, String> {
+    match get(form, "op") {
+        Some(id) if OperationStore::is_id(id) => Ok(id.to_string()),
+        Some(_) => Err(
+            "the form's operation id is not one: reload the review. Nothing was changed.".into(),
+        ),
+        None => Ok(OperationStore::new_id()),
+    }
+}
+
+/// The hidden field that makes a reviewed form's operation once-only.
+pub(super) fn op_id_field() -> Markup {
+    html! { input type="hidden" name="op" value=(OperationStore::new_id()); }
 }
 
 /// The rate a review form asked for (records per second), checked.
@@ -87,8 +106,14 @@ impl Dashboard {
         stores
     }
 
-    /// Create the operation and start its executor on a task of its own.
-    pub(super) async fn start_operation(&self, new: NewOperation) -> Result<Operation, OpsError> {
+    /// Create the operation under `id` (once: a form submitted twice gets
+    /// the first submission's operation, `false`) and start its executor on
+    /// a task of its own.
+    pub(super) async fn start_operation(
+        &self,
+        new: NewOperation,
+        id: &str,
+    ) -> Result<(Operation, bool), OpsError> {
         let ops = self
             .owned_queue(&new.queue)
             .ok_or_else(|| OpsError::Usage(format!("no function consumes {}", new.queue)))?;
@@ -99,7 +124,12 @@ impl Dashboard {
             &uuid::Uuid::new_v4().simple().to_string()[..6]
         ));
         // Held from its insert, so an idle `aqw run` cannot take it first.
-        let op = store.create_held(&new, &opts.owner, opts.lease).await?;
+        let (op, created) = store
+            .create_held_once(id, &new, &opts.owner, opts.lease)
+            .await?;
+        if !created {
+            return Ok((op, false));
+        }
         let id = op.id.clone();
         tokio::spawn(async move {
             if let Err(e) = operation::execute(&ops, &store, &id, &opts).await {
@@ -107,7 +137,20 @@ impl Dashboard {
                 tracing::warn!(event = "aqw.operation.executor_failed", operation = %id, error = %e, "the operation stopped on a storage error; its lease expires and an idle `aqw run` resumes it");
             }
         });
-        Ok(op)
+        Ok((op, true))
+    }
+
+    /// The operation a reviewed form's `op` names, when a submission of
+    /// that form already created it (issue 48: the same form posted twice
+    /// made two operations).
+    pub(super) async fn submitted_before(
+        &self,
+        form: &Pairs,
+    ) -> Result<Option<Operation>, OpsError> {
+        match get(form, "op").filter(|id| OperationStore::is_id(id)) {
+            Some(id) => self.find_op(id).await,
+            None => Ok(None),
+        }
     }
 
     async fn find_op(&self, id: &str) -> Result<Option<Operation>, OpsError> {
@@ -136,9 +179,9 @@ pub async fn list(State(d): S, headers: HeaderMap) -> Response {
         @else { table #ops {
             thead { tr { th { "id" } th { "state" } th { "kind" } th { "queue" } th { "done / selected" } th { "by" } } }
             tbody { @for o in &all { tr {
-                td.id { a href={ "/ops/" (enc(&o.id)) } { (o.id) } }
-                td.state { (o.state.as_str()) } td { (o.kind.name()) } td { (o.queue) }
-                td { (o.done) " / " (o.selected) } td { (o.by) }
+                td.id { a href={ "/ops/" (enc(&o.id)) } { (Text(&o.id)) } }
+                td.state { (o.state.as_str()) } td { (o.kind.name()) } td { (Text(&o.queue)) }
+                td { (o.done) " / " (o.selected) } td { (Text(&o.by)) }
             } } }
         } }
     };
@@ -151,8 +194,22 @@ pub async fn list(State(d): S, headers: HeaderMap) -> Response {
     )
 }
 
+/// 404 for an id no operation can have, before any storage call.
+fn no_such_operation(v: &Viewer, id: &str) -> Result<(), Refused> {
+    if OperationStore::is_id(id) {
+        return Ok(());
+    }
+    Err(Box::new(super::handlers::refusal(
+        StatusCode::NOT_FOUND,
+        "No such operation",
+        v,
+        "No group operation has that id: ids are letters, digits and dashes.",
+    )))
+}
+
 pub async fn show(State(d): S, Path(id): Path<String>, headers: HeaderMap) -> Response {
     let v = tri!(d.gate(&headers));
+    tri!(no_such_operation(&v, &id));
     let op = match d.find_op(&id).await {
         Ok(Some(op)) => op,
         Ok(None) => {
@@ -196,25 +253,25 @@ impl Dashboard {
 
 fn op_view(op: &Operation, patch: Option<&str>, v: &Viewer) -> Markup {
     html! {
-        p #op-state { "Operation " (op.id) ": " strong { (op.state.as_str()) } ", " (op.kind.name()) " on " (op.queue) "." }
+        p #op-state { "Operation " (Text(&op.id)) ": " strong { (op.state.as_str()) } ", " (op.kind.name()) " on " (Text(&op.queue)) "." }
         p #op-progress { (op.done) " done, " (op.skipped) " skipped, " (op.failed) " failed of "
             (op.selected) " selected, at " (op.rate) " per second." }
         dl {
-            dt { "asked by" } dd { (op.by) " at " (op.created_at) }
-            dt { "selection" } dd { (op.selection.describe()) }
-            dt { "fingerprint of the reviewed ids" } dd.id { (op.fingerprint) }
+            dt { "asked by" } dd { (Text(&op.by)) " at " (Text(&op.created_at)) }
+            dt { "selection" } dd { (Text(&op.selection.describe())) }
+            dt { "fingerprint of the reviewed ids" } dd.id { (Text(&op.fingerprint)) }
             @if let OpKind::Discard { reason, close_key } = &op.kind {
-                dt { "reason" } dd { (reason) @if *close_key { " (keys closed)" } }
+                dt { "reason" } dd { (Text(reason)) @if *close_key { " (keys closed)" } }
             }
             @if let Some(patch) = patch {
-                dt { "JSON Patch" } dd.id #op-patch { (patch) }
+                dt { "JSON Patch" } dd.id #op-patch { (Text(patch)) }
                 @if !v.can_act { dd #op-patch-values { "Values are shown only to those who may act." } }
             }
             @if op.returned_poisoned > 0 { dt { "replayed jobs back in poison" } dd { (op.returned_poisoned) } }
-            @if let Some(r) = &op.stop_reason { dt { "stopped" } dd #op-stopped { (r) } }
-            @if let Some(e) = &op.last_error { dt { "last error" } dd { (e) } }
+            @if let Some(r) = &op.stop_reason { dt { "stopped" } dd #op-stopped { (Text(r)) } }
+            @if let Some(e) = &op.last_error { dt { "last error" } dd { (Text(e)) } }
             @if let (Some(o), false) = (&op.lease_owner, op.state.is_final()) {
-                dt { "carried out by" } dd { (o) " until " (op.lease_until.as_deref().unwrap_or("?")) }
+                dt { "carried out by" } dd { (Text(o)) " until " (or_dash(op.lease_until.as_deref())) }
             }
         }
         @if v.can_act && !op.state.is_final() {
@@ -235,6 +292,7 @@ pub async fn cancel(
 ) -> Response {
     let form = pairs(&body);
     let (v, p) = tri!(d.actor(&headers, &form));
+    tri!(no_such_operation(&v, &id));
     for store in d.op_stores() {
         match store.cancel(&id, &p.name).await {
             Ok(Ok(_)) => return see_other(&format!("/ops/{}", enc(&id))),

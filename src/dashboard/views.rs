@@ -2,10 +2,10 @@
 //! page has inline script or style (the CSP forbids both).
 
 use super::payload::PayloadView;
+use super::text::{or_dash, Text};
 use crate::idempotency::KeyRecord;
 use crate::ops::{ProviderWindow, QueueStatus, ReplayReport};
 use crate::poison::{PoisonRecord, RecordStatus};
-use crate::telemetry::scrub;
 use aqw_core::schedule::ScheduleStatus;
 use maud::{html, Markup, DOCTYPE};
 
@@ -45,7 +45,7 @@ pub fn ago(at: &str, now: time::OffsetDateTime) -> String {
 /// A time shown relative to now, the exact time on hover (`title`) and for
 /// machines (`datetime`); no script needed.
 fn when(at: &str) -> Markup {
-    html! { time datetime=(at) title=(at) { (ago(at, time::OffsetDateTime::now_utc())) } }
+    html! { time datetime=(Text(at)) title=(Text(at)) { (Text(&ago(at, time::OffsetDateTime::now_utc()))) } }
 }
 
 /// A query-string component, percent-encoded.
@@ -65,22 +65,15 @@ pub fn layout(title: &str, v: &Viewer, refresh: Option<u32>, body: Markup) -> Ma
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 @if let Some(s) = refresh { meta http-equiv="refresh" content=(s); }
-                title { (title) " · aqw dashboard" }
+                title { (Text(title)) " · aqw dashboard" }
                 link rel="stylesheet" href="/assets/dashboard.css";
             }
             body {
                 header { (nav(v)) }
-                main { h1 { (title) } (body) }
+                main { h1 { (Text(title)) } (body) }
             }
         }
     }
-}
-
-/// Free text (keys, errors, reasons, names) as shown: control characters
-/// and bidirectional overrides visibly escaped (issue 40); maud escapes
-/// the HTML.
-fn shown(text: &str) -> String {
-    aqw_core::scrub::printable(text).into_owned()
 }
 
 fn nav(v: &Viewer) -> Markup {
@@ -88,12 +81,12 @@ fn nav(v: &Viewer) -> Markup {
         nav {
             a.brand href="/" { "aqw" }
             a href="/" { "Status" }
-            @for q in &v.queues { a href={ "/q/" (enc(q)) } { (q) } }
+            @for q in &v.queues { a href={ "/q/" (enc(q)) } { (Text(q)) } }
             a #nav-ops href="/ops" { "Operations" }
             a #oncall href=(aqw_core::alert::ONCALL_URL) rel="noopener noreferrer" { "On call" }
             span.who {
                 @if v.read_only { span.badge { "read-only" } " " }
-                @if let Some(n) = &v.name { "signed in as " b #who { (n) } }
+                @if let Some(n) = &v.name { "signed in as " b #who { (Text(n)) } }
                 @if let (true, Some(csrf)) = (v.session, &v.csrf) {
                     form.inline method="post" action="/logout" {
                         input type="hidden" name="csrf" value=(csrf);
@@ -142,17 +135,17 @@ fn status_row(r: &StatusRow, v: &Viewer) -> Markup {
     let n = |v: Option<u64>| v.map(|n| n.to_string()).unwrap_or_else(|| "?".into());
     html! {
         tr {
-            td { (r.function) }
-            td { a href={ "/q/" (enc(&r.queue)) } { (r.queue) } }
+            td { (Text(&r.function)) }
+            td { a href={ "/q/" (enc(&r.queue)) } { (Text(&r.queue)) } }
             @match &r.status {
                 Ok(s) => {
                     td.num { (n(s.depth)) } td.num { (n(s.poison_depth)) }
                     td.num { a href={ "/q/" (enc(&r.queue)) "?status=open" } { (s.open_records) } }
-                    td { (s.oldest_open.as_deref().unwrap_or("-")) }
+                    td { (or_dash(s.oldest_open.as_deref())) }
                     td { @if s.open_records > 0 { span.badge.bad { "firing" } } @else { span.badge.good { "ok" } } }
                     td { (receiving(&r.queue, &s.control, v)) }
                 }
-                Err(e) => { td.error colspan="6" { "cannot read: " (scrub(e)) } }
+                Err(e) => { td.error colspan="6" { "cannot read: " (Text(e)) } }
             }
         }
     }
@@ -167,15 +160,15 @@ pub fn schedules_table(rows: &[(String, Result<ScheduleStatus, String>)]) -> Mar
             table #schedules {
                 thead { tr { th { "schedule" } th { "function" } th { "when" } th { "next tick" } th { "last tick" } th { "outcome" } } }
                 tbody { @for (name, r) in rows { tr {
-                    td { (shown(name)) }
+                    td { (Text(name)) }
                     @match r {
                         Ok(s) => {
-                            td { (s.function) } td { (s.when) " (catch-up " (s.catch_up) ")" }
+                            td { (Text(&s.function)) } td { (Text(&s.when)) " (catch-up " (s.catch_up) ")" }
                             td { (s.next.as_deref().unwrap_or("never")) }
                             td { (s.last_tick.as_deref().unwrap_or("none yet")) }
-                            td { (s.last_outcome.as_deref().unwrap_or("-")) }
+                            td { (or_dash(s.last_outcome.as_deref())) }
                         }
-                        Err(e) => { td.error colspan="5" { "cannot read: " (scrub(e)) } }
+                        Err(e) => { td.error colspan="5" { "cannot read: " (Text(e)) } }
                     }
                 } } }
             }
@@ -216,7 +209,7 @@ pub fn list_page(p: &ListPage, v: &Viewer, group_of: impl Fn(&PoisonRecord) -> S
             thead { tr { th { "records" } th { "kind" } th { "error" } } }
             tbody { @for g in p.groups { tr {
                 td.num { a href={ "/q/" (enc(p.queue)) "?" (p.query) "&group=" (enc(&g.id)) } { (g.count) } }
-                td { (g.kind) } td.wrap { (g.text) }
+                td { (Text(&g.kind)) } td.wrap { (Text(&g.text)) }
             } } }
         }
         h2 #total { (p.total) " record(s) · page " (p.page) " of " (p.pages) }
@@ -306,13 +299,13 @@ fn records_table(p: &ListPage, v: &Viewer, group_of: &dyn Fn(&PoisonRecord) -> S
                     input type="checkbox" name="id" value=(r.message_id) aria-label="select";
                 } }
                 td { (when(&r.poisoned_at)) }
-                td.id { a href=(record_url(p.queue, &r.message_id)) { (r.message_id) } }
-                td.id { (shown(r.key.as_deref().unwrap_or("-"))) }
-                td { (r.function) }
+                td.id { a href=(record_url(p.queue, &r.message_id)) { (Text(&r.message_id)) } }
+                td.id { (or_dash(r.key.as_deref())) }
+                td { (Text(&r.function)) }
                 td { span class={ "badge st-" (r.status.as_str()) } { (r.status.as_str()) }
                      @if r.uncertain_attempts > 0 { " " span.badge.uncertain title="an attempt's outcome is unknown: check the provider" { "may have taken effect" } } }
                 td { (r.error.kind.as_str()) }
-                td.wrap { (group_of(r)) }
+                td.wrap { (Text(&group_of(r))) }
                 td.num { (r.dequeue_count) }
             } } }
         }
@@ -373,20 +366,20 @@ pub fn record_page(p: &RecordPage, v: &Viewer) -> Markup {
     html! {
         dl.facts {
             dt { "status" } dd { span #record-status class={ "badge st-" (r.status.as_str()) } { (r.status.as_str()) } }
-            dt { "record id" } dd.id { (r.message_id) }
-            dt { "queue / function" } dd { (r.queue) " / " (r.function) }
-            dt { "key" } dd.id #record-key { (shown(r.key.as_deref().unwrap_or("-"))) }
-            dt { "poisoned at" } dd { (when(&r.poisoned_at)) " (" (r.poisoned_at) ")" }
-            dt { "first attempt / dequeued" } dd { (r.first_attempt_at) " / " (r.dequeue_count) " time(s)" }
-            dt { "error (" (r.error.kind.as_str()) ")" } dd { pre.wrap #record-error { (shown(&scrub(&r.error.message))) } }
+            dt { "record id" } dd.id { (Text(&r.message_id)) }
+            dt { "queue / function" } dd { (Text(&r.queue)) " / " (Text(&r.function)) }
+            dt { "key" } dd.id #record-key { (or_dash(r.key.as_deref())) }
+            dt { "poisoned at" } dd { (when(&r.poisoned_at)) " (" (Text(&r.poisoned_at)) ")" }
+            dt { "first attempt / dequeued" } dd { (Text(&r.first_attempt_at)) " / " (r.dequeue_count) " time(s)" }
+            dt { "error (" (r.error.kind.as_str()) ")" } dd { pre.wrap #record-error { (Text(&r.error.message)) } }
             @if r.uncertain_attempts > 0 {
-                dt { "uncertain" } dd #record-uncertain { (uncertain_line(p)) }
+                dt { "uncertain" } dd #record-uncertain { (Text(&uncertain_line(p))) }
             }
-            dt { "origin / encoding / poison copy" } dd { (r.origin) " / " (r.encoding.as_str()) " / " (r.copy_format.as_str()) }
+            dt { "origin / encoding / poison copy" } dd { (Text(&r.origin)) " / " (r.encoding.as_str()) " / " (r.copy_format.as_str()) }
         }
         h2 { "Payload" }
         @if let Some(note) = p.redacted {
-            p.warn #payload-redacted { (note) ". A fix that leaves a masked value as " code { (crate::redact::MASK) } " keeps its stored value." }
+            p.warn #payload-redacted { (Text(note)) ". A fix that leaves a masked value as " code { (crate::redact::MASK) } " keeps its stored value." }
         }
         (payload(p.payload))
         h2 { "Key state" }
@@ -426,46 +419,46 @@ fn key_state(k: Option<&KeyRecord>) -> Markup {
         dl.facts {
             dt { "status" } dd { span #key-status class={ "badge key-" (k.status.as_str()) } { (k.status.as_str()) } }
             dt { "attempts / replays" } dd { (k.attempts) " / " (k.replay_count) }
-            dt { "provider key" } dd.id { (k.provider_key) }
-            dt { "first seen / completed" } dd { (k.first_seen.as_deref().unwrap_or("-")) " / " (k.completed_at.as_deref().unwrap_or("-")) }
-            @if let Some(e) = &k.last_error { dt { "last error" } dd { pre.wrap { (scrub(e)) } } }
+            dt { "provider key" } dd.id { (Text(&k.provider_key)) }
+            dt { "first seen / completed" } dd { (or_dash(k.first_seen.as_deref())) " / " (or_dash(k.completed_at.as_deref())) }
+            @if let Some(e) = &k.last_error { dt { "last error" } dd { pre.wrap #key-last-error { (Text(e)) } } }
             @if let Some(by) = &k.cancelled_by {
-                dt { "closed" } dd { "by " (by) " at " (k.cancelled_at.as_deref().unwrap_or("-")) ": " (shown(k.cancel_reason.as_deref().unwrap_or(""))) }
+                dt { "closed" } dd { "by " (Text(by)) " at " (or_dash(k.cancelled_at.as_deref())) ": " (Text(k.cancel_reason.as_deref().unwrap_or(""))) }
             }
         }
         h3 { "Attempt history (newest last)" }
         table #history {
             thead { tr { th { "at" } th { "message" } th { "dequeue" } th { "outcome" } th { "error" } } }
             tbody { @for a in &k.history { tr {
-                td { (a.at) } td.id { (a.message_id) } td.num { (a.dequeue_count) }
-                td { (a.outcome)
-                     @if let Some(c) = a.certainty() { " (" (c) ")" }
-                     @if let Some(p) = &a.provider { " (" (p.summary()) ")" } }
-                td.wrap { (scrub(a.error.as_deref().unwrap_or(""))) }
+                td { (Text(&a.at)) } td.id { (Text(&a.message_id)) } td.num { (a.dequeue_count) }
+                td { (Text(&a.outcome))
+                     @if let Some(c) = a.certainty() { " (" (Text(c)) ")" }
+                     @if let Some(p) = &a.provider { " (" (Text(&p.summary())) ")" } }
+                td.wrap { (Text(a.error.as_deref().unwrap_or(""))) }
             } } }
         }
     }
 }
 
 fn audit(r: &PoisonRecord) -> Markup {
-    let at = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".into());
+    let at = |s: &Option<String>| super::text::neutralise(s.as_deref().unwrap_or("-"));
     html! {
         ul #audit {
-            li { "poisoned at " (r.poisoned_at) " after " (r.dequeue_count) " delivery(ies)" }
+            li { "poisoned at " (Text(&r.poisoned_at)) " after " (r.dequeue_count) " delivery(ies)" }
             @if let Some(by) = &r.replayed_by {
-                li { "replayed by " b { (by) } " at " (at(&r.replayed_at)) "; new message " (at(&r.replay_message_id))
-                    @if let Some(n) = &r.replay_note { " (" (n) ")" } }
+                li { "replayed by " b { (Text(by)) } " at " (at(&r.replayed_at)) "; new message " (at(&r.replay_message_id))
+                    @if let Some(n) = &r.replay_note { " (" (Text(n)) ")" } }
             }
             @if let Some(by) = &r.discarded_by {
-                li { "discarded by " b { (by) } " at " (at(&r.discarded_at)) ": " q { (shown(r.discard_reason.as_deref().unwrap_or(""))) } }
+                li { "discarded by " b { (Text(by)) } " at " (at(&r.discarded_at)) ": " q { (Text(r.discard_reason.as_deref().unwrap_or(""))) } }
             }
             @if let Some(by) = &r.replaced_by {
-                li { "replaced (fixed payload) by " b { (by) } " at " (at(&r.replaced_at)) "; new message "
-                    (at(&r.replacement_message_id)) ", key " (r.replacement_key.as_deref().unwrap_or("-")) }
+                li { "replaced (fixed payload) by " b { (Text(by)) } " at " (at(&r.replaced_at)) "; new message "
+                    (at(&r.replacement_message_id)) ", key " (or_dash(r.replacement_key.as_deref())) }
             }
             @if let Some(by) = &r.past_provider_window_by {
-                li #past-window { "past the provider's key window, overridden by " b { (by) } " at "
-                    (at(&r.past_provider_window_at)) ": " (r.past_provider_window_note.as_deref().unwrap_or("")) }
+                li #past-window { "past the provider's key window, overridden by " b { (Text(by)) } " at "
+                    (at(&r.past_provider_window_at)) ": " (Text(r.past_provider_window_note.as_deref().unwrap_or(""))) }
             }
         }
     }
@@ -520,14 +513,14 @@ pub fn dry_run_table(queue: &str, r: &ReplayReport) -> Markup {
         table #dry-run {
             thead { tr { th { "id" } th { "key" } th { (if r.dry_run { "would" } else { "did" }) } th { "detail" } } }
             tbody { @for i in &r.items { tr {
-                td.id { a href=(record_url(queue, &i.id)) { (i.id) } }
-                td.id { (shown(i.key.as_deref().unwrap_or("-"))) }
+                td.id { a href=(record_url(queue, &i.id)) { (Text(&i.id)) } }
+                td.id { (or_dash(i.key.as_deref())) }
                 td { (i.action.as_str()) }
                 td {
-                    (i.detail.as_deref().unwrap_or(""))
+                    (Text(i.detail.as_deref().unwrap_or("")))
                     @if let Some(pk) = &i.uncertain_provider_key {
-                        " " span.badge.uncertain.dry-run-uncertain { "may have taken effect: provider key " (pk) }
-                        @if let Some(check) = &i.provider_check { " — the provider says: " (check) }
+                        " " span.badge.uncertain.dry-run-uncertain { "may have taken effect: provider key " (Text(pk)) }
+                        @if let Some(check) = &i.provider_check { " — the provider says: " (Text(check)) }
                     }
                 }
             } } }
@@ -569,7 +562,7 @@ pub fn progress_page(queue: &str, rows: &[Progress], stopped: Option<&str>) -> M
         .count();
     html! {
         @if let Some(why) = stopped {
-            p.warn #progress-state { (why) }
+            p.warn #progress-state { (Text(why)) }
         } @else if waiting == 0 {
             p.ok #progress-state { "Confirmed: every key is done." }
         } @else {
@@ -578,11 +571,11 @@ pub fn progress_page(queue: &str, rows: &[Progress], stopped: Option<&str>) -> M
         table #progress {
             thead { tr { th { "record" } th { "record status" } th { "key" } th { "key state" } } }
             tbody { @for r in rows { tr {
-                td.id { a href=(record_url(queue, &r.id)) { (r.id) } }
+                td.id { a href=(record_url(queue, &r.id)) { (Text(&r.id)) } }
                 td { (r.record.as_ref().map(|x| x.status.as_str()).unwrap_or("missing")) }
-                td.id { (shown(r.key.as_deref().unwrap_or("-"))) }
-                td { @if r.settled { span.badge.good.confirmed { "confirmed " (r.key_status.as_deref().unwrap_or("")) } }
-                     @else { span.badge { (r.key_status.as_deref().unwrap_or("not yet claimed")) } } }
+                td.id { (or_dash(r.key.as_deref())) }
+                td { @if r.settled { span.badge.good.confirmed { "confirmed " (Text(r.key_status.as_deref().unwrap_or(""))) } }
+                     @else { span.badge { (Text(r.key_status.as_deref().unwrap_or("not yet claimed"))) } } }
             } } }
         }
     }
@@ -601,20 +594,20 @@ pub fn login_page(csrf: &str, error: Option<&str>) -> Markup {
 }
 
 pub fn message(text: &str) -> Markup {
-    html! { p #message { (text) } p { a href="/" { "Back to the status page" } } }
+    html! { p #message { (Text(text)) } p { a href="/" { "Back to the status page" } } }
 }
 
 /// The status page's cell: what the control row says, and the action.
 pub(super) fn receiving(queue: &str, c: &crate::control::Control, v: &Viewer) -> Markup {
     html! {
         @if let Some(p) = &c.pause {
-            span.badge.bad { "paused" } " by " (shown(&p.by)) " at " (p.at)
-            @if !p.reason.is_empty() { ": " (shown(&p.reason)) }
+            span.badge.bad { "paused" } " by " (Text(&p.by)) " at " (Text(&p.at))
+            @if !p.reason.is_empty() { ": " (Text(&p.reason)) }
         } @else {
             span.badge.good { "yes" }
         }
         @if let Some(b) = c.breaker.as_ref().filter(|_| c.breaker_open()) {
-            " " span.badge.bad { "breaker " (b.state) } " " (shown(&b.reason))
+            " " span.badge.bad { "breaker " (Text(&b.state.to_string())) } " " (Text(&b.reason))
         }
         @if v.can_act {
             @if c.pause.is_some() {

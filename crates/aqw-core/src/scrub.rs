@@ -105,11 +105,14 @@ pub fn scrubbed(text: &str) -> std::borrow::Cow<'_, str> {
 
 /// Whether `c` must not reach a terminal, a log line or a page as it is:
 /// a control character (but newline and tab) or a bidirectional override
-/// or isolate, which can forge a line, recolour a terminal or reorder the
+/// or isolate (or a directional mark), which can forge a line, recolour a terminal or reorder the
 /// text around it.
 fn hidden_char(c: char) -> bool {
     (c.is_control() && c != '\n' && c != '\t')
-        || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}')
+        || matches!(
+            c,
+            '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}' | '\u{061C}'
+        )
 }
 
 /// `text` with control characters (but newline and tab) and bidirectional

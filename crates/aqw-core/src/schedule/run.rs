@@ -296,6 +296,27 @@ pub struct ScheduleStatus {
     /// That key's state (`done`, `pending`, `poisoned`, `cancelled`), or
     /// `not run yet`.
     pub last_outcome: Option<String>,
+    /// Why its row or its key could not be read, when they could not: the
+    /// other schedules are still shown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl ScheduleStatus {
+    /// Schedule `s` as its configuration says, its row unread for `why`.
+    pub fn unread(s: &Schedule, why: String) -> Self {
+        ScheduleStatus {
+            name: s.name.clone(),
+            function: s.function.clone(),
+            when: s.when.describe(),
+            catch_up: s.catch_up.as_str(),
+            next: s.when.next_after(crate::clock::now_utc()).map(tick_text),
+            last_tick: None,
+            last_key: None,
+            last_outcome: None,
+            error: Some(why),
+        }
+    }
 }
 
 /// Schedule `s` as `aqw status` shows it: its row in `control`, and the
@@ -330,5 +351,6 @@ pub async fn status(
         last_tick: last_tick.map(tick_text),
         last_key: last_key.map(|k| k.to_string()),
         last_outcome,
+        error: None,
     })
 }

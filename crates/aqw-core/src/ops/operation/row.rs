@@ -90,7 +90,7 @@ impl OperationStore {
     /// Insert a new operation (state `queued`), creating the table if
     /// needed. Its id sorts by creation time.
     pub async fn create(&self, new: &NewOperation) -> StorageResult<Operation> {
-        self.insert(new, None).await
+        self.insert(new, None, None).await
     }
 
     /// [`Self::create`], the row holding `owner`'s lease from its insert: the
@@ -102,22 +102,63 @@ impl OperationStore {
         owner: &str,
         lease: Duration,
     ) -> StorageResult<Operation> {
-        self.insert(new, Some((owner, lease))).await
+        self.insert(new, Some((owner, lease)), None).await
+    }
+
+    /// [`Self::create_held`] under the id `id` (from [`Self::new_id`], made
+    /// before the row, e.g. when a reviewed form was shown), inserted only if
+    /// absent: the same id twice creates one operation (a form submitted
+    /// twice). The operation, and whether this call created it (`false`:
+    /// the row an earlier call with this id made, as it is now).
+    pub async fn create_held_once(
+        &self,
+        id: &str,
+        new: &NewOperation,
+        owner: &str,
+        lease: Duration,
+    ) -> StorageResult<(Operation, bool)> {
+        match self.insert(new, Some((owner, lease)), Some(id)).await {
+            Ok(op) => Ok((op, true)),
+            Err(StorageError::Conflict) => match self.get(id).await? {
+                Some((op, _)) => Ok((op, false)),
+                None => Err(StorageError::Conflict),
+            },
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A new operation id, `20261206T201500-1a2b3c4d`: sorts by creation
+    /// (or by when it was made, for [`Self::create_held_once`]), unique by its tail.
+    pub fn new_id() -> String {
+        let stamp = fmt_time(crate::clock::now_utc()).replace([':', '-', '.'], "");
+        format!(
+            "{}-{}",
+            stamp.get(..15).unwrap_or(&stamp),
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        )
+    }
+
+    /// Whether `id` could name an operation: what [`Self::new_id`] makes
+    /// ids of (ASCII letters, digits, `-`, `_`), at most 64 of them, so it
+    /// is safe as a RowKey and in a URL. Anything else names none: answer
+    /// "no such operation" without asking storage (issue 48: `a%2Fb` in
+    /// the path reached storage, which answered HTTP 500).
+    pub fn is_id(id: &str) -> bool {
+        !id.is_empty()
+            && id.len() <= 64
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
     }
 
     async fn insert(
         &self,
         new: &NewOperation,
         held: Option<(&str, Duration)>,
+        id: Option<&str>,
     ) -> StorageResult<Operation> {
         let now = crate::clock::now_utc();
-        let stamp = fmt_time(now).replace([':', '-', '.'], "");
-        // `20261206T201500-1a2b3c4d`: sorts by creation, unique by its tail.
-        let id = format!(
-            "{}-{}",
-            stamp.get(..15).unwrap_or(&stamp),
-            &uuid::Uuid::new_v4().simple().to_string()[..8]
-        );
+        let id = id.map_or_else(Self::new_id, str::to_string);
         let mut selection = new.selection.clone();
         // The creator's own cutoff, when it counted the records with one
         // (so the fingerprint and the operation agree), else now.
