@@ -112,7 +112,10 @@ async fn a_reference_outside_its_queue_is_invalid_without_a_storage_call() {
             ops::operation::parse_patch(r#"[{"op":"copy","from":"/card/number","path":"/id"}]"#)
                 .unwrap();
         let preview = ops::operation::preview_fix(&ops, rec, &patch).await;
-        assert!(preview.is_err_and(|e| !e.to_string().contains("4111")), "{rec:?}");
+        assert!(
+            preview.is_err_and(|e| !e.to_string().contains("4111")),
+            "{rec:?}"
+        );
     }
     let report = env.replay_all().await;
     assert_eq!(report.items.len(), probes.len(), "{report:?}");
