@@ -21,7 +21,7 @@
 //! shares one provider limit between its replicas (50 replicas over a
 //! 10/s provider need 0.2/s each, under AWS's floor); below 10 calls/s
 //! the cubic curve's time is counted in calls rather than seconds
-//! ([`ClientRateLimiter::time_scale`]: AWS's absolute growth, 0.4 calls/s³,
+//! (`ClientRateLimiter::time_scale`: AWS's absolute growth, 0.4 calls/s³,
 //! applied to each of 50 replicas at 0.2/s, drove the fleet past the
 //! limit again within seconds of every cut: 38 % of the calls refused in
 //! the engine's simulation, under 20 % with the scaled curve); the rate is

@@ -175,7 +175,7 @@ pub fn fix_refused(ops: &QueueOps) -> Option<String> {
 
 /// `payload` corrected by `patch`, as compact JSON: what a group fix puts in
 /// place of a record. The only code that applies a patch: op by op, within
-/// the bounds of [`patch`] (the payload's growth, the bytes copied, the
+/// the bounds of the `patch` module (the payload's growth, the bytes copied, the
 /// number of ops), refused before an op allocates past them. The error
 /// (one line) says why there is no corrected payload.
 pub fn apply_patch(patch: &json_patch::Patch, payload: &str) -> Result<String, PatchError> {
