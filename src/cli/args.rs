@@ -187,7 +187,7 @@ pub enum KeyStatusFilter {
 pub enum PoisonCmd {
     /// List poison records, newest first; exit 1 while any listed record is open.
     #[command(
-        after_help = "Examples:\n  aqw poison list receipts --status open\n  aqw poison list receipts --since 01:00:00 --error 'HTTP 503'\n  aqw poison list receipts --output json --unredacted --by alice   (logged)"
+        after_help = "Examples:\n  aqw poison list receipts --status open\n  aqw poison list receipts --since 01:00:00 --error 'HTTP 503'\n  aqw poison list receipts --output json --unredacted --by alice"
     )]
     List(super::poison_list::ListArgs),
     /// Show one record: error, attempts, key state and decoded payload.
