@@ -62,5 +62,6 @@ mod retention;
 mod schedules;
 mod serve;
 mod serve_backoff;
+mod spread;
 mod traces;
 mod worker;

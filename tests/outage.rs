@@ -472,10 +472,24 @@ impl Process {
             .env("AzureWebJobsStorage", crate::common::CONN)
             .env_remove("AQW_LOG")
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(log_to())
             .spawn()
             .expect("start aqw run");
         Self(child)
+    }
+}
+
+/// Where a process's log goes: nowhere, or a new file in
+/// `AQW_TEST_PROCESS_LOGS` (a directory) when a person debugging a fleet
+/// test sets it.
+fn log_to() -> std::process::Stdio {
+    let Some(dir) = std::env::var_os("AQW_TEST_PROCESS_LOGS") else {
+        return std::process::Stdio::null();
+    };
+    let name = format!("aqw-{}.log", uuid::Uuid::new_v4().simple());
+    match std::fs::File::create(std::path::Path::new(&dir).join(name)) {
+        Ok(f) => f.into(),
+        Err(_) => std::process::Stdio::null(),
     }
 }
 
