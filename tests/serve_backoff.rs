@@ -125,7 +125,14 @@ async fn a_providers_retry_after_is_honoured_under_serve_and_spends_no_attempt()
     let s = state(&app, h.clone()).await;
     app.enqueue(r#"{"orderId":"later-1"}"#).await;
     let answers = host_until_drained(&app, &s).await;
-    assert_eq!(answers, vec![(1, StatusCode::OK); 2]);
+    // Every answer a 200 at DequeueCount 1. Two calls of the provider; the
+    // host may see one round more, where the adaptive rate (taught by the
+    // 429) parks the copy once without calling it.
+    assert!(
+        answers.iter().all(|a| *a == (1, StatusCode::OK)) && (2..=3).contains(&answers.len()),
+        "{answers:?}"
+    );
+    assert_eq!(h.calls(), 2, "{answers:?}");
     let starts = starts.lock().unwrap().clone();
     assert!(
         starts[1] - starts[0] >= Duration::from_secs(3),

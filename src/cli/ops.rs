@@ -575,6 +575,22 @@ fn render_list(app: &AppConfig, ops: &[Operation], output: Output) {
     }
 }
 
+/// What only an operation of its kind has: a discard's reason, a fix's
+/// patch (as [`shown`] left it), an unknown kind's name.
+fn render_kind(kind: &OpKind) {
+    match kind {
+        OpKind::Discard { reason, close_key } => outln!(
+            "  reason: {reason}{}",
+            if *close_key { " (keys closed)" } else { "" }
+        ),
+        OpKind::Fix { patch, .. } => outln!("  patch: {}", aqw_core::scrub::one_line(patch)),
+        OpKind::Unknown { name } => {
+            outln!("  kind {name:?} is not known to this aqw: a newer one carries it out")
+        }
+        OpKind::Replay { .. } => {}
+    }
+}
+
 fn render_one(app: &AppConfig, op: &Operation, output: Output) {
     let op = &shown(app, op);
     if output == Output::Json {
@@ -594,18 +610,7 @@ fn render_one(app: &AppConfig, op: &Operation, output: Output) {
         op.created_at,
         op.selection.describe()
     );
-    if let OpKind::Discard { reason, close_key } = &op.kind {
-        outln!(
-            "  reason: {reason}{}",
-            if *close_key { " (keys closed)" } else { "" }
-        );
-    }
-    if let OpKind::Fix { patch, .. } = &op.kind {
-        outln!("  patch: {}", aqw_core::scrub::one_line(patch));
-    }
-    if let OpKind::Unknown { name } = &op.kind {
-        outln!("  kind {name:?} is not known to this aqw: a newer one carries it out");
-    }
+    render_kind(&op.kind);
     outln!(
         "  selected {} (fingerprint {}), rate {}/s",
         op.selected,

@@ -64,30 +64,44 @@ fn apply(
         }
         settings.failure_ratio = r;
     }
-    if let Some(n) = raw.minimum_attempts {
-        settings.minimum_attempts = u32::try_from(n)
-            .ok()
-            .filter(|n| (1..=100_000).contains(n))
-            .ok_or_else(|| err("minimumAttempts", "must be between 1 and 100000"))?;
-    }
-    if let Some(n) = raw.probes {
-        settings.probes = u32::try_from(n)
-            .ok()
-            .filter(|n| (1..=32).contains(n))
-            .ok_or_else(|| err("probes", "must be between 1 and 32"))?;
-    }
-    if let Some(n) = raw.consecutive_failures {
-        settings.consecutive_failures =
+    let count = |field: &str, v: Option<i64>, range: std::ops::RangeInclusive<u32>, msg: &str| {
+        v.map(|n| {
             u32::try_from(n)
                 .ok()
-                .filter(|n| *n <= 10_000)
-                .ok_or_else(|| {
-                    err(
-                        "consecutiveFailures",
-                        "must be between 0 (the quiet rule off) and 10000",
-                    )
-                })?;
-    }
+                .filter(|n| range.contains(n))
+                .ok_or_else(|| err(field, msg))
+        })
+        .transpose()
+    };
+    let (min, probes, quiet) = (
+        count(
+            "minimumAttempts",
+            raw.minimum_attempts,
+            1..=100_000,
+            "must be between 1 and 100000",
+        )?,
+        count("probes", raw.probes, 1..=32, "must be between 1 and 32")?,
+        count(
+            "consecutiveFailures",
+            raw.consecutive_failures,
+            0..=10_000,
+            "must be between 0 (the quiet rule off) and 10000",
+        )?,
+    );
+    settings.minimum_attempts = min.unwrap_or(settings.minimum_attempts);
+    settings.probes = probes.unwrap_or(settings.probes);
+    settings.consecutive_failures = quiet.unwrap_or(settings.consecutive_failures);
+    apply_spans(host_file, path, raw, settings)
+}
+
+/// The durations of `raw` over `settings`, each between 0.1 s and a day.
+fn apply_spans(
+    host_file: &str,
+    path: &str,
+    raw: &RawBreakerSettings,
+    settings: &mut BreakerSettings,
+) -> Result<(), ConfigError> {
+    let err = |field: &str, msg: &str| ConfigError::new(host_file, format!("{path}.{field}"), msg);
     let span = |field: &str, v: &Option<String>| -> Result<Option<Duration>, ConfigError> {
         let Some(s) = v else { return Ok(None) };
         let d = timespan(host_file, &format!("{path}.{field}"), s)?;

@@ -20,8 +20,7 @@
 //! receives nothing and parks what it holds, until the row says closed
 //! ([`Breaker::release`]) or the publisher falls silent, and only then
 //! probes itself (so the fleet probes through one or two replicas, not all).
-//! After a close, concurrency ramps up from the probe count, doubling every
-//! [`RAMP_STEP`], instead of jumping to full.
+//! After a close, concurrency ramps up from the probe count, doubling every [`RAMP_STEP`].
 
 pub mod evidence;
 
@@ -386,10 +385,9 @@ impl Breaker {
 
     /// What the rest of the fleet published (read every control-row
     /// watch): kept for the next verdicts, and a verdict now.
-    /// `deferred`: another replica reporting failures is first in line to
-    /// trip on the fleet's evidence (the lowest replica id), so one alert
-    /// goes out and the rest follow its row; this one trips on the fleet's
-    /// evidence only if that has not happened within [`LEADER_GRACE`].
+    /// `deferred`: another replica reporting failures (the lowest id) is
+    /// first in line, so one alert goes out and the rest follow its row;
+    /// this one trips on the fleet's evidence after [`LEADER_GRACE`].
     pub fn observe_fleet(
         &mut self,
         now: Instant,
