@@ -580,7 +580,15 @@ mod tests {
             // As the payload reads (a float's text need not read back as
             // the same float).
             let mut expected: Value = serde_json::from_str(&payload).unwrap();
-            let theirs = json_patch::patch(&mut expected, &p);
+            // json-patch 5.0.0 panics ("unable to undo applied patches") on
+            // some failed patches (one more reason aqw does not run it):
+            // such a case has no oracle.
+            let oracle = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let mut doc = expected.clone();
+                json_patch::patch(&mut doc, &p).map(|()| doc)
+            }));
+            prop_assume!(oracle.is_ok());
+            let theirs = oracle.unwrap().map(|doc| expected = doc);
             match (apply(&p, &payload), theirs) {
                 (Ok(out), Ok(())) => prop_assert_eq!(out, expected.to_string()),
                 (Err(PatchError::NotApplied(_)), Err(_)) => {}
