@@ -421,7 +421,7 @@ impl Breaker {
     /// failures, or another replica has and this one's successes (or the
     /// emptying of its failures) must be heard; and it changed since.
     pub fn evidence_due(&self) -> bool {
-        self.own.changed() && (!self.own.is_empty() || self.fleet.has_failures())
+        self.own.changed() && (self.own.failing().next().is_some() || self.fleet.has_failures())
     }
 
     fn close(&mut self, now: Instant) {
