@@ -6,6 +6,7 @@
 use super::key::IdempotencyKey;
 use super::store::KeyStore;
 use crate::storage::{Etag, Filter, Row, StorageResult, TableQuery};
+use std::collections::{BTreeMap, HashSet};
 use time::OffsetDateTime;
 
 /// A settled key that may be deleted if it is still at `etag`.
@@ -27,6 +28,41 @@ impl KeyStore {
     /// byte, see [`IdempotencyKey::partition_key`]).
     pub fn partitions(function: &str) -> impl Iterator<Item = String> + '_ {
         (0..=255u8).map(move |b| format!("{function}-{b:02x}"))
+    }
+
+    /// The settled keys of every partition of `function` last changed
+    /// before `cutoff`, grouped by partition: one paged range query on
+    /// `PartitionKey` (`<function>-` to `<function>.`), not one query per
+    /// partition (256 requests per function even when it has no keys). A
+    /// row of another function whose name starts with `<function>-` is in
+    /// the range too, so only this function's own partitions are kept.
+    pub async fn settled_before_by_partition(
+        &self,
+        function: &str,
+        cutoff: OffsetDateTime,
+    ) -> StorageResult<BTreeMap<String, Vec<PurgeCandidate>>> {
+        let filter = Filter::StartsWith {
+            column: "PartitionKey",
+            prefix: format!("{function}-"),
+        }
+        .and(Filter::one_of("Status", &["done", "cancelled"]))
+        .and(Filter::ChangedBefore(cutoff));
+        let rows = self
+            .table()
+            .query_where(&TableQuery {
+                partition: None,
+                filter: Some(filter),
+                select: PURGE_COLUMNS,
+            })
+            .await?;
+        let own: HashSet<String> = Self::partitions(function).collect();
+        let mut grouped: BTreeMap<String, Vec<PurgeCandidate>> = BTreeMap::new();
+        for c in rows.into_iter().filter_map(settled_candidate) {
+            if own.contains(&c.partition_key) {
+                grouped.entry(c.partition_key.clone()).or_default().push(c);
+            }
+        }
+        Ok(grouped)
     }
 
     /// The (PartitionKey, RowKey) of `key` of `function`.

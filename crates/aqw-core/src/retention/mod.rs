@@ -164,15 +164,18 @@ pub async fn purge_keys(
     let open = open_record_keys(records).await?;
     let mut total = PurgeCounts::default();
     'functions: for f in functions {
-        for partition in KeyStore::partitions(f) {
+        if !run.still_ours().await? {
+            break;
+        }
+        run.pacer.turn().await;
+        let by_partition = match keys.settled_before_by_partition(f, cutoff).await {
+            Err(StorageError::NotFound) => break, // no key table yet
+            r => r?,
+        };
+        for (partition, found) in by_partition {
             if !run.still_ours().await? {
                 break 'functions;
             }
-            run.pacer.turn().await;
-            let found = match keys.settled_before(&partition, cutoff).await {
-                Err(StorageError::NotFound) => break, // no key table yet
-                r => r?,
-            };
             let counts =
                 purge_partition(keys.table().as_ref(), &partition, found, &open, run).await?;
             total.add(&counts);

@@ -274,8 +274,19 @@ impl Filter {
     /// Whether an entity last changed at `changed` matches (how a backend
     /// without a query language evaluates the filter; `ChangedBefore` at
     /// whole seconds, as the service compares).
-    pub fn matches(&self, entity: &Entity, changed: OffsetDateTime) -> bool {
-        let text = |c: &str| entity.get(c).and_then(|v| v.as_str());
+    /// The row's own keys answer for the columns `PartitionKey` and `RowKey`
+    /// (as the service's filter sees them).
+    pub fn matches(
+        &self,
+        (partition_key, row_key): (&str, &str),
+        entity: &Entity,
+        changed: OffsetDateTime,
+    ) -> bool {
+        let text = |c: &str| match c {
+            "PartitionKey" => Some(partition_key),
+            "RowKey" => Some(row_key),
+            _ => entity.get(c).and_then(|v| v.as_str()),
+        };
         match self {
             Filter::Eq { column, value } => text(column) == Some(value.as_str()),
             Filter::OneOf { column, values } => {
@@ -292,7 +303,9 @@ impl Filter {
             Filter::StartsWith { column, prefix } => {
                 text(column).is_some_and(|t| t.starts_with(prefix.as_str()))
             }
-            Filter::And(all) => all.iter().all(|f| f.matches(entity, changed)),
+            Filter::And(all) => all
+                .iter()
+                .all(|f| f.matches((partition_key, row_key), entity, changed)),
         }
     }
 }

@@ -356,11 +356,10 @@ impl TableStore for MemoryTable {
             None => Box::new(table.rows.iter()),
         };
         let out: Vec<Row> = rows
-            .filter(|(_, s)| {
-                query
-                    .filter
-                    .as_ref()
-                    .is_none_or(|f: &Filter| f.matches(&s.entity, s.timestamp))
+            .filter(|((pk, rk), s)| {
+                query.filter.as_ref().is_none_or(|f: &Filter| {
+                    f.matches((pk.as_str(), rk.as_str()), &s.entity, s.timestamp)
+                })
             })
             .map(|((pk, rk), s)| {
                 let mut entity = s.entity.clone();
