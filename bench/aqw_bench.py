@@ -66,7 +66,7 @@ Scenarios:
   (n) claim-check (issue 42): the same keyed no-op jobs put inline and with a
       64 KiB body in a blob (a reference on the queue): the worker's storage
       requests and CPU per job, the producer's requests per job.
-  (o) issue 49 (bench/later.py): the engine's simulation (release, fixed sizes,
+  (o) issue 49 (bench/later.py): the engine's simulation (test profile, fixed sizes,
       several runs): provider calls and poisoned jobs during a 90 s outage
       over 200 jobs at 16 replicas; a bare-429 provider at 10/s under 50
       replicas: convergence time and the 429 share after it; a limit moving

@@ -1,8 +1,8 @@
 """(o) issue 49: an outage and a rate limit never poison.
 
-The engine's simulation (crates/aqw-core/tests/engine, release build, memory
-store, paused tokio time, so its figures are counts, not timings), its
-printed figures parsed:
+The engine's simulation (crates/aqw-core/tests/engine, memory store, paused
+tokio time, so its figures are counts, not timings, and the test profile's
+build serves: no release build of the tests), its printed figures parsed:
 
 - the breaker on fleet-wide evidence: 200 jobs at once over 16 replicas, a
   90 s outage (every call 503), aqw's default retry: poisoned, provider
@@ -29,7 +29,7 @@ import re
 from figures import fmt, per_message, stats
 from harness import log
 
-ENGINE_TESTS = ["cargo", "test", "-p", "aqw-core", "--release", "--test", "engine"]
+ENGINE_TESTS = ["cargo", "test", "-p", "aqw-core", "--test", "engine"]
 SPREAD_TEST = "spread::an_outage_spread_over_16_replicas_poisons_nothing"
 BARE_429_TEST = "later::a_bare_429_fleet_converges_under_the_limit_and_poisons_none"
 LIMIT_CHANGE_TEST = "later::a_limit_that_changes_mid_run_is_followed"
@@ -134,7 +134,7 @@ def happy_run(b, mode, n, rep):
 def later(b):
     """(o): the simulations, then the happy-path pair in random order per repetition."""
     runs = RUNS[b.mode]
-    log("(o) building the engine's tests in release (cargo test --no-run)")
+    log("(o) building the engine's tests (cargo test --no-run)")
     build = b.run([*ENGINE_TESTS, "--manifest-path", os.path.join(b.root, "Cargo.toml"), "--no-run"],
                   "later-build", timeout=1800)
     out = dict(runs=runs, spread=[], bare_429=[], limit_change=[], happy={m: [] for m in MODES})
@@ -196,7 +196,7 @@ def section(o, N):
                              [x["cpu_ms"] for x in xs], "ms", 3))
     runs = o.get("runs")
     lines += ["", f"The simulations are the engine's tests `{SPREAD_TEST}`, `{BARE_429_TEST}` and "
-              f"`{LIMIT_CHANGE_TEST}` (release build, in-memory store, paused time; {runs} run(s) each, the last "
+              f"`{LIMIT_CHANGE_TEST}` (in-memory store, paused time, so counts do not depend on the build; {runs} run(s) each, the last "
               "once), aqw's default retry, breaker and adaptive rate, their printed lines parsed. Their jitter and "
               "replica ids are not seeded yet (issue 50), so the figures move a little between runs. Convergence: "
               "the first 5-second window, in 1 s steps from the start, in which under 20 % of the calls started were "
