@@ -620,4 +620,3 @@ pub fn first_line(text: &str) -> (&str, String) {
     };
     (first, tail)
 }
-

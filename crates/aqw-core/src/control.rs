@@ -122,10 +122,9 @@ impl EvidenceRow {
                 .unwrap_or(0),
             last_success_ms: int(col::EV_LAST_SUCCESS).filter(|t| *t > 0),
             failing,
-            rate: e
-                .get(col::EV_RATE)
-                .and_then(|v| v.as_f64())
-                .filter(|r| r.is_finite() && *r > 0.0 && *r <= crate::flow::adaptive::MAX_SHARED_RATE),
+            rate: e.get(col::EV_RATE).and_then(|v| v.as_f64()).filter(|r| {
+                r.is_finite() && *r > 0.0 && *r <= crate::flow::adaptive::MAX_SHARED_RATE
+            }),
         })
     }
 }

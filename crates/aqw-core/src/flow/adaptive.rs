@@ -650,8 +650,14 @@ mod tests {
         assert!(rate_due(Some((1.0, t0)), None, t0), "stopped");
         assert!(!rate_due(Some((1.0, t0)), Some(0.5), t0 + s(2)), "too soon");
         assert!(rate_due(Some((1.0, t0)), Some(0.5), t0 + s(10)));
-        assert!(!rate_due(Some((1.0, t0)), Some(1.1), t0 + s(30)), "moved little");
-        assert!(rate_due(Some((1.0, t0)), Some(1.1), t0 + s(60)), "refreshed");
+        assert!(
+            !rate_due(Some((1.0, t0)), Some(1.1), t0 + s(30)),
+            "moved little"
+        );
+        assert!(
+            rate_due(Some((1.0, t0)), Some(1.1), t0 + s(60)),
+            "refreshed"
+        );
         let a = AdaptiveRate::new("F", true, None);
         assert_eq!(a.to_share(), None, "never throttled");
         a.record(true, s(600));
@@ -662,7 +668,11 @@ mod tests {
         let fleet = fleet_rate(&[row("a", Some(0.4), 0)], "F", None, 0).unwrap();
         assert!(fresh.adopt(&fleet));
         assert_eq!(fresh.rate(), Some(0.4));
-        assert_eq!(fresh.to_share(), None, "an adopted rate is not shared again");
+        assert_eq!(
+            fresh.to_share(),
+            None,
+            "an adopted rate is not shared again"
+        );
         let off = AdaptiveRate::new("F", false, None);
         assert!(!off.adopt(&fleet));
     }
