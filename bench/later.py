@@ -33,6 +33,7 @@ ENGINE_TESTS = ["cargo", "test", "-p", "aqw-core", "--test", "engine"]
 SPREAD_TEST = "spread::an_outage_spread_over_16_replicas_poisons_nothing"
 BARE_429_TEST = "later::a_bare_429_fleet_converges_under_the_limit_and_poisons_none"
 LIMIT_CHANGE_TEST = "later::a_limit_that_changes_mid_run_is_followed"
+HAPPY_TEST = "later::the_adaptive_rate_costs_no_request_on_the_happy_path"
 # Runs of each simulation.
 RUNS = dict(smoke=1, full=3)
 MODES = ("on", "off")
@@ -84,6 +85,16 @@ def parse_limit_change(text):
     if len(phases) != 3:
         return f"not three phases in {m.group(0)!r}"
     return dict(replicas=int(m.group(1)), jobs=int(m.group(2)), seconds=seconds(m.group(3)), phases=phases)
+
+
+def parse_happy(text):
+    """`happy path, 200 keyed jobs on one replica: X storage requests per
+    message with the adaptive rate on, Y off`."""
+    m = re.search(r"happy path, (\d+) keyed jobs on one replica: ([\d.]+) storage requests per message with the "
+                  r"adaptive rate on, ([\d.]+) off", text)
+    if m is None:
+        return "no `happy path, N keyed jobs ...` line in its output"
+    return dict(jobs=int(m.group(1)), on=float(m.group(2)), off=float(m.group(3)))
 
 
 def sim(b, test, label, parse, runs):
@@ -142,6 +153,7 @@ def later(b):
         out["spread"] = sim(b, SPREAD_TEST, "outage-16-replicas", parse_spread, runs)
         out["bare_429"] = sim(b, BARE_429_TEST, "bare-429-50-replicas", parse_bare_429, runs)
         out["limit_change"] = sim(b, LIMIT_CHANGE_TEST, "limit-10-3-20", parse_limit_change, 1)
+        out["happy_sim"] = sim(b, HAPPY_TEST, "happy-path-memory-store", parse_happy, 1)
     n = b.sizes["flow"]
     for rep in range(b.reps):
         order = list(MODES)
@@ -186,6 +198,10 @@ def section(o, N):
         for name, p in zip(("10/s (first 20 s)", "3/s (next 30 s)", "20/s (to the end)"), lc["phases"]):
             lines.append(row(f"limit 10 → 3 → 20/s, {lc['replicas']} replicas, {lc['jobs']} jobs: 429 share "
                              f"while the limit is {name}, of {p['calls']} calls", [p["share"]], "%", 1))
+    for h in o.get("happy_sim") or []:
+        for mode in MODES:
+            lines.append(row(f"happy path on the memory store, {h['jobs']} keyed jobs, one replica, adaptive rate "
+                             f"{mode}: storage requests per message", [h[mode]], "requests", 3))
     happy = o.get("happy") or {}
     for mode in MODES:
         xs = [x for x in happy.get(mode) or [] if x]

@@ -657,11 +657,14 @@ class LaterBench(unittest.TestCase):
     def test_the_section_has_the_issues_figures(self):
         happy = dict(on=[dict(requests_per_message=3.07, cpu_ms=0.2)],
                      off=[dict(requests_per_message=3.07, cpu_ms=0.2), None])
+        sim = later.parse_happy("happy path, 200 keyed jobs on one replica: 3.105 storage requests per message with "
+                                "the adaptive rate on, 3.105 off")
         o = dict(runs=1, spread=[later.parse_spread(self.SPREAD)], bare_429=[later.parse_bare_429(self.BARE)],
-                 limit_change=[later.parse_limit_change(self.CHANGE)], happy=happy)
+                 limit_change=[later.parse_limit_change(self.CHANGE)], happy=happy, happy_sim=[sim])
         text = "\n".join(later.section(o, {"flow": 40}))
         self.assertIn("| 16 replicas, 200 jobs at once, a 90 s outage: calls per job during the outage | 0.82 |", text)
         self.assertIn("converged after (first 5 s window under 20 % refused) | 7 |", text)
         self.assertIn("429 share after convergence | 16.3 |", text)
         self.assertIn("| happy path, adaptive rate off: storage requests per message | 3.070 |", text)
+        self.assertIn("one replica, adaptive rate off: storage requests per message | 3.105 |", text)
         self.assertEqual(later.section(None, {}), [])

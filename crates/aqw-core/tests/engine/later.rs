@@ -176,6 +176,58 @@ async fn the_learned_rate_is_shared_and_shown_by_status() {
     env.provider.assert_applied_once(&jobs);
 }
 
+/// The adaptive rate costs nothing on the happy path: 200 keyed jobs on
+/// one replica, nothing throttled, make the same storage requests per
+/// message with `aqw.adaptiveRate` on (the default) and off (the test's
+/// own depth polls, `queue.metadata`, left out).
+#[tokio::test(start_paused = true)]
+async fn the_adaptive_rate_costs_no_request_on_the_happy_path() {
+    let mut per_message = Vec::new();
+    for on in [true, false] {
+        let env = Env::new(|_, _| Behave::Succeed);
+        let jobs = env.enqueue_many("h", 200).await;
+        env.storage.reset_request_counts();
+        let worker = env
+            .builder()
+            .configure(move |app| app.adaptive_rate = on)
+            .build()
+            .expect("valid settings");
+        let running = start(worker);
+        env.drained(minutes(5)).await;
+        running.stop().await;
+        env.provider.assert_applied_once(&jobs);
+        let counts = env.storage.request_counts();
+        let requests: u64 = counts
+            .iter()
+            .filter(|(op, _)| op.as_str() != "queue.metadata")
+            .map(|(_, n)| n)
+            .sum();
+        per_message.push(requests as f64 / jobs.len() as f64);
+        let rows = aqw_core::control::ControlStore::new(aqw_core::storage::Storage::table(
+            &env.storage,
+            &env.control_table,
+        ))
+        .all()
+        .await
+        .expect("read the control rows");
+        assert!(
+            rows.evidence.is_empty(),
+            "no evidence row: {:?}",
+            rows.evidence
+        );
+    }
+    println!(
+        "happy path, 200 keyed jobs on one replica: {:.3} storage requests per message with the adaptive rate on, {:.3} off",
+        per_message[0], per_message[1]
+    );
+    assert!(
+        (per_message[0] - per_message[1]).abs() < 0.05,
+        "on {} vs off {}",
+        per_message[0],
+        per_message[1]
+    );
+}
+
 /// A provider that answers 409 "in progress" for `lasting` after a key's
 /// first call, then applies it.
 fn in_progress_for(lasting: Duration) -> impl Fn(&Job, usize) -> Behave + Send + Sync + 'static {
