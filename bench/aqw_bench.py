@@ -9,6 +9,8 @@
                                    only scenario (k), report in .bench/only-users.md
   bash scripts/bench.sh --smoke --only fleet
                                    only scenario (l), report in .bench/only-fleet.md
+  bash scripts/bench.sh --only later
+                                   only scenario (o), report in .bench/only-later.md
   bash scripts/bench.sh --report .bench/full-YYYYMMDD-HHMMSS
                                    re-render a run's report from its results.json
 
@@ -64,7 +66,13 @@ Scenarios:
   (n) claim-check (issue 42): the same keyed no-op jobs put inline and with a
       64 KiB body in a blob (a reference on the queue): the worker's storage
       requests and CPU per job, the producer's requests per job.
---only breaker|purge|dashboard|users|traces|fleet|ops|claim-check|replay runs one of (h), (i), (j), (k), (g), (l), (m), (n), (d) by itself.
+  (o) issue 49 (bench/later.py): the engine's simulation (test profile, fixed sizes,
+      several runs): provider calls and poisoned jobs during a 90 s outage
+      over 200 jobs at 16 replicas; a bare-429 provider at 10/s under 50
+      replicas: convergence time and the 429 share after it; a limit moving
+      10 -> 3 -> 20/s; then (a)'s happy path with the adaptive rate on and
+      off: storage requests and CPU per message.
+--only breaker|purge|dashboard|users|traces|fleet|ops|claim-check|replay|later runs one of (h), (i), (j), (k), (g), (l), (m), (n), (d), (o) by itself.
 Azurite: the default ports, or AQW_AZURITE_QUEUE_PORT / AQW_AZURITE_TABLE_PORT /
 AQW_AZURITE_BLOB_PORT (with AQW_AZURITE_STATE) for an instance of one's own;
 the workers connect to the same ports.
@@ -91,6 +99,7 @@ import subprocess
 import sys
 import time
 
+import later
 import report
 import scenarios
 from harness import CORES, Bench, dev_connection, log
@@ -140,7 +149,7 @@ def parse_args(argv):
 
 
 # Scenarios `--only` runs by themselves (without the background probes).
-ONLY = ("breaker", "purge", "dashboard", "users", "traces", "fleet", "ops", "claim-check", "replay")
+ONLY = ("breaker", "purge", "dashboard", "users", "traces", "fleet", "ops", "claim-check", "replay", "later")
 
 
 def target_dir():
@@ -183,6 +192,7 @@ def run_all(b):
     # (m) seeds 10,000 records and their copies: full runs only.
     m_ = None if b.smoke else scenarios.ops(b)
     n_ = scenarios.claim_check(b)
+    o_ = later.later(b)
     # A probe failing must not lose the whole run's figures.
     try:
         e["idle"] = idle_latency.finish(b.sizes["latency_idle_samples"])
@@ -195,7 +205,7 @@ def run_all(b):
         b.fail(f"(c) idle probe: {ex!r}")
         c = None
     b.azurite("stop", b.probe_azurite)
-    return dict(a=a, b=rb, c=c, d=d, e=e, f=scale, g=g, h=h, i=i, j=j, k=k, l=l_, m=m_, n=n_)
+    return dict(a=a, b=rb, c=c, d=d, e=e, f=scale, g=g, h=h, i=i, j=j, k=k, l=l_, m=m_, n=n_, o=o_)
 
 
 def run_only(b, only):
@@ -214,6 +224,8 @@ def run_only(b, only):
         return dict(m=scenarios.ops(b))
     if only == "claim-check":
         return dict(n=scenarios.claim_check(b))
+    if only == "later":
+        return dict(o=later.later(b))
     if only == "replay":
         return dict(d=[scenarios.replay_run(b, rep) for rep in range(b.reps)])
     assert only == "breaker"

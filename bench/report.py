@@ -11,6 +11,7 @@ from figures import (claim_check_figures, data_plane, derive, flow_figures, fmt,
                      purge_figures, ratio, stats,
                      targets, users_figures, verdict)
 from harness import DEFAULT_THRESHOLD, log
+import later
 from scenarios import FLEET_REPLICAS, FLEET_TEST, FLOW_LIMITS, IDLE_TEST, RATE_TEST
 
 
@@ -256,6 +257,7 @@ def render(data, run_name):
     lines += fleet_section(data.get("l"), N)
     lines += ops_section(data.get("m"))
     lines += claim_check_section(data.get("n") or {}, N)
+    lines += later.section(data.get("o"), N)
 
     lines += ["## Commands", "", "```sh", f"bash scripts/bench.sh{' --smoke' if SMOKE else ''}" +
               (f" --reps {REPS}" if not SMOKE and REPS != 3 else ""), "```", "",
@@ -557,6 +559,7 @@ def render_only(data, run_name):
     lines += fleet_section(data.get("l"), N)
     lines += ops_section(data.get("m"))
     lines += claim_check_section(data.get("n") or {}, N)
+    lines += later.section(data.get("o"), N)
     if data.get("errors"):
         lines += ["## Errors", ""] + [f"- {e}" for e in data["errors"]] + [""]
     return "\n".join(lines)

@@ -37,10 +37,10 @@ def worker_cmd(b, kind, r, app_dir, n):
     raise ValueError(kind)
 
 
-def keyed_run(b, kind, n, rep, r=None, tag=None, queues=None, label=None, limits=None, feed=None):
+def keyed_run(b, kind, n, rep, r=None, tag=None, queues=None, label=None, limits=None, feed=None, aqw_extra=None):
     """Feed n keyed jobs and run one worker until all n are settled (`limits`:
     the function's `aqw.functions.Bench.limits`, none by default; `feed`:
-    more flags of `ceiling enqueue`)."""
+    more flags of `ceiling enqueue`; `aqw_extra`: more `aqw` settings)."""
     r = r or b.fresh()
     tag = tag or r["tag"]
     label = label or f"{kind}-{rep}"
@@ -48,7 +48,7 @@ def keyed_run(b, kind, n, rep, r=None, tag=None, queues=None, label=None, limits
     qs = dict(queues or {})
     if kind == "aqw-tuned":
         qs.update(batchSize=32, newBatchThreshold=32)
-    write_app(app_dir, r["queue"], r["keys"], r["poison"], queues=qs, limits=limits)
+    write_app(app_dir, r["queue"], r["keys"], r["poison"], queues=qs, limits=limits, aqw_extra=aqw_extra)
     feeder = Feeder(b, r["queue"], n, tag, f"{label}-enqueue", extra=feed)
     if not feeder.wait_ready():
         feeder.finish()

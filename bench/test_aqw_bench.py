@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import aqw_bench  # noqa: E402
 import figures  # noqa: E402
 import harness  # noqa: E402
+import later  # noqa: E402
 import report  # noqa: E402
 import scenarios  # noqa: E402
 
@@ -60,7 +61,7 @@ class Flags(unittest.TestCase):
             with self.subTest(argv=argv):
                 with self.assertRaises(aqw_bench.Usage) as cm:
                     self.parse(*argv)
-                self.assertEqual(str(cm.exception), "--only takes one of: breaker, purge, dashboard, users, traces, fleet, ops, claim-check, replay")
+                self.assertEqual(str(cm.exception), "--only takes one of: breaker, purge, dashboard, users, traces, fleet, ops, claim-check, replay, later")
 
     def test_needs_setup(self):
         def status(*argv):
@@ -628,3 +629,42 @@ class FleetBench(unittest.TestCase):
         headings = [x for x in text.splitlines() if x.startswith("## ")]
         self.assertEqual(headings[-2:], ["## (l) Fleet (issue 37): the engine's fleet simulation, and flow limits "
                                          "on the happy path", "## Commands"])
+
+
+class LaterBench(unittest.TestCase):
+    """(o), issue 49: the engine tests' lines parsed, the section rendered."""
+
+    SPREAD = ("16 replica(s), 200 jobs every 0ns, 90s outage: 0 poisoned, 165 provider calls during the outage "
+              "(0.82 per job), 7 trip(s)")
+    BARE = ("bare 429 at 10/s, 50 replicas, 600 jobs: 2229 calls over 132.5s, 429 share 73.1 % overall; converged "
+            "after 7s, then 16.3 % of 669 calls answered 429")
+    CHANGE = ('limit 10 → 3 → 20/s, 12 replicas, 500 jobs in 182.1s: 429 share per phase ["97.4 % of 300 calls, '
+              '0.4 done/s", "35.2 % of 100 calls, 2.1 done/s", "0.0 % of 200 calls, 5.0 done/s"]')
+
+    def test_the_lines_parse(self):
+        s = later.parse_spread(self.SPREAD)
+        self.assertEqual((s["replicas"], s["poisoned"], s["calls"], s["per_job"], s["trips"]), (16, 0, 165, 0.82, 7))
+        b = later.parse_bare_429(self.BARE)
+        self.assertEqual((b["converged_s"], b["share_after"], b["calls_after"]), (7.0, 16.3, 669))
+        c = later.parse_limit_change(self.CHANGE)
+        self.assertEqual([p["share"] for p in c["phases"]], [97.4, 35.2, 0.0])
+        self.assertIsInstance(later.parse_spread("nothing"), str)
+        self.assertIsInstance(later.parse_bare_429("nothing"), str)
+        self.assertEqual(later.seconds("500ms"), 0.5)
+        self.assertEqual(later.seconds("0ns"), 0.0)
+        self.assertIsNone(later.seconds("soon"))
+
+    def test_the_section_has_the_issues_figures(self):
+        happy = dict(on=[dict(requests_per_message=3.07, cpu_ms=0.2)],
+                     off=[dict(requests_per_message=3.07, cpu_ms=0.2), None])
+        sim = later.parse_happy("happy path, 200 keyed jobs on one replica: 3.105 storage requests per message with "
+                                "the adaptive rate on, 3.105 off")
+        o = dict(runs=1, spread=[later.parse_spread(self.SPREAD)], bare_429=[later.parse_bare_429(self.BARE)],
+                 limit_change=[later.parse_limit_change(self.CHANGE)], happy=happy, happy_sim=[sim])
+        text = "\n".join(later.section(o, {"flow": 40}))
+        self.assertIn("| 16 replicas, 200 jobs at once, a 90 s outage: calls per job during the outage | 0.82 |", text)
+        self.assertIn("converged after (first 5 s window under 20 % refused) | 7 |", text)
+        self.assertIn("429 share after convergence | 16.3 |", text)
+        self.assertIn("| happy path, adaptive rate off: storage requests per message | 3.070 |", text)
+        self.assertIn("one replica, adaptive rate off: storage requests per message | 3.105 |", text)
+        self.assertEqual(later.section(None, {}), [])

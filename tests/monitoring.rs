@@ -241,7 +241,10 @@ fn allowed_labels(name: &str) -> &'static [&'static str] {
         "aqw_storage_requests_total" => &["operation", "status"],
         "aqw_trace_exports_total" => &["target", "result"],
         "aqw_breaker_state" | "aqw_function_paused" => &["function"],
-        "aqw_deferrals_total" | "aqw_adaptive_rate" | "aqw_throttles_total" => &["function"],
+        "aqw_deferrals_total"
+        | "aqw_adaptive_rate"
+        | "aqw_fleet_adaptive_rate"
+        | "aqw_throttles_total" => &["function"],
         "aqw_breaker_transitions_total" => &["function", "to"],
         other => panic!("{other} is not a known aqw metric: add it here with its labels"),
     }

@@ -123,14 +123,16 @@ fn status_queues(lines: &[QueueStatus]) {
 }
 
 /// Under the status table: each paused function and each breaker not
-/// closed, with who, when and why (in JSON they are on each queue's line);
-/// and where the learned call rates are (each replica's own, not stored).
+/// closed, with who, when and why, and each function's learned call rate
+/// while its provider throttles it (in JSON they are on each queue's line).
 pub fn status_control(lines: &[QueueStatus], output: Output) {
     if output == Output::Json {
         return;
     }
-    if !lines.is_empty() {
-        outln!("RATE     learned per replica from the providers' 429s (aqw.adaptiveRate), not stored: see the aqw_adaptive_rate{{function}} metric and the aqw.rate.adapted log");
+    for l in lines {
+        if let Some(r) = &l.learned_rate {
+            outln!("RATE     {} {}", l.function, r.describe());
+        }
     }
     for l in lines {
         if let Some(p) = &l.control.pause {

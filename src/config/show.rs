@@ -167,7 +167,7 @@ fn later_rows(app: &AppConfig, look: &Lookup, row: &mut impl FnMut(&str, String,
         look.host("/aqw/inProgressTimeout"),
     );
     let adaptive = if app.adaptive_rate {
-        "on (learns each provider's limit from its 429s; limits.callsPerSecond is the ceiling)"
+        "on (learns each provider's limit from its 429s; limits.callsPerSecond is the ceiling; the rate learned now: aqw status, aqw_fleet_adaptive_rate)"
     } else {
         "off"
     };

@@ -143,7 +143,12 @@ fn status_row(r: &StatusRow, v: &Viewer) -> Markup {
                     td.num { a href={ "/q/" (enc(&r.queue)) "?status=open" } { (s.open_records) } }
                     td { (or_dash(s.oldest_open.as_deref())) }
                     td { @if s.open_records > 0 { span.badge.bad { "firing" } } @else { span.badge.good { "ok" } } }
-                    td { (receiving(&r.queue, &s.control, v)) }
+                    td {
+                        (receiving(&r.queue, &s.control, v))
+                        @if let Some(rate) = &s.learned_rate {
+                            " " span.badge.bad { "throttled" } " " (rate.describe())
+                        }
+                    }
                 }
                 Err(e) => { td.error colspan="6" { "cannot read: " (Text(e)) } }
             }

@@ -41,11 +41,12 @@ mod col {
     pub(super) const EV_SUCCESSES: &str = "Successes";
     pub(super) const EV_LAST_SUCCESS: &str = "LastSuccessMs";
     pub(super) const EV_FAILING: &str = "Failing";
+    pub(super) const EV_RATE: &str = "LearnedRate";
 }
 
 /// One replica's breaker evidence for one function, as published. Times
 /// are Unix milliseconds on the publisher's clock.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct EvidenceRow {
     /// The function.
     pub function: String,
@@ -59,6 +60,9 @@ pub struct EvidenceRow {
     pub last_success_ms: Option<i64>,
     /// Its distinct failing jobs: each job, its first and latest failure.
     pub failing: Vec<(u64, i64, i64)>,
+    /// The call rate its adaptive rate learned (calls/s), while its
+    /// provider throttles it ([`crate::flow::adaptive::SHARE_FOR`]).
+    pub rate: Option<f64>,
 }
 
 impl EvidenceRow {
@@ -81,6 +85,8 @@ impl EvidenceRow {
             json!(self.last_success_ms.unwrap_or(0)),
         );
         e.insert(col::EV_FAILING.into(), json!(failing.join(",")));
+        // Always written (0: none), like the last success.
+        e.insert(col::EV_RATE.into(), json!(self.rate.unwrap_or(0.0)));
         e
     }
 
@@ -116,6 +122,9 @@ impl EvidenceRow {
                 .unwrap_or(0),
             last_success_ms: int(col::EV_LAST_SUCCESS).filter(|t| *t > 0),
             failing,
+            rate: e.get(col::EV_RATE).and_then(|v| v.as_f64()).filter(|r| {
+                r.is_finite() && *r > 0.0 && *r <= crate::flow::adaptive::MAX_SHARED_RATE
+            }),
         })
     }
 }
@@ -349,5 +358,37 @@ impl ControlStore {
             }
         }
         Err(StorageError::Conflict)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_evidence_row_round_trips_and_a_bad_rate_is_none() {
+        let row = EvidenceRow {
+            function: "F".into(),
+            replica: "00ab".into(),
+            at_ms: 1_000,
+            successes: 3,
+            last_success_ms: Some(900),
+            failing: vec![(0xabc, 10, 20)],
+            rate: Some(0.75),
+        };
+        let key = EvidenceRow::row_key("F", "00ab");
+        let mut e = row.to_entity();
+        assert_eq!(EvidenceRow::from_entity(&key, &e), Some(row.clone()));
+        for bad in [json!(0.0), json!(-1.0), json!(1e300), json!("fast")] {
+            e.insert(col::EV_RATE.into(), bad);
+            let back = EvidenceRow::from_entity(&key, &e).unwrap();
+            assert_eq!(back.rate, None);
+            assert_eq!(back.failing, row.failing, "the rest still reads");
+        }
+        let none = EvidenceRow { rate: None, ..row };
+        assert_eq!(
+            EvidenceRow::from_entity(&key, &none.to_entity()),
+            Some(none)
+        );
     }
 }

@@ -10,6 +10,7 @@ use crate::alert::{error_group, Alerts};
 use crate::breaker::{job_id, FleetView};
 use crate::breaker::{Admission, Attempt, Breaker, BreakerSettings, Transition};
 use crate::control::{Control, ControlStore, EvidenceRow, WATCH_INTERVAL};
+use crate::flow::adaptive::{fleet_rate, rate_due, AdaptiveRate};
 use crate::scrub::scrub;
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,6 +34,9 @@ pub struct Gate {
     alerts: Alerts,
     paused: AtomicBool,
     breaker: Option<Mutex<BreakerState>>,
+    /// The function's adaptive rate: shared on this replica's evidence
+    /// row while throttled, and the fleet's taken in at each watch read.
+    adaptive: Option<std::sync::Arc<AdaptiveRate>>,
 }
 
 struct BreakerState {
@@ -44,6 +48,8 @@ struct BreakerState {
     own_at: Option<time::OffsetDateTime>,
     /// Whether this replica's evidence row exists (to delete it once empty).
     evidence_row: bool,
+    /// The learned rate last published on it, and when.
+    published_rate: Option<(f64, Instant)>,
 }
 
 impl Gate {
@@ -79,9 +85,17 @@ impl Gate {
                     last_error: None,
                     own_at: None,
                     evidence_row: false,
+                    published_rate: None,
                 })
             }),
+            adaptive: None,
         }
+    }
+
+    /// Share the function's adaptive rate with the fleet through this gate.
+    pub fn with_adaptive(mut self, adaptive: std::sync::Arc<AdaptiveRate>) -> Self {
+        self.adaptive = Some(adaptive);
+        self
     }
 
     /// Name the storage account its control table is in (the connection
@@ -349,12 +363,13 @@ impl Gate {
     /// replica's own when it is due, or delete its row once it is empty.
     /// Costs nothing while no replica reports a failure.
     async fn exchange_evidence(&self, rows: &[EvidenceRow]) {
-        let Some(b) = &self.breaker else { return };
         let (me, now, wall_ms) = (
             self.replica(),
             Instant::now(),
             unix_ms(crate::clock::now_utc()),
         );
+        let share = self.take_in_fleet_rate(rows, &me, wall_ms);
+        let Some(b) = &self.breaker else { return };
         let mut stale = Vec::new();
         let mut fleet = FleetView::default();
         // First in line to trip on the fleet's evidence: the lowest id of
@@ -393,7 +408,7 @@ impl Gate {
             let t = b.breaker.observe_fleet(now, fleet, !first_in_line);
             (
                 t,
-                self.evidence_to_publish(&mut b, now, wall_ms, me.clone()),
+                self.evidence_to_publish(&mut b, (now, wall_ms), me.clone(), share),
             )
         };
         if let Some(t) = transition {
@@ -407,17 +422,18 @@ impl Gate {
     fn evidence_to_publish(
         &self,
         b: &mut BreakerState,
-        now: Instant,
-        wall_ms: i64,
+        (now, wall_ms): (Instant, i64),
         replica: String,
+        share: Option<f64>,
     ) -> Option<Option<EvidenceRow>> {
         let ev = b.breaker.evidence();
-        if ev.is_empty() {
+        if ev.is_empty() && share.is_none() {
             let delete = std::mem::take(&mut b.evidence_row);
             b.breaker.evidence_published();
+            b.published_rate = None;
             return delete.then_some(None);
         }
-        if !b.breaker.evidence_due() {
+        if !b.breaker.evidence_due() && !rate_due(b.published_rate, share, now) {
             return None;
         }
         let wall = |t: Instant| wall_ms - now.saturating_duration_since(t).as_millis() as i64;
@@ -431,10 +447,28 @@ impl Gate {
                 .failing()
                 .map(|(j, f)| (j, wall(f.first), wall(f.last)))
                 .collect(),
+            rate: share,
         };
+        b.published_rate = share.map(|r| (r, now));
         b.breaker.evidence_published();
         b.evidence_row = true;
         Some(Some(row))
+    }
+
+    /// The rest of the fleet's learned rates for this function: a replica
+    /// not throttled yet adopts their median, and the gauge
+    /// `aqw_fleet_adaptive_rate` shows their sum with this replica's. Returns
+    /// this replica's own rate to share (while its provider throttles it).
+    fn take_in_fleet_rate(&self, rows: &[EvidenceRow], me: &str, wall_ms: i64) -> Option<f64> {
+        let a = self.adaptive.as_ref()?;
+        let others = fleet_rate(rows, &self.function, Some(me), wall_ms);
+        if let Some(f) = &others {
+            a.adopt(f);
+        }
+        let own = a.to_share();
+        let total = others.map_or(0.0, |f| f.sum) + own.unwrap_or(0.0);
+        metrics::gauge!("aqw_fleet_adaptive_rate", "function" => self.function.clone()).set(total);
+        own
     }
 
     async fn write_evidence(

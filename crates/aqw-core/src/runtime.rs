@@ -45,7 +45,7 @@ pub struct FunctionRuntime {
     pub flow: Option<Arc<crate::flow::Flow>>,
     /// The call rate learned from the provider's throttling
     /// (`aqw.adaptiveRate`): inactive until its first 429.
-    pub adaptive: crate::flow::adaptive::AdaptiveRate,
+    pub adaptive: Arc<crate::flow::adaptive::AdaptiveRate>,
     /// Where the expiry guard's alert goes.
     pub alerts: Alerts,
     /// When this replica last raised the expiry alert for the function.
@@ -82,6 +82,11 @@ impl FunctionRuntime {
             &function.limits,
         );
         let control = ControlStore::new(control_table);
+        let adaptive = Arc::new(crate::flow::adaptive::AdaptiveRate::new(
+            &function.name,
+            app.adaptive_rate,
+            function.limits.calls_per_second,
+        ));
         let gate = Gate::new(
             &function.name,
             &worker_id,
@@ -89,12 +94,8 @@ impl FunctionRuntime {
             control,
             alerts.clone(),
         )
-        .on_account(&function.connection.setting);
-        let adaptive = crate::flow::adaptive::AdaptiveRate::new(
-            &function.name,
-            app.adaptive_rate,
-            function.limits.calls_per_second,
-        );
+        .on_account(&function.connection.setting)
+        .with_adaptive(adaptive.clone());
         Self {
             adaptive,
             policy: app.policy_for(&function),

@@ -390,6 +390,59 @@ mod tests {
         assert_eq!(verdict(&t, &s, t0), None, "9 of 11 is under 90 %");
     }
 
+    /// The boundary of a partial outage (docs/design.md, "How the breaker
+    /// decides"): before a replica has read the others' rows, its tally is
+    /// its own, and retries bring it failing jobs other replicas took first
+    /// (under the default retry a failing job is attempted about three
+    /// times in its first 4 s, on any replica) but none of their successes.
+    /// At 3 jobs in 4 failing over 4 replicas its own view holds about 3/4
+    /// of the failing jobs and 1/4 of the successes: 56 of 62, over the
+    /// ratio, so it trips; with the others' rows read, the fleet's tally is
+    /// 75 of 100, under it.
+    #[test]
+    fn a_heavy_partial_outage_trips_on_own_evidence_until_the_fleet_is_read() {
+        let s = BreakerSettings::default();
+        let t0 = Instant::now();
+        let mut own = Evidence::default();
+        for i in 0..6 {
+            own.success(t0, job_id(&format!("ok{i}")), s.window);
+        }
+        for i in 0..56 {
+            own.failure(t0 + Duration::from_secs(1), job_id(&format!("bad{i}")));
+        }
+        let now = t0 + Duration::from_secs(3);
+        let alone = tally(&own, &FleetView::default(), None, now, &s);
+        assert_eq!((alone.failing, alone.successes), (56, 6));
+        assert_eq!(verdict(&alone, &s, now), Some(Rule::Volume), "90.3 %");
+        let failing = (56..75)
+            .map(|i| {
+                let f = Failing {
+                    first: t0,
+                    last: t0 + Duration::from_secs(1),
+                };
+                (job_id(&format!("bad{i}")), f)
+            })
+            .collect();
+        let fleet = FleetView {
+            successes: 19,
+            failing,
+            last_success: Some(t0),
+        };
+        let t = tally(&own, &fleet, None, now, &s);
+        assert_eq!((t.failing, t.successes), (75, 25));
+        assert_eq!(verdict(&t, &s, now), None, "75 %: the ratio decides");
+        // Two in three: 50 of 58 (86 %) at most in its own view, under it.
+        let mut own = Evidence::default();
+        for i in 0..8 {
+            own.success(t0, job_id(&format!("ok{i}")), s.window);
+        }
+        for i in 0..50 {
+            own.failure(t0 + Duration::from_secs(1), job_id(&format!("bad{i}")));
+        }
+        let alone = tally(&own, &FleetView::default(), None, now, &s);
+        assert_eq!(verdict(&alone, &s, now), None);
+    }
+
     #[test]
     fn memory_stays_bounded() {
         let s = settings();

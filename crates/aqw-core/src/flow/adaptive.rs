@@ -104,6 +104,30 @@ impl ClientRateLimiter {
         self.enabled.then_some(self.fill_rate)
     }
 
+    /// Start active at `rate` calls/s, the rate the rest of the fleet
+    /// learned, as if this limiter had been cut to it at `now`: from there
+    /// it grows back along the cubic curve and is cut by its own
+    /// throttles. Only while inactive (a limiter that learned its own rate
+    /// keeps it); a rate that is not a finite positive number is ignored.
+    pub fn adopt(&mut self, now: f64, rate: f64) -> bool {
+        if self.enabled || !rate.is_finite() || rate <= 0.0 {
+            return false;
+        }
+        let mut rate = rate.max(MIN_FILL_RATE);
+        if let Some(c) = self.ceiling {
+            rate = rate.min(c);
+        }
+        self.enabled = true;
+        self.last_max_rate = rate;
+        self.time_window = 0.0;
+        self.last_throttle = now;
+        self.refill(now);
+        self.fill_rate = rate;
+        self.max_capacity = rate.max(MIN_CAPACITY);
+        self.capacity = self.capacity.min(self.max_capacity);
+        true
+    }
+
     /// Take tokens for up to `want` calls at `now`: how many may go now
     /// (all while inactive), or how many seconds until one may.
     pub fn take(&mut self, now: f64, want: u32) -> Result<u32, f64> {
@@ -324,6 +348,141 @@ impl AdaptiveRate {
     pub fn rate(&self) -> Option<f64> {
         self.state.lock().unwrap().limiter.rate()
     }
+
+    /// The learned rate to share with the fleet: while this replica's
+    /// provider throttled it within [`SHARE_FOR`] (an adopted rate is not
+    /// shared again: it is the fleet's, not this replica's finding).
+    pub fn to_share(&self) -> Option<f64> {
+        if !self.on {
+            return None;
+        }
+        let s = self.state.lock().unwrap();
+        let recent = s.last_throttle.is_some_and(|t| t.elapsed() < SHARE_FOR);
+        s.limiter.rate().filter(|_| recent)
+    }
+
+    /// The fleet's learned rates, as read from the control rows: a replica
+    /// its provider has not throttled yet starts at the fleet's median
+    /// per-replica rate (a replica that joins a throttled fleet, or one
+    /// that has not called yet) instead of at full speed, and learns on
+    /// from there. Returns whether it adopted it.
+    pub fn adopt(&self, fleet: &FleetRate) -> bool {
+        if !self.on {
+            return false;
+        }
+        let now = self.now();
+        let adopted = self.state.lock().unwrap().limiter.adopt(now, fleet.median);
+        if adopted {
+            tracing::info!(event = "aqw.rate.adopted", function = %self.function, calls_per_second = fleet.median, replicas = fleet.replicas, "the provider throttles the fleet: starting at the rate the other replicas learned");
+        }
+        adopted
+    }
+}
+
+/// How long after its provider's last throttle a replica keeps sharing
+/// its learned rate on its evidence row: long enough to show an episode
+/// in `aqw status`, short enough that a row does not outlive it by much.
+pub const SHARE_FOR: Duration = Duration::from_secs(300);
+
+/// While sharing, a replica republishes its rate when it moved by this
+/// share since the last publication, at most every [`REPUBLISH_EVERY`].
+pub const REPUBLISH_CHANGE: f64 = 0.25;
+
+/// See [`REPUBLISH_CHANGE`].
+pub const REPUBLISH_EVERY: Duration = Duration::from_secs(10);
+
+/// While sharing, a replica republishes its rate at least this often, so
+/// a row's age says whether its replica is still throttled.
+pub const REFRESH_EVERY: Duration = Duration::from_secs(60);
+
+/// A published rate older than this is no longer counted: its replica
+/// stopped sharing (or is gone) without saying so.
+pub const RATE_FRESH: Duration = Duration::from_secs(150);
+
+/// The highest rate a row may carry (calls/s): anything above is input
+/// gone wrong, ignored.
+pub const MAX_SHARED_RATE: f64 = 1_000_000.0;
+
+/// The learned rates the replicas of one function publish, counted
+/// together (fresh rows only).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FleetRate {
+    /// Replicas sharing a learned rate.
+    pub replicas: u32,
+    /// Their rates added up: the fleet's learned calls per second.
+    pub sum: f64,
+    /// The lowest per-replica rate.
+    pub min: f64,
+    /// The median per-replica rate.
+    pub median: f64,
+    /// The highest per-replica rate.
+    pub max: f64,
+    /// How old the newest of the rows is, in seconds.
+    pub newest_age_s: f64,
+}
+
+impl FleetRate {
+    /// For a person: "3.20 calls/s learned from the provider's throttling
+    /// across 4 throttled replica(s) (each 0.61-1.10, median 0.80; newest
+    /// 4s old)".
+    pub fn describe(&self) -> String {
+        format!(
+            "{:.2} calls/s learned from the provider's throttling across {} throttled replica(s) (each {:.2}-{:.2}, median {:.2}; newest {:.0}s old)",
+            self.sum, self.replicas, self.min, self.max, self.median, self.newest_age_s
+        )
+    }
+}
+
+/// The fleet's learned rate for `function` from its evidence rows (read at
+/// wall time `now_ms`), rows of `except` left out; `None` when no replica
+/// shares one.
+pub fn fleet_rate<'a>(
+    rows: impl IntoIterator<Item = &'a crate::control::EvidenceRow>,
+    function: &str,
+    except: Option<&str>,
+    now_ms: i64,
+) -> Option<FleetRate> {
+    let fresh = RATE_FRESH.as_millis() as i64;
+    let mut rates: Vec<(f64, i64)> = rows
+        .into_iter()
+        .filter(|r| r.function == function && Some(r.replica.as_str()) != except)
+        .filter_map(|r| Some((r.rate?, now_ms.saturating_sub(r.at_ms).max(0))))
+        .filter(|(_, age)| *age <= fresh)
+        .collect();
+    if rates.is_empty() {
+        return None;
+    }
+    rates.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let n = rates.len();
+    let median = if n % 2 == 1 {
+        rates[n / 2].0
+    } else {
+        (rates[n / 2 - 1].0 + rates[n / 2].0) / 2.0
+    };
+    Some(FleetRate {
+        replicas: n as u32,
+        sum: rates.iter().map(|r| r.0).sum(),
+        min: rates[0].0,
+        median,
+        max: rates[n - 1].0,
+        newest_age_s: rates.iter().map(|r| r.1).min().unwrap_or(0) as f64 / 1000.0,
+    })
+}
+
+/// Whether this replica's learned rate should be (re)published now: it
+/// began or stopped sharing, moved by [`REPUBLISH_CHANGE`] (after
+/// [`REPUBLISH_EVERY`]), or was last published [`REFRESH_EVERY`] ago.
+pub fn rate_due(published: Option<(f64, Instant)>, share: Option<f64>, now: Instant) -> bool {
+    match (published, share) {
+        (None, None) => false,
+        (None, Some(_)) | (Some(_), None) => true,
+        (Some((p, at)), Some(r)) => {
+            let since = now.saturating_duration_since(at);
+            (since >= REPUBLISH_EVERY && (r - p).abs() >= REPUBLISH_CHANGE * p)
+                || since >= REFRESH_EVERY
+        }
+    }
 }
 
 #[cfg(test)]
@@ -430,6 +589,92 @@ mod tests {
         let mut none = ClientRateLimiter::new(0.0, Some(f64::NAN));
         none.update(1.0, true);
         assert!(none.rate().unwrap().is_finite(), "a NaN ceiling is none");
+    }
+
+    #[test]
+    fn an_inactive_limiter_adopts_the_fleets_rate_once() {
+        let mut l = ClientRateLimiter::new(0.0, Some(2.0));
+        assert!(!l.adopt(1.0, f64::NAN), "no rate");
+        assert!(!l.adopt(1.0, -1.0));
+        assert!(l.adopt(1.0, 5.0));
+        assert!(close(l.rate().unwrap(), 2.0), "the ceiling holds");
+        assert!(!l.adopt(2.0, 0.5), "once active it keeps its own");
+        let mut t = 1.0;
+        drive(&mut l, &mut t, 30.0, 2.0, false);
+        assert!(close(l.rate().unwrap(), 2.0));
+        let mut free = ClientRateLimiter::new(0.0, None);
+        assert!(free.adopt(0.0, 0.2));
+        drive(&mut free, &mut t, 60.0, 0.2, false);
+        assert!(free.rate().unwrap() > 0.2, "grows back: {:?}", free.rate());
+    }
+
+    fn row(replica: &str, rate: Option<f64>, at_ms: i64) -> crate::control::EvidenceRow {
+        crate::control::EvidenceRow {
+            function: "F".into(),
+            replica: replica.into(),
+            at_ms,
+            rate,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_fleets_rate_counts_fresh_rows_of_the_function() {
+        let now = 1_000_000;
+        let rows = vec![
+            row("a", Some(1.0), now - 1_000),
+            row("b", Some(3.0), now - 5_000),
+            row("c", Some(2.0), now),
+            row("d", None, now),
+            row("e", Some(9.0), now - RATE_FRESH.as_millis() as i64 - 1),
+            crate::control::EvidenceRow {
+                function: "G".into(),
+                ..row("f", Some(7.0), now)
+            },
+        ];
+        let f = fleet_rate(&rows, "F", None, now).unwrap();
+        assert_eq!(f.replicas, 3);
+        assert!(close(f.sum, 6.0) && close(f.min, 1.0) && close(f.max, 3.0));
+        assert!(close(f.median, 2.0) && close(f.newest_age_s, 0.0));
+        let f = fleet_rate(&rows, "F", Some("c"), now).unwrap();
+        assert!(close(f.median, 2.0) && close(f.newest_age_s, 1.0), "{f:?}");
+        assert_eq!(fleet_rate(&rows, "H", None, now), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rate_is_republished_when_it_moves_or_ages() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        assert!(!rate_due(None, None, t0));
+        assert!(rate_due(None, Some(1.0), t0), "began sharing");
+        assert!(rate_due(Some((1.0, t0)), None, t0), "stopped");
+        assert!(!rate_due(Some((1.0, t0)), Some(0.5), t0 + s(2)), "too soon");
+        assert!(rate_due(Some((1.0, t0)), Some(0.5), t0 + s(10)));
+        assert!(
+            !rate_due(Some((1.0, t0)), Some(1.1), t0 + s(30)),
+            "moved little"
+        );
+        assert!(
+            rate_due(Some((1.0, t0)), Some(1.1), t0 + s(60)),
+            "refreshed"
+        );
+        let a = AdaptiveRate::new("F", true, None);
+        assert_eq!(a.to_share(), None, "never throttled");
+        a.record(true, s(600));
+        assert!(a.to_share().is_some());
+        tokio::time::advance(SHARE_FOR).await;
+        assert_eq!(a.to_share(), None, "the episode is over");
+        let fresh = AdaptiveRate::new("F", true, None);
+        let fleet = fleet_rate(&[row("a", Some(0.4), 0)], "F", None, 0).unwrap();
+        assert!(fresh.adopt(&fleet));
+        assert_eq!(fresh.rate(), Some(0.4));
+        assert_eq!(
+            fresh.to_share(),
+            None,
+            "an adopted rate is not shared again"
+        );
+        let off = AdaptiveRate::new("F", false, None);
+        assert!(!off.adopt(&fleet));
     }
 
     #[tokio::test(start_paused = true)]

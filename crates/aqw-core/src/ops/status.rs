@@ -26,6 +26,10 @@ pub struct QueueStatus {
     pub polling_workers: usize,
     /// The operator's pause and the breaker state a worker published.
     pub control: crate::control::Control,
+    /// The call rate the function's replicas learned from its provider's
+    /// throttling, as they share it on their evidence rows while throttled
+    /// (`None`: no replica is throttled now).
+    pub learned_rate: Option<crate::flow::adaptive::FleetRate>,
 }
 
 impl QueueStatus {
@@ -53,8 +57,15 @@ pub async fn status(ops: &QueueOps) -> OpsResult<QueueStatus> {
         .filter(|r| r.status == RecordStatus::Open)
         .collect();
     let oldest_open = open.iter().map(|r| r.poisoned_at.clone()).min();
-    let control = match &ops.function {
-        Some(f) => ops.control.get(&f.name).await?,
+    // The whole control partition in one query: the function's row and the
+    // replicas' evidence rows, where a throttled replica shares its rate.
+    let (control, learned_rate) = match &ops.function {
+        Some(f) => {
+            let mut rows = ops.control.all().await?;
+            let now_ms = (crate::clock::now_utc().unix_timestamp_nanos() / 1_000_000) as i64;
+            let rate = crate::flow::adaptive::fleet_rate(&rows.evidence, &f.name, None, now_ms);
+            (rows.functions.remove(&f.name).unwrap_or_default(), rate)
+        }
         None => Default::default(),
     };
     let beats = ops.heartbeats.last_polls(&ops.queue).await?;
@@ -75,6 +86,7 @@ pub async fn status(ops: &QueueOps) -> OpsResult<QueueStatus> {
         open_records: open.len(),
         oldest_open,
         control,
+        learned_rate,
         last_poll: beats.first().map(|b| b.last_poll.clone()),
         polling_workers,
     })

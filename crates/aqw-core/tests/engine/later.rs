@@ -137,6 +137,97 @@ async fn a_limit_that_changes_mid_run_is_followed() {
     env.provider.assert_applied_once(&jobs);
 }
 
+/// A replica its provider throttles shares its learned rate on its
+/// evidence row, where `aqw status` reads the fleet's (the sum, how many
+/// replicas, the newest row's age); once the provider stops throttling,
+/// the rows go after `SHARE_FOR` and the status shows none.
+#[tokio::test(start_paused = true)]
+async fn the_learned_rate_is_shared_and_shown_by_status() {
+    let limit = Arc::new(AtomicU32::new(3));
+    let env = Env::new(limited_to(limit.clone()));
+    let jobs = env.enqueue_many("s", 120).await;
+    let fleet: Vec<Running> = (0..4).map(|_| start_replica(&env)).collect();
+    let ops = env.ops();
+    let learned = || async {
+        aqw_core::ops::status(&ops)
+            .await
+            .expect("status")
+            .learned_rate
+    };
+    env.wait_until("three replicas share a rate", minutes(5), || async {
+        learned().await.is_some_and(|r| r.replicas >= 3)
+    })
+    .await;
+    let r = learned().await.expect("a learned rate");
+    println!("shared while throttled at 3/s: {}", r.describe());
+    assert!(r.sum > 0.0 && r.sum < 100.0, "{r:?}");
+    assert!(r.min <= r.median && r.median <= r.max, "{r:?}");
+    assert!(r.newest_age_s <= 150.0, "{r:?}");
+    limit.store(1000, Ordering::Relaxed);
+    env.drained(minutes(30)).await;
+    env.wait_until("the episode over, the rows gone", minutes(15), || async {
+        learned().await.is_none()
+    })
+    .await;
+    for f in fleet {
+        f.stop().await;
+    }
+    assert!(env.records().await.is_empty(), "nothing poisoned");
+    env.provider.assert_applied_once(&jobs);
+}
+
+/// The adaptive rate costs nothing on the happy path: 200 keyed jobs on
+/// one replica, nothing throttled, make the same storage requests per
+/// message with `aqw.adaptiveRate` on (the default) and off (the test's
+/// own depth polls, `queue.metadata`, left out).
+#[tokio::test(start_paused = true)]
+async fn the_adaptive_rate_costs_no_request_on_the_happy_path() {
+    let mut per_message = Vec::new();
+    for on in [true, false] {
+        let env = Env::new(|_, _| Behave::Succeed);
+        let jobs = env.enqueue_many("h", 200).await;
+        env.storage.reset_request_counts();
+        let worker = env
+            .builder()
+            .configure(move |app| app.adaptive_rate = on)
+            .build()
+            .expect("valid settings");
+        let running = start(worker);
+        env.drained(minutes(5)).await;
+        running.stop().await;
+        env.provider.assert_applied_once(&jobs);
+        let counts = env.storage.request_counts();
+        let requests: u64 = counts
+            .iter()
+            .filter(|(op, _)| op.as_str() != "queue.metadata")
+            .map(|(_, n)| n)
+            .sum();
+        per_message.push(requests as f64 / jobs.len() as f64);
+        let rows = aqw_core::control::ControlStore::new(aqw_core::storage::Storage::table(
+            &env.storage,
+            &env.control_table,
+        ))
+        .all()
+        .await
+        .expect("read the control rows");
+        assert!(
+            rows.evidence.is_empty(),
+            "no evidence row: {:?}",
+            rows.evidence
+        );
+    }
+    println!(
+        "happy path, 200 keyed jobs on one replica: {:.3} storage requests per message with the adaptive rate on, {:.3} off",
+        per_message[0], per_message[1]
+    );
+    assert!(
+        (per_message[0] - per_message[1]).abs() < 0.05,
+        "on {} vs off {}",
+        per_message[0],
+        per_message[1]
+    );
+}
+
 /// A provider that answers 409 "in progress" for `lasting` after a key's
 /// first call, then applies it.
 fn in_progress_for(lasting: Duration) -> impl Fn(&Job, usize) -> Behave + Send + Sync + 'static {

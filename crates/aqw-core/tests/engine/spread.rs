@@ -211,17 +211,18 @@ async fn a_few_keys_failing_alone_still_reach_poison() {
 }
 
 /// A partial outage under the default retry, over four replicas: the
-/// failing keys (one in five, then three in four) were failing among
+/// failing keys (one in five; the boundary is three in four) were failing among
 /// successes, so their tail, still retrying after the last success, is no
 /// quiet streak, and their share stays under the ratio: each reaches
 /// poison after its five attempts, the rest run once, the breaker never
 /// opens.
 #[tokio::test(start_paused = true)]
 async fn a_partial_outage_under_the_default_retry_never_trips() {
-    // One key in five. Three in four (75 %, under the 90 % ratio) tripped
-    // the fleet's volume rule in about one run in six (the successes of
-    // other replicas are heard a read or two after their failures): a known
-    // gap, left for the seeded simulation (issue 50) to pin down.
+    // One key in five. Three in four is the boundary (docs/design.md,
+    // "Where a partial outage becomes an outage"): before a replica has
+    // read the others' rows, its own view holds the retries of their
+    // failing jobs but not their successes, about 3b / (3b + 1 - b) failing,
+    // 90 % at b = 3/4; it tripped in about one run in six.
     for bad_share in [5usize] {
         let env = Env::new(|job, _| {
             if is_bad(job) {
