@@ -41,7 +41,7 @@
 //! | how a storage request reaches the wire: hyper directly, reqwest behind a proxy; pool and request timeouts | `src/storage/transport.rs` |
 //! | SharedKey signing of each try (string to sign, HMAC) | `src/storage/shared_key.rs` |
 //! | which identity signs (workload, managed, developer tools) | `src/storage/identity.rs` |
-//! | the CLI: arguments and help, rendering, exit codes decided once; the purge commands; durable group operations | `src/cli/` (`mod.rs`, `args.rs`, `commands.rs`, `render.rs`, `exit.rs`, `purge.rs`, `keys.rs` the key commands, `report.rs` `poison report`, `poison_list.rs` `poison list` (its JSON redacted unless `--unredacted`), `ops.rs` `aqw ops` (durable group operations)) |
+//! | the CLI: arguments and help, rendering, exit codes decided once; the purge commands; durable group operations | `src/cli/` (`mod.rs`, `args.rs`, `commands.rs`, `render.rs`, `exit.rs`, `purge.rs`, `keys.rs` the key commands, `keys_args.rs` their arguments, `report.rs` `poison report`, `poison_list.rs` `poison list` (its JSON redacted unless `--unredacted`), `ops.rs` `aqw ops` (durable group operations)) |
 //! | the binary: parse, run, exit; nothing else | `src/main.rs` |
 //! | this map, and the module list | `src/lib.rs` |
 //! | benchmarks: aqw vs the minimal ceiling loop vs a Python worker on Microsoft's SDKs | `scripts/bench.sh` (driver) → `bench/aqw_bench.py` (`scenarios.py`, `figures.py`, `report.py`, `harness.py`; tests `test_aqw_bench.py`), `examples/bench_worker.rs`, `examples/ceiling.rs`, `bench/python_worker.py` → `BENCHMARKS.md` |

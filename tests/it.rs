@@ -19,6 +19,7 @@ mod common;
 
 mod bad_input;
 mod claim_check;
+mod claim_check_keys;
 mod claim_check_refs;
 mod connections;
 mod contract;
@@ -35,6 +36,7 @@ mod flex;
 #[cfg(feature = "failpoints")]
 mod failpoints;
 mod free_text;
+mod gates;
 mod hostile_input;
 mod identity;
 mod identity_https;

@@ -48,13 +48,8 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Failure> {
         Command::Keys(KeysCmd::Check { function, key }) => {
             super::keys::keys_check(&cli.app, &function, &key, output).await
         }
-        Command::Keys(KeysCmd::NewProviderKey {
-            function,
-            key,
-            reason,
-            by,
-        }) => {
-            super::keys::new_provider_key(&cli.app, (&function, &key), &reason, &by, output).await
+        Command::Keys(cmd @ KeysCmd::NewProviderKey { .. }) => {
+            super::keys::new_provider_key(&cli.app, cmd, output).await
         }
         Command::Keys(KeysCmd::Purge(a)) => super::purge::keys(&load(&cli.app)?, a, output).await,
     }
@@ -234,6 +229,11 @@ async fn provider_answers(
     opts: &ReplayOptions,
 ) -> Result<std::collections::HashMap<String, String>, Failure> {
     let mut answers = std::collections::HashMap::new();
+    // A provider that dedupes Idempotency-Key needs no answer to pass the
+    // uncertain gate: no lookups (an outage would make each one wait).
+    if ops::is_idempotent(ops.function.as_ref()) {
+        return Ok(answers);
+    }
     let Some(lookup) = app
         .function_for_queue(&ops.queue)
         .and_then(|f| aqw::handlers::lookup::of(&f.handler))

@@ -102,14 +102,23 @@ pub(super) async fn keys_check(
     )))
 }
 
-/// `keys new-provider-key`: a fresh provider key for a key not yet done.
+/// `keys new-provider-key`: a fresh provider key for a key not yet done;
+/// with `--dry-run`, what would change, nothing changed.
 pub(super) async fn new_provider_key(
     app_dir: &Path,
-    (function, key): (&str, &str),
-    reason: &str,
-    by: &str,
+    cmd: KeysCmd,
     output: Output,
 ) -> Result<Exit, Failure> {
+    let KeysCmd::NewProviderKey {
+        function,
+        key,
+        reason,
+        by,
+        dry_run,
+    } = cmd
+    else {
+        unreachable!("new_provider_key is called with KeysCmd::NewProviderKey only");
+    };
     if reason.trim().is_empty() || by.trim().is_empty() {
         return Err(Failure::usage(
             "give --reason (the provider's confirmation) and --by (or set $USER)",
@@ -117,17 +126,38 @@ pub(super) async fn new_provider_key(
     }
     let app = load(app_dir)?;
     let f = app
-        .function(function)
+        .function(&function)
         .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
     let key = aqw::idempotency::IdempotencyKey::new(key).map_err(Failure::usage)?;
     let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
     let keys =
         aqw::idempotency::KeyStore::new(aqw::storage::Storage::table(&storage, &app.keys_table));
-    let replaced = keys
-        .replace_provider_key(function, &key, by, reason)
-        .await
-        .map_err(|e| Failure::runtime(format!("{e:#}")))?;
-    let (code, json, text) = match replaced {
+    let (code, json, text) = if dry_run {
+        let rehearsed = keys
+            .rehearse_provider_key(&function, &key)
+            .await
+            .map_err(|e| Failure::runtime(format!("{e:#}")))?;
+        rehearsal(&key, &reason, &by, rehearsed)
+    } else {
+        let replaced = keys
+            .replace_provider_key(&function, &key, &by, &reason)
+            .await
+            .map_err(|e| Failure::runtime(format!("{e:#}")))?;
+        replacement(&key, replaced)
+    };
+    if output == Output::Json {
+        render::print_json(&json);
+    } else {
+        outln!("{text}");
+    }
+    Ok(code)
+}
+
+type Said = (Exit, serde_json::Value, String);
+
+/// What a replacement did: the new provider key, or why none.
+fn replacement(key: &aqw::idempotency::IdempotencyKey, replaced: Result<String, String>) -> Said {
+    match replaced {
         Ok(new) => (
             Exit::Ok,
             serde_json::json!({"key": key.as_str(), "replaced": true, "providerKey": new}),
@@ -136,16 +166,48 @@ pub(super) async fn new_provider_key(
                 key.as_str()
             ),
         ),
-        Err(why) => (
-            Exit::NeedsAPerson,
-            serde_json::json!({"key": key.as_str(), "replaced": false, "why": why}),
-            format!("not replaced: {why}"),
-        ),
-    };
-    if output == Output::Json {
-        render::print_json(&json);
-    } else {
-        outln!("{text}");
+        Err(why) => refused(key, why, false),
     }
-    Ok(code)
+}
+
+/// What a replacement would do: the key's state and the provider key it
+/// would replace, or why it would be refused.
+fn rehearsal(
+    key: &aqw::idempotency::IdempotencyKey,
+    reason: &str,
+    by: &str,
+    rehearsed: Result<aqw::idempotency::KeyRecord, String>,
+) -> Said {
+    match rehearsed {
+        Ok(rec) => (
+            Exit::Ok,
+            serde_json::json!({"key": key.as_str(), "dryRun": true, "wouldReplace": true, "replaced": false,
+                "providerKey": rec.provider_key, "keyState": rec.state_summary(),
+                "by": by, "reason": reason}),
+            format!(
+                "dry run: key {} ({}): provider key {} would be replaced by a new one, \
+                 kept in its history with by {by} and reason {reason:?}; nothing changed. \
+                 A new provider key is a new request to the provider: only where it confirms \
+                 no effect under the old one (aqw keys check)",
+                key.as_str(),
+                rec.state_summary(),
+                rec.provider_key
+            ),
+        ),
+        Err(why) => refused(key, why, true),
+    }
+}
+
+fn refused(key: &aqw::idempotency::IdempotencyKey, why: String, dry_run: bool) -> Said {
+    let mut json = serde_json::json!({"key": key.as_str(), "replaced": false, "why": why});
+    if dry_run {
+        json["dryRun"] = serde_json::json!(true);
+        json["wouldReplace"] = serde_json::json!(false);
+    }
+    let text = if dry_run {
+        format!("dry run: would not be replaced: {why}")
+    } else {
+        format!("not replaced: {why}")
+    };
+    (Exit::NeedsAPerson, json, text)
 }

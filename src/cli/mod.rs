@@ -54,6 +54,7 @@ pub mod args;
 mod commands;
 pub mod exit;
 mod keys;
+mod keys_args;
 pub mod ops;
 mod poison_list;
 mod purge;

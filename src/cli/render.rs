@@ -389,11 +389,17 @@ pub fn poison_replay(report: &ReplayReport, waited: bool, output: Output) {
             (None, Some(d)) => d.clone(),
             _ => String::new(),
         };
-        let conf = match (i.confirmed, &i.provider) {
-            (Some(true), Some(p)) => format!(" [completed ({p})]"),
-            (Some(true), None) => " [done]".into(),
-            (Some(false), _) => " [NOT done yet]".into(),
-            (None, _) => String::new(),
+        let conf = match (i.confirmed, &i.provider, &i.poisoned_again) {
+            (_, _, Some(p)) => format!(
+                " [POISONED AGAIN as {} ({}): {}]",
+                p.id,
+                p.kind,
+                one_line(&p.error)
+            ),
+            (Some(true), Some(p), _) => format!(" [completed ({p})]"),
+            (Some(true), None, _) => " [done]".into(),
+            (Some(false), _, _) => " [NOT done yet]".into(),
+            (None, _, _) => String::new(),
         };
         let key = match (&i.key, &i.key_state) {
             (Some(k), Some(st)) if report.dry_run => format!("  key {k} ({st})"),
@@ -405,12 +411,7 @@ pub fn poison_replay(report: &ReplayReport, waited: bool, output: Output) {
             i.action.as_str(),
             extra
         );
-        if let Some(pk) = &i.uncertain_provider_key {
-            outln!("    ! an attempt may have taken effect (provider key {pk})");
-            if let Some(check) = &i.provider_check {
-                outln!("      the provider says: {check}");
-            }
-        }
+        print_replay_notes(i, report);
     }
     outln!(
         "{}: {} selected, {} replayed, {} already done, {} not replayed{}",
@@ -420,11 +421,45 @@ pub fn poison_replay(report: &ReplayReport, waited: bool, output: Output) {
         report.already_done,
         report.failed,
         if waited {
-            format!(", {} not confirmed done", report.unconfirmed)
+            format!(
+                ", {} poisoned again, {} not confirmed done",
+                report.poisoned_again, report.unconfirmed
+            )
         } else {
             String::new()
         }
     );
+}
+
+/// Beneath a replay row: the uncertain attempt (and whether the provider
+/// dedupes it), and a saving provider's warning with the way out.
+fn print_replay_notes(i: &aqw::ops::ReplayItem, report: &ReplayReport) {
+    if let Some(pk) = &i.uncertain_provider_key {
+        let dedupes = if i.provider_dedupes {
+            ": the provider honours Idempotency-Key (handler.idempotent), a same-key replay cannot double it; no --uncertain-checked needed"
+        } else {
+            ""
+        };
+        outln!("    ! an attempt may have taken effect (provider key {pk}){dedupes}");
+        if let Some(check) = &i.provider_check {
+            outln!("      the provider says: {check}");
+        }
+    }
+    if let Some(why) = &i.saved_failure {
+        let key = i.key.as_deref().map_or("KEY".into(), one_line);
+        let function = report
+            .function
+            .as_deref()
+            .map_or("FUNCTION".into(), one_line);
+        outln!("    ! the provider saves failures ({}): a same-key replay gets the saved failure back (replayed_failure)", one_line(why));
+        outln!("      the way out, once the cause is fixed: aqw keys check {function} {key}");
+        outln!("      if it says \"not applied\": aqw keys new-provider-key {function} {key} --reason \"…\" --dry-run, then without --dry-run");
+        outln!(
+            "      then: aqw poison replay {} --id {} --wait 00:02:00",
+            one_line(&report.queue),
+            one_line(&i.id)
+        );
+    }
 }
 
 /// `keys list`: one line per key (status, attempts, uncertain attempts,

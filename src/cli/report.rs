@@ -129,6 +129,21 @@ fn print_details(r: &ReportRow, indent: &str) {
             one_line(&r.function)
         );
     }
+    match (&r.put_as, &r.created) {
+        (Some(m), Some(c)) => outln!(
+            "{indent}created:   message {} was poisoned again as record {}",
+            one_line(m),
+            one_line(c)
+        ),
+        (Some(m), None) => outln!("{indent}put as:    message {}", one_line(m)),
+        _ => {}
+    }
+    if let Some(from) = &r.created_by {
+        outln!(
+            "{indent}from:      the replay or fix of record {}",
+            one_line(from)
+        );
+    }
     if let Some(n) = &r.new_key {
         outln!(
             "{indent}new key:   {} (fix, message {}): {}, provider {}, uncertain {}",
@@ -152,11 +167,42 @@ fn print_totals(report: &IncidentReport) {
         t.discarded
     );
     outln!(
-        "{} key(s): {} done exactly once, {} done more than once, {} not done, {} still uncertain",
+        "{} key(s): {} done exactly once, {} done more than once, {} not done, {} still uncertain, {} cancelled",
         t.keys,
         t.keys_done_once,
         t.keys_done_more_than_once,
         t.keys_not_done,
-        t.uncertain
+        t.uncertain,
+        t.keys_cancelled
     );
+    if t.keyless_uncertain > 0 {
+        outln!(
+            "{} keyless record(s) with an attempt that may have taken effect (no key settles them)",
+            t.keyless_uncertain
+        );
+    }
+    print_key_changes(report);
+}
+
+/// Every provider-key replacement: who, when, why, old → new.
+fn print_key_changes(report: &IncidentReport) {
+    if report.provider_key_changes.is_empty() {
+        outln!("provider keys replaced: none");
+        return;
+    }
+    outln!(
+        "provider keys replaced: {}",
+        report.provider_key_changes.len()
+    );
+    for c in &report.provider_key_changes {
+        outln!(
+            "  {} at {} by {}: {} -> {}; why: {}",
+            one_line(&c.key),
+            one_line(&c.change.at),
+            one_line(&c.change.by),
+            one_line(&c.change.old),
+            one_line(&c.change.new),
+            one_line(&c.change.reason)
+        );
+    }
 }

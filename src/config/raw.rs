@@ -280,6 +280,9 @@ pub(super) struct RawPerKey {
     pub(super) in_flight: i64,
 }
 
+// One per function, read once at load: the `http` variant's size costs
+// nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
 pub(super) enum RawHandler {
@@ -299,6 +302,13 @@ pub(super) enum RawHandler {
         replay_marker: Option<RawReplayMarker>,
         /// How to ask the provider whether a provider key took effect.
         lookup: Option<RawLookup>,
+        /// The provider honours `Idempotency-Key` (applies a key at most
+        /// once). A value, checked by name (an internally tagged enum's
+        /// type error would not name the field).
+        idempotent: Option<Value>,
+        /// The provider saves a failure under its key and replays it.
+        #[serde(rename = "savesFailures")]
+        saves_failures: Option<Value>,
     },
     Exec {
         command: Vec<String>,

@@ -2,12 +2,19 @@
 //! `aqw keys new-provider-key` ([`KeyStore::replace_provider_key`]).
 
 use super::key::IdempotencyKey;
-use super::record::{fmt_time, history_with, short_error, Attempt, KeyRecord, KeyStatus};
+use super::record::{
+    fmt_time, history_with, provider_key_changes_with, short_error, Attempt, KeyRecord, KeyStatus,
+    ProviderKeyChange,
+};
 use super::store::KeyStore;
 use crate::storage::{Entity, StorageError, StorageResult};
 use serde_json::json;
 use time::OffsetDateTime;
 use uuid::Uuid;
+
+/// The history outcome of a provider-key replacement: the key's current
+/// provider key has not been sent since.
+pub const PROVIDER_KEY_REPLACED: &str = "provider key replaced";
 
 /// What `aqw keys list` selects.
 #[derive(Debug, Clone, Default)]
@@ -70,8 +77,9 @@ impl KeyStore {
     /// provider that replays a saved failure under the old one, once it has
     /// confirmed the old one took no effect. Refused (the `Err` text) for a
     /// key never claimed, settled, or held by a running attempt. The history
-    /// keeps who, why and the old key; the new key's window starts now
-    /// (`FirstSeen`). Returns the new provider key.
+    /// and the key's `ProviderKeyChanges` keep who, why, and the old and new
+    /// provider keys; the new key's window starts now (`FirstSeen`).
+    /// Returns the new provider key.
     pub async fn replace_provider_key(
         &self,
         function: &str,
@@ -82,43 +90,15 @@ impl KeyStore {
         let (pk, rk) = (key.partition_key(function), key.row_key());
         for _ in 0..5 {
             let Some((e, etag)) = self.table.get(&pk, &rk).await? else {
-                return Ok(Err(format!(
-                    "key {} was never claimed: its first attempt mints a provider key",
-                    key.as_str()
-                )));
+                return Ok(Err(never_claimed(key)));
             };
             let now = crate::clock::now_utc();
             let rec = KeyRecord::from_entity(&pk, &rk, &e);
-            if rec.status.is_settled() {
-                return Ok(Err(format!(
-                    "key {} is {}: nothing is left to run",
-                    key.as_str(),
-                    rec.status.as_str()
-                )));
-            }
-            if rec.lease_live(now).is_some() {
-                return Ok(Err(format!(
-                    "key {} is held by a running attempt; try again when it ends",
-                    key.as_str()
-                )));
+            if let Some(why) = replace_refusal(&rec, key, now) {
+                return Ok(Err(why));
             }
             let fresh = Uuid::new_v4().to_string();
-            let note = Attempt {
-                at: fmt_time(now),
-                message_id: rec.message_id.clone().unwrap_or_default(),
-                dequeue_count: 0,
-                outcome: "provider key replaced".into(),
-                error: Some(short_error(&format!(
-                    "by {by}: {reason} (was {})",
-                    rec.provider_key
-                ))),
-                may_have_taken_effect: false,
-                provider: None,
-            };
-            let mut update = Entity::new();
-            update.insert("ProviderKey".into(), json!(fresh));
-            update.insert("FirstSeen".into(), json!(fmt_time(now)));
-            update.insert("History".into(), json!(history_with(&rec.history, note)));
+            let update = replacement(&rec, now, &fresh, by, reason);
             match self.table.merge(&pk, &rk, &update, Some(&etag)).await {
                 Ok(_) => return Ok(Ok(fresh)),
                 Err(StorageError::PreconditionFailed | StorageError::NotFound) => continue,
@@ -127,4 +107,87 @@ impl KeyStore {
         }
         Err(StorageError::PreconditionFailed)
     }
+
+    /// `keys new-provider-key --dry-run`: the key's record as it is, if
+    /// [`replace_provider_key`](Self::replace_provider_key) would replace
+    /// its provider key now, else why not. Reads only.
+    pub async fn rehearse_provider_key(
+        &self,
+        function: &str,
+        key: &IdempotencyKey,
+    ) -> StorageResult<Result<KeyRecord, String>> {
+        let (pk, rk) = (key.partition_key(function), key.row_key());
+        let Some((e, _)) = self.table.get(&pk, &rk).await? else {
+            return Ok(Err(never_claimed(key)));
+        };
+        let rec = KeyRecord::from_entity(&pk, &rk, &e);
+        Ok(match replace_refusal(&rec, key, crate::clock::now_utc()) {
+            Some(why) => Err(why),
+            None => Ok(rec),
+        })
+    }
+}
+
+fn never_claimed(key: &IdempotencyKey) -> String {
+    format!(
+        "key {} was never claimed: its first attempt mints a provider key",
+        key.as_str()
+    )
+}
+
+/// Why a key's provider key may not be replaced now: settled, or held by a
+/// running attempt.
+fn replace_refusal(rec: &KeyRecord, key: &IdempotencyKey, now: OffsetDateTime) -> Option<String> {
+    if rec.status.is_settled() {
+        return Some(format!(
+            "key {} is {}: nothing is left to run",
+            key.as_str(),
+            rec.status.as_str()
+        ));
+    }
+    rec.lease_live(now).map(|_| {
+        format!(
+            "key {} is held by a running attempt; try again when it ends",
+            key.as_str()
+        )
+    })
+}
+
+/// The merge that gives `rec` the provider key `fresh`: the key, its new
+/// `FirstSeen`, a history note and the audit entry.
+fn replacement(
+    rec: &KeyRecord,
+    now: OffsetDateTime,
+    fresh: &str,
+    by: &str,
+    reason: &str,
+) -> Entity {
+    let note = Attempt {
+        at: fmt_time(now),
+        message_id: rec.message_id.clone().unwrap_or_default(),
+        dequeue_count: 0,
+        outcome: PROVIDER_KEY_REPLACED.into(),
+        error: Some(short_error(&format!(
+            "by {by}: {reason} (was {})",
+            rec.provider_key
+        ))),
+        may_have_taken_effect: false,
+        provider: None,
+    };
+    let change = ProviderKeyChange {
+        at: fmt_time(now),
+        by: short_error(by),
+        reason: short_error(reason),
+        old: rec.provider_key.clone(),
+        new: fresh.to_string(),
+    };
+    let mut update = Entity::new();
+    update.insert("ProviderKey".into(), json!(fresh));
+    update.insert("FirstSeen".into(), json!(fmt_time(now)));
+    update.insert("History".into(), json!(history_with(&rec.history, note)));
+    update.insert(
+        "ProviderKeyChanges".into(),
+        json!(provider_key_changes_with(&rec.provider_key_changes, change)),
+    );
+    update
 }

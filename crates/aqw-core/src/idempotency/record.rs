@@ -74,6 +74,40 @@ impl ProviderAnswer {
     }
 }
 
+/// One replacement of a key's provider key (`aqw keys new-provider-key`),
+/// kept on the key record (`ProviderKeyChanges` column, JSON, newest last,
+/// at most [`PROVIDER_KEY_CHANGES_LEN`]) apart from the attempt history,
+/// which later attempts would push it out of: the audit of the riskiest
+/// decision of an incident (`poison report` lists each).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderKeyChange {
+    /// When (RFC 3339).
+    pub at: String,
+    /// Who replaced it (scrubbed, cut).
+    pub by: String,
+    /// Why, with the provider's confirmation (scrubbed, cut).
+    pub reason: String,
+    /// The provider key it replaced.
+    pub old: String,
+    /// The provider key it minted.
+    pub new: String,
+}
+
+/// How many provider-key replacements a key record keeps (the newest).
+pub const PROVIDER_KEY_CHANGES_LEN: usize = 20;
+
+/// `changes` plus `change`, as the `ProviderKeyChanges` column holds them.
+pub(super) fn provider_key_changes_with(
+    changes: &[ProviderKeyChange],
+    change: ProviderKeyChange,
+) -> String {
+    let mut all = changes.to_vec();
+    all.push(change);
+    let skip = all.len().saturating_sub(PROVIDER_KEY_CHANGES_LEN);
+    serde_json::to_string(&all[skip..]).unwrap_or_else(|_| "[]".into())
+}
+
 /// How many attempts a key record remembers (the newest are kept).
 pub const HISTORY_LEN: usize = 10;
 /// Each remembered error is cut to this many bytes (the full last error is
@@ -196,6 +230,9 @@ pub struct KeyRecord {
     /// Attempts spent by earlier queue copies of the job (`aqw serve`'s
     /// retry with backoff; see `ClaimedKey::carried_attempts`).
     pub carried_attempts: u32,
+    /// Every replacement of the provider key (who, why, old and new), oldest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub provider_key_changes: Vec<ProviderKeyChange>,
     /// The record's PartitionKey.
     pub partition_key: String,
     /// The record's RowKey (hex SHA-256 of the key).
@@ -229,6 +266,11 @@ impl KeyRecord {
             cancel_reason: s("CancelReason"),
             history: parse_history(e.get("History").and_then(Value::as_str)),
             carried_attempts: n("CarriedAttempts"),
+            provider_key_changes: e
+                .get("ProviderKeyChanges")
+                .and_then(Value::as_str)
+                .and_then(|t| serde_json::from_str(t).ok())
+                .unwrap_or_default(),
             partition_key: pk.to_string(),
             row_key: rk.to_string(),
         }

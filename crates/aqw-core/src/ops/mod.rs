@@ -19,9 +19,11 @@ mod fix;
 mod keys;
 mod list;
 pub mod operation;
+pub mod provider;
 mod purge;
 mod rehearse;
 mod replay;
+mod replay_report;
 mod report;
 mod show;
 mod status;
@@ -35,13 +37,14 @@ pub use enqueue::{
 pub use fix::{fix, FixAction, FixReport};
 pub use keys::key_record;
 pub use list::{list, list_summaries};
+pub use provider::{is_idempotent, saves_failures, saves_failures_in, SavesFailures};
 pub use purge::{purge_keys, purge_records, PurgeOptions};
 pub use rehearse::{payload_diff, rehearse_discard, rehearse_fix, DiscardRehearsal, FixRehearsal};
-pub use replay::{
-    replay, ReplayAction, ReplayItem, ReplayOptions, ReplayReport, DEFAULT_REPLAY_CONCURRENCY,
-};
+pub use replay::{replay, ReplayOptions, DEFAULT_REPLAY_CONCURRENCY};
+pub use replay_report::{PoisonedAgain, ReplayAction, ReplayItem, ReplayReport};
 pub use report::{
-    report, IncidentReport, KeyOutcome, NewKey, ReportAnswer, ReportRow, ReportTotals, Uncertain,
+    report, IncidentReport, KeyOutcome, NewKey, ReportAnswer, ReportKeyChange, ReportRow,
+    ReportTotals, Uncertain,
 };
 pub use show::{mask_message, show, ShowReport};
 pub use status::{status, QueueStatus};

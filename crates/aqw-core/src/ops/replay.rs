@@ -1,5 +1,6 @@
 //! `aqw poison replay`.
 
+use super::replay_report::{PoisonedAgain, ReplayAction, ReplayItem, ReplayReport};
 use super::{window, Filter, OpsError, OpsResult, QueueOps};
 use crate::failpoint;
 use crate::idempotency::derive_key;
@@ -46,170 +47,6 @@ pub struct ReplayOptions {
     pub provider_answers: HashMap<String, String>,
 }
 
-/// What replay did (or would do) with one record. Serialized in kebab-case
-/// (`would-close-already-done`), as the JSON output has always shown it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ReplayAction {
-    /// Re-put to the source queue; the record is closed.
-    Replayed,
-    /// The key is already done: the record is closed without a re-put.
-    AlreadyDone,
-    /// Dry run: would be re-put.
-    WouldReplay,
-    /// Dry run: the key is done, the record would be closed without a re-put.
-    WouldCloseAlreadyDone,
-    /// Not replayed: the record changed meanwhile, or a keyless replay was
-    /// interrupted before.
-    Skipped,
-    /// Not replayed: an error.
-    Failed,
-}
-
-impl ReplayAction {
-    /// What a dry run reports: the key is done (closed without a re-put) or not.
-    fn would(key_done: bool) -> Self {
-        if key_done {
-            ReplayAction::WouldCloseAlreadyDone
-        } else {
-            ReplayAction::WouldReplay
-        }
-    }
-
-    /// The action's name, as the JSON output spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReplayAction::Replayed => "replayed",
-            ReplayAction::AlreadyDone => "already-done",
-            ReplayAction::WouldReplay => "would-replay",
-            ReplayAction::WouldCloseAlreadyDone => "would-close-already-done",
-            ReplayAction::Skipped => "skipped",
-            ReplayAction::Failed => "failed",
-        }
-    }
-}
-
-impl std::fmt::Display for ReplayAction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(self.as_str())
-    }
-}
-
-/// What replay did (or would do) with one record.
-#[derive(Debug, Clone, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ReplayItem {
-    /// The record id (the source message id).
-    pub id: String,
-    /// The record's key: re-derived from the payload, else the one kept.
-    pub key: Option<IdempotencyKey>,
-    /// What replay did with it.
-    pub action: ReplayAction,
-    /// The id of the message re-put to the source queue.
-    pub new_message_id: Option<String>,
-    /// Why it was skipped or failed, or a note on what was done.
-    pub detail: Option<String>,
-    /// With --wait: whether the key is done.
-    pub confirmed: Option<bool>,
-    /// The key's state when replay looked (`none`: never claimed).
-    pub key_state: Option<String>,
-    /// With --wait: what the provider answered the attempt that completed
-    /// the key (`provider: replayed` proves the effect happened only once).
-    pub provider: Option<String>,
-    /// The provider key, when an attempt of a key not yet done may have
-    /// taken effect: check the provider before replaying (a dry run says so).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub uncertain_provider_key: Option<String>,
-    /// What the provider's lookup said of that key (set by the caller that
-    /// can ask, the CLI or the dashboard).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub provider_check: Option<String>,
-    /// The record was closed but its poison-queue copy may still be there
-    /// (no receipt deleted it): a scan of the poison queue settles it.
-    #[serde(skip)]
-    pub copy_left: bool,
-}
-
-impl ReplayItem {
-    /// Note the key's state as replay found it (and, when it is not done
-    /// and an attempt may have taken effect, its provider key); whether
-    /// the key is done.
-    fn note_key(&mut self, rec: Option<&KeyRecord>) -> bool {
-        self.key_state = Some(rec.map_or("none".into(), |r| r.state_summary()));
-        let done = rec.is_some_and(|r| r.status.is_settled());
-        self.uncertain_provider_key = rec
-            .filter(|r| !done && r.history.iter().any(|a| a.may_have_taken_effect))
-            .map(|r| r.provider_key.clone());
-        done
-    }
-
-    fn new(id: &str, key: Option<IdempotencyKey>, action: ReplayAction) -> Self {
-        ReplayItem {
-            id: id.to_string(),
-            key,
-            action,
-            new_message_id: None,
-            detail: None,
-            confirmed: None,
-            key_state: None,
-            uncertain_provider_key: None,
-            provider_check: None,
-            provider: None,
-            copy_left: false,
-        }
-    }
-
-    fn with(mut self, action: ReplayAction, detail: impl Into<String>) -> Self {
-        self.action = action;
-        self.detail = Some(detail.into());
-        self
-    }
-}
-
-/// What `aqw poison replay` did (or would do): counts and each record.
-#[derive(Debug, Clone, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ReplayReport {
-    /// The source queue.
-    pub queue: String,
-    /// How many open records the filter and limit selected.
-    pub selected: usize,
-    /// How many were re-put.
-    pub replayed: usize,
-    /// How many were closed without a re-put, their key already done.
-    pub already_done: usize,
-    /// How many were skipped or failed.
-    pub failed: usize,
-    /// With `--wait`: how many replayed keys were not done by the deadline.
-    pub unconfirmed: usize,
-    /// Nothing was changed (`--dry-run`).
-    pub dry_run: bool,
-    /// `--past-provider-window` was given.
-    pub past_provider_window: bool,
-    /// The durable operation that carried it out (`--all`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub operation: Option<String>,
-    /// One item per selected record.
-    pub items: Vec<ReplayItem>,
-}
-
-impl ReplayReport {
-    /// Exit 1 when some selected records were not replayed or not confirmed.
-    pub fn needs_a_person(&self) -> bool {
-        self.failed > 0 || self.unconfirmed > 0
-    }
-
-    pub(crate) fn push(&mut self, item: ReplayItem) {
-        match item.action {
-            ReplayAction::Replayed => self.replayed += 1,
-            ReplayAction::AlreadyDone => self.already_done += 1,
-            ReplayAction::Failed | ReplayAction::Skipped => self.failed += 1,
-            ReplayAction::WouldReplay | ReplayAction::WouldCloseAlreadyDone => {}
-        }
-        self.items.push(item);
-    }
-}
-
 /// `aqw poison replay`: re-put the exact original message text to the source
 /// queue, record the replay, remove the poison copy. Safe to interrupt and
 /// run again: a record is closed right after its re-put, and a record found
@@ -245,21 +82,13 @@ pub async fn replay(
             return Err(e);
         }
     };
-    let mut report = ReplayReport {
-        queue: ops.queue.clone(),
-        selected: selected.len(),
-        replayed: 0,
-        already_done: 0,
-        failed: 0,
-        unconfirmed: 0,
-        dry_run: opts.dry_run,
-        past_provider_window: opts.past_provider_window,
-        operation: None,
-        items: vec![],
-    };
+    let mut report = empty_report(ops, opts);
+    report.selected = selected.len();
+    let saves_failures = saves_failures_if_refused(ops, opts, &selected).await?;
     let batch = Batch {
         receipts: &receipts,
         overrides: &overrides,
+        saves_failures: saves_failures.as_ref(),
     };
     replay_all(ops, opts, selected, &batch, &mut report, progress).await;
     ops.poison.release(receipts).await;
@@ -269,11 +98,47 @@ pub async fn replay(
     Ok(report)
 }
 
+/// A report of nothing replayed yet.
+pub(super) fn empty_report(ops: &QueueOps, opts: &ReplayOptions) -> ReplayReport {
+    ReplayReport {
+        queue: ops.queue.clone(),
+        function: ops.function.as_ref().map(|f| f.name.clone()),
+        selected: 0,
+        replayed: 0,
+        already_done: 0,
+        failed: 0,
+        unconfirmed: 0,
+        poisoned_again: 0,
+        dry_run: opts.dry_run,
+        past_provider_window: opts.past_provider_window,
+        operation: None,
+        items: vec![],
+    }
+}
+
+/// For a dry run that selected a refusal: whether the provider is known to
+/// save failures (read only then; only a dry run warns).
+async fn saves_failures_if_refused(
+    ops: &QueueOps,
+    opts: &ReplayOptions,
+    selected: &[(PoisonRecord, Option<Etag>)],
+) -> OpsResult<Option<super::provider::SavesFailures>> {
+    let refusal = selected
+        .iter()
+        .any(|(r, _)| super::provider::is_refusal(r.error.kind));
+    if !(opts.dry_run && refusal) {
+        return Ok(None);
+    }
+    super::provider::saves_failures(ops).await
+}
+
 /// What every record of one replay shares: the poison copies its scan holds,
 /// and the notes of the records replayed past the provider's key window.
 pub(super) struct Batch<'a> {
     pub(super) receipts: &'a Held,
     pub(super) overrides: &'a HashMap<String, String>,
+    /// A dry run's: why the provider is known to save failures, if it is.
+    pub(super) saves_failures: Option<&'a super::provider::SavesFailures>,
 }
 
 impl<'a> Batch<'a> {
@@ -301,7 +166,7 @@ pub(super) async fn past_window_overrides(
     }
     let mut past = Vec::new();
     for (rec, _) in selected {
-        let key = record_key(ops, rec);
+        let key = record_key(ops, rec).await;
         if let Some(w) = window::state(ops, key.as_ref()).await? {
             if w.past {
                 past.push((rec.message_id.clone(), w));
@@ -383,12 +248,25 @@ async fn replay_all(
 }
 
 /// The key of a record: re-derived from the payload (the same payload gives
-/// the same key), else the one kept on the record.
-fn record_key(ops: &QueueOps, rec: &PoisonRecord) -> Option<IdempotencyKey> {
-    match (ops.function.as_ref(), decode(&rec.message, rec.encoding)) {
-        (Some(f), Ok(p)) => derive_key(&f.key, &p).ok().flatten(),
-        _ => rec.key.clone().and_then(|k| IdempotencyKey::new(k).ok()),
+/// the same key), else the one kept on the record. A claim-checked job's
+/// message is a reference, not the payload: its key is the one the worker
+/// derived from the fetched body and kept on the record, else derived from
+/// the body fetched now (a host copy keeps no key). Without this, the key
+/// of a claim-checked record was never found (issue 52): no uncertain
+/// gate, no provider window, no "already done".
+pub(super) async fn record_key(ops: &QueueOps, rec: &PoisonRecord) -> Option<IdempotencyKey> {
+    let kept = || rec.key.clone().and_then(|k| IdempotencyKey::new(k).ok());
+    let (Some(f), Ok(payload)) = (ops.function.as_ref(), decode(&rec.message, rec.encoding)) else {
+        return kept();
+    };
+    if !crate::claim::is_reference(&payload) {
+        return derive_key(&f.key, &payload).ok().flatten();
     }
+    if let Some(k) = kept() {
+        return Some(k);
+    }
+    let body = ops.body_of(rec).await.ok()?;
+    derive_key(&f.key, &body).ok().flatten()
 }
 
 /// Replay one record. `listed_etag` is the record's version from the
@@ -405,12 +283,16 @@ pub(super) async fn replay_one(
     batch: &Batch<'_>,
 ) -> OpsResult<ReplayItem> {
     let (receipts, past_window) = (batch.receipts, batch.past_window(rec, &opts.by));
-    let key = record_key(ops, rec);
+    let key = record_key(ops, rec).await;
     let item_key = key.clone().or(rec.key.clone());
     let mut item = ReplayItem::new(&rec.message_id, item_key, ReplayAction::Failed);
     let key_state = key_state(ops, key.as_ref()).await?;
     let done = item.note_key(key_state.as_ref().map(|(r, _)| r));
+    item.provider_dedupes = item.uncertain_provider_key.is_some()
+        && super::provider::is_idempotent(ops.function.as_ref());
     if opts.dry_run {
+        let unsettled = key_state.as_ref().map(|(r, _)| r).filter(|_| !done);
+        item.saved_failure = saved_failure(batch.saves_failures, rec, unsettled);
         item.action = ReplayAction::would(done);
         return Ok(item);
     }
@@ -425,11 +307,7 @@ pub(super) async fn replay_one(
         let why = format!("already {}", current.status.as_str());
         return Ok(item.with(ReplayAction::Skipped, why));
     }
-    let function = ops
-        .function
-        .as_ref()
-        .map_or("FUNCTION", |f| f.name.as_str());
-    let checked = match uncertain_gate(&item, opts, function) {
+    let checked = match uncertain_gate(&item, opts, ops.function.as_ref()) {
         Ok(note) => note,
         Err(why) => return Ok(item.with(ReplayAction::Skipped, why)),
     };
@@ -462,14 +340,22 @@ pub(super) async fn replay_one(
 /// provider was asked: its lookup answered (`Ok` with the answer, kept on
 /// the record), or the operator says it was checked (`Ok` with who did);
 /// otherwise `Err` with what to do. `Ok(None)` for every other record.
+/// A provider that declares it honours `Idempotency-Key`
+/// (`handler.idempotent`) needs neither: the replay carries the same
+/// provider key, which the provider applies at most once, so it cannot
+/// double the effect (`Ok` with that note, kept on the record).
 fn uncertain_gate(
     item: &ReplayItem,
     opts: &ReplayOptions,
-    function: &str,
+    f: Option<&crate::config::FunctionConfig>,
 ) -> Result<Option<String>, String> {
     let Some(pk) = &item.uncertain_provider_key else {
         return Ok(None);
     };
+    if super::provider::is_idempotent(f) {
+        return Ok(Some(IDEMPOTENT_NOTE.to_string()));
+    }
+    let function = f.map_or("FUNCTION", |f| f.name.as_str());
     if let Some(answer) = opts.provider_answers.get(pk) {
         return Ok(Some(format!(
             "uncertain attempt checked with the provider: {answer}"
@@ -486,6 +372,27 @@ fn uncertain_gate(
         "an attempt may have taken effect (provider key {pk}): ask the provider first (aqw keys check {function} {key}), then replay with --uncertain-checked"
     ))
 }
+
+/// Why a same-key replay of `rec` would come back as the provider's saved
+/// failure: the provider is known to save failures, `rec` is a refusal,
+/// and its key (not settled) holds a provider key the provider has seen (a
+/// key whose provider key was replaced since its last attempt has not).
+fn saved_failure(
+    saves: Option<&super::provider::SavesFailures>,
+    rec: &PoisonRecord,
+    unsettled: Option<&KeyRecord>,
+) -> Option<String> {
+    let (saves, key) = (saves?, unsettled?);
+    let sent = key
+        .history
+        .last()
+        .is_some_and(|a| a.outcome != crate::idempotency::PROVIDER_KEY_REPLACED);
+    (super::provider::is_refusal(rec.error.kind) && sent).then(|| saves.why())
+}
+
+/// Kept on a record whose uncertain attempt the declared provider dedupes.
+const IDEMPOTENT_NOTE: &str = "uncertain attempt: the provider honours Idempotency-Key \
+    (handler.idempotent), so the same-key replay cannot double the effect";
 
 /// Now plus `wait`, or a year from now when `wait` is beyond what an
 /// instant can hold (a `--wait` typed as a huge span).
@@ -624,7 +531,11 @@ const INTERRUPTED_KEYLESS: &str =
     "an earlier replay was interrupted after it may have re-put this keyless job; \
      check the source queue, then discard or replay by hand";
 
-/// `--wait`: poll each replayed key until done or the deadline.
+/// `--wait`: poll each replayed job until its key is done or it is
+/// poisoned again (a record under the replayed message's id: the new
+/// record's id and kind are kept on the item), or the deadline. Returns as
+/// soon as every replayed job is one or the other, not at the deadline. A
+/// keyless job can only be seen poisoned again: nothing says it is done.
 pub(crate) async fn confirm(
     ops: &QueueOps,
     report: &mut ReplayReport,
@@ -636,39 +547,63 @@ pub(crate) async fn confirm(
     };
     loop {
         let mut pending = 0;
-        for item in report
-            .items
-            .iter_mut()
-            .filter(|i| i.action == ReplayAction::Replayed && i.confirmed != Some(true))
-        {
-            let done = match item
-                .key
-                .as_ref()
-                .and_then(|k| IdempotencyKey::new(k.clone()).ok())
-            {
-                Some(k) => {
-                    let rec = ops.keys.get(&f.name, &k).await?;
-                    item.provider = rec
-                        .as_ref()
-                        .and_then(|r| r.completed_answer())
-                        .map(|a| a.summary());
-                    rec.is_some_and(|r| r.status.is_settled())
-                }
-                None => {
-                    // Keyless job: confirmed when its replayed message is no longer in a poison record
-                    // and has left the source queue; we can only say "unknown".
-                    false
-                }
-            };
-            item.confirmed = Some(done);
-            if !done {
+        for item in report.items.iter_mut().filter(|i| {
+            i.action == ReplayAction::Replayed
+                && i.confirmed != Some(true)
+                && i.poisoned_again.is_none()
+        }) {
+            if !settled_or_poisoned(ops, &f.name, item).await? {
                 pending += 1;
             }
         }
+        report.poisoned_again = report
+            .items
+            .iter()
+            .filter(|i| i.poisoned_again.is_some())
+            .count();
         if pending == 0 || tokio::time::Instant::now() >= deadline {
             report.unconfirmed = pending;
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// One poll of one replayed job: its key done (`confirmed`, with the
+/// provider's answer), or a record for its message (`poisoned_again`).
+/// Whether the job has ended either way.
+async fn settled_or_poisoned(
+    ops: &QueueOps,
+    function: &str,
+    item: &mut ReplayItem,
+) -> OpsResult<bool> {
+    if let Some(k) = item
+        .key
+        .as_ref()
+        .and_then(|k| IdempotencyKey::new(k.clone()).ok())
+    {
+        let rec = ops.keys.get(function, &k).await?;
+        item.provider = rec
+            .as_ref()
+            .and_then(|r| r.completed_answer())
+            .map(|a| a.summary());
+        if rec.is_some_and(|r| r.status.is_settled()) {
+            item.confirmed = Some(true);
+            return Ok(true);
+        }
+    }
+    item.confirmed = Some(false);
+    let Some(new_id) = item.new_message_id.as_deref() else {
+        return Ok(false);
+    };
+    let Some((again, _)) = ops.poison.find(new_id).await? else {
+        return Ok(false);
+    };
+    let error = crate::scrub::scrub(&again.error.message);
+    item.poisoned_again = Some(PoisonedAgain {
+        id: again.message_id,
+        kind: again.error.kind.as_str().to_string(),
+        error: error.lines().next().unwrap_or_default().to_string(),
+    });
+    Ok(true)
 }

@@ -13,7 +13,7 @@
 //! key per partition anyway.
 
 use super::{list_summaries, Filter, OpsResult, QueueOps};
-use crate::idempotency::{KeyRecord, KeyStatus};
+use crate::idempotency::{KeyRecord, KeyStatus, ProviderKeyChange};
 use crate::poison::{PoisonRecord, RecordStatus};
 use futures::StreamExt;
 use std::collections::HashMap;
@@ -31,8 +31,23 @@ pub struct IncidentReport {
     pub since: Option<String>,
     /// One row per record, oldest poisoning first.
     pub records: Vec<ReportRow>,
+    /// Every replacement of a reported key's provider key, oldest first:
+    /// who, why, the old and the new provider key.
+    pub provider_key_changes: Vec<ReportKeyChange>,
     /// What the rows add up to.
     pub totals: ReportTotals,
+}
+
+/// A provider-key replacement of a key in the report (`aqw keys
+/// new-provider-key`).
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReportKeyChange {
+    /// The business key.
+    pub key: String,
+    /// When, who, why, old and new.
+    #[serde(flatten)]
+    pub change: ProviderKeyChange,
 }
 
 /// One poison record in the report.
@@ -65,6 +80,12 @@ pub struct ReportRow {
     pub key_state: KeyOutcome,
     /// The key the fix's corrected payload derived, and its state.
     pub new_key: Option<NewKey>,
+    /// The message this record's replay or fix put.
+    pub put_as: Option<String>,
+    /// The record that message became when it was poisoned again.
+    pub created: Option<String>,
+    /// The record whose replay or fix put this record's message.
+    pub created_by: Option<String>,
 }
 
 /// Where a key ended, as its record says.
@@ -135,24 +156,33 @@ pub struct ReportTotals {
     pub fixed: usize,
     /// Closed by a discard.
     pub discarded: usize,
-    /// Distinct keys (records' and fixes') in the report.
+    /// Distinct keys (records' and fixes') in the report: the sum of the
+    /// five counts below, each key in exactly one.
     pub keys: usize,
-    /// Keys done with exactly one completed attempt.
+    /// Keys done with exactly one completed attempt (the done mark is
+    /// written only with its completed attempt).
     pub keys_done_once: usize,
     /// Keys done with more than one completed attempt in their history
     /// (never expected: each is a doubled effect to look into).
     pub keys_done_more_than_once: usize,
-    /// Keys not done nor cancelled (pending, poisoned, absent).
+    /// Keys not done nor cancelled (pending, poisoned, absent), with no
+    /// attempt that may have taken effect.
     pub keys_not_done: usize,
-    /// Keys with an attempt that may have taken effect, not yet settled.
+    /// Keys not done nor cancelled with an attempt that may have taken
+    /// effect: ask the provider.
     pub uncertain: usize,
+    /// Keys closed by an operator (`discard --close-key`): never run again.
+    pub keys_cancelled: usize,
+    /// Keyless records with an attempt that may have taken effect (no key
+    /// settles them).
+    pub keyless_uncertain: usize,
 }
 
 impl IncidentReport {
     /// Whether a person still has something to do: an open record, or an
     /// uncertain attempt not yet settled.
     pub fn needs_a_person(&self) -> bool {
-        self.totals.open > 0 || self.totals.uncertain > 0
+        self.totals.open > 0 || self.totals.uncertain > 0 || self.totals.keyless_uncertain > 0
     }
 }
 
@@ -169,13 +199,50 @@ pub async fn report(
     let mut records = list_summaries(ops, &filter).await?;
     records.reverse();
     let keys = read_keys(ops, &records).await?;
-    let rows: Vec<ReportRow> = records.iter().map(|r| row(r, &keys)).collect();
+    let mut rows: Vec<ReportRow> = records.iter().map(|r| row(r, &keys)).collect();
+    link(&mut rows);
     Ok(IncidentReport {
         queue: ops.queue.clone(),
         since: since.map(crate::idempotency::fmt_time),
         totals: totals(&rows),
+        provider_key_changes: key_changes(&keys),
         records: rows,
     })
+}
+
+/// Each row linked to the record its replay or fix created (the put
+/// message poisoned again: a record under its id) and back.
+fn link(rows: &mut [ReportRow]) {
+    let ids: HashMap<String, usize> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.id.clone(), i))
+        .collect();
+    for i in 0..rows.len() {
+        let Some(&j) = rows[i].put_as.as_ref().and_then(|m| ids.get(m)) else {
+            continue;
+        };
+        if i != j {
+            rows[i].created = Some(rows[j].id.clone());
+            rows[j].created_by = Some(rows[i].id.clone());
+        }
+    }
+}
+
+/// Every provider-key replacement of the keys read, oldest first.
+fn key_changes(keys: &HashMap<String, Option<KeyRecord>>) -> Vec<ReportKeyChange> {
+    let mut all: Vec<ReportKeyChange> = keys
+        .values()
+        .flatten()
+        .flat_map(|k| {
+            k.provider_key_changes.iter().map(|c| ReportKeyChange {
+                key: k.key.clone(),
+                change: c.clone(),
+            })
+        })
+        .collect();
+    all.sort_by(|a, b| (&a.change.at, &a.key).cmp(&(&b.change.at, &b.key)));
+    all
 }
 
 /// Each distinct key the records name (their own and their fixes'), read once.
@@ -220,6 +287,13 @@ fn row(r: &PoisonRecord, keys: &HashMap<String, Option<KeyRecord>>) -> ReportRow
         key: r.key.as_deref().map(str::to_string),
         key_state: outcome(key_of(r.key.as_deref()), r.uncertain_attempts),
         new_key,
+        put_as: match r.status {
+            RecordStatus::Replayed => r.replay_message_id.clone(),
+            RecordStatus::Replaced => r.replacement_message_id.clone(),
+            _ => None,
+        },
+        created: None,
+        created_by: None,
     }
 }
 
@@ -321,19 +395,20 @@ fn totals(rows: &[ReportRow]) -> ReportTotals {
                 continue;
             }
             t.keys += 1;
+            let uncertain = state.uncertain.as_ref().is_some_and(|u| !u.resolved);
             match (state.state, state.completed_attempts) {
-                ("done", 1) => t.keys_done_once += 1,
                 ("done", n) if n > 1 => t.keys_done_more_than_once += 1,
-                ("done" | "cancelled", _) => {}
+                // Done is written with its one completed attempt, newest in
+                // the history, so 0 is a record older than the history.
+                ("done", _) => t.keys_done_once += 1,
+                ("cancelled", _) => t.keys_cancelled += 1,
+                _ if uncertain => t.uncertain += 1,
                 _ => t.keys_not_done += 1,
-            }
-            if state.uncertain.as_ref().is_some_and(|u| !u.resolved) {
-                t.uncertain += 1;
             }
         }
         // A keyless record's uncertainty counts too: nothing settles it.
         if r.key.is_none() && r.key_state.uncertain.is_some() {
-            t.uncertain += 1;
+            t.keyless_uncertain += 1;
         }
     }
     t
@@ -375,6 +450,7 @@ mod tests {
             cancelled_at: None,
             cancel_reason: None,
             history,
+            provider_key_changes: vec![],
             partition_key: "p".into(),
             row_key: "r".into(),
         }
@@ -395,6 +471,9 @@ mod tests {
             key: key.map(str::to_string),
             key_state: state,
             new_key: None,
+            put_as: None,
+            created: None,
+            created_by: None,
         }
     }
 
@@ -446,9 +525,84 @@ mod tests {
             keys: 2,
             keys_done_once: 1,
             keys_done_more_than_once: 1,
-            uncertain: 1,
+            keyless_uncertain: 1,
             ..ReportTotals::default()
         };
         assert_eq!(t, expect);
+    }
+
+    /// Issue 52: every key in exactly one of done once, done more than
+    /// once, not done, uncertain, cancelled (the cancelled key was left out).
+    #[test]
+    fn the_key_totals_add_up() {
+        let completed = || attempt("completed", false, None);
+        let state = |status, history| outcome(Some(&key(status, history)), 0);
+        let rows = [
+            row(
+                "replayed",
+                Some("once"),
+                state(KeyStatus::Done, vec![completed()]),
+            ),
+            row(
+                "replayed",
+                Some("twice"),
+                state(KeyStatus::Done, vec![completed(), completed()]),
+            ),
+            row(
+                "open",
+                Some("not-done"),
+                state(KeyStatus::Poisoned, vec![attempt("poisoned", false, None)]),
+            ),
+            row(
+                "open",
+                Some("uncertain"),
+                state(KeyStatus::Poisoned, vec![attempt("poisoned", true, None)]),
+            ),
+            row(
+                "discarded",
+                Some("closed"),
+                state(KeyStatus::Cancelled, vec![attempt("poisoned", true, None)]),
+            ),
+            row("open", Some("absent"), outcome(None, 0)),
+        ];
+        let t = totals(&rows);
+        assert_eq!(
+            (
+                t.keys_done_once,
+                t.keys_done_more_than_once,
+                t.keys_not_done
+            ),
+            (1, 1, 2)
+        );
+        assert_eq!(
+            (t.uncertain, t.keys_cancelled, t.keyless_uncertain),
+            (1, 1, 0)
+        );
+        let sum = t.keys_done_once
+            + t.keys_done_more_than_once
+            + t.keys_not_done
+            + t.uncertain
+            + t.keys_cancelled;
+        assert_eq!((t.keys, sum), (6, 6), "{t:?}");
+    }
+
+    #[test]
+    fn a_replayed_record_links_to_the_record_its_message_became_and_back() {
+        let mut first = row("replayed", Some("k"), outcome(None, 0));
+        first.id = "m-1".into();
+        first.put_as = Some("m-2".into());
+        let mut again = row("open", Some("k"), outcome(None, 0));
+        again.id = "m-2".into();
+        let mut alone = row("replayed", Some("j"), outcome(None, 0));
+        alone.id = "m-3".into();
+        alone.put_as = Some("m-9".into());
+        let mut rows = [first, again, alone];
+        link(&mut rows);
+        assert_eq!(rows[0].created.as_deref(), Some("m-2"));
+        assert_eq!(rows[1].created_by.as_deref(), Some("m-1"));
+        assert_eq!(
+            (rows[2].created.as_deref(), rows[2].created_by.as_deref()),
+            (None, None)
+        );
     }
 }

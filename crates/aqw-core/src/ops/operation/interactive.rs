@@ -76,19 +76,11 @@ pub async fn replay_group(
     Ok((Some(end), report))
 }
 
+/// The report of an operation's replay: never a dry run.
 fn empty_report(ops: &QueueOps, opts: &ReplayOptions) -> ReplayReport {
-    ReplayReport {
-        queue: ops.queue.clone(),
-        selected: 0,
-        replayed: 0,
-        already_done: 0,
-        failed: 0,
-        unconfirmed: 0,
-        dry_run: false,
-        past_provider_window: opts.past_provider_window,
-        operation: None,
-        items: vec![],
-    }
+    let mut report = crate::ops::replay::empty_report(ops, opts);
+    report.dry_run = false;
+    report
 }
 
 /// The operation `opts` asks for and the ids it selects now, checked:

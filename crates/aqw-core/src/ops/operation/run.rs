@@ -491,6 +491,7 @@ impl Hands<'_> {
         let batch = Batch {
             receipts: &Held::default(),
             overrides: &overrides,
+            saves_failures: None,
         };
         let result = replay_one(self.ops, &rec, etag, opts, &batch).await;
         if let (Some(tx), Ok(item)) = (&self.opts.observer, &result) {
