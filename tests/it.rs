@@ -64,4 +64,5 @@ mod serve;
 mod serve_backoff;
 mod spread;
 mod traces;
+mod triage;
 mod worker;
