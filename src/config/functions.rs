@@ -90,6 +90,8 @@ fn handler_spec(
             refused_statuses,
             replay_marker,
             lookup,
+            idempotent,
+            saves_failures,
         }) => {
             let mut answers = provider_answers(replay_header.as_deref(), refused_statuses)
                 .map_err(|(field, m)| f(&format!("{path}.handler.{field}"), m))?;
@@ -101,6 +103,10 @@ fn handler_spec(
                 .as_ref()
                 .map(|l| super::lookup::lookup(l, host_file, path))
                 .transpose()?;
+            let declared =
+                |v, field| declared_bool(v, host_file, &format!("{path}.handler.{field}"));
+            answers.idempotent = declared(idempotent, "idempotent")?;
+            answers.saves_failures = declared(saves_failures, "savesFailures")?;
             HandlerSpec::Http {
                 url: parse_http_url(url).map_err(|m| f(&format!("{path}.handler.url"), m))?,
                 timeout: opt_timespan(host_file, &format!("{path}.handler.timeout"), timeout)?
@@ -121,6 +127,21 @@ fn handler_spec(
             }
         }
     })
+}
+
+/// A declaration of the provider (`handler.idempotent`,
+/// `handler.savesFailures`): a bool, unset meaning "not promised", so the
+/// uncertain gate stays and no saved failure is assumed.
+fn declared_bool(v: &Option<Value>, host_file: &str, field: &str) -> Result<bool, ConfigError> {
+    match v {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(ConfigError::new(
+            host_file,
+            field,
+            format!("must be true or false, not {other}"),
+        )),
+    }
 }
 
 /// `handler.replayHeader` and `handler.refusedStatuses`, checked: a header
@@ -155,6 +176,8 @@ fn provider_answers(
         refused_statuses: refused_statuses.to_vec(),
         replay_marker: None,
         lookup: None,
+        idempotent: false,
+        saves_failures: false,
     })
 }
 
@@ -470,6 +493,40 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("timerTrigger"), "{e}");
+    }
+
+    /// Issue 52: `handler.idempotent` / `handler.savesFailures` are bools,
+    /// false unless declared, and anything else exits naming the setting.
+    #[test]
+    fn idempotent_and_saves_failures_are_declared_bools() {
+        let load = |extra: &str| {
+            let dir = tempfile::tempdir().unwrap();
+            let host = format!(
+                r#"{{"version":"2.0","aqw":{{"functions":{{"Pay":{{"queue":"pay","key":"none","handler":{{"type":"http","url":"http://127.0.0.1:1/p"{extra}}}}}}}}}}}"#
+            );
+            write(dir.path(), "host.json", &host);
+            let env = env_of(&[("AzureWebJobsStorage", "UseDevelopmentStorage=true")]);
+            load_with_env(dir.path(), &env).map_err(|e| e.to_string())
+        };
+        let answers = |extra: &str| match &load(extra).unwrap().function("Pay").unwrap().handler {
+            super::HandlerSpec::Http { answers, .. } => {
+                (answers.idempotent, answers.saves_failures)
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(answers(""), (false, false), "not promised unless declared");
+        assert_eq!(
+            answers(r#","idempotent":true,"savesFailures":true"#),
+            (true, true)
+        );
+        assert_eq!(answers(r#","savesFailures":true"#), (false, true));
+        let e = load(r#","idempotent":"yes""#).unwrap_err();
+        assert!(
+            e.contains("aqw.functions.Pay.handler.idempotent") && e.contains("true or false"),
+            "{e}"
+        );
+        let e = load(r#","savesFailures":1"#).unwrap_err();
+        assert!(e.contains("aqw.functions.Pay.handler.savesFailures"), "{e}");
     }
 
     #[test]

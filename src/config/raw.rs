@@ -301,6 +301,13 @@ pub(super) enum RawHandler {
         replay_marker: Option<RawReplayMarker>,
         /// How to ask the provider whether a provider key took effect.
         lookup: Option<RawLookup>,
+        /// The provider honours `Idempotency-Key` (applies a key at most
+        /// once). A value, checked by name (an internally tagged enum's
+        /// type error would not name the field).
+        idempotent: Option<Value>,
+        /// The provider saves a failure under its key and replays it.
+        #[serde(rename = "savesFailures")]
+        saves_failures: Option<Value>,
     },
     Exec {
         command: Vec<String>,

@@ -395,6 +395,14 @@ fn function_rows(
     }
 }
 
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
 /// The function's handler in one line, and where it was set.
 fn handler_row(handler: &HandlerSpec, look: &Lookup, at: &str) -> (String, Source) {
     match handler {
@@ -404,7 +412,7 @@ fn handler_row(handler: &HandlerSpec, look: &Lookup, at: &str) -> (String, Sourc
             answers,
         } => (
             format!(
-                "http POST {} (timeout {}, replay header {}, replay marker {}, refused {}, lookup {})",
+                "http POST {} (timeout {}, replay header {}, replay marker {}, refused {}, lookup {}, idempotent {}, saves failures {})",
                 safe_url(url.as_str()),
                 secs(*timeout),
                 answers.replay_header.as_deref().unwrap_or("none"),
@@ -417,6 +425,8 @@ fn handler_row(handler: &HandlerSpec, look: &Lookup, at: &str) -> (String, Sourc
                     .lookup
                     .as_ref()
                     .map_or("none".into(), |l| format!("GET {}", safe_url(&l.url))),
+                yes_no(answers.idempotent),
+                yes_no(answers.saves_failures),
             ),
             look.host(at),
         ),

@@ -165,8 +165,9 @@ pub trait Handler: Send + Sync {
     async fn handle(&self, job: &Job) -> Result<Success, HandlerError>;
 }
 
-/// How a function reads its provider's answers
-/// (`aqw.functions.<Name>.handler.replayHeader` / `.refusedStatuses`).
+/// How a function reads its provider's answers, and what it declares of the
+/// provider (`aqw.functions.<Name>.handler.replayHeader` / `.refusedStatuses`
+/// / `.idempotent` / `.savesFailures`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ProviderAnswers {
@@ -183,6 +184,16 @@ pub struct ProviderAnswers {
     /// How to ask the provider whether a provider key took effect
     /// (`handler.lookup`); `None`: it cannot be asked.
     pub lookup: Option<Lookup>,
+    /// The provider honours `Idempotency-Key` (`handler.idempotent`): it
+    /// applies a provider key at most once and answers a repeat from its
+    /// store, so a same-key replay after an uncertain attempt cannot double
+    /// the effect and needs no `--uncertain-checked`.
+    pub idempotent: bool,
+    /// The provider saves a failure under its key and answers a same-key
+    /// repeat with it (`handler.savesFailures`, Stripe does): a same-key
+    /// replay of a refusal comes back as `replayed_failure`, so the
+    /// operator is warned before one.
+    pub saves_failures: bool,
 }
 
 /// `handler.lookup`: an HTTP GET that tells whether the provider applied a
@@ -239,6 +250,8 @@ impl Default for ProviderAnswers {
             refused_statuses: vec![],
             replay_marker: None,
             lookup: None,
+            idempotent: false,
+            saves_failures: false,
         }
     }
 }
