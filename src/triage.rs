@@ -117,10 +117,14 @@ async fn function_facts(ops: &QueueOps, ask_provider: bool) -> OpsResult<Functio
         .and_then(|ms| time::OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000).ok())
         .map(aqw_core::idempotency::fmt_time);
     let has_lookup = lookup::of(&f.handler).is_some();
-    // TODO(issue 52, lead): read `handler.idempotent` and
-    // `handler.savesFailures` from the handler's ProviderAnswers once the
-    // gates branch adds them; until then only the records tell.
-    let (idempotent, saves_failures) = (false, false);
+    // Declared in `handler` (`idempotent`, `savesFailures`); the records
+    // and key histories add what the provider showed (the plan's side).
+    let (idempotent, saves_failures) = match &f.handler {
+        aqw_core::handler::HandlerSpec::Http { answers, .. } => {
+            (answers.idempotent, answers.saves_failures)
+        }
+        _ => (false, false),
+    };
     Ok(FunctionFacts {
         function: f.name.clone(),
         breaker: control.breaker,
