@@ -432,7 +432,10 @@ async fn a_slack_alert_is_block_kit_with_the_command_and_the_dashboard() {
     // Issue 52: every format starts the on-call from `aqw triage QUEUE`.
     let all = body.to_string();
     assert!(all.contains(&format!("`aqw triage {queue}`")), "{all}");
-    assert!(all.contains("`aqw oncall`") && !all.contains("github.com"), "{all}");
+    assert!(
+        all.contains("`aqw oncall`") && !all.contains("github.com"),
+        "{all}"
+    );
     let button = &blocks.last().unwrap()["elements"][0];
     assert_eq!(button["type"], "button");
     assert_eq!(button["url"], format!("https://aqw.example/q/{queue}"));

@@ -47,6 +47,9 @@ fn act(text: &str, why: &str) -> Step {
     }
 }
 
+/// What a group shares: cause, decision, error kind, masked error text.
+type GroupKey = (Cause, Action, String, String);
+
 /// The open records grouped by (cause, decision, error group), oldest
 /// record first within each.
 pub(super) fn groups(
@@ -55,7 +58,7 @@ pub(super) fn groups(
     decided: &[Decided],
     provider: &ProviderState,
 ) -> Vec<TriageGroup> {
-    let mut keyed: Vec<((Cause, Action, String, String), Vec<usize>)> = Vec::new();
+    let mut keyed: Vec<(GroupKey, Vec<usize>)> = Vec::new();
     for (i, (r, d)) in open.iter().zip(decided).enumerate() {
         let (_, text) = crate::alert::error_group(&r.error.message);
         let k = (d.cause, d.action, r.error.kind.as_str().to_string(), text);

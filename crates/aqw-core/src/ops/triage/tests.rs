@@ -227,7 +227,13 @@ fn the_seeded_incident_is_four_groups_most_urgent_first_with_their_commands() {
         ]
     );
     assert!(bad.steps.iter().any(|s| s.why.contains("new provider key")));
+}
 
+/// The same incident's refusal the provider saved (a new provider key once
+/// the lookup says not applied) and closed account (discard, key closed).
+#[test]
+fn the_seeded_incidents_refusal_and_closed_account_get_their_way_out() {
+    let p = incident().plan();
     let refusal = &p.groups[2];
     assert!(
         refusal.meaning.contains("saved this failure"),
