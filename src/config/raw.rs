@@ -282,6 +282,9 @@ pub(super) struct RawPerKey {
     pub(super) in_flight: i64,
 }
 
+// One per function, read once at load: the `http` variant's size costs
+// nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
 pub(super) enum RawHandler {
