@@ -365,7 +365,10 @@ fn provider_state(
             format!("a job succeeded at {at}, after the newest open record"),
         )
     } else if answered {
-        ("yes", "its lookup answered (below)".to_string())
+        (
+            "yes",
+            "its lookup answers: a probe of the provider, not of the job's endpoint".to_string(),
+        )
     } else {
         (
             "unknown",

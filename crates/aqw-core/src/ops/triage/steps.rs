@@ -110,7 +110,10 @@ fn first_line(error: &str) -> String {
 }
 
 fn meaning(cause: Cause, action: Action, error: &str) -> String {
-    let short: String = error.chars().take(80).collect();
+    let mut short: String = error.chars().take(80).collect();
+    if short.len() < error.len() {
+        short.push('…');
+    }
     match (cause, action) {
         (_, Action::Replay) if cause != Cause::Outage => format!("its key is already settled ({short}): a replay closes the record without running the job"),
         (Cause::Outage, Action::ReplayPastWindow) => format!("the provider failed them ({short}) and their provider keys are past providerKeyWindow; no attempt may have taken effect, so a replay cannot double anything"),
