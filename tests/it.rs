@@ -66,4 +66,5 @@ mod serve;
 mod serve_backoff;
 mod spread;
 mod traces;
+mod triage;
 mod worker;

@@ -432,6 +432,13 @@ async fn a_slack_alert_is_block_kit_with_the_command_and_the_dashboard() {
         "{text}"
     );
     assert!(text.contains("HTTP 503"), "{text}");
+    // Issue 52: every format starts the on-call from `aqw triage QUEUE`.
+    let all = body.to_string();
+    assert!(all.contains(&format!("`aqw triage {queue}`")), "{all}");
+    assert!(
+        all.contains("`aqw oncall`") && !all.contains("github.com"),
+        "{all}"
+    );
     let button = &blocks.last().unwrap()["elements"][0];
     assert_eq!(button["type"], "button");
     assert_eq!(button["url"], format!("https://aqw.example/q/{queue}"));
@@ -467,6 +474,7 @@ async fn a_teams_alert_is_an_adaptive_card_message() {
     assert!(card
         .to_string()
         .contains(&format!("aqw poison show {queue} {id}")));
+    assert!(card.to_string().contains(&format!("aqw triage {queue}")));
     assert_eq!(card["actions"][0]["type"], "Action.OpenUrl");
     assert_eq!(
         card["actions"][0]["url"],
@@ -479,6 +487,8 @@ async fn a_generic_alert_keeps_the_json_body_and_adds_the_command() {
     let (body, queue, id) = poison_and_receive("generic").await;
     assert_eq!(body["event"], "aqw.poison.new");
     assert_eq!(body["count"], 1);
+    assert_eq!(body["next"], format!("aqw triage {queue}"));
+    assert_eq!(body["runbook"], "aqw oncall");
     assert_eq!(body["groups"][0]["messageIds"], json!([id]));
     assert_eq!(
         body["groups"][0]["show"],
@@ -502,6 +512,10 @@ fn bad_alert_settings_exit_2_naming_the_setting() {
         (
             json!({"dashboardUrl": "not a url"}),
             "aqw.alert.dashboardUrl",
+        ),
+        (
+            json!({"runbookUrl": "http://wiki.example/oncall"}),
+            "aqw.alert.runbookUrl",
         ),
     ] {
         merge_aqw(&app, json!({ "alert": alert }));

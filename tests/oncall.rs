@@ -61,10 +61,12 @@ async fn a_mixed_window_alerts_once_with_every_cause_grouped() {
     for body in &alerts {
         assert_eq!(body["function"], "Job");
         assert_eq!(body["queue"], app.queue.as_str());
+        assert_eq!(body["next"], format!("aqw triage {}", app.queue));
         assert_eq!(
-            body["next"],
+            body["list"],
             format!("aqw poison list {} --status open", app.queue)
         );
+        assert_eq!(body["runbook"], "aqw oncall");
         assert!(
             body["firstPoisonedAt"].as_str().unwrap() <= body["lastPoisonedAt"].as_str().unwrap()
         );

@@ -19,8 +19,8 @@ Exit codes:
 Settings come from the environment, then local.settings.json Values in the
 app folder (the environment wins). NO_COLOR turns colour off.
 
-On call? docs/oncall.md: one screen per incident kind, from the alert to a
-proven resolution (https://github.com/aqw/aqw/blob/main/docs/oncall.md).";
+On call? `aqw triage QUEUE`: the open records grouped by cause with the next
+commands; `aqw oncall [KIND]`: this version's runbook, one screen per kind.";
 
 #[derive(Parser)]
 #[command(
@@ -74,6 +74,17 @@ pub enum Command {
         after_help = "Exit codes: 0 nothing needs a person; 1 a poison record is open, a function is paused, or a breaker is open or half-open (its own or the fleet's); 2 bad arguments or configuration; 3 storage error.\n\nExamples:\n  aqw status\n  aqw status --output json"
     )]
     Status,
+    /// The open poison records grouped by cause, most urgent first, with what
+    /// aqw knows, what it means and the exact next commands; exit 1 while any is open.
+    #[command(
+        after_help = "Exit codes: 0 nothing open; 1 records are open (the plan is printed); 2 bad arguments or configuration; 3 storage error.\n\nAsks the function's handler.lookup about each attempt that may have taken effect, and about a refusal of a provider that saves failures.\n\nExamples:\n  aqw triage payouts\n  aqw triage payouts --output json"
+    )]
+    Triage(super::triage::TriageArgs),
+    /// Print the on-call runbook embedded in this binary, whole or one incident kind's page.
+    #[command(
+        after_help = "Exit codes: 0 printed; 2 an unknown kind (the kinds are listed).\n\nExamples:\n  aqw oncall\n  aqw oncall outage"
+    )]
+    Oncall(super::oncall::OncallArgs),
     /// Stop a function receiving (every worker and `aqw serve`, within seconds); in-flight jobs finish.
     #[command(
         after_help = "Examples:\n  aqw pause GrantCredits --reason 'ledger maintenance until 14:00'\n  aqw pause GrantCredits --by alice"

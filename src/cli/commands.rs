@@ -26,6 +26,8 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Failure> {
         Command::Dashboard(a) => dashboard(&cli.app, a).await,
         Command::Enqueue(a) => enqueue(&cli.app, a, output).await,
         Command::Status => status(&cli.app, output).await,
+        Command::Triage(a) => super::triage::run(&cli.app, a, output).await,
+        Command::Oncall(a) => super::oncall::run(a, output),
         Command::Poison(cmd) => poison(&cli.app, cmd, output).await,
         Command::Pause(a) => pause(&cli.app, a, output).await,
         Command::Resume(a) => resume(&cli.app, a, output).await,

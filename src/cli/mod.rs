@@ -1,6 +1,6 @@
 //! The command line over the library: [`args`] (clap's types), [`commands`]
 //! (dispatch to `aqw::ops` and friends), [`render`] (text and JSON output),
-//! `poison_list` (`poison list`, its redaction), `purge` (the two purge commands), `report` (`poison report`), [`ops`] (durable group operations) and [`exit`] (the exit codes, decided once).
+//! `poison_list` (`poison list`, its redaction), `purge` (the two purge commands), `report` (`poison report`), [`triage`] (`aqw triage`), [`oncall`] (`aqw oncall`, the embedded runbook), [`ops`] (durable group operations) and [`exit`] (the exit codes, decided once).
 
 /// `println!` for the CLI's output: a closed pipe (`aqw poison list q |
 /// head`) ends the process quietly with exit 0, as ripgrep does, instead of
@@ -55,11 +55,13 @@ mod commands;
 pub mod exit;
 mod keys;
 mod keys_args;
+pub mod oncall;
 pub mod ops;
 mod poison_list;
 mod purge;
 mod render;
 mod report;
+pub mod triage;
 
 pub use args::Cli;
 pub use exit::{Exit, Failure};

@@ -53,7 +53,9 @@ pub fn enqueued(e: &Enqueued, output: Output) {
 pub fn status(lines: &[QueueStatus], schedules: &[ScheduleStatus], open: usize, output: Output) {
     if output == Output::Json {
         print_json(
-            &serde_json::json!({"queues": lines, "schedules": schedules, "openPoisonRecords": open}),
+            &serde_json::json!({"queues": lines, "schedules": schedules, "openPoisonRecords": open,
+                "triage": lines.iter().filter(|l| l.open_records > 0)
+                    .map(|l| aqw_core::alert::triage_command(&l.queue)).collect::<Vec<_>>()}),
         );
         return;
     }
@@ -158,6 +160,14 @@ pub fn status_control(lines: &[QueueStatus], output: Output) {
                 one_line(&b.reason)
             );
         }
+    }
+    for l in lines.iter().filter(|l| l.open_records > 0) {
+        outln!(
+            "TRIAGE   {} open record(s) on {}: start with `{}` (grouped by cause, with the next commands)",
+            l.open_records,
+            l.queue,
+            aqw_core::alert::triage_command(&l.queue)
+        );
     }
 }
 

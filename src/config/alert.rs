@@ -13,10 +13,12 @@ use crate::telemetry::{AlertFormat, SigningSecret};
 /// as its key, and 16 random characters is the least a guess cannot reach.
 const MIN_SECRET_CHARS: usize = 16;
 
-/// `aqw.alert.format`, `aqw.alert.dashboardUrl` and `aqw.alert.secret`, validated.
+/// `aqw.alert.format`, `aqw.alert.dashboardUrl`, `aqw.alert.runbookUrl`
+/// and `aqw.alert.secret`, validated.
 pub(super) struct AlertDelivery {
     pub(super) format: AlertFormat,
     pub(super) dashboard_url: Option<url::Url>,
+    pub(super) runbook_url: Option<url::Url>,
     pub(super) secret: Option<SigningSecret>,
 }
 
@@ -30,6 +32,7 @@ impl AlertDelivery {
             return Ok(Self {
                 format: AlertFormat::Generic,
                 dashboard_url: None,
+                runbook_url: None,
                 secret: None,
             });
         };
@@ -40,6 +43,13 @@ impl AlertDelivery {
                     .map_err(|m| ConfigError::new(host_file, "aqw.alert.dashboardUrl", m))?,
             ),
         };
+        let runbook_url = match &a.runbook_url {
+            None => None,
+            Some(u) => Some(
+                runbook_url(u)
+                    .map_err(|m| ConfigError::new(host_file, "aqw.alert.runbookUrl", m))?,
+            ),
+        };
         let secret = match &a.secret {
             None => None,
             Some(reference) => Some(secret(host_file, reference, env)?),
@@ -47,9 +57,27 @@ impl AlertDelivery {
         Ok(Self {
             format: a.format.unwrap_or_default(),
             dashboard_url,
+            runbook_url,
             secret,
         })
     }
+}
+
+/// `aqw.alert.runbookUrl`: an https URL with a host and no credentials (it
+/// is posted into chat channels and pages people; a link an attacker could
+/// swap for plain http, or one carrying a password, is refused).
+fn runbook_url(text: &str) -> Result<url::Url, String> {
+    let u = url::Url::parse(text.trim()).map_err(|e| format!("not a URL: {e}"))?;
+    if u.scheme() != "https" {
+        return Err("must be an https URL (the runbook your on-call opens from an alert)".into());
+    }
+    if u.host_str().is_none_or(str::is_empty) {
+        return Err("must name a host".into());
+    }
+    if !u.username().is_empty() || u.password().is_some() {
+        return Err("must not carry a user name or password".into());
+    }
+    Ok(u)
 }
 
 /// The secret `reference` names: exactly `%NAME%`, NAME set in the
@@ -105,6 +133,34 @@ mod tests {
         assert!(e.contains("ALERT_KEY") && e.contains("not set"), "{e}");
         let e = load(r#"{"secret": "%ALERT_KEY%"}"#, &[("ALERT_KEY", "short-pw")]).unwrap_err();
         assert!(e.contains("shorter") && !e.contains("short-pw"), "{e}");
+    }
+
+    /// Issue 52: `aqw.alert.runbookUrl` is an https URL or absent; absent,
+    /// alerts name the runbook embedded in the binary, never someone else's page.
+    #[test]
+    fn the_runbook_url_is_https_or_absent() {
+        for bad in [
+            "http://wiki.example/oncall",
+            "not a url",
+            "https://user:pw@wiki.example/x",
+            "javascript:alert(1)",
+        ] {
+            let e = load(&format!(r#"{{"runbookUrl": "{bad}"}}"#), &[]).unwrap_err();
+            assert!(e.contains("aqw.alert.runbookUrl"), "{bad}: {e}");
+            assert!(!e.contains("pw@"), "{e}");
+        }
+        let c = load(
+            r#"{"webhook": "https://hooks.example/x", "runbookUrl": "https://wiki.example/aqw/oncall"}"#,
+            &[],
+        )
+        .unwrap();
+        let hook = c.alert_target().unwrap();
+        let link = aqw_core::alert::runbook_link(hook.runbook_url.as_ref(), Some("outage"));
+        assert_eq!(link, "https://wiki.example/aqw/oncall");
+        let c = load(r#"{"webhook": "https://hooks.example/x"}"#, &[]).unwrap();
+        let hook = c.alert_target().unwrap();
+        let link = aqw_core::alert::runbook_link(hook.runbook_url.as_ref(), Some("outage"));
+        assert_eq!(link, "aqw oncall outage");
     }
 
     #[test]

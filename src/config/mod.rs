@@ -124,6 +124,7 @@ pub fn load_with_env(app_dir: &Path, env: &dyn Env) -> Result<AppConfig, ConfigE
         alert_format: delivery.format,
         alert_dashboard_url: delivery.dashboard_url,
         alert_secret: delivery.secret,
+        alert_runbook_url: delivery.runbook_url,
         http_port: a.http_port,
         metrics_interval,
         trace_parent: a.trace_parent,

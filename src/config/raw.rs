@@ -188,6 +188,8 @@ pub(super) struct RawAlert {
     /// `generic` (aqw's JSON), `slack` or `teams`.
     pub(super) format: Option<crate::telemetry::AlertFormat>,
     pub(super) dashboard_url: Option<String>,
+    /// The runbook link alerts carry (an https URL).
+    pub(super) runbook_url: Option<String>,
     /// A `%SETTING%` reference to the HMAC signing secret.
     pub(super) secret: Option<String>,
     /// How long a function may be throttled before an alert (a timespan).

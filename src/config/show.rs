@@ -283,6 +283,17 @@ fn delivery_rows(app: &AppConfig, look: &Lookup, row: &mut impl FnMut(&str, Stri
         dashboard,
         look.host("/aqw/alert/dashboardUrl"),
     );
+    let runbook = app
+        .alert_runbook_url
+        .as_ref()
+        .map_or("aqw oncall (the runbook in this binary)".into(), |u| {
+            safe_url(u.as_str())
+        });
+    row(
+        "alert.runbookUrl",
+        runbook,
+        look.host("/aqw/alert/runbookUrl"),
+    );
     let secret = match &app.alert_secret {
         Some(_) => "(set, not shown)".to_string(),
         None => "off".to_string(),

@@ -32,6 +32,7 @@ impl Dashboard {
             session: p.is_some_and(|p| p.via == Via::Session),
             read_only: self.read_only,
             queues: self.queues.iter().map(|q| q.queue.clone()).collect(),
+            runbook: self.app.alert_runbook_url.as_ref().map(|u| u.to_string()),
         }
     }
 
@@ -158,7 +159,17 @@ pub async fn status(State(d): S, headers: HeaderMap) -> Response {
         })
         .collect();
     let schedules = schedule_rows(&d).await;
+    // The triage of each queue with open records, at the top.
+    let open: Vec<&QueueOps> = d
+        .queues
+        .iter()
+        .zip(&rows)
+        .filter(|(_, r)| r.status.as_ref().is_ok_and(|s| s.open_records > 0))
+        .map(|(q, _)| q.as_ref())
+        .collect();
+    let plans = super::triage::plans(&open).await;
     let body = maud::html! {
+        (super::triage::section(&plans))
         (views::status_page(&rows, d.app.alert_webhook.is_some(), &v))
         (views::schedules_table(&schedules))
     };

@@ -55,6 +55,7 @@ mod selection;
 mod settings;
 mod text;
 mod throttle;
+mod triage;
 mod views;
 
 pub use guard::{public_hosts, PROXY_SECRET_HEADER};

@@ -23,6 +23,8 @@ pub struct Viewer {
     pub read_only: bool,
     /// The configured queues, for the navigation.
     pub queues: Vec<String>,
+    /// `aqw.alert.runbookUrl`, linked from the navigation when set.
+    pub runbook: Option<String>,
 }
 
 /// How long before `now` the RFC 3339 time `at` was, coarsely ("45 s ago",
@@ -83,7 +85,10 @@ fn nav(v: &Viewer) -> Markup {
             a href="/" { "Status" }
             @for q in &v.queues { a href={ "/q/" (enc(q)) } { (Text(q)) } }
             a #nav-ops href="/ops" { "Operations" }
-            a #oncall href=(aqw_core::alert::ONCALL_URL) rel="noopener noreferrer" { "On call" }
+            @match &v.runbook {
+                Some(url) => { a #oncall href=(url) rel="noopener noreferrer" { "On call" } }
+                None => { span.muted #oncall title="the runbook embedded in the aqw binary" { "On call: " code { "aqw oncall" } } }
+            }
             span.who {
                 @if v.read_only { span.badge { "read-only" } " " }
                 @if let Some(n) = &v.name { "signed in as " b #who { (Text(n)) } }

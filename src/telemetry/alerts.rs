@@ -5,7 +5,8 @@
 //! two in `chat.rs`), signed with HMAC-SHA256 when a secret is set.
 
 use super::groups::{
-    dashboard_link, group_alerts, list_command, show_command, window_facts, PoisonAlert,
+    dashboard_link, group_alerts, list_command, runbook_link, show_command, triage_command,
+    window_facts, PoisonAlert,
 };
 use serde_json::json;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use tokio::sync::mpsc;
 /// counts grouped by error kind and error text, each group with samples and
 /// the command that lists it.
 pub fn alert_body(queue: &str, batch: &[PoisonAlert]) -> serde_json::Value {
-    generic_body(queue, batch, None)
+    generic_body(queue, batch, None, None)
 }
 
 /// aqw's own JSON body (`aqw.alert.format` `generic`).
@@ -22,6 +23,7 @@ fn generic_body(
     queue: &str,
     batch: &[PoisonAlert],
     dashboard: Option<String>,
+    runbook: Option<&url::Url>,
 ) -> serde_json::Value {
     let groups = group_alerts(batch);
     let facts = window_facts(batch);
@@ -46,9 +48,10 @@ fn generic_body(
             "show": g.ids.first().map(|id| show_command(queue, id)),
         })).collect::<Vec<_>>(),
         "uncertainRecords": batch.iter().filter(|a| a.uncertain).count(),
-        "next": list_command(queue),
-        "runbook": super::groups::ONCALL_URL,
-        "hint": format!("read each group with `aqw poison list {queue} --status open`, then `aqw poison show {queue} ID`; replay once the cause is fixed, discard a job that must never run"),
+        "next": triage_command(queue),
+        "list": list_command(queue),
+        "runbook": runbook_link(runbook, None),
+        "hint": format!("start with `{}`: the open records grouped by cause, what each means and the exact next commands; the runbook: {}", triage_command(queue), runbook_link(runbook, None)),
         // The window's first record, kept for receivers written against
         // the old body (its group has the rest).
         "messageId": batch.first().map(|a| a.message_id.clone()),
@@ -61,13 +64,15 @@ pub fn render_alert(
     format: AlertFormat,
     queue: &str,
     batch: &[PoisonAlert],
-    dashboard: Option<&url::Url>,
+    links: (Option<&url::Url>, Option<&url::Url>),
 ) -> serde_json::Value {
+    let (dashboard, runbook) = links;
     let link = dashboard_link(dashboard, queue);
+    let book = runbook_link(runbook, None);
     match format {
-        AlertFormat::Generic => generic_body(queue, batch, link),
-        AlertFormat::Slack => super::chat::slack_body(queue, batch, link.as_deref()),
-        AlertFormat::Teams => super::chat::teams_body(queue, batch, link.as_deref()),
+        AlertFormat::Generic => generic_body(queue, batch, link, runbook),
+        AlertFormat::Slack => super::chat::slack_body(queue, batch, link.as_deref(), &book),
+        AlertFormat::Teams => super::chat::teams_body(queue, batch, link.as_deref(), &book),
     }
 }
 
@@ -106,13 +111,21 @@ pub fn start(webhook: Option<Webhook>, window: Duration) -> Alerts {
 /// (`aqw.breaker.open`, `aqw.breaker.closed`, ...), retried like the
 /// poison alert; the log line is the engine's.
 fn post_breaker_event(client: &reqwest::Client, webhook: &Webhook, body: serde_json::Value) {
+    let body = event_links(webhook, body);
     // Slack and Teams take their own shapes: the event's summary as
     // one line of text there, aqw's JSON as it is otherwise.
-    let summary = format!(
-        "{}\nOn call: {}",
-        body["summary"].as_str().unwrap_or_default(),
-        super::groups::ONCALL_URL
-    );
+    let summary = match body["triage"].as_str() {
+        Some(triage) => format!(
+            "{}\nOn call: `{triage}` · runbook: {}",
+            body["summary"].as_str().unwrap_or_default(),
+            body["runbook"].as_str().unwrap_or_default()
+        ),
+        None => format!(
+            "{}\nOn call: runbook {}",
+            body["summary"].as_str().unwrap_or_default(),
+            body["runbook"].as_str().unwrap_or_default()
+        ),
+    };
     let summary = summary.as_str();
     let body = match webhook.format {
         AlertFormat::Generic => body.clone(),
@@ -120,6 +133,23 @@ fn post_breaker_event(client: &reqwest::Client, webhook: &Webhook, body: serde_j
         AlertFormat::Teams => super::chat::teams_text(summary),
     };
     tokio::spawn(post_with_backoff(client.clone(), webhook.clone(), body));
+}
+
+/// An event's on-call pointers: the configured runbook link in place of
+/// the engine's `aqw oncall KIND`, and `aqw triage QUEUE` for the queue (or
+/// the function's queue) it concerns.
+pub fn event_links(webhook: &Webhook, mut body: serde_json::Value) -> serde_json::Value {
+    if let Some(url) = &webhook.runbook_url {
+        body["runbook"] = json!(url.as_str());
+    }
+    let queue = body["queue"].as_str().map(str::to_string).or_else(|| {
+        let function = body["function"].as_str()?;
+        webhook.queues.get(function).cloned()
+    });
+    if let Some(q) = queue {
+        body["triage"] = json!(triage_command(&q));
+    }
+    body
 }
 
 async fn alert_loop(
@@ -164,7 +194,8 @@ fn send_window(
         batch.len()
     );
     if let (Some(webhook), Some(client)) = (webhook, client) {
-        let body = render_alert(webhook.format, queue, batch, webhook.dashboard_url.as_ref());
+        let links = (webhook.dashboard_url.as_ref(), webhook.runbook_url.as_ref());
+        let body = render_alert(webhook.format, queue, batch, links);
         tokio::spawn(post_with_backoff(client.clone(), webhook.clone(), body));
     }
 }
@@ -257,15 +288,21 @@ mod tests {
             "account acct-closed is closed (since 2026-01-01)"
         );
         assert_eq!(g["errorGroup"], "account acct-closed is closed (since #)");
-        assert_eq!(body["runbook"], super::super::groups::ONCALL_URL);
+        assert_eq!(body["runbook"], "aqw oncall");
+        assert_eq!(body["next"], "aqw triage credits");
         assert_eq!(body["uncertainRecords"], 0);
         assert!(
             body.get("mayHaveTakenEffect").is_none(),
             "no top-level field of another record"
         );
         for format in [AlertFormat::Slack, AlertFormat::Teams] {
-            let text = render_alert(format, "credits", &batch, None).to_string();
-            assert!(text.contains("docs/oncall.md"), "{text}");
+            let text = render_alert(format, "credits", &batch, (None, None)).to_string();
+            assert!(text.contains("aqw triage credits"), "{text}");
+            assert!(text.contains("aqw oncall"), "{text}");
+            assert!(!text.contains("github.com"), "{text}");
+            let url: url::Url = "https://wiki.example/oncall".parse().unwrap();
+            let text = render_alert(format, "credits", &batch, (None, Some(&url))).to_string();
+            assert!(text.contains("https://wiki.example/oncall"), "{text}");
             assert!(text.contains("(since 2026-01-01)"), "{text}");
         }
     }
@@ -320,7 +357,8 @@ mod tests {
         assert_eq!(body["function"], "GrantCredit");
         assert_eq!(body["firstPoisonedAt"], "2027-01-15T08:00:00Z");
         assert_eq!(body["lastPoisonedAt"], "2027-01-15T08:00:05Z");
-        assert_eq!(body["next"], "aqw poison list credits --status open");
+        assert_eq!(body["next"], "aqw triage credits");
+        assert_eq!(body["list"], "aqw poison list credits --status open");
         let groups = body["groups"].as_array().unwrap();
         assert_eq!(groups.len(), 4, "{groups:#?}");
         // The biggest group first: the three 503s, whatever their request ids.
@@ -369,11 +407,38 @@ mod tests {
             format: AlertFormat::Slack,
             dashboard_url: None,
             secret: Some(secret),
+            runbook_url: None,
+            queues: Default::default(),
         };
         let shown = format!("{hook:?}");
         assert!(
             !shown.contains("tokenpart") && !shown.contains("0123456789abcdef"),
             "{shown}"
+        );
+    }
+
+    /// Issue 52: a breaker event names `aqw triage` for its function's
+    /// queue and carries the configured runbook link, never a URL that is
+    /// not the operator's.
+    #[test]
+    fn a_breaker_event_points_to_triage_and_the_configured_runbook() {
+        let mut hook = Webhook {
+            url: "https://hooks.example/x".parse().unwrap(),
+            format: AlertFormat::Generic,
+            dashboard_url: None,
+            secret: None,
+            runbook_url: None,
+            queues: [("GrantCredit".to_string(), "credits".to_string())].into(),
+        };
+        let event = json!({"event": "aqw.breaker.open", "function": "GrantCredit",
+            "summary": "open", "runbook": aqw_core::alert::runbook_link(None, Some("outage"))});
+        let body = event_links(&hook, event.clone());
+        assert_eq!(body["triage"], "aqw triage credits");
+        assert_eq!(body["runbook"], "aqw oncall outage");
+        hook.runbook_url = Some("https://wiki.example/aqw".parse().unwrap());
+        assert_eq!(
+            event_links(&hook, event)["runbook"],
+            "https://wiki.example/aqw"
         );
     }
 

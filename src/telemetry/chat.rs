@@ -18,7 +18,7 @@
 //!   `TextBlock`, `FactSet`, `Container`, `Action.OpenUrl`).
 
 use super::groups::{
-    group_alerts, list_command, show_command, window_facts, AlertGroup, PoisonAlert,
+    group_alerts, list_command, show_command, triage_command, window_facts, AlertGroup, PoisonAlert,
 };
 use serde_json::{json, Value};
 
@@ -70,7 +70,12 @@ fn headline(queue: &str, batch: &[PoisonAlert]) -> String {
 }
 
 /// The Slack Block Kit message of one queue's window.
-pub(super) fn slack_body(queue: &str, batch: &[PoisonAlert], dashboard: Option<&str>) -> Value {
+pub(super) fn slack_body(
+    queue: &str,
+    batch: &[PoisonAlert],
+    dashboard: Option<&str>,
+    runbook: &str,
+) -> Value {
     let groups = group_alerts(batch);
     let facts = window_facts(batch);
     let field = |name: &str, value: &str| json!({"type": "mrkdwn", "text": clip(&format!("*{name}*\n{}", mrkdwn(value)), 2000)});
@@ -102,9 +107,15 @@ pub(super) fn slack_body(queue: &str, batch: &[PoisonAlert], dashboard: Option<&
         0 => format!("Every open record: {}", code(&list_command(queue))),
         n => format!("{n} more group(s): {}", code(&list_command(queue))),
     };
+    // A configured runbook is a link; the default is the command that
+    // prints the runbook embedded in the binary.
+    let book = match runbook.starts_with("https://") {
+        true => format!("<{}|runbook>", mrkdwn(runbook)),
+        false => code(runbook),
+    };
     let next = format!(
-        "{next} · on call: <{}|docs/oncall.md>",
-        super::groups::ONCALL_URL
+        "Start here: {} (groups by cause, next commands) · {next} · runbook: {book}",
+        code(&triage_command(queue))
     );
     blocks.push(
         json!({"type": "context", "elements": [{"type": "mrkdwn", "text": clip(&next, 3000)}]}),
@@ -160,7 +171,12 @@ fn teams_group(queue: &str, g: &AlertGroup) -> Value {
 }
 
 /// The Teams message (one Adaptive Card 1.4) of one queue's window.
-pub(super) fn teams_body(queue: &str, batch: &[PoisonAlert], dashboard: Option<&str>) -> Value {
+pub(super) fn teams_body(
+    queue: &str,
+    batch: &[PoisonAlert],
+    dashboard: Option<&str>,
+    runbook: &str,
+) -> Value {
     let groups = group_alerts(batch);
     let facts = window_facts(batch);
     let mut body = vec![
@@ -183,9 +199,13 @@ pub(super) fn teams_body(queue: &str, batch: &[PoisonAlert], dashboard: Option<&
         0 => format!("Every open record: {}", list_command(queue)),
         n => format!("{n} more group(s): {}", list_command(queue)),
     };
+    let book = match runbook.starts_with("https://") {
+        true => format!("[runbook]({runbook})"),
+        false => format!("runbook: {}", code(runbook)),
+    };
     let next = format!(
-        "{next} · on call: [docs/oncall.md]({})",
-        super::groups::ONCALL_URL
+        "Start here: {} (groups by cause, next commands) · {next} · {book}",
+        code(&triage_command(queue))
     );
     body.push(json!({"type": "TextBlock", "text": next, "isSubtle": true, "wrap": true, "separator": true}));
     let mut card = json!({
@@ -238,7 +258,12 @@ mod tests {
 
     #[test]
     fn slack_blocks_stay_within_block_kit_limits() {
-        let body = slack_body("credits", &storm(), Some("https://grafana.example/d/aqw"));
+        let body = slack_body(
+            "credits",
+            &storm(),
+            Some("https://grafana.example/d/aqw"),
+            "aqw oncall",
+        );
         let blocks = body["blocks"].as_array().unwrap();
         assert!(blocks.len() <= 50);
         assert!(body["text"].as_str().unwrap().contains("14 message(s)"));
@@ -263,7 +288,7 @@ mod tests {
 
     #[test]
     fn the_teams_card_is_an_adaptive_card_attachment() {
-        let body = teams_body("credits", &storm()[..2], None);
+        let body = teams_body("credits", &storm()[..2], None, "aqw oncall");
         assert_eq!(body["type"], "message");
         let a = &body["attachments"][0];
         assert_eq!(a["contentType"], "application/vnd.microsoft.card.adaptive");

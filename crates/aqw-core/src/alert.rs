@@ -140,8 +140,23 @@ pub fn group_alerts(batch: &[PoisonAlert]) -> Vec<AlertGroup<'_>> {
     groups
 }
 
-/// The on-call guide every alert links to: one screen per incident kind.
-pub const ONCALL_URL: &str = "https://github.com/aqw/aqw/blob/main/docs/oncall.md";
+/// The command every alert names first: the queue's open records grouped
+/// by cause, with the next commands (`aqw triage`).
+pub fn triage_command(queue: &str) -> String {
+    format!("aqw triage {queue}")
+}
+
+/// The runbook an alert links: `aqw.alert.runbookUrl` when set, else the
+/// command that prints the runbook embedded in the aqw binary, of the
+/// binary's own version (`aqw oncall [KIND]`). Never a web address that is
+/// not the operator's own.
+pub fn runbook_link(configured: Option<&url::Url>, kind: Option<&str>) -> String {
+    match (configured, kind) {
+        (Some(u), _) => u.to_string(),
+        (None, Some(k)) => format!("aqw oncall {k}"),
+        (None, None) => "aqw oncall".to_string(),
+    }
+}
 
 /// The command that shows one record.
 pub fn show_command(queue: &str, id: &str) -> String {
@@ -355,6 +370,12 @@ pub struct Webhook {
     pub dashboard_url: Option<url::Url>,
     /// The key that signs each body, when set.
     pub secret: Option<SigningSecret>,
+    /// `aqw.alert.runbookUrl`: the runbook link every alert carries
+    /// (`None`: the `aqw oncall` command, see [`runbook_link`]).
+    pub runbook_url: Option<url::Url>,
+    /// Each function's queue, so an event of a function (a breaker) names
+    /// `aqw triage QUEUE`.
+    pub queues: std::collections::BTreeMap<String, String>,
 }
 
 impl std::fmt::Debug for Webhook {

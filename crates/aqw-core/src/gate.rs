@@ -190,7 +190,7 @@ impl Gate {
             "state": t.to(),
             "summary": summary,
             "worker": self.worker_id,
-            "runbook": crate::alert::ONCALL_URL,
+            "runbook": crate::alert::runbook_link(None, Some("outage")),
         }));
         let (control, worker, state) = (self.control.clone(), self.worker_id.clone(), t.to());
         let cool_down = match t {

@@ -399,7 +399,7 @@ fn alert_expiry_at_risk(rt: &FunctionRuntime, rescued: usize) {
         "function": rt.function.name,
         "summary": summary,
         "worker": rt.worker_id,
-        "runbook": crate::alert::ONCALL_URL,
+        "runbook": crate::alert::runbook_link(None, Some("outage")),
     }));
 }
 

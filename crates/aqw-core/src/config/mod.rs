@@ -168,6 +168,9 @@ pub struct AppConfig {
     pub alert_dashboard_url: Option<url::Url>,
     /// `aqw.alert.secret`, resolved: signs each webhook body.
     pub alert_secret: Option<crate::alert::SigningSecret>,
+    /// `aqw.alert.runbookUrl`: the runbook link of every alert (an https
+    /// URL); `None`: alerts name `aqw oncall`, the runbook in the binary.
+    pub alert_runbook_url: Option<url::Url>,
     /// `aqw.http.port`: the port of the health and metrics endpoint; `None`
     /// = no endpoint.
     pub http_port: Option<u16>,
@@ -258,6 +261,7 @@ impl AppConfig {
             alert_format: crate::alert::AlertFormat::default(),
             alert_dashboard_url: None,
             alert_secret: None,
+            alert_runbook_url: None,
             http_port: None,
             metrics_interval: Duration::from_secs(60),
             trace_parent: None,
@@ -326,6 +330,12 @@ impl AppConfig {
             format: self.alert_format,
             dashboard_url: self.alert_dashboard_url.clone(),
             secret: self.alert_secret.clone(),
+            runbook_url: self.alert_runbook_url.clone(),
+            queues: self
+                .functions
+                .iter()
+                .map(|f| (f.name.clone(), f.queue.clone()))
+                .collect(),
         })
     }
 

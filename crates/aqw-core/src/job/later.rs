@@ -150,7 +150,7 @@ pub(super) fn tell_adaptive_rate(rt: &FunctionRuntime, run: &HandlerRun) {
         "function": rt.function.name,
         "summary": summary,
         "worker": rt.worker_id,
-        "runbook": crate::alert::ONCALL_URL,
+        "runbook": crate::alert::runbook_link(None, Some("outage")),
     }));
 }
 

@@ -1,4 +1,4 @@
-//! The operator's procedure: status, list, show,
+//! The operator's procedure: status, triage, list, show,
 //! report, replay, discard, fix, enqueue, `keys show` and the purges, one file each. Each command
 //! returns data; the binary renders it and decides the exit code.
 //!
@@ -27,6 +27,7 @@ mod replay_report;
 mod report;
 mod show;
 mod status;
+pub mod triage;
 mod window;
 
 pub use control::{control_store, pause, resume};

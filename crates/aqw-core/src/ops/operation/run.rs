@@ -617,7 +617,7 @@ fn halted(op: &Operation, ops: &QueueOps, alerts: &Alerts) {
         "operation": op.id,
         "reason": reason,
         "summary": crate::scrub::one_line(&crate::scrub::scrub(&summary)),
-        "runbook": crate::alert::ONCALL_URL,
+        "runbook": crate::alert::runbook_link(None, None),
     }));
 }
 
