@@ -216,6 +216,7 @@ impl Gate {
         }
         loop {
             tokio::select! {
+                biased;
                 _ = tokio::time::sleep(WATCH_INTERVAL) => {}
                 _ = shutdown.cancelled() => return,
             }
@@ -240,6 +241,7 @@ impl Gate {
     pub async fn watch(&self, shutdown: CancellationToken) {
         loop {
             tokio::select! {
+                biased;
                 _ = tokio::time::sleep(WATCH_INTERVAL) => {}
                 _ = shutdown.cancelled() => return,
             }

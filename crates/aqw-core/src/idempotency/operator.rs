@@ -7,7 +7,6 @@ use super::store::KeyStore;
 use crate::storage::{Entity, StorageError, StorageResult};
 use serde_json::json;
 use time::OffsetDateTime;
-use uuid::Uuid;
 
 /// What `aqw keys list` selects.
 #[derive(Debug, Clone, Default)]
@@ -102,7 +101,7 @@ impl KeyStore {
                     key.as_str()
                 )));
             }
-            let fresh = Uuid::new_v4().to_string();
+            let fresh = crate::entropy::uuid().to_string();
             let note = Attempt {
                 at: fmt_time(now),
                 message_id: rec.message_id.clone().unwrap_or_default(),

@@ -32,7 +32,6 @@ use crate::storage::{ReceivedMessage, StorageError};
 use crate::traces::JobTrace;
 use handler::HandlerRun;
 use outcome::abandoned;
-use rand::Rng;
 use settle::Settling;
 use tokio_util::sync::CancellationToken;
 
@@ -199,7 +198,7 @@ async fn admit(
     // spread over up to three times the wait.
     if settle.delivers_while_paused() {
         if let Err(wait) = rt.adaptive.take(1) {
-            let spread = rand::thread_rng().gen_range(1.0..3.0);
+            let spread = crate::entropy::gen_range(1.0..3.0);
             return Err(wait.max(crate::decide::MIN_LATER).mul_f64(spread));
         }
     }
@@ -209,7 +208,7 @@ async fn admit(
     match flow.admit_key(payload).await {
         crate::flow::KeyAdmission::Run(slot) => Ok(slot),
         crate::flow::KeyAdmission::Park(after) => {
-            let jitter = rand::thread_rng().gen_range(0.5..1.5);
+            let jitter = crate::entropy::gen_range(0.5..1.5);
             Err(after.mul_f64(jitter))
         }
     }
@@ -275,7 +274,7 @@ async fn run_and_settle(
     policy: &Policy,
     hard_stop: &CancellationToken,
 ) -> Outcome {
-    let jitter = rand::thread_rng().gen();
+    let jitter = crate::entropy::gen();
     let (run, success) = ctx.run(payload, hard_stop).await;
     later::tell_adaptive_rate(ctx.rt, &run);
     let timeout_message = match &run {

@@ -51,5 +51,6 @@ mod producer;
 mod replay;
 mod retention;
 mod schedules;
+mod sim;
 mod spread;
 mod verification;
