@@ -83,6 +83,9 @@ pub async fn process(
         Err(after) => return ctx.park(after).await,
     };
     let over_cap_record = over_cap_record(rt, key.as_ref(), msg, &policy).await;
+    if waited_behind_another(over_cap_record.as_ref(), msg, &policy) {
+        facts.dequeue_count = policy.max_dequeue_count;
+    }
     let mut state = initial_key_state(&mut ctx, &policy, over_cap_record.as_ref());
     // A claim finds the key claimed, settled or held, never unclaimed: the
     // second answer is a run or a settlement.
@@ -212,6 +215,22 @@ async fn admit(
             Err(after.mul_f64(jitter))
         }
     }
+}
+
+/// Whether a copy read over the cap spent its receives waiting behind
+/// another copy of its key, not crashing: the key was last claimed by
+/// another message, that holder's lease has lapsed, and the key has run
+/// fewer attempts than the cap. A producer's duplicate deferred while the
+/// original held the key, whose holder then died, is such a copy (seed 98
+/// of the simulation poisoned it as `crashed` though its key then
+/// completed): it gets the last attempt (its fate at the cap) instead.
+fn waited_behind_another(rec: Option<&KeyRecord>, msg: &ReceivedMessage, policy: &Policy) -> bool {
+    rec.is_some_and(|r| {
+        !r.status.is_settled()
+            && r.lease_live(crate::clock::now_utc()).is_none()
+            && r.message_id.as_deref().is_some_and(|id| id != msg.id)
+            && r.attempts < policy.max_dequeue_count
+    })
 }
 
 /// Over the cap, the key's record decides first (see `decide`): read it.

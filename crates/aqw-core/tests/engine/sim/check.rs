@@ -136,35 +136,42 @@ pub async fn check(plan: &Plan, env: &Env, jobs: &BTreeMap<String, Class>) -> Ve
 }
 
 /// Every open record has its payload and its copy; every copy a record.
+/// A copy belongs to a record when the record names it, or when its
+/// envelope names the record's source message (a crash between the put
+/// and the record's update leaves the copy unnamed until an operator's
+/// scan adopts it).
 async fn copies_match_records(
     env: &Env,
     records: &[aqw_core::poison::PoisonRecord],
 ) -> Vec<String> {
     let mut out = Vec::new();
-    let copies: BTreeSet<String> = env
-        .poison_copies()
-        .await
-        .into_iter()
-        .map(|(id, _)| id)
-        .collect();
-    let named: BTreeSet<String> = records
-        .iter()
-        .filter_map(|r| r.poison_message_id.clone())
-        .collect();
+    let copies = env.poison_copies().await;
+    let ids: BTreeSet<&String> = copies.iter().map(|(id, _)| id).collect();
+    let sources: BTreeSet<&String> = copies.iter().map(|(_, e)| &e.message_id).collect();
     for r in records.iter().filter(|r| r.status == RecordStatus::Open) {
         if r.message.is_empty() {
             out.push(format!("open record {} without its payload", r.message_id));
         }
-        match &r.poison_message_id {
-            Some(id) if copies.contains(id) => {}
-            other => out.push(format!(
-                "open record {} without its copy ({other:?} not on the poison queue)",
-                r.message_id
-            )),
+        let named = r
+            .poison_message_id
+            .as_ref()
+            .is_some_and(|id| ids.contains(id));
+        if !named && !sources.contains(&r.message_id) {
+            out.push(format!(
+                "open record {} without its copy ({:?} not on the poison queue)",
+                r.message_id, r.poison_message_id
+            ));
         }
     }
-    for id in copies.difference(&named) {
-        out.push(format!("poison copy {id} without a record"));
+    let named: BTreeSet<&String> = records
+        .iter()
+        .filter_map(|r| r.poison_message_id.as_ref())
+        .collect();
+    let recorded: BTreeSet<&String> = records.iter().map(|r| &r.message_id).collect();
+    for (id, envelope) in &copies {
+        if !named.contains(id) && !recorded.contains(&envelope.message_id) {
+            out.push(format!("poison copy {id} without a record"));
+        }
     }
     out
 }

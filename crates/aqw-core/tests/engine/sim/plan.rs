@@ -82,7 +82,7 @@ pub struct Plan {
 }
 
 /// Faults are staged in the first `FAULT_SPAN` of a run; the rest settles.
-pub const FAULT_SPAN: Duration = Duration::from_secs(10 * 60);
+pub const FAULT_SPAN: Duration = Duration::from_secs(6 * 60);
 
 fn secs(r: &mut StdRng, lo: u64, hi: u64) -> Duration {
     Duration::from_secs(r.gen_range(lo..=hi))
@@ -90,31 +90,31 @@ fn secs(r: &mut StdRng, lo: u64, hi: u64) -> Duration {
 
 fn trouble(r: &mut StdRng) -> (Trouble, Duration) {
     match r.gen_range(0..7) {
-        0 => (Trouble::Outage, secs(r, 10, 240)),
+        0 => (Trouble::Outage, secs(r, 10, 200)),
         1 => (
             Trouble::Partial {
                 modulo: r.gen_range(2..=4),
             },
-            secs(r, 10, 180),
+            secs(r, 10, 150),
         ),
         2 => (
             Trouble::Flapping {
                 period: secs(r, 2, 30),
             },
-            secs(r, 30, 240),
+            secs(r, 30, 200),
         ),
         3 => (
             Trouble::Throttled {
                 limit: r.gen_range(1..=10),
             },
-            secs(r, 10, 300),
+            secs(r, 10, 200),
         ),
         4 => (
             Trouble::RetryAfter {
                 limit: r.gen_range(1..=10),
                 after: secs(r, 1, 5),
             },
-            secs(r, 10, 300),
+            secs(r, 10, 200),
         ),
         // Shorter than `aqw.inProgressTimeout` (5 min): a 409 that long
         // is rightly poisoned as in_progress.
@@ -135,7 +135,7 @@ impl Plan {
             .map(|_| {
                 let (trouble, length) = trouble(&mut r);
                 Window {
-                    start: secs(&mut r, 0, 300),
+                    start: secs(&mut r, 0, 150),
                     length,
                     trouble,
                 }
@@ -156,7 +156,7 @@ impl Plan {
         };
         let storage_outage = r
             .gen_bool(0.2)
-            .then(|| (secs(&mut r, 0, 300), secs(&mut r, 5, 60)));
+            .then(|| (secs(&mut r, 0, 240), secs(&mut r, 5, 60)));
         let points = aqw_core::failpoint::POINTS;
         let mut fleet: Vec<(Duration, FleetEvent)> = (0..r.gen_range(0..=5))
             .map(|_| {
@@ -178,7 +178,7 @@ impl Plan {
             bad: r.gen_range(0..=3),
             failing: r.gen_range(0..=2),
             duplicates: r.gen_range(0..=good.min(5)),
-            trickle: [Duration::ZERO, secs(&mut r, 10, 300)][r.gen_range(0..2)],
+            trickle: [Duration::ZERO, secs(&mut r, 10, 240)][r.gen_range(0..2)],
             windows,
             storage,
             storage_outage,
