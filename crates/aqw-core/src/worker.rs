@@ -43,8 +43,7 @@ pub async fn poll_loop(
         };
         let in_flight = capacity.saturating_sub(permits.available_permits() as u32);
         let Some(want) = within_ramp(&rt, want, in_flight) else {
-            tokio::select! {
-                biased;
+            tokio::select! { biased;
                 _ = tokio::time::sleep(RAMP_POLL) => continue,
                 _ = shutdown.cancelled() => break,
             }

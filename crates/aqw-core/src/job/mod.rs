@@ -82,10 +82,7 @@ pub async fn process(
         Ok(slot) => slot,
         Err(after) => return ctx.park(after).await,
     };
-    let over_cap_record = over_cap_record(rt, key.as_ref(), msg, &policy).await;
-    if waited_behind_another(over_cap_record.as_ref(), msg, &policy) {
-        facts.dequeue_count = policy.max_dequeue_count;
-    }
+    let over_cap_record = over_cap_record(rt, key.as_ref(), msg, &policy, &mut facts).await;
     let mut state = initial_key_state(&mut ctx, &policy, over_cap_record.as_ref());
     // A claim finds the key claimed, settled or held, never unclaimed: the
     // second answer is a run or a settlement.
@@ -234,18 +231,25 @@ fn waited_behind_another(rec: Option<&KeyRecord>, msg: &ReceivedMessage, policy:
 }
 
 /// Over the cap, the key's record decides first (see `decide`): read it.
+/// A copy that only waited behind another ([`waited_behind_another`]) is
+/// given the cap's last attempt in `facts`.
 async fn over_cap_record(
     rt: &FunctionRuntime,
     key: Option<&IdempotencyKey>,
     msg: &ReceivedMessage,
     policy: &Policy,
+    facts: &mut Facts<'_>,
 ) -> Option<KeyRecord> {
-    match key {
+    let rec = match key {
         Some(k) if msg.dequeue_count > policy.max_dequeue_count => {
             rt.keys.get(&rt.function.name, k).await.ok().flatten()
         }
         _ => None,
+    };
+    if waited_behind_another(rec.as_ref(), msg, policy) {
+        facts.dequeue_count = policy.max_dequeue_count;
     }
+    rec
 }
 
 /// What is known of the key before claiming: only over the cap is its

@@ -204,7 +204,9 @@ impl Plan {
                     .then(|| Behave::Retry("HTTP 503 shard down".into())),
                 Trouble::Flapping { period } => {
                     let phase = (at - w.start).as_millis() / period.as_millis().max(1);
-                    (phase % 2 == 0).then(|| Behave::Retry("HTTP 503 flapping".into()))
+                    phase
+                        .is_multiple_of(2)
+                        .then(|| Behave::Retry("HTTP 503 flapping".into()))
                 }
                 Trouble::Throttled { limit } => {
                     (calls_this_second > limit).then_some(Behave::Throttled)
