@@ -10,7 +10,7 @@
 
 use crate::scrub::scrub;
 use regex::Regex;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::LazyLock;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -291,10 +291,11 @@ pub async fn gather(
     mut deliver: impl FnMut(&str, Vec<PoisonAlert>),
     mut event: impl FnMut(serde_json::Value),
 ) {
-    let mut windows: HashMap<String, QueueWindow> = HashMap::new();
+    let mut windows: BTreeMap<String, QueueWindow> = BTreeMap::new();
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
         tokio::select! {
+            biased;
             msg = rx.recv() => match msg {
                 Some(AlertEvent::Poisoned(a)) => {
                     let w = windows.entry(a.queue.clone()).or_insert(QueueWindow { last_sent: None, pending: vec![], since: None });

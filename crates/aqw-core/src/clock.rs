@@ -8,11 +8,17 @@
 //! renewal, heartbeats) use `tokio::time::Instant`, which a paused runtime
 //! controls as well.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use time::OffsetDateTime;
 
 static SIMULATED: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// A wall time pinned to a tokio instant on this thread ([`simulate_from`]).
+    static PINNED: Cell<Option<(OffsetDateTime, tokio::time::Instant)>> = const { Cell::new(None) };
+}
 
 /// The wall time and the monotonic instant it was read at, once.
 fn anchor() -> &'static (OffsetDateTime, std::time::Instant) {
@@ -39,6 +45,16 @@ pub fn simulate() {
     SIMULATED.store(true, Ordering::Relaxed);
 }
 
+/// Follow tokio's clock on this thread, the wall time being `wall` now
+/// (call it inside the runtime): a seeded simulation's clock starts at the
+/// same instant whatever the real time, so whole-second boundaries, record
+/// times and schedule ticks fall alike on every run of a seed. Other
+/// threads keep [`simulate`]'s clock.
+pub fn simulate_from(wall: OffsetDateTime) {
+    simulate();
+    PINNED.with(|p| p.set(Some((wall, tokio::time::Instant::now()))));
+}
+
 /// Whether [`simulate`] was called.
 pub fn simulated() -> bool {
     SIMULATED.load(Ordering::Relaxed)
@@ -46,6 +62,9 @@ pub fn simulated() -> bool {
 
 /// The current UTC time: the system's, or the simulation's.
 pub fn now_utc() -> OffsetDateTime {
+    if let Some((wall, at)) = PINNED.with(Cell::get) {
+        return wall + tokio::time::Instant::now().saturating_duration_since(at);
+    }
     if !simulated() {
         return OffsetDateTime::now_utc();
     }

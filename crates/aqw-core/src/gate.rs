@@ -230,6 +230,7 @@ impl Gate {
         }
         loop {
             tokio::select! {
+                biased;
                 _ = tokio::time::sleep(WATCH_INTERVAL) => {}
                 _ = shutdown.cancelled() => return,
             }
@@ -254,6 +255,7 @@ impl Gate {
     pub async fn watch(&self, shutdown: CancellationToken) {
         loop {
             tokio::select! {
+                biased;
                 _ = tokio::time::sleep(WATCH_INTERVAL) => {}
                 _ = shutdown.cancelled() => return,
             }

@@ -109,7 +109,8 @@
 //! | the storage port: queues, tables, blob containers (`BlobStore`), the typed query (`Filter`); only the Azure adapter writes OData | `crates/aqw-core/src/storage/mod.rs` |
 //! | the in-memory store on tokio time (visibility, receipts, TTL, ETags, batches, pages), request counts and an outage switch | `crates/aqw-core/src/storage/memory/` (`mod.rs` the store, its clock and hooks, `queue.rs`, `table.rs`, `blob.rs`, `tests/`) |
 //! | the storage contract: one suite of checks, run on the memory store here and on Azurite in the binary's tests | `crates/aqw-core/src/contract/` (`mod.rs` the list and runner, `queue.rs`, `table.rs`, `query.rs`, `blob.rs`) |
-//! | the engine's wall clock: the system's, or tokio's in a simulation | `crates/aqw-core/src/clock.rs` |
+//! | the engine's wall clock: the system's, or tokio's in a simulation (pinned per thread for a seeded one) | `crates/aqw-core/src/clock.rs` |
+//! | the engine's randomness (jitter, ids, provider keys): the OS's, or one seeded generator per thread in a simulation | `crates/aqw-core/src/entropy.rs` |
 //! | a worker built in code: settings and handlers in, `Worker::run(shutdown)`; `handler_fn` | `crates/aqw-core/src/builder.rs` |
 //! | schedules: ticks as keyed jobs (`{/schedule}:{/tick}`), cron in a time zone or an interval, the catch-up policy; the task that claims each tick in the control row and puts it, and the status | `crates/aqw-core/src/schedule/` (`mod.rs` ticks and policy, `run.rs` the task and the row) |
 //! | claim-check payloads: a body over `aqw.claimCheck.threshold` written to a content-addressed blob (`<queue>/<sha256>`) and a reference put on the queue; the reference checked against its queue before any storage call (`claim_check_invalid`), the worker's bounded fetch with its length and hash checked (`claim_check_missing`, `claim_check_corrupt`); the refresh before a replay | `crates/aqw-core/src/claim.rs` |
@@ -136,6 +137,7 @@ pub mod config;
 pub mod contract;
 pub mod control;
 pub mod decide;
+pub mod entropy;
 pub mod failpoint;
 pub mod flow;
 pub mod gate;

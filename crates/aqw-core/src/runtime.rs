@@ -73,7 +73,7 @@ impl FunctionRuntime {
             format: app.poison_format,
             alerts: alerts.clone(),
         };
-        let worker_id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
+        let worker_id = crate::entropy::uuid().simple().to_string()[..12].to_string();
         let control_table = storage.table(&app.control_table);
         let flow = crate::flow::Flow::new(
             &function.name,
@@ -145,6 +145,7 @@ pub async fn ensure_resources(rts: &[Arc<FunctionRuntime>], shutdown: &Cancellat
             Err(e) => {
                 warn!(event = "aqw.storage.unavailable", error = %e, retry_in_ms = delay.as_millis() as u64, "cannot reach storage at startup; retrying");
                 tokio::select! {
+                    biased;
                     _ = tokio::time::sleep(delay) => {}
                     _ = shutdown.cancelled() => return false,
                 }

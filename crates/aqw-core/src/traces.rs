@@ -14,7 +14,6 @@
 //! reads or writes it nowhere else.
 
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
-use rand::Rng;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -205,12 +204,11 @@ pub fn start_job(span: &tracing::Span, parent: Option<&TraceContext>) -> JobTrac
             return JobTrace::of(cx);
         }
     }
-    let mut rng = rand::thread_rng();
     let context = TraceContext {
-        trace_id: parent
-            .map(|p| p.trace_id)
-            .unwrap_or_else(|| TraceId::from_bytes(rng.gen::<u128>().max(1).to_be_bytes())),
-        span_id: SpanId::from_bytes(rng.gen::<u64>().max(1).to_be_bytes()),
+        trace_id: parent.map(|p| p.trace_id).unwrap_or_else(|| {
+            TraceId::from_bytes(crate::entropy::gen::<u128>().max(1).to_be_bytes())
+        }),
+        span_id: SpanId::from_bytes(crate::entropy::gen::<u64>().max(1).to_be_bytes()),
         sampled: parent.is_none_or(|p| p.sampled),
         tracestate: parent.and_then(|p| p.tracestate.clone()),
     };

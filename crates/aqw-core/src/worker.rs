@@ -11,7 +11,6 @@ use crate::job::{process, producer_context, record_outcome};
 use crate::retry::polling_delay;
 use crate::runtime::{ensure_resources, FunctionRuntime};
 use crate::storage::{ReceivedMessage, StorageError};
-use rand::Rng;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,13 +43,14 @@ pub async fn poll_loop(
         };
         let in_flight = capacity.saturating_sub(permits.available_permits() as u32);
         let Some(want) = within_ramp(&rt, want, in_flight) else {
-            tokio::select! {
+            tokio::select! { biased;
                 _ = tokio::time::sleep(RAMP_POLL) => continue,
                 _ = shutdown.cancelled() => break,
             }
         };
         // Take the permits before receiving: poll only when in-flight ≤ newBatchThreshold.
         let mut owned = tokio::select! {
+            biased;
             p = permits.clone().acquire_many_owned(want) => p.expect("semaphore never closed"),
             _ = shutdown.cancelled() => break,
         };
@@ -74,6 +74,7 @@ pub async fn poll_loop(
         drop(owned);
         if !delay.is_zero() {
             tokio::select! {
+                biased;
                 _ = tokio::time::sleep(delay) => {}
                 _ = shutdown.cancelled() => break,
             }
@@ -108,7 +109,7 @@ async fn receive_within_limits(
         Err(wait) => {
             // Jittered, so replicas cut at the same throttle do not call
             // again in the same instant.
-            let jitter = rand::thread_rng().gen_range(0.8..1.2);
+            let jitter = crate::entropy::gen_range(0.8..1.2);
             return Received::OverLimit(wait.mul_f64(jitter).min(MAX_LIMIT_WAIT));
         }
     };
@@ -124,6 +125,7 @@ async fn receive_within_limits(
     };
     let n = grant.as_ref().map_or(want, |g| g.receive);
     let received = tokio::select! {
+        biased;
         r = rt.source.receive(n as u8, rt.app.lease) => Some(r),
         _ = shutdown.cancelled() => None,
     };
@@ -152,7 +154,7 @@ fn next_poll(empty_polls: u32, max_polling_interval: Duration) -> Duration {
     if empty_polls == 0 {
         return Duration::ZERO;
     }
-    polling_delay(empty_polls, max_polling_interval, rand::thread_rng().gen())
+    polling_delay(empty_polls, max_polling_interval, crate::entropy::gen())
 }
 
 /// `want` within the breaker's ramp after a close, whose allowance caps the
@@ -211,6 +213,7 @@ async fn admitted(
             Admission::Wait(d) => {
                 guard_expiry(rt, last_rescue).await;
                 tokio::select! {
+                    biased;
                     _ = tokio::time::sleep(d.min(GATE_POLL)) => {}
                     _ = shutdown.cancelled() => return None,
                 }
@@ -441,7 +444,7 @@ async fn receive_failed(
     let d = polling_delay(
         *failures,
         rt.app.max_polling_interval.max(Duration::from_secs(5)),
-        rand::thread_rng().gen(),
+        crate::entropy::gen(),
     );
     warn!(event = "aqw.storage.unavailable", function = %fname, error = %error, retry_in_ms = d.as_millis() as u64, "receive failed; backing off");
     d
@@ -524,7 +527,7 @@ pub async fn serve_maintenance(
 ) {
     // Soon after start (jittered, so instances started together do not ask
     // at once), never later than `aqw run` would.
-    let soon = SERVE_FIRST_SWEEP.mul_f64(rand::thread_rng().gen_range(0.5..1.5));
+    let soon = SERVE_FIRST_SWEEP.mul_f64(crate::entropy::gen_range(0.5..1.5));
     let first = soon.min(app.retention.sweep.interval);
     let sweeper = spawn_sweeper_after(first, app, rts, &shutdown);
     crate::schedule::spawn(app, rts, &shutdown);
@@ -536,6 +539,7 @@ pub async fn serve_maintenance(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            biased;
             _ = tick.tick() => rts.iter().for_each(spawn_heartbeat),
             _ = shutdown.cancelled() => break,
         }

@@ -28,7 +28,7 @@ pub use rows::PARTITION;
 
 use crate::idempotency::KeyTemplate;
 use crate::storage::{StorageResult, TableStore};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -80,7 +80,7 @@ pub struct Flow {
     table: Arc<dyn TableStore>,
     limits: FlowLimits,
     /// How many slots this replica holds, per row.
-    held: Mutex<HashMap<String, u32>>,
+    held: Mutex<BTreeMap<String, u32>>,
     /// One writer per row in this replica.
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Rows with a release waiting to be written.
@@ -251,6 +251,7 @@ impl Flow {
     pub async fn renew(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
         loop {
             tokio::select! {
+                biased;
                 _ = tokio::time::sleep(slots::RENEW_EVERY) => {}
                 _ = shutdown.cancelled() => return,
             }

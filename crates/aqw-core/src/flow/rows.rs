@@ -3,7 +3,6 @@
 //! when present, and read again when another replica wrote first.
 
 use crate::storage::{Entity, Etag, StorageError, StorageResult, TableStore};
-use rand::Rng;
 use std::time::Duration;
 
 /// The control table's partition of the flow rows (the pause and breaker
@@ -38,7 +37,7 @@ pub(super) async fn update<T>(
     for attempt in 0..ATTEMPTS {
         if attempt > 0 {
             // Spread the replicas that lost the same race.
-            let ms = rand::thread_rng().gen_range(1..=5 * attempt as u64);
+            let ms = crate::entropy::gen_range(1..=5 * attempt as u64);
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
         let row = match table.get(PARTITION, rk).await {

@@ -10,7 +10,6 @@ use super::store::KeyStore;
 use crate::storage::{Entity, StorageError, StorageResult};
 use serde_json::json;
 use time::OffsetDateTime;
-use uuid::Uuid;
 
 /// The history outcome of a provider-key replacement: the key's current
 /// provider key has not been sent since.
@@ -97,7 +96,7 @@ impl KeyStore {
             if let Some(why) = replace_refusal(&rec, key, now) {
                 return Ok(Err(why));
             }
-            let fresh = Uuid::new_v4().to_string();
+            let fresh = crate::entropy::uuid().to_string();
             let update = replacement(&rec, now, &fresh, by, reason);
             match self.table.merge(&pk, &rk, &update, Some(&etag)).await {
                 Ok(_) => return Ok(Ok(fresh)),

@@ -11,7 +11,6 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 use time::OffsetDateTime;
-use uuid::Uuid;
 
 /// A key this worker holds: what the handler needs and what finishing needs.
 #[derive(Debug, Clone)]
@@ -153,7 +152,10 @@ pub enum NextAction {
 fn never_claimed(mut fresh: Entity, function: &str, key: &IdempotencyKey) -> Entity {
     fresh.insert("Key".into(), json!(key.as_str()));
     fresh.insert("Function".into(), json!(function));
-    fresh.insert("ProviderKey".into(), json!(Uuid::new_v4().to_string()));
+    fresh.insert(
+        "ProviderKey".into(),
+        json!(crate::entropy::uuid().to_string()),
+    );
     fresh.insert("Attempts".into(), json!(0));
     fresh.insert("LastError".into(), json!(""));
     fresh.insert("ReplayCount".into(), json!(0));
@@ -271,7 +273,7 @@ impl KeyStore {
     /// again.
     async fn claim_round(&self, req: &ClaimRequest<'_>) -> StorageResult<Option<NextAction>> {
         let (pk, rk) = (&req.partition_key, &req.row_key);
-        let provider_key = Uuid::new_v4().to_string();
+        let provider_key = crate::entropy::uuid().to_string();
         match self
             .table
             .insert(pk, rk, &req.fresh_entity(&provider_key))

@@ -90,6 +90,7 @@ async fn run_handler(
             }
         };
         tokio::select! {
+            biased;
             r = &mut fut => return HandlerRun::Finished(r),
             _ = timeout => return HandlerRun::TimedOut(rt.app.function_timeout.unwrap_or_default()),
             _ = hard_stop.cancelled() => return HandlerRun::Interrupted,

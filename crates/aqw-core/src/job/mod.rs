@@ -32,7 +32,6 @@ use crate::storage::{ReceivedMessage, StorageError};
 use crate::traces::JobTrace;
 use handler::HandlerRun;
 use outcome::abandoned;
-use rand::Rng;
 use settle::Settling;
 use tokio_util::sync::CancellationToken;
 
@@ -83,7 +82,7 @@ pub async fn process(
         Ok(slot) => slot,
         Err(after) => return ctx.park(after).await,
     };
-    let over_cap_record = over_cap_record(rt, key.as_ref(), msg, &policy).await;
+    let over_cap_record = over_cap_record(rt, key.as_ref(), msg, &policy, &mut facts).await;
     let mut state = initial_key_state(&mut ctx, &policy, over_cap_record.as_ref());
     // A claim finds the key claimed, settled or held, never unclaimed: the
     // second answer is a run or a settlement.
@@ -199,7 +198,7 @@ async fn admit(
     // spread over up to three times the wait.
     if settle.delivers_while_paused() {
         if let Err(wait) = rt.adaptive.take(1) {
-            let spread = rand::thread_rng().gen_range(1.0..3.0);
+            let spread = crate::entropy::gen_range(1.0..3.0);
             return Err(wait.max(crate::decide::MIN_LATER).mul_f64(spread));
         }
     }
@@ -209,25 +208,48 @@ async fn admit(
     match flow.admit_key(payload).await {
         crate::flow::KeyAdmission::Run(slot) => Ok(slot),
         crate::flow::KeyAdmission::Park(after) => {
-            let jitter = rand::thread_rng().gen_range(0.5..1.5);
+            let jitter = crate::entropy::gen_range(0.5..1.5);
             Err(after.mul_f64(jitter))
         }
     }
 }
 
+/// Whether a copy read over the cap spent its receives waiting behind
+/// another copy of its key, not crashing: the key was last claimed by
+/// another message, that holder's lease has lapsed, and the key has run
+/// fewer attempts than the cap. A producer's duplicate deferred while the
+/// original held the key, whose holder then died, is such a copy (seed 98
+/// of the simulation poisoned it as `crashed` though its key then
+/// completed): it gets the last attempt (its fate at the cap) instead.
+fn waited_behind_another(rec: Option<&KeyRecord>, msg: &ReceivedMessage, policy: &Policy) -> bool {
+    rec.is_some_and(|r| {
+        !r.status.is_settled()
+            && r.lease_live(crate::clock::now_utc()).is_none()
+            && r.message_id.as_deref().is_some_and(|id| id != msg.id)
+            && r.attempts < policy.max_dequeue_count
+    })
+}
+
 /// Over the cap, the key's record decides first (see `decide`): read it.
+/// A copy that only waited behind another ([`waited_behind_another`]) is
+/// given the cap's last attempt in `facts`.
 async fn over_cap_record(
     rt: &FunctionRuntime,
     key: Option<&IdempotencyKey>,
     msg: &ReceivedMessage,
     policy: &Policy,
+    facts: &mut Facts<'_>,
 ) -> Option<KeyRecord> {
-    match key {
+    let rec = match key {
         Some(k) if msg.dequeue_count > policy.max_dequeue_count => {
             rt.keys.get(&rt.function.name, k).await.ok().flatten()
         }
         _ => None,
+    };
+    if waited_behind_another(rec.as_ref(), msg, policy) {
+        facts.dequeue_count = policy.max_dequeue_count;
     }
+    rec
 }
 
 /// What is known of the key before claiming: only over the cap is its
@@ -275,7 +297,7 @@ async fn run_and_settle(
     policy: &Policy,
     hard_stop: &CancellationToken,
 ) -> Outcome {
-    let jitter = rand::thread_rng().gen();
+    let jitter = crate::entropy::gen();
     let (run, success) = ctx.run(payload, hard_stop).await;
     later::tell_adaptive_rate(ctx.rt, &run);
     let timeout_message = match &run {

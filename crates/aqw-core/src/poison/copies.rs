@@ -9,7 +9,7 @@ use super::store::PoisonStore;
 use crate::idempotency::fmt_time;
 use crate::message::{ErrorInfo, ErrorKind};
 use crate::storage::{PutReceipt, QueueStore, StorageError, StorageResult, Ttl};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 use time::OffsetDateTime;
@@ -17,7 +17,7 @@ use time::OffsetDateTime;
 /// Poison-queue copies a scan received: id → (pop receipt, text). Whatever
 /// the command does not delete is released (visible again) at its end.
 #[derive(Default)]
-pub struct Held(Mutex<HashMap<String, (String, String)>>);
+pub struct Held(Mutex<BTreeMap<String, (String, String)>>);
 
 /// One message of the poison queue, as a scan saw it.
 struct ScannedCopy {
@@ -35,7 +35,7 @@ struct ScannedCopy {
 /// exactly (an open one that names no copy first: a crash came between put
 /// and record update). The record is written before its copy is put, so
 /// every raw copy aqw made has one.
-fn raw_copy_owner(known: &HashMap<String, PoisonRecord>, id: &str, text: &str) -> Option<String> {
+fn raw_copy_owner(known: &BTreeMap<String, PoisonRecord>, id: &str, text: &str) -> Option<String> {
     if let Some((rk, _)) = known
         .iter()
         .find(|(_, r)| r.poison_message_id.as_deref() == Some(id))
@@ -100,8 +100,8 @@ impl PoisonStore {
     /// records are deleted on the way. Without `hold`, only the first 32
     /// visible messages are peeked and nothing changes visibility.
     pub async fn scan(&self, hold: Option<Duration>) -> StorageResult<Held> {
-        let mut receipts: HashMap<String, (String, String)> = HashMap::new();
-        let mut known: HashMap<String, PoisonRecord> = self
+        let mut receipts: BTreeMap<String, (String, String)> = BTreeMap::new();
+        let mut known: BTreeMap<String, PoisonRecord> = self
             .list()
             .await?
             .into_iter()
@@ -173,8 +173,8 @@ impl PoisonStore {
     async fn reconcile(
         &self,
         copy: ScannedCopy,
-        known: &mut HashMap<String, PoisonRecord>,
-        receipts: &mut HashMap<String, (String, String)>,
+        known: &mut BTreeMap<String, PoisonRecord>,
+        receipts: &mut BTreeMap<String, (String, String)>,
     ) -> StorageResult<()> {
         let (row_key, imported) = match PoisonEnvelope::from_queue_text(&copy.text) {
             Some(env) => (

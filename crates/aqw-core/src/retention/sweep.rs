@@ -242,11 +242,13 @@ pub async fn run_after(
     loop {
         let wait = std::mem::replace(&mut first, retention.sweep.interval);
         tokio::select! {
+            biased;
             _ = tokio::time::sleep(wait) => {}
             _ = shutdown.cancelled() => return,
         }
         for t in &targets {
             let swept = tokio::select! {
+                biased;
                 r = sweep_once(t, &retention, &owner) => r,
                 _ = shutdown.cancelled() => return,
             };

@@ -14,7 +14,6 @@ use crate::config::AppConfig;
 use crate::idempotency::derive_key;
 use crate::runtime::FunctionRuntime;
 use crate::storage::{Entity, QueueStore, StorageError, StorageResult, TableStore, Ttl};
-use rand::Rng;
 use serde::Serialize;
 use serde_json::Value;
 use std::sync::Arc;
@@ -86,9 +85,10 @@ pub async fn run(
                 crate::clock::now_utc() + RETRY_AFTER
             }
         };
-        let jitter = Duration::from_millis(rand::thread_rng().gen_range(0..WAKE_JITTER_MS));
+        let jitter = Duration::from_millis(crate::entropy::gen_range(0..WAKE_JITTER_MS));
         let wait = Duration::try_from(wake - crate::clock::now_utc()).unwrap_or_default() + jitter;
         tokio::select! {
+            biased;
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
         }

@@ -365,11 +365,21 @@ impl Env {
     /// A fresh store (which turns the engine's clock to simulated time) and
     /// a provider following `rule`.
     pub fn new(rule: impl Fn(&Job, usize) -> Behave + Send + Sync + 'static) -> Self {
-        quiet_failpoint_panics();
         let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
+        Self::on(MemoryStorage::new(), id, rule)
+    }
+
+    /// An env over `storage`, its names carrying `id` (a seeded simulation
+    /// passes a store on its pinned clock and an id from its seed).
+    pub fn on(
+        storage: MemoryStorage,
+        id: String,
+        rule: impl Fn(&Job, usize) -> Behave + Send + Sync + 'static,
+    ) -> Self {
+        quiet_failpoint_panics();
         let (alerts, alert_rx) = Alerts::channel();
         Self {
-            storage: MemoryStorage::new(),
+            storage,
             provider: Provider::new(rule),
             function: format!("Job{id}"),
             queue: format!("q{id}"),

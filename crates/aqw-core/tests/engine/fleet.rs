@@ -169,7 +169,15 @@ async fn run(s: &Schedule) -> Figures {
     let (outage, partial, modulo) = (s.outage, s.partial, s.shard_modulo);
     let rate_limit = s.rate_limit;
     let window = std::sync::Mutex::new((Instant::now(), 0u32));
-    let env = Env::new(move |job, _| {
+    // Bit for bit: the engine's randomness and wall clock from the seed
+    // (as the seeded simulation, `sim/`), so the figures do not move
+    // between runs.
+    aqw_core::entropy::seed_thread(s.seed);
+    let wall = time::macros::datetime!(2026-03-02 08:00:00.250 UTC);
+    aqw_core::clock::simulate_from(wall);
+    let id = aqw_core::entropy::uuid().simple().to_string()[..12].to_string();
+    let storage = aqw_core::storage::memory::MemoryStorage::starting_at(wall);
+    let env = Env::on(storage, id, move |job, _| {
         let at = t0.elapsed();
         if at >= rate_limit.0 && at < rate_limit.1 {
             let mut w = window.lock().unwrap();
@@ -198,6 +206,7 @@ async fn run(s: &Schedule) -> Figures {
         let worker = env
             .builder_on(Arc::new(env.storage.clone()), |_| {})
             .configure(|app| {
+                app.new_batch_threshold = 8;
                 // Functions' default back-off for an empty queue.
                 app.max_polling_interval = Duration::from_secs(60);
                 app.lease = Duration::from_secs(30);

@@ -33,6 +33,9 @@
 //!   spending attempts; the adaptive rate converging under a provider's limit;
 //! - `outage.rs`: the breaker in a full and a partial provider outage, and a
 //!   storage outage;
+//! - `sim/`: the seeded swarm: a seed draws the workload, the provider's
+//!   and the storage's faults and the fleet's events; the run replays bit
+//!   for bit and one checker judges it (docs/design.md);
 //! - `spread.rs`: the breaker on the fleet's evidence: an outage over 1, 2,
 //!   12, 16 and 50 replicas, and a trickle through one, poisons nothing; a
 //!   few keys failing alone still reach poison.
@@ -51,5 +54,6 @@ mod producer;
 mod replay;
 mod retention;
 mod schedules;
+mod sim;
 mod spread;
 mod verification;

@@ -134,7 +134,7 @@ impl OperationStore {
         format!(
             "{}-{}",
             stamp.get(..15).unwrap_or(&stamp),
-            &uuid::Uuid::new_v4().simple().to_string()[..8]
+            &crate::entropy::uuid().simple().to_string()[..8]
         )
     }
 

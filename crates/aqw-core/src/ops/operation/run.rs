@@ -169,12 +169,14 @@ pub async fn watch(
     shutdown: tokio_util::sync::CancellationToken,
 ) {
     loop {
-        let jitter = rand::random::<f64>() * 0.4 + 0.8;
+        let jitter = crate::entropy::gen::<f64>() * 0.4 + 0.8;
         tokio::select! {
+            biased;
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(IDLE_SCAN_INTERVAL.mul_f64(jitter)) => {}
         }
         tokio::select! {
+            biased;
             _ = shutdown.cancelled() => return,
             r = resume_idle(&app, storage.as_ref(), &opts) => if let Err(e) = r {
                 let e = crate::scrub::one_line(&crate::scrub::scrub(&e.to_string()));

@@ -152,7 +152,7 @@ use super::{
 };
 use blob::{Container, MemoryBlobs};
 use queue::{MemoryQueue, Queue};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use table::{MemoryTable, Table};
@@ -328,10 +328,10 @@ struct Shared {
 
 #[derive(Default)]
 struct State {
-    queues: HashMap<String, Queue>,
+    queues: BTreeMap<String, Queue>,
     /// By lowercase name.
-    tables: HashMap<String, Table>,
-    containers: HashMap<String, Container>,
+    tables: BTreeMap<String, Table>,
+    containers: BTreeMap<String, Container>,
     counts: BTreeMap<String, u64>,
     unavailable: bool,
     latency: Duration,

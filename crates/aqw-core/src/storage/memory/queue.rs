@@ -7,7 +7,7 @@ use crate::storage::{
     PeekedMessage, PutReceipt, QueueStore, ReceivedMessage, StorageError, StorageResult, Ttl,
 };
 use async_trait::async_trait;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 use time::macros::datetime;
@@ -51,7 +51,7 @@ struct Message {
 
 #[derive(Default)]
 pub(super) struct Queue {
-    messages: HashMap<String, Message>,
+    messages: BTreeMap<String, Message>,
     /// (visible from, insertion order) → id: the receive order.
     by_visible: BTreeMap<(OffsetDateTime, u64), String>,
     /// (expires at, insertion order) → id.
@@ -160,7 +160,7 @@ impl QueueStore for MemoryQueue {
         }
         let next_visible = now + Duration::from_secs(secs);
         let receipts: Vec<String> = (0..usize::from(max.clamp(1, MAX_MESSAGES_PER_RECEIVE)))
-            .map(|_| uuid::Uuid::new_v4().to_string())
+            .map(|_| crate::entropy::uuid().to_string())
             .collect();
         let q = queue_of(&mut st, &self.name, now)?;
         let ids = q.visible(now, receipts.len());
@@ -224,8 +224,8 @@ impl QueueStore for MemoryQueue {
         };
         let seq = st.next_seq();
         let q = queue_of(&mut st, &self.name, now)?;
-        let id = uuid::Uuid::new_v4().to_string();
-        let pop_receipt = uuid::Uuid::new_v4().to_string();
+        let id = crate::entropy::uuid().to_string();
+        let pop_receipt = crate::entropy::uuid().to_string();
         let visible_at = now + Duration::from_secs(visibility.unwrap_or(0));
         q.by_visible.insert((visible_at, seq), id.clone());
         q.by_expiry.insert((expires, seq), id.clone());
@@ -259,7 +259,7 @@ impl QueueStore for MemoryQueue {
         let stale = st.stale_receipt;
         let q = queue_of(&mut st, &self.name, now)?;
         q.leased(id, pop_receipt, stale)?;
-        let receipt = uuid::Uuid::new_v4().to_string();
+        let receipt = crate::entropy::uuid().to_string();
         q.set_visible_at(id, now + Duration::from_secs(whole_secs(visibility)));
         if let Some(m) = q.messages.get_mut(id) {
             m.pop_receipt = receipt.clone();

@@ -1,0 +1,177 @@
+//! The one checker every simulated run ends with, over the provider's
+//! calls and the store's final state (Jepsen-style: the history judged
+//! against what must hold whatever the schedule was):
+//!
+//! - each job's effect happened at most once (one provider key applied);
+//! - each good job is done, with its effect, and was never poisoned: an
+//!   outage, a throttle, a 409, a crash or a storage fault is no reason to
+//!   poison a job that the provider takes once it is back;
+//! - each bad or failing job has exactly one poison record and no effect;
+//! - every open record has its payload and its copy on `<queue>-poison`,
+//!   and every copy there has a record;
+//! - nothing is left on the source queue.
+
+use super::plan::{Plan, Trouble};
+use crate::common::Env;
+use aqw_core::poison::RecordStatus;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A full outage may poison the jobs that failed before the breaker could
+/// know it was one: the quiet rule trips on the fifth distinct job failing
+/// with no success between (`breaker.consecutiveFailures`, 5), so at most
+/// four good jobs whose attempts all ran out first (docs/design.md).
+const FIRST_OF_AN_OUTAGE: usize = 4;
+
+/// The window kind a poisoned job's last error may be excused by: a
+/// partial outage (some keys failing among successes) is by design
+/// indistinguishable from those keys failing alone, and reaches poison;
+/// a full or flapping outage may poison its first few jobs. Nothing else
+/// (a 429, a 409, a crash, a storage fault) may poison a good job.
+fn excuse(message: &str) -> Option<&'static str> {
+    if message.contains("shard down") {
+        Some("partial")
+    } else if message.contains("provider down") {
+        Some("full")
+    } else if message.contains("flapping") {
+        Some("flapping")
+    } else {
+        None
+    }
+}
+
+fn trouble_kind(t: Trouble) -> &'static str {
+    match t {
+        Trouble::Partial { .. } => "partial",
+        Trouble::Outage => "full",
+        Trouble::Flapping { .. } => "flapping",
+        _ => "other",
+    }
+}
+
+/// What a job was made to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    Good,
+    Bad,
+    Failing,
+}
+
+/// The violations found, one line each (empty: the run passed).
+pub async fn check(plan: &Plan, env: &Env, jobs: &BTreeMap<String, Class>) -> Vec<String> {
+    let mut out = Vec::new();
+    let effects = env.provider.effects();
+    let records = env.records().await;
+    let mut by_key: BTreeMap<String, Vec<_>> = BTreeMap::new();
+    for r in &records {
+        let key = r.key.as_ref().map(|k| k.to_string()).unwrap_or_default();
+        by_key.entry(key).or_default().push(r);
+    }
+    let keys = env.key_rows().await;
+    let mut excused: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for (key, class) in jobs {
+        let applied = effects.get(key).copied().unwrap_or(0);
+        let recs = by_key.get(key).map(Vec::as_slice).unwrap_or(&[]);
+        if applied > 1 {
+            out.push(format!("{key}: effect applied {applied} times"));
+        }
+        match class {
+            Class::Good => {
+                if let Some(r) = recs.first() {
+                    let cause = format!("{}: {}", r.error.kind.as_str(), r.error.message);
+                    match excuse(&r.error.message) {
+                        Some(kind) => *excused.entry(kind).or_default() += 1,
+                        None => out.push(format!(
+                            "{key}: a good job poisoned ({cause}) by the run's faults"
+                        )),
+                    }
+                }
+                let status = keys.get(key).map(String::as_str).unwrap_or("none");
+                if recs.is_empty() && (applied != 1 || status != "done") {
+                    out.push(format!(
+                        "{key}: a good job not done (effects {applied}, key {status})"
+                    ));
+                }
+            }
+            Class::Bad | Class::Failing => {
+                if applied != 0 {
+                    out.push(format!("{key}: a {class:?} job had an effect"));
+                }
+                if recs.len() != 1 {
+                    out.push(format!(
+                        "{key}: a {class:?} job has {} poison records, not one",
+                        recs.len()
+                    ));
+                }
+            }
+        }
+    }
+    for (kind, n) in &excused {
+        let windows = plan
+            .windows
+            .iter()
+            .filter(|w| trouble_kind(w.trouble) == *kind)
+            .count();
+        let allowed = if *kind == "partial" {
+            usize::MAX
+        } else {
+            FIRST_OF_AN_OUTAGE * windows
+        };
+        if *n > allowed {
+            out.push(format!(
+                "{n} good jobs poisoned by {windows} {kind} outage window(s): more than the \
+                 {FIRST_OF_AN_OUTAGE} a window the quiet rule may let through"
+            ));
+        }
+    }
+    let strays: BTreeSet<&String> = effects.keys().filter(|k| !jobs.contains_key(*k)).collect();
+    if !strays.is_empty() {
+        out.push(format!("effects for keys nobody sent: {strays:?}"));
+    }
+    out.extend(copies_match_records(env, &records).await);
+    let depth = env.source_depth().await;
+    if depth != 0 {
+        out.push(format!("{depth} messages left on the source queue"));
+    }
+    out
+}
+
+/// Every open record has its payload and its copy; every copy a record.
+/// A copy belongs to a record when the record names it, or when its
+/// envelope names the record's source message (a crash between the put
+/// and the record's update leaves the copy unnamed until an operator's
+/// scan adopts it).
+async fn copies_match_records(
+    env: &Env,
+    records: &[aqw_core::poison::PoisonRecord],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let copies = env.poison_copies().await;
+    let ids: BTreeSet<&String> = copies.iter().map(|(id, _)| id).collect();
+    let sources: BTreeSet<&String> = copies.iter().map(|(_, e)| &e.message_id).collect();
+    for r in records.iter().filter(|r| r.status == RecordStatus::Open) {
+        if r.message.is_empty() {
+            out.push(format!("open record {} without its payload", r.message_id));
+        }
+        let named = r
+            .poison_message_id
+            .as_ref()
+            .is_some_and(|id| ids.contains(id));
+        if !named && !sources.contains(&r.message_id) {
+            out.push(format!(
+                "open record {} without its copy ({:?} not on the poison queue)",
+                r.message_id, r.poison_message_id
+            ));
+        }
+    }
+    let named: BTreeSet<&String> = records
+        .iter()
+        .filter_map(|r| r.poison_message_id.as_ref())
+        .collect();
+    let recorded: BTreeSet<&String> = records.iter().map(|r| &r.message_id).collect();
+    for (id, envelope) in &copies {
+        if !named.contains(id) && !recorded.contains(&envelope.message_id) {
+            out.push(format!("poison copy {id} without a record"));
+        }
+    }
+    out
+}
