@@ -40,6 +40,7 @@ mod gates;
 mod hostile_input;
 mod identity;
 mod identity_https;
+mod incident;
 mod keys;
 mod later;
 mod layout;

@@ -104,7 +104,7 @@ async fn front_page(app: &TestApp) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-fn triage_json(app: &TestApp) -> (Option<i32>, Value) {
+pub(crate) fn triage_json(app: &TestApp) -> (Option<i32>, Value) {
     let out = aqw(app.path(), &["triage", &app.queue, "--output", "json"]);
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
@@ -113,7 +113,7 @@ fn triage_json(app: &TestApp) -> (Option<i32>, Value) {
 
 /// One printed command, run as a shell runs it, from the app folder's
 /// settings (`AQW_APP`), `--by` left to `$USER`.
-fn shell(app: &TestApp, command: &str) -> std::process::Output {
+pub(crate) fn shell(app: &TestApp, command: &str) -> std::process::Output {
     let bin_dir = aqw_bin().parent().unwrap().to_path_buf();
     let path = format!(
         "{}:{}",
@@ -205,7 +205,7 @@ async fn triage_groups_an_incident_and_its_printed_commands_close_it() {
             "{cause}: {r:?}"
         );
         assert!(
-            r[1].starts_with(&format!("aqw poison replay {q} --id ")),
+            r[2].starts_with(&format!("aqw poison replay {q} --id ")),
             "{cause}: {r:?}"
         );
     }

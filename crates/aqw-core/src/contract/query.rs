@@ -150,6 +150,18 @@ fn time_and_prefix_cases() -> Vec<(TableQuery<'static>, Vec<&'static str>)> {
             ),
             vec![],
         ),
+        // The row's own key as a column: the key purge's one range query
+        // per function (`p1` takes `p10` too; the caller keeps its own).
+        (
+            q(
+                None,
+                Filter::StartsWith {
+                    column: "PartitionKey",
+                    prefix: "p1".into(),
+                },
+            ),
+            vec!["p1/a", "p1/b", "p1/c", "p1/d", "p10/a"],
+        ),
     ]
 }
 
@@ -204,18 +216,6 @@ fn since_and_prefix_cases() -> Vec<(TableQuery<'static>, Vec<&'static str>)> {
                 },
             ),
             vec![],
-        ),
-        // The row's own key as a column: the key purge's one range query
-        // per function (`p1` takes `p10` too; the caller keeps its own).
-        (
-            q(
-                None,
-                Filter::StartsWith {
-                    column: "PartitionKey",
-                    prefix: "p1".into(),
-                },
-            ),
-            vec!["p1/a", "p1/b", "p1/c", "p1/d", "p10/a"],
         ),
     ]
 }

@@ -152,10 +152,8 @@ pub enum NextAction {
 fn never_claimed(mut fresh: Entity, function: &str, key: &IdempotencyKey) -> Entity {
     fresh.insert("Key".into(), json!(key.as_str()));
     fresh.insert("Function".into(), json!(function));
-    fresh.insert(
-        "ProviderKey".into(),
-        json!(crate::entropy::uuid().to_string()),
-    );
+    let provider_key = crate::entropy::uuid().to_string();
+    fresh.insert("ProviderKey".into(), json!(provider_key));
     fresh.insert("Attempts".into(), json!(0));
     fresh.insert("LastError".into(), json!(""));
     fresh.insert("ReplayCount".into(), json!(0));

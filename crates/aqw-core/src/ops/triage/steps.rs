@@ -324,8 +324,13 @@ impl Members<'_> {
             }
             let reason =
                 sh("provider saved the failure under the old provider key; lookup: not applied");
+            let replace = format!("aqw keys new-provider-key {f} {key} --reason {reason}");
             steps.push(run(
-                format!("aqw keys new-provider-key {f} {key} --reason {reason}"),
+                format!("{replace} --dry-run"),
+                "shows the old provider key and what changes; touches nothing",
+            ));
+            steps.push(run(
+                replace,
                 "the provider answers the old key with its saved failure",
             ));
             steps.push(run(

@@ -244,6 +244,7 @@ fn the_seeded_incidents_refusal_and_closed_account_get_their_way_out() {
     assert_eq!(
         runs(refusal),
         [
+            "aqw keys new-provider-key Payout payout:3 --reason 'provider saved the failure under the old provider key; lookup: not applied' --dry-run",
             "aqw keys new-provider-key Payout payout:3 --reason 'provider saved the failure under the old provider key; lookup: not applied'",
             "aqw poison replay payouts --id r-1 --wait 00:05:00",
         ]
