@@ -136,15 +136,21 @@ fn every_alert_rule_has_a_runbook_and_names_exported_metrics() {
     let alerts = rules.matches("- alert: ").count();
     let runbooks: Vec<&str> = rules
         .lines()
-        .filter_map(|l| l.trim().strip_prefix("runbook_url: "))
+        .filter_map(|l| l.trim().strip_prefix("runbook: "))
         .collect();
     assert_eq!(runbooks.len(), alerts, "one runbook per rule");
-    // A runbook URL is `.../blob/main/<path>#<anchor>`: the file must exist
-    // in this repository and have a heading with that anchor.
+    assert!(
+        !rules.contains("https://"),
+        "no URL: aqw has no home page a rule could link to"
+    );
+    // A runbook names `aqw oncall` and the long form `<path>#<anchor>`: the
+    // file must exist in this repository and have a heading with that anchor.
     for url in runbooks {
+        assert!(url.contains("aqw oncall"), "{url}");
         let (_, target) = url
-            .split_once("/blob/main/")
-            .unwrap_or_else(|| panic!("{url}: not a link into this repository"));
+            .trim_end_matches('"')
+            .split_once("long form: ")
+            .unwrap_or_else(|| panic!("{url}: no long form"));
         let (path, section) = target
             .split_once('#')
             .unwrap_or_else(|| panic!("{url}: no #section"));
