@@ -17,6 +17,11 @@ pub const KEY_READS: usize = 200;
 pub const LOOKUPS: usize = 50;
 /// At most this many payloads are decoded to find a misspelt field.
 pub const PAYLOADS: usize = 50;
+/// A decoded payload longer than this is not kept for the comparison.
+pub const PAYLOAD_BYTES: usize = 256 * 1024;
+/// At most this many payload bytes are held at once (a claim-checked body
+/// may be up to `aqw.claimCheck.maxBytes`; 50 of them would not fit).
+pub const PAYLOADS_HELD: usize = 4 * 1024 * 1024;
 
 /// Gather what the plan decides from, then make it. `ask_provider`: ask
 /// the function's `handler.lookup` about the provider keys that decide
@@ -52,8 +57,16 @@ pub async fn gather(ops: &QueueOps, ask_provider: bool) -> OpsResult<TriagePlan>
         .filter(|r| triage::wants_payload(r))
         .take(PAYLOADS)
         .collect();
+    let mut held = 0usize;
     for r in bad {
         if let Ok(body) = ops.body_of(r).await {
+            // Only a payload's field names are compared: a body past
+            // PAYLOAD_BYTES, or past PAYLOADS_HELD in all, is left out
+            // (that record gets the skeleton to complete by hand).
+            if body.len() > PAYLOAD_BYTES || held + body.len() > PAYLOADS_HELD {
+                continue;
+            }
+            held += body.len();
             payloads.insert(r.message_id.clone(), body);
         }
     }
