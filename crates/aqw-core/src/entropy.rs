@@ -7,7 +7,7 @@
 //! draw comes from one generator seeded with the simulation's seed, so the
 //! same seed gives the same jitters, ids and keys in the same order. The
 //! engine's tests run on a current-thread tokio runtime, where every task
-//! of a test runs on the test's thread (as [`crate::failpoint::arm`] relies
+//! of a test runs on the test's thread (as `failpoint::arm` (with the `failpoints` feature) relies
 //! on too), so a thread is the right scope: tests running beside each other
 //! on other threads neither see nor move this thread's generator.
 
