@@ -152,9 +152,17 @@ def parse_args(argv):
 ONLY = ("breaker", "purge", "dashboard", "users", "traces", "fleet", "ops", "claim-check", "replay", "later")
 
 
+def profile_dir():
+    """The cargo profile's folder: `release`, or `debug` when scripts/bench.sh
+    built the smoke run in the dev profile (AQW_BENCH_PROFILE=debug): the
+    smoke proves the benchmark runs, not how fast, so it reuses the test
+    build instead of a release build."""
+    return "debug" if os.environ.get("AQW_BENCH_PROFILE") == "debug" else "release"
+
+
 def target_dir():
-    """Where cargo put the release binaries (CARGO_TARGET_DIR, as cargo reads it)."""
-    return os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target", "release")
+    """Where cargo put the binaries (CARGO_TARGET_DIR, as cargo reads it)."""
+    return os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target", profile_dir())
 
 
 def prune_runs(state, keep=5):

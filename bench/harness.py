@@ -88,7 +88,7 @@ class Bench:
             for literal, placeholder in sorted((subs or {}).items(), key=lambda kv: -len(kv[0])):
                 c = c.replace(literal, placeholder)
             c = c.replace(self.work, "$RUN_DIR")
-            c = c.replace(self.target + "/", "target/release/").replace(self.root + "/", "")
+            c = c.replace(self.target + "/", "target/" + os.path.basename(self.target) + "/").replace(self.root + "/", "")
             c = c.replace(self.python, ".bench/venv/bin/python")
             out.append(c if re.fullmatch(r"[\w./:=,+$-]+", c) else "'" + c + "'")
         return " ".join(out)

@@ -30,6 +30,9 @@ from figures import fmt, per_message, stats
 from harness import log
 
 ENGINE_TESTS = ["cargo", "test", "-p", "aqw-core", "--test", "engine"]
+if os.environ.get("AQW_BENCH_PROFILE") == "debug":
+    # The smoke run reuses the test build (its features), not a second build.
+    ENGINE_TESTS = ["cargo", "test", "-p", "aqw-core", "--features", "failpoints", "--test", "engine"]
 SPREAD_TEST = "spread::an_outage_spread_over_16_replicas_poisons_nothing"
 BARE_429_TEST = "later::a_bare_429_fleet_converges_under_the_limit_and_poisons_none"
 LIMIT_CHANGE_TEST = "later::a_limit_that_changes_mid_run_is_followed"

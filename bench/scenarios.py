@@ -901,6 +901,9 @@ def users(b):
 # fleet simulation runs many replicas as tasks over the in-memory store on
 # paused tokio time, so its figures are counts, not timings.
 ENGINE_TESTS = ["cargo", "test", "-p", "aqw-core", "--release", "--test", "engine"]
+if os.environ.get("AQW_BENCH_PROFILE") == "debug":
+    # The smoke run (scripts/bench.sh --smoke): the test build's profile.
+    ENGINE_TESTS = ["cargo", "test", "-p", "aqw-core", "--features", "failpoints", "--test", "engine"]
 FLEET_TEST = "fleet::a_fleet_through_outages_scaling_and_a_quiet_day_loses_and_doubles_nothing"
 IDLE_TEST = "fleet::an_idle_replicas_control_reads_do_not_grow_with_its_functions"
 RATE_TEST = "flow::twelve_replicas_keep_a_fleet_wide_rate_limit"

@@ -42,7 +42,16 @@ if [ ! -x "$venv/bin/python" ] || ! cmp -s "$root/bench/requirements.txt" "$venv
   cp "$root/bench/requirements.txt" "$venv/.requirements.txt"
 fi
 
-say "building (cargo build --release --examples --bin aqw)"
-cargo build --release --quiet --examples --bin aqw
+case " $* " in
+  *" --smoke "*)
+    # The smoke run proves the benchmark works, not how fast: it reuses the
+    # test build's profile and features (no second, release build).
+    export AQW_BENCH_PROFILE=debug
+    say "building (cargo build --features failpoints --examples --bin aqw)"
+    cargo build --quiet --features failpoints --examples --bin aqw ;;
+  *)
+    say "building (cargo build --release --examples --bin aqw)"
+    cargo build --release --quiet --examples --bin aqw ;;
+esac
 
 exec "$venv/bin/python" "$bench" "$@"

@@ -18,8 +18,17 @@ bash scripts/promtool.sh test
 # in-memory store (crates/aqw-core, seconds, no Azurite) and the one
 # integration target (tests/it.rs) against Azurite. Arguments go to
 # `cargo test` for the aqw package (scripts/test.sh --test it worker::).
+# With cargo-nextest (on this project's CI machine; .config/nextest.toml) every
+# test binary shares one schedule, several tests at once; without it, cargo
+# test runs the same tests, one binary after another. Doc tests are cargo
+# test's alone.
 if [ $# -eq 0 ]; then
-  cargo test --workspace --features failpoints
+  if cargo nextest --version >/dev/null 2>&1; then
+    cargo nextest run --workspace --features failpoints
+    cargo test --workspace --features failpoints --doc
+  else
+    cargo test --workspace --features failpoints
+  fi
 else
   cargo test --features failpoints "$@"
 fi
