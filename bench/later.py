@@ -18,9 +18,9 @@ the adaptive rate on (the default) and off (`aqw.adaptiveRate: false`):
 storage requests and CPU per message. The limiter is inactive until a
 throttle, so both must make the same requests per message.
 
-The engine's jitter (rand::thread_rng) and its replicas' ids (uuid v4) are
-not seeded yet (issue 50), so each simulation runs several times and the
-report gives the median, min and max.
+Each simulation is seeded (`Env::seeded`: the engine's randomness and wall
+clock pinned, as the seeded swarm's), so it gives the same figures every
+run; a full run still runs each several times, and min = max shows it.
 """
 import os
 import random
@@ -216,8 +216,9 @@ def section(o, N):
     runs = o.get("runs")
     lines += ["", f"The simulations are the engine's tests `{SPREAD_TEST}`, `{BARE_429_TEST}` and "
               f"`{LIMIT_CHANGE_TEST}` (in-memory store, paused time, so counts do not depend on the build; {runs} run(s) each, the last "
-              "once), aqw's default retry, breaker and adaptive rate, their printed lines parsed. Their jitter and "
-              "replica ids are not seeded yet (issue 50), so the figures move a little between runs. Convergence: "
+              "once), aqw's default retry, breaker and adaptive rate, their printed lines parsed. Each is seeded "
+              "(the engine's randomness and wall clock from a fixed seed), so its figures are the same every run. "
+              "Convergence: "
               "the first 5-second window, in 1 s steps from the start, in which under 20 % of the calls started were "
               "answered 429; the share after counts every call started from there to the drain. The happy path is "
               f"(a)'s `examples/bench_worker` (no-op in-process handler, {N.get('flow')} keyed jobs fed in waves) "

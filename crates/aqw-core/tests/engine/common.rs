@@ -369,6 +369,18 @@ impl Env {
         Self::on(MemoryStorage::new(), id, rule)
     }
 
+    /// [`Env::new`], bit for bit from `seed`: the engine's randomness and
+    /// wall clock pinned as the seeded simulation's (`sim/`), so a test
+    /// whose figures the bench prints gives the same figures every run.
+    /// Call it first in the test, on the test's own (current-thread) runtime.
+    pub fn seeded(seed: u64, rule: impl Fn(&Job, usize) -> Behave + Send + Sync + 'static) -> Self {
+        aqw_core::entropy::seed_thread(seed);
+        let wall = time::macros::datetime!(2026-03-02 08:00:00.250 UTC);
+        aqw_core::clock::simulate_from(wall);
+        let id = aqw_core::entropy::uuid().simple().to_string()[..12].to_string();
+        Self::on(MemoryStorage::starting_at(wall), id, rule)
+    }
+
     /// An env over `storage`, its names carrying `id` (a seeded simulation
     /// passes a store on its pinned clock and an id from its seed).
     pub fn on(

@@ -52,7 +52,8 @@ fn converged_at(env: &Env, start: Instant, end: Instant) -> Option<Duration> {
 #[tokio::test(start_paused = true)]
 async fn a_bare_429_fleet_converges_under_the_limit_and_poisons_none() {
     let limit = Arc::new(AtomicU32::new(10));
-    let env = Env::new(limited_to(limit));
+    // Seeded: the bench prints this run's figures (bench/later.py).
+    let env = Env::seeded(4291, limited_to(limit));
     let jobs = env.enqueue_many("b", 600).await;
     let start = Instant::now();
     let fleet: Vec<Running> = (0..50).map(|_| start_replica(&env)).collect();
@@ -104,7 +105,7 @@ fn start_replica(env: &Env) -> Running {
 #[tokio::test(start_paused = true)]
 async fn a_limit_that_changes_mid_run_is_followed() {
     let limit = Arc::new(AtomicU32::new(10));
-    let env = Env::new(limited_to(limit.clone()));
+    let env = Env::seeded(4292, limited_to(limit.clone()));
     let jobs = env.enqueue_many("c", 500).await;
     let start = Instant::now();
     let fleet: Vec<Running> = (0..12).map(|_| start_replica(&env)).collect();
@@ -184,7 +185,7 @@ async fn the_learned_rate_is_shared_and_shown_by_status() {
 async fn the_adaptive_rate_costs_no_request_on_the_happy_path() {
     let mut per_message = Vec::new();
     for on in [true, false] {
-        let env = Env::new(|_, _| Behave::Succeed);
+        let env = Env::seeded(4293, |_, _| Behave::Succeed);
         let jobs = env.enqueue_many("h", 200).await;
         env.storage.reset_request_counts();
         let worker = env
