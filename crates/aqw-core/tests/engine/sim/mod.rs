@@ -61,6 +61,8 @@ impl Outcome {
 /// One replica of the fleet.
 struct Replica {
     index: usize,
+    /// Its wall clock's offset, which a jump moves.
+    clock: aqw_core::clock::Skew,
     shutdown: CancellationToken,
     handle: JoinHandle<()>,
 }
@@ -72,6 +74,7 @@ struct Sim {
     fleet: Vec<Replica>,
     stopping: Vec<JoinHandle<()>>,
     next_replica: usize,
+    clocks: plan::Clocks,
 }
 
 impl Sim {
@@ -96,13 +99,33 @@ impl Sim {
             .build()
             .expect("valid settings");
         let shutdown = CancellationToken::new();
-        let handle = tokio::spawn(worker.run(shutdown.clone()));
-        self.world.note(format!("fleet add r{index}"));
+        let offset = self.clocks.offset_ms(index);
+        let clock = aqw_core::clock::Skew::new(time::Duration::milliseconds(offset));
+        let run = aqw_core::clock::with_skew(clock.clone(), worker.run(shutdown.clone()));
+        let handle = tokio::spawn(run);
+        self.world
+            .note(format!("fleet add r{index} clock {offset:+} ms"));
         self.fleet.push(Replica {
             index,
+            clock,
             shutdown,
             handle,
         });
+    }
+
+    /// Replica `index`'s clock jumps by `by_ms` (if it still runs).
+    fn jump_clock(&mut self, index: usize, by_ms: i64) {
+        let Some(r) = self.fleet.iter().find(|r| r.index == index) else {
+            self.world
+                .note(format!("clock jump r{index} skipped: gone"));
+            return;
+        };
+        let to = r.clock.offset() + time::Duration::milliseconds(by_ms);
+        r.clock.set(to);
+        let to_ms = to.whole_milliseconds();
+        self.world.note(format!(
+            "clock jump r{index} by {by_ms:+} ms to {to_ms:+} ms"
+        ));
     }
 
     fn apply(&mut self, event: FleetEvent) {
@@ -226,6 +249,9 @@ async fn stage(plan: &Plan, sim: &mut Sim, arrivals: &[(Duration, crate::common:
             sim.apply(*event);
             next_event += 1;
         }
+        if let Some((index, _, by)) = plan.clocks.jump.filter(|(_, at, _)| *at == now) {
+            sim.jump_clock(index, by);
+        }
         let down = plan
             .storage_outage
             .is_some_and(|(from, len)| now >= from && now < from + len);
@@ -268,6 +294,7 @@ async fn run(plan: &Plan) -> Outcome {
         fleet: vec![],
         stopping: vec![],
         next_replica: 0,
+        clocks: plan.clocks.clone(),
     };
     for _ in 0..plan.replicas {
         sim.add_replica();
