@@ -5,12 +5,13 @@
 //! (replicas added, stopped, killed; jobs crashing at failpoints), in a
 //! share of seeds each replica's wall clock off by up to 5 s and one
 //! replica's clock jumping ([`Clocks`]), and in another share Azure's
-//! throughput limits in the store ([`Plan::azure_limits`]). Every figure is
+//! throughput targets in the store, scaled down ([`Plan::azure_limits`]). Every figure is
 //! drawn from the seed, bounded so a run stays short.
 
 use super::world::StorageFaults;
 use crate::common::Behave;
 use aqw_core::handler::Job;
+use aqw_core::storage::memory::AzureLimits;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
@@ -128,10 +129,11 @@ pub struct Plan {
     pub fleet: Vec<(Duration, FleetEvent)>,
     /// Each replica's wall clock (all true when `offsets_ms` is empty).
     pub clocks: Clocks,
-    /// Azure's scalability targets enforced by the store
-    /// (`MemoryStorage::set_azure_limits`): a quarter of the seeds, drawn
-    /// apart from the rest of the plan.
-    pub azure_limits: bool,
+    /// Azure's scalability targets enforced by the store during the
+    /// faults (`MemoryStorage::set_azure_limits`), scaled down to the
+    /// run's size so they are met: a quarter of the seeds, drawn apart
+    /// from the rest of the plan.
+    pub azure_limits: Option<AzureLimits>,
 }
 
 /// Faults are staged in the first `FAULT_SPAN` of a run; the rest settles.
@@ -181,6 +183,21 @@ fn trouble(r: &mut StdRng) -> (Trouble, Duration) {
     }
 }
 
+/// A quarter of the seeds: a queue serving 64 to 256 messages a second, a
+/// partition 20 to 100 entities, the account 40 to 150 requests (Azure's
+/// 2,000, 2,000 and 20,000, scaled to a run of tens of jobs, a queue's
+/// still two receives of 32 at least, as Azure's is 62), with whole-second
+/// times.
+fn limits_from_seed(seed: u64) -> Option<AzureLimits> {
+    let mut r = StdRng::seed_from_u64(seed ^ 0xA2_11_3175_0000_0002);
+    r.gen_bool(0.25).then(|| AzureLimits {
+        queue_messages_per_sec: r.gen_range(64..=256),
+        partition_entities_per_sec: r.gen_range(20..=100),
+        account_requests_per_sec: r.gen_range(40..=150),
+        whole_seconds: true,
+    })
+}
+
 impl Plan {
     pub fn from_seed(seed: u64) -> Self {
         let mut r = StdRng::seed_from_u64(seed);
@@ -225,7 +242,7 @@ impl Plan {
         fleet.sort_by_key(|(at, _)| *at);
         let good = r.gen_range(5..=40);
         let replicas = r.gen_range(1..=4);
-        let azure_limits = StdRng::seed_from_u64(seed ^ 0xA2_11_3175).gen_bool(0.25);
+        let azure_limits = limits_from_seed(seed);
         Self {
             seed,
             replicas,
