@@ -15,7 +15,9 @@
 //! - `corpus`: the seeds in `sim/corpus.txt`, which once failed;
 //! - `open_seeds` (ignored): the seeds in `sim/open.txt`, failing on an
 //!   engine bug not fixed yet, which the swarm skips;
-//! - `replay_one`: `AQW_SIM_SEED=<n>` runs one seed and prints its trace.
+//! - `replay_one`: `AQW_SIM_SEED=<n>` runs one seed and prints its trace
+//!   (`AQW_SIM_WITHOUT=clocks,limits` drops the seed's clock skew or
+//!   Azure's limits, to see which its failure needs).
 
 mod check;
 mod plan;

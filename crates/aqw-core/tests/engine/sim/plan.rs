@@ -242,7 +242,14 @@ impl Plan {
         fleet.sort_by_key(|(at, _)| *at);
         let good = r.gen_range(5..=40);
         let replicas = r.gen_range(1..=4);
-        let azure_limits = limits_from_seed(seed);
+        // Triage: `AQW_SIM_WITHOUT=clocks,limits` replays a seed without
+        // those dimensions, to see which one its failure needs.
+        let without = std::env::var("AQW_SIM_WITHOUT").unwrap_or_default();
+        let azure_limits = limits_from_seed(seed).filter(|_| !without.contains("limits"));
+        let clocks = match without.contains("clocks") {
+            true => Clocks::default(),
+            false => Clocks::from_seed(seed, replicas),
+        };
         Self {
             seed,
             replicas,
@@ -255,7 +262,7 @@ impl Plan {
             storage,
             storage_outage,
             fleet,
-            clocks: Clocks::from_seed(seed, replicas),
+            clocks,
             azure_limits,
         }
     }
