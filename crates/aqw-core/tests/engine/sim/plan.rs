@@ -189,13 +189,24 @@ fn trouble(r: &mut StdRng) -> (Trouble, Duration) {
 /// still two receives of 32 at least, as Azure's is 62), with whole-second
 /// times.
 fn limits_from_seed(seed: u64) -> Option<AzureLimits> {
-    let mut r = StdRng::seed_from_u64(seed ^ 0xA2_11_3175_0000_0002);
+    let mut r = StdRng::seed_from_u64(seed ^ 0xA211_3175_0000_0002);
     r.gen_bool(0.25).then(|| AzureLimits {
         queue_messages_per_sec: r.gen_range(64..=256),
         partition_entities_per_sec: r.gen_range(20..=100),
         account_requests_per_sec: r.gen_range(40..=150),
         whole_seconds: true,
     })
+}
+
+/// The seed's clocks and limits, less what `AQW_SIM_WITHOUT=clocks,limits`
+/// drops (triage: which dimension a failure needs).
+fn clocks_and_limits(seed: u64, replicas: usize) -> (Clocks, Option<AzureLimits>) {
+    let without = std::env::var("AQW_SIM_WITHOUT").unwrap_or_default();
+    let limits = limits_from_seed(seed).filter(|_| !without.contains("limits"));
+    match without.contains("clocks") {
+        true => (Clocks::default(), limits),
+        false => (Clocks::from_seed(seed, replicas), limits),
+    }
 }
 
 impl Plan {
@@ -242,14 +253,7 @@ impl Plan {
         fleet.sort_by_key(|(at, _)| *at);
         let good = r.gen_range(5..=40);
         let replicas = r.gen_range(1..=4);
-        // Triage: `AQW_SIM_WITHOUT=clocks,limits` replays a seed without
-        // those dimensions, to see which one its failure needs.
-        let without = std::env::var("AQW_SIM_WITHOUT").unwrap_or_default();
-        let azure_limits = limits_from_seed(seed).filter(|_| !without.contains("limits"));
-        let clocks = match without.contains("clocks") {
-            true => Clocks::default(),
-            false => Clocks::from_seed(seed, replicas),
-        };
+        let (clocks, azure_limits) = clocks_and_limits(seed, replicas);
         Self {
             seed,
             replicas,
