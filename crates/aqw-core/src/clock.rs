@@ -7,10 +7,20 @@
 //! Durations the engine measures (the breaker's window, the gate, lease
 //! renewal, heartbeats) use `tokio::time::Instant`, which a paused runtime
 //! controls as well.
+//!
+//! A seeded simulation runs many replicas on one thread; each may be given
+//! its own wrong clock ([`Skew`], run under [`with_skew`]): [`now_utc`] on a
+//! pinned thread adds the offset of the task it is called from, and the
+//! engine's spawns go through [`carry`] so a replica's tasks keep its
+//! offset. Outside a simulation `carry` is the future itself and `now_utc`
+//! never looks for an offset: the production path pays one relaxed load
+//! per spawn.
 
+use futures::future::Either;
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, OnceLock};
 use time::OffsetDateTime;
 
 static SIMULATED: AtomicBool = AtomicBool::new(false);
@@ -55,6 +65,64 @@ pub fn simulate_from(wall: OffsetDateTime) {
     PINNED.with(|p| p.set(Some((wall, tokio::time::Instant::now()))));
 }
 
+/// How far one simulated replica's wall clock is off the true time (may
+/// be negative); a clone moves with it, so a simulation can make the clock
+/// jump while the replica runs.
+#[derive(Debug, Clone, Default)]
+pub struct Skew(Arc<AtomicI64>);
+
+impl Skew {
+    /// A clock `offset` off the true time.
+    pub fn new(offset: time::Duration) -> Self {
+        let skew = Self::default();
+        skew.set(offset);
+        skew
+    }
+
+    /// Move the clock to `offset` off the true time (a jump).
+    pub fn set(&self, offset: time::Duration) {
+        let ms = i64::try_from(offset.whole_milliseconds()).unwrap_or(0);
+        self.0.store(ms, Ordering::Relaxed);
+    }
+
+    /// The clock's offset now.
+    pub fn offset(&self) -> time::Duration {
+        time::Duration::milliseconds(self.0.load(Ordering::Relaxed))
+    }
+}
+
+tokio::task_local! {
+    /// The wrong clock of the simulated replica this task belongs to.
+    static SKEW: Skew;
+}
+
+/// Run `fut` with its wall clock `skew` off (simulations only: [`now_utc`]
+/// reads it on a thread pinned by [`simulate_from`]).
+pub fn with_skew<F: Future>(skew: Skew, fut: F) -> impl Future<Output = F::Output> {
+    SKEW.scope(skew, fut)
+}
+
+/// `fut` for a task the engine spawns, keeping the spawning task's
+/// [`Skew`] in a simulation; outside one, `fut` itself.
+pub fn carry<F: Future>(fut: F) -> impl Future<Output = F::Output> {
+    if !simulated() {
+        return Either::Left(fut);
+    }
+    match SKEW.try_with(Skew::clone) {
+        Ok(skew) => Either::Right(Either::Left(SKEW.scope(skew, fut))),
+        Err(_) => Either::Right(Either::Right(fut)),
+    }
+}
+
+/// `tokio::spawn` of [`carry`]`(fut)`: the engine's way to start a task.
+pub fn spawn<F>(fut: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(carry(fut))
+}
+
 /// Whether [`simulate`] was called.
 pub fn simulated() -> bool {
     SIMULATED.load(Ordering::Relaxed)
@@ -63,7 +131,8 @@ pub fn simulated() -> bool {
 /// The current UTC time: the system's, or the simulation's.
 pub fn now_utc() -> OffsetDateTime {
     if let Some((wall, at)) = PINNED.with(Cell::get) {
-        return wall + tokio::time::Instant::now().saturating_duration_since(at);
+        let skew = SKEW.try_with(Skew::offset).unwrap_or(time::Duration::ZERO);
+        return wall + tokio::time::Instant::now().saturating_duration_since(at) + skew;
     }
     if !simulated() {
         return OffsetDateTime::now_utc();
@@ -89,5 +158,29 @@ mod tests {
             moved < time::Duration::days(3) + time::Duration::seconds(5),
             "{moved}"
         );
+    }
+
+    /// A replica's offset applies to its tasks, those it spawns through
+    /// `carry` too, and moves when the simulation makes it jump; a task
+    /// outside any replica reads the true (pinned) time.
+    #[tokio::test(start_paused = true)]
+    async fn a_skewed_task_and_its_spawns_read_their_own_clock() {
+        let wall = time::macros::datetime!(2026-03-02 08:00:00 UTC);
+        simulate_from(wall);
+        let skew = Skew::new(time::Duration::seconds(-5));
+        let moved = skew.clone();
+        let (inner, spawned, jumped) = with_skew(skew, async move {
+            let inner = now_utc();
+            let spawned = tokio::spawn(carry(async { now_utc() })).await.unwrap();
+            moved.set(time::Duration::seconds(30));
+            (inner, spawned, now_utc())
+        })
+        .await;
+        assert_eq!(inner, wall - time::Duration::seconds(5));
+        assert_eq!(spawned, wall - time::Duration::seconds(5));
+        assert_eq!(jumped, wall + time::Duration::seconds(30));
+        assert_eq!(now_utc(), wall);
+        let bare = tokio::spawn(async { now_utc() }).await.unwrap();
+        assert_eq!(bare, wall, "a task outside a replica has no skew");
     }
 }

@@ -199,7 +199,7 @@ impl Gate {
             }
             _ => None,
         };
-        tokio::spawn(async move {
+        crate::clock::spawn(async move {
             if let Err(e) = control
                 .publish_breaker(&function, state, &summary, &worker, cool_down)
                 .await

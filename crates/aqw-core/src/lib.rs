@@ -107,9 +107,9 @@
 //! | poll heartbeats: a worker's last poll per queue, written once a minute, read by `aqw status` | `crates/aqw-core/src/heartbeat.rs` |
 //! | test-only crash points, compiled out of release builds | `crates/aqw-core/src/failpoint.rs` |
 //! | the storage port: queues, tables, blob containers (`BlobStore`), the typed query (`Filter`); only the Azure adapter writes OData | `crates/aqw-core/src/storage/mod.rs` |
-//! | the in-memory store on tokio time (visibility, receipts, TTL, ETags, batches, pages), request counts and an outage switch | `crates/aqw-core/src/storage/memory/` (`mod.rs` the store, its clock and hooks, `queue.rs`, `table.rs`, `blob.rs`, `tests/`) |
+//! | the in-memory store on tokio time (visibility, receipts, TTL, ETags, batches, pages), request counts, an outage switch and Azure's scalability targets (ServerBusy, whole-second times), switchable | `crates/aqw-core/src/storage/memory/` (`mod.rs` the store, its clock and hooks, `queue.rs`, `table.rs`, `blob.rs`, `limits.rs`, `tests/`) |
 //! | the storage contract: one suite of checks, run on the memory store here and on Azurite in the binary's tests | `crates/aqw-core/src/contract/` (`mod.rs` the list and runner, `queue.rs`, `table.rs`, `query.rs`, `blob.rs`) |
-//! | the engine's wall clock: the system's, or tokio's in a simulation (pinned per thread for a seeded one) | `crates/aqw-core/src/clock.rs` |
+//! | the engine's wall clock: the system's, or tokio's in a simulation (pinned per thread for a seeded one, skewed per simulated replica) | `crates/aqw-core/src/clock.rs` |
 //! | the engine's randomness (jitter, ids, provider keys): the OS's, or one seeded generator per thread in a simulation | `crates/aqw-core/src/entropy.rs` |
 //! | a worker built in code: settings and handlers in, `Worker::run(shutdown)`; `handler_fn` | `crates/aqw-core/src/builder.rs` |
 //! | schedules: ticks as keyed jobs (`{/schedule}:{/tick}`), cron in a time zone or an interval, the catch-up policy; the task that claims each tick in the control row and puts it, and the status | `crates/aqw-core/src/schedule/` (`mod.rs` ticks and policy, `run.rs` the task and the row) |

@@ -413,7 +413,7 @@ pub const EXPIRY_ALERT_EVERY: Duration = Duration::from_secs(3600);
 /// write only makes `aqw status` say the queue is not polled.
 fn spawn_heartbeat(rt: &Arc<FunctionRuntime>) {
     let rt = rt.clone();
-    tokio::spawn(async move {
+    crate::clock::spawn(async move {
         if let Err(e) = rt.heartbeats.beat(&rt.function.queue, &rt.worker_id).await {
             warn!(error = %e, "could not write the poll heartbeat");
         }
@@ -465,7 +465,7 @@ fn spawn_job(
         msg.dequeue_count,
     );
     let trace = crate::traces::start_job(&span, producer_context(&rt, &msg).as_ref());
-    tracker.spawn(
+    tracker.spawn(crate::clock::carry(
         async move {
             // A call reserved under the rate limit starts at its slot.
             if let Some(start) = ticket.as_ref().and_then(|t| t.start) {
@@ -478,7 +478,7 @@ fn spawn_job(
             drop((permit, ticket));
         }
         .instrument(span),
-    );
+    ));
 }
 
 /// The retention sweep beside the poll loops, stopped by `shutdown`.
@@ -497,7 +497,7 @@ fn spawn_sweeper_after(
     rts: &[Arc<FunctionRuntime>],
     shutdown: &CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(crate::retention::sweep::run_after(
+    crate::clock::spawn(crate::retention::sweep::run_after(
         first,
         crate::runtime::sweep_targets(rts),
         app.retention.clone(),
@@ -533,7 +533,7 @@ pub async fn serve_maintenance(
     crate::schedule::spawn(app, rts, &shutdown);
     let flows_stop = shutdown.child_token();
     for flow in rts.iter().filter_map(|rt| rt.flow.clone()) {
-        tokio::spawn(flow.renew(flows_stop.clone()));
+        crate::clock::spawn(flow.renew(flows_stop.clone()));
     }
     let mut tick = tokio::time::interval(crate::heartbeat::HEARTBEAT_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -620,11 +620,11 @@ pub async fn run_runtimes(
         rt.gate.refresh().await;
     }
     let gates = rts.iter().map(|rt| rt.gate.clone()).collect();
-    tokio::spawn(crate::gate::Gate::watch_all(gates, shutdown.clone()));
+    crate::clock::spawn(crate::gate::Gate::watch_all(gates, shutdown.clone()));
     let loops: Vec<_> = rts
         .iter()
         .map(|rt| {
-            tokio::spawn(poll_loop(
+            crate::clock::spawn(poll_loop(
                 rt.clone(),
                 shutdown.clone(),
                 hard_stop.clone(),
@@ -637,7 +637,7 @@ pub async fn run_runtimes(
     // Slots held by jobs are renewed until the drain ends.
     let flows_stop = CancellationToken::new();
     for flow in rts.iter().filter_map(|rt| rt.flow.clone()) {
-        tokio::spawn(flow.renew(flows_stop.clone()));
+        crate::clock::spawn(flow.renew(flows_stop.clone()));
     }
     shutdown.cancelled().await;
     let _ = sweeper.await;

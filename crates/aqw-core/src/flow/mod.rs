@@ -295,11 +295,11 @@ impl Flow {
         }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (flow, row) = (self.clone(), row.to_string());
-            rt.spawn(async move {
+            rt.spawn(crate::clock::carry(async move {
                 tokio::time::sleep(RELEASE_DELAY).await;
                 flow.to_sync.lock().unwrap().remove(&row);
                 flow.sync(&row).await;
-            });
+            }));
         }
     }
 

@@ -49,7 +49,7 @@ pub fn spawn(app: &AppConfig, rts: &[Arc<FunctionRuntime>], shutdown: &Cancellat
             queue: rt.source.clone(),
             encoding: app.message_encoding,
         };
-        tokio::spawn(run(
+        crate::clock::spawn(run(
             s.clone(),
             control,
             target,

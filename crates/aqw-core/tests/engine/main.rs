@@ -36,6 +36,9 @@
 //! - `sim/`: the seeded swarm: a seed draws the workload, the provider's
 //!   and the storage's faults and the fleet's events; the run replays bit
 //!   for bit and one checker judges it (docs/design.md);
+//! - `fleet_cost.rs` (ignored, a report): what 100 replicas of 50
+//!   functions cost the account against Azure's scalability targets, idle
+//!   and under offered load in steps, and the first limit met;
 //! - `spread.rs`: the breaker on the fleet's evidence: an outage over 1, 2,
 //!   12, 16 and 50 replicas, and a trickle through one, poisons nothing; a
 //!   few keys failing alone still reach poison.
@@ -46,6 +49,7 @@ mod claim_check_refs;
 mod common;
 mod crashes;
 mod fleet;
+mod fleet_cost;
 mod flow;
 mod later;
 mod operations;

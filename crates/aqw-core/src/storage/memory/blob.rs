@@ -34,7 +34,7 @@ impl MemoryBlobs {
         op: &'static str,
     ) -> StorageResult<(MutexGuard<'_, State>, OffsetDateTime)> {
         self.shared.delay().await;
-        self.shared.begin(op)
+        self.shared.begin(op, super::Scope::Account)
     }
 }
 

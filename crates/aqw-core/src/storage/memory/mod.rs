@@ -129,7 +129,7 @@
 //!
 //! Not modelled: `QueueBeingDeleted` / `TableBeingDeleted` (Azure refuses to
 //! re-create a name for a while after its deletion; Azurite does not), the
-//! adapter's retries, throttling (503), Azure's typing of JSON numbers (an
+//! adapter's retries, Azure's typing of JSON numbers (an
 //! integer past `i32` is stored as given) and shared-access rules.
 //!
 //! Test hooks: [`MemoryStorage::request_counts`] (by the operation names of
@@ -137,10 +137,19 @@
 //! every call fails with [`StorageError::Transport`]),
 //! [`MemoryStorage::set_latency`] and [`MemoryStorage::set_stale_receipt`].
 //!
+//! Azure's scalability targets (off by default, [`AzureLimits`]):
+//! [`MemoryStorage::set_azure_limits`] makes the store answer `Http { 503,
+//! "ServerBusy" }` past 2,000 messages a second on a queue, 2,000 entities
+//! a second on a table partition or 20,000 requests a second on the
+//! account, and keep its times in whole seconds;
+//! [`MemoryStorage::load_peaks`] and [`MemoryStorage::server_busy`] report
+//! the load.
+//!
 //! [`Filter::ChangedBefore`]: super::Filter::ChangedBefore
 //! [`MAX_BATCH_OPERATIONS`]: super::MAX_BATCH_OPERATIONS
 
 mod blob;
+mod limits;
 mod queue;
 mod table;
 #[cfg(test)]
@@ -151,6 +160,8 @@ use super::{
     MAX_VISIBILITY_TIMEOUT,
 };
 use blob::{Container, MemoryBlobs};
+pub use limits::AzureLimits;
+use limits::{Load, Scope};
 use queue::{MemoryQueue, Queue};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -264,6 +275,28 @@ impl MemoryStorage {
         self.shared.lock().latency = latency;
     }
 
+    /// Enforce Azure's scalability targets (see [`AzureLimits`]; `None`,
+    /// the default, enforces nothing). Turning them on starts the peaks
+    /// and refusals from zero.
+    pub fn set_azure_limits(&self, limits: Option<AzureLimits>) {
+        let mut st = self.shared.lock();
+        st.load = Load::default();
+        st.load.limits = limits;
+    }
+
+    /// The most each queue (`queue <name>`), each table partition
+    /// (`partition <table>/<pk>`) and the account (`account`) served in one
+    /// second while the limits were on: messages, entities, requests.
+    pub fn load_peaks(&self) -> BTreeMap<String, u64> {
+        self.shared.lock().load.peaks.clone()
+    }
+
+    /// Requests refused as ServerBusy while the limits were on, by the
+    /// target they met (`account`, `queue <name>`, `partition <t>/<pk>`).
+    pub fn server_busy(&self) -> BTreeMap<String, u64> {
+        self.shared.lock().load.refused.clone()
+    }
+
     /// Choose what a stale pop receipt gets (default
     /// [`StaleReceipt::NotFound`], Azure's answer).
     pub fn set_stale_receipt(&self, answer: StaleReceipt) {
@@ -338,6 +371,8 @@ struct State {
     stale_receipt: StaleReceipt,
     /// Message order and ETags.
     seq: u64,
+    /// Azure's targets, when on, and the load against them.
+    load: Load,
 }
 
 impl State {
@@ -365,9 +400,15 @@ impl Shared {
         }
     }
 
-    /// Count the request and refuse it during an outage; the state and the
-    /// time of the request.
-    fn begin(&self, op: &'static str) -> StorageResult<(MutexGuard<'_, State>, OffsetDateTime)> {
+    /// Count the request and refuse it during an outage or, with Azure's
+    /// limits on, past a target of the account or of `scope` (503
+    /// ServerBusy); the state and the time of the request (whole seconds
+    /// when the limits say so).
+    fn begin(
+        &self,
+        op: &'static str,
+        scope: Scope<'_>,
+    ) -> StorageResult<(MutexGuard<'_, State>, OffsetDateTime)> {
         let mut st = self.lock();
         count(&mut st, op, 1);
         if st.unavailable {
@@ -375,7 +416,14 @@ impl Shared {
                 "memory storage unavailable (simulated outage)".into(),
             ));
         }
-        Ok((st, self.clock.now()))
+        let now = self.clock.now();
+        if !st.load.admit(now.unix_timestamp(), scope) {
+            return Err(http(503, "ServerBusy"));
+        }
+        match st.load.limits {
+            Some(l) if l.whole_seconds => Ok((st, wire(now))),
+            _ => Ok((st, now)),
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! and by expiry) and [`QueueStore`] on it, as the module documentation of
 //! [`super`] describes.
 
-use super::{http, whole_secs, wire, Shared, StaleReceipt, State};
+use super::{http, whole_secs, wire, Scope, Shared, StaleReceipt, State};
 use crate::storage::{
     PeekedMessage, PutReceipt, QueueStore, ReceivedMessage, StorageError, StorageResult, Ttl,
 };
@@ -123,7 +123,7 @@ impl MemoryQueue {
         op: &'static str,
     ) -> StorageResult<(MutexGuard<'_, State>, OffsetDateTime)> {
         self.shared.delay().await;
-        let (st, now) = self.shared.begin(op)?;
+        let (st, now) = self.shared.begin(op, Scope::Queue(&self.name))?;
         check_queue_name(&self.name)?;
         Ok((st, now))
     }
@@ -182,6 +182,8 @@ impl QueueStore for MemoryQueue {
                 id,
             });
         }
+        let more = out.len().saturating_sub(1) as u64;
+        st.load.charge(Scope::Queue(&self.name), more);
         Ok(out)
     }
 

@@ -2,7 +2,7 @@
 //! the entity rules of the service, and [`TableStore`] on them, as the
 //! module documentation of [`super`] describes.
 
-use super::{count, http, Shared, State};
+use super::{count, http, Scope, Shared, State};
 use crate::storage::{
     Entity, Etag, Filter, Row, StorageError, StorageResult, TableOp, TableQuery, TableStore,
     MAX_BATCH_OPERATIONS,
@@ -255,9 +255,10 @@ impl MemoryTable {
     async fn begin(
         &self,
         op: &'static str,
+        scope: Scope<'_>,
     ) -> StorageResult<(MutexGuard<'_, State>, OffsetDateTime)> {
         self.shared.delay().await;
-        let (st, now) = self.shared.begin(op)?;
+        let (st, now) = self.shared.begin(op, scope)?;
         check_table_name(&self.name)?;
         Ok((st, now))
     }
@@ -270,13 +271,15 @@ impl TableStore for MemoryTable {
     }
 
     async fn create_if_missing(&self) -> StorageResult<()> {
-        let (mut st, _) = self.begin("table.admin").await?;
+        let (mut st, _) = self.begin("table.admin", Scope::Account).await?;
         st.tables.entry(self.key.clone()).or_default();
         Ok(())
     }
 
     async fn insert(&self, pk: &str, rk: &str, entity: &Entity) -> StorageResult<Etag> {
-        let (mut st, now) = self.begin("table.insert").await?;
+        let (mut st, now) = self
+            .begin("table.insert", Scope::Partition(&self.key, pk))
+            .await?;
         let entity = inserted(pk, rk, entity)?;
         let etag = st.next_etag();
         let table = st.tables.get_mut(&self.key).ok_or(StorageError::NotFound)?;
@@ -296,7 +299,9 @@ impl TableStore for MemoryTable {
     }
 
     async fn get(&self, pk: &str, rk: &str) -> StorageResult<Option<(Entity, Etag)>> {
-        let (st, _) = self.begin("table.get").await?;
+        let (st, _) = self
+            .begin("table.get", Scope::Partition(&self.key, pk))
+            .await?;
         // A missing table is a 404 too, which the adapter reads as "no row".
         Ok(st
             .tables
@@ -312,7 +317,9 @@ impl TableStore for MemoryTable {
         entity: &Entity,
         if_match: Option<&Etag>,
     ) -> StorageResult<Etag> {
-        let (mut st, now) = self.begin("table.update").await?;
+        let (mut st, now) = self
+            .begin("table.update", Scope::Partition(&self.key, pk))
+            .await?;
         check_key(pk)?;
         check_key(rk)?;
         let changes = written(entity)?;
@@ -335,7 +342,9 @@ impl TableStore for MemoryTable {
     }
 
     async fn delete(&self, pk: &str, rk: &str) -> StorageResult<()> {
-        let (mut st, _) = self.begin("table.delete").await?;
+        let (mut st, _) = self
+            .begin("table.delete", Scope::Partition(&self.key, pk))
+            .await?;
         // `If-Match: *`; a missing row or table is a 404 the adapter ignores.
         if let Some(table) = st.tables.get_mut(&self.key) {
             table.rows.remove(&(pk.to_string(), rk.to_string()));
@@ -344,7 +353,11 @@ impl TableStore for MemoryTable {
     }
 
     async fn query_where(&self, query: &TableQuery<'_>) -> StorageResult<Vec<Row>> {
-        let (mut st, _) = self.begin("table.query").await?;
+        let scope = match query.partition {
+            Some(pk) => Scope::Partition(&self.key, pk),
+            None => Scope::Account,
+        };
+        let (mut st, _) = self.begin("table.query", scope).await?;
         let table = st.tables.get(&self.key).ok_or(StorageError::NotFound)?;
         let rows: Box<dyn Iterator<Item = (&(String, String), &Stored)>> = match query.partition {
             Some(pk) => Box::new(
@@ -377,14 +390,17 @@ impl TableStore for MemoryTable {
         // One request per page of 1,000 rows, as the adapter follows them.
         let pages = out.len().div_ceil(QUERY_PAGE).max(1) as u64;
         count(&mut st, "table.query", pages - 1);
+        st.load.charge(scope, out.len().saturating_sub(1) as u64);
         Ok(out)
     }
 
     async fn transaction(&self, pk: &str, ops: Vec<TableOp>) -> StorageResult<()> {
-        let (mut st, now) = self.begin("table.batch").await?;
+        let scope = Scope::Partition(&self.key, pk);
+        let (mut st, now) = self.begin("table.batch", scope).await?;
         if ops.len() > MAX_BATCH_OPERATIONS {
             return Err(http(400, "BatchOperationFailed"));
         }
+        st.load.charge(scope, ops.len().saturating_sub(1) as u64);
         if ops.is_empty() {
             return Ok(());
         }
@@ -408,7 +424,7 @@ impl TableStore for MemoryTable {
     }
 
     async fn delete_table(&self) -> StorageResult<()> {
-        let (mut st, _) = self.begin("table.admin").await?;
+        let (mut st, _) = self.begin("table.admin", Scope::Account).await?;
         st.tables.remove(&self.key);
         Ok(())
     }

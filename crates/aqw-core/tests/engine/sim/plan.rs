@@ -2,12 +2,16 @@
 //! jobs that fail alone), the provider's faults (outages full, partial and
 //! flapping; bare and Retry-After 429s under a limit that changes; 409 "in
 //! progress"; slowness), the storage's faults, and the fleet's events
-//! (replicas added, stopped, killed; jobs crashing at failpoints). Every
-//! figure is drawn from the seed, bounded so a run stays short.
+//! (replicas added, stopped, killed; jobs crashing at failpoints), in a
+//! share of seeds each replica's wall clock off by up to 5 s and one
+//! replica's clock jumping ([`Clocks`]), and in another share Azure's
+//! throughput targets in the store, scaled down ([`Plan::azure_limits`]). Every figure is
+//! drawn from the seed, bounded so a run stays short.
 
 use super::world::StorageFaults;
 use crate::common::Behave;
 use aqw_core::handler::Job;
+use aqw_core::storage::memory::AzureLimits;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
@@ -59,6 +63,50 @@ pub enum FleetEvent {
     Crash(&'static str),
 }
 
+/// Each replica's wall clock in a run whose clocks are skewed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Clocks {
+    /// How far replica `i`'s clock is off (ms), for `i` modulo the length.
+    pub offsets_ms: Vec<i64>,
+    /// Replica `.0`'s clock jumps by `.2` ms at `.1` since the run began.
+    pub jump: Option<(usize, Duration, i64)>,
+}
+
+/// Most a replica's clock is off (either way).
+pub const MAX_SKEW_MS: i64 = 5_000;
+
+/// Most one jump moves a clock (either way).
+pub const MAX_JUMP_MS: i64 = 10_000;
+
+impl Clocks {
+    /// The clock offset replica `index` starts with.
+    pub fn offset_ms(&self, index: usize) -> i64 {
+        match self.offsets_ms.len() {
+            0 => 0,
+            n => self.offsets_ms[index % n],
+        }
+    }
+
+    /// Half the seeds, drawn apart from the rest of the plan (so a seed's
+    /// workload and faults are the same whether or not its clocks are
+    /// skewed, and seeds drawn before skew existed keep their schedules).
+    fn from_seed(seed: u64, replicas: usize) -> Self {
+        let mut r = StdRng::seed_from_u64(seed ^ 0xC10C_5CE4_0000_0001);
+        if !r.gen_bool(0.5) {
+            return Self::default();
+        }
+        let offsets_ms = (0..10)
+            .map(|_| r.gen_range(-MAX_SKEW_MS..=MAX_SKEW_MS))
+            .collect();
+        let by = r.gen_range(1_000..=MAX_JUMP_MS) * if r.gen_bool(0.5) { 1 } else { -1 };
+        let at = secs(&mut r, 10, FAULT_SPAN.as_secs() - 10);
+        Self {
+            offsets_ms,
+            jump: Some((r.gen_range(0..replicas.max(1)), at, by)),
+        }
+    }
+}
+
 /// The whole run, drawn from one seed.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -79,6 +127,13 @@ pub struct Plan {
     /// Storage refuses everything from `.0` for `.1`, if drawn.
     pub storage_outage: Option<(Duration, Duration)>,
     pub fleet: Vec<(Duration, FleetEvent)>,
+    /// Each replica's wall clock (all true when `offsets_ms` is empty).
+    pub clocks: Clocks,
+    /// Azure's scalability targets enforced by the store during the
+    /// faults (`MemoryStorage::set_azure_limits`), scaled down to the
+    /// run's size so they are met: a quarter of the seeds, drawn apart
+    /// from the rest of the plan.
+    pub azure_limits: Option<AzureLimits>,
 }
 
 /// Faults are staged in the first `FAULT_SPAN` of a run; the rest settles.
@@ -128,6 +183,32 @@ fn trouble(r: &mut StdRng) -> (Trouble, Duration) {
     }
 }
 
+/// A quarter of the seeds: a queue serving 64 to 256 messages a second, a
+/// partition 20 to 100 entities, the account 40 to 150 requests (Azure's
+/// 2,000, 2,000 and 20,000, scaled to a run of tens of jobs, a queue's
+/// still two receives of 32 at least, as Azure's is 62), with whole-second
+/// times.
+fn limits_from_seed(seed: u64) -> Option<AzureLimits> {
+    let mut r = StdRng::seed_from_u64(seed ^ 0xA211_3175_0000_0002);
+    r.gen_bool(0.25).then(|| AzureLimits {
+        queue_messages_per_sec: r.gen_range(64..=256),
+        partition_entities_per_sec: r.gen_range(20..=100),
+        account_requests_per_sec: r.gen_range(40..=150),
+        whole_seconds: true,
+    })
+}
+
+/// The seed's clocks and limits, less what `AQW_SIM_WITHOUT=clocks,limits`
+/// drops (triage: which dimension a failure needs).
+fn clocks_and_limits(seed: u64, replicas: usize) -> (Clocks, Option<AzureLimits>) {
+    let without = std::env::var("AQW_SIM_WITHOUT").unwrap_or_default();
+    let limits = limits_from_seed(seed).filter(|_| !without.contains("limits"));
+    match without.contains("clocks") {
+        true => (Clocks::default(), limits),
+        false => (Clocks::from_seed(seed, replicas), limits),
+    }
+}
+
 impl Plan {
     pub fn from_seed(seed: u64) -> Self {
         let mut r = StdRng::seed_from_u64(seed);
@@ -171,9 +252,11 @@ impl Plan {
             .collect();
         fleet.sort_by_key(|(at, _)| *at);
         let good = r.gen_range(5..=40);
+        let replicas = r.gen_range(1..=4);
+        let (clocks, azure_limits) = clocks_and_limits(seed, replicas);
         Self {
             seed,
-            replicas: r.gen_range(1..=4),
+            replicas,
             good,
             bad: r.gen_range(0..=3),
             failing: r.gen_range(0..=2),
@@ -183,6 +266,8 @@ impl Plan {
             storage,
             storage_outage,
             fleet,
+            clocks,
+            azure_limits,
         }
     }
 

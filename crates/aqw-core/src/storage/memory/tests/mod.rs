@@ -1,6 +1,7 @@
 //! Unit tests of the memory store: its clock, hooks and the contract suite
 //! here; the queue and table semantics in [`queue`] and [`table`].
 
+mod limits;
 mod queue;
 mod table;
 
