@@ -49,6 +49,11 @@ pub struct ClaimedKey {
     /// the key keeps the count). 0 on a key taken over from `poisoned`: a
     /// replay starts a new attempt budget.
     pub carried_attempts: u32,
+    /// The claims of the job's current run, this one included (the
+    /// `RunAttempts` column): the attempt number `aqw run` caps
+    /// (`crate::decide::attempt_of_key`). 1 on a key's first claim and on
+    /// a key taken over from `poisoned`.
+    pub run_attempts: u32,
 }
 
 /// One claim's inputs, shared by its insert and take-over paths.
@@ -75,6 +80,7 @@ impl ClaimRequest<'_> {
             "Status": "pending",
             "ProviderKey": provider_key,
             "Attempts": 1,
+            "RunAttempts": 1,
             "LastError": "",
             "LeaseOwner": self.owner,
             "LeaseUntil": self.lease_until,
@@ -111,6 +117,7 @@ impl ClaimRequest<'_> {
             dequeue_count: self.dequeue_count,
             history,
             carried_attempts: 0,
+            run_attempts: 1,
         }
     }
 }
@@ -315,6 +322,7 @@ impl KeyStore {
             let mut c = req.claimed(etag, rec.provider_key, attempts, first, history);
             c.previously_pending = attempts > 1;
             c.carried_attempts = rec.carried_attempts;
+            c.run_attempts = rec.run_attempts.max(1);
             return Ok(Some(NextAction::Run(c)));
         }
         if let Some(until) = rec.lease_live(req.now) {
@@ -344,10 +352,11 @@ impl KeyStore {
         }
         // A poisoned key taken over is a replay (or a new job with its key):
         // it starts a new attempt budget.
-        let carried = match rec.status {
-            KeyStatus::Poisoned => 0,
-            _ => rec.carried_attempts,
+        let (carried, run_attempts) = match rec.status {
+            KeyStatus::Poisoned => (0, 1),
+            _ => (rec.carried_attempts, rec.run_attempts.saturating_add(1)),
         };
+        update.insert("RunAttempts".into(), json!(run_attempts));
         if carried != rec.carried_attempts {
             update.insert("CarriedAttempts".into(), json!(0));
         }
@@ -362,6 +371,7 @@ impl KeyStore {
                 let mut c = req.claimed(etag, rec.provider_key, attempts, rec.first_seen, history);
                 c.previously_pending = true;
                 c.carried_attempts = carried;
+                c.run_attempts = run_attempts;
                 Ok(Some(c))
             }
             Err(StorageError::PreconditionFailed) | Err(StorageError::NotFound) => Ok(None),
@@ -464,6 +474,26 @@ impl KeyStore {
         uncertain: bool,
     ) -> Result<(), FinishError> {
         self.record_failure_with(claim, outcome, error, uncertain, Entity::new())
+            .await
+    }
+
+    /// [`record_failure_as`](Self::record_failure_as) of an attempt that
+    /// spends none of the job's attempts (the provider said "later" or
+    /// "in progress", or it failed while the breaker holds: parked as a
+    /// fresh copy): the claim is given back to the run's count.
+    pub async fn record_failure_given_back(
+        &self,
+        claim: &ClaimedKey,
+        outcome: &str,
+        error: &str,
+        uncertain: bool,
+    ) -> Result<(), FinishError> {
+        let mut update = Entity::new();
+        update.insert(
+            "RunAttempts".into(),
+            json!(claim.run_attempts.saturating_sub(1)),
+        );
+        self.record_failure_with(claim, outcome, error, uncertain, update)
             .await
     }
 
@@ -599,8 +629,7 @@ impl KeyStore {
     ) -> StorageResult<()> {
         let (pk, rk) = (key.partition_key(function), key.row_key());
         if let Some((rec, etag)) = seen {
-            let mut update = Entity::new();
-            update.insert("ReplayCount".into(), json!(rec.replay_count + 1));
+            let update = replay_update(rec);
             match self.table.merge(&pk, &rk, &update, Some(etag)).await {
                 Ok(_) => return Ok(()),
                 Err(StorageError::PreconditionFailed | StorageError::NotFound) => {}
@@ -609,8 +638,7 @@ impl KeyStore {
         }
         if let Some((e, etag)) = self.table.get(&pk, &rk).await? {
             let rec = KeyRecord::from_entity(&pk, &rk, &e);
-            let mut update = Entity::new();
-            update.insert("ReplayCount".into(), json!(rec.replay_count + 1));
+            let update = replay_update(&rec);
             match self.table.merge(&pk, &rk, &update, Some(&etag)).await {
                 Ok(_) | Err(StorageError::PreconditionFailed) => {}
                 Err(e) => return Err(e),
@@ -672,6 +700,19 @@ impl KeyStore {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// A replay counted on the key: and, on a key not done, a new run whose
+/// attempts `maxDequeueCount` caps again (a key left `pending` by a
+/// poisoning whose key update failed would otherwise count the poisoned
+/// run's attempts against the replay).
+fn replay_update(rec: &KeyRecord) -> Entity {
+    let mut update = Entity::new();
+    update.insert("ReplayCount".into(), json!(rec.replay_count + 1));
+    if !rec.status.is_settled() {
+        update.insert("RunAttempts".into(), json!(0));
+    }
+    update
 }
 
 /// Whether a message put at `inserted` predates its poisoned key's
