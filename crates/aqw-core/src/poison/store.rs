@@ -196,13 +196,9 @@ impl PoisonStore {
         Ok(())
     }
 
-    /// Close the open records of `key` as replayed, its key already done
-    /// (`by` says which attempt completed it): a job whose key completed is
-    /// not poisoned, whatever an interrupted poisoning left behind (a crash
-    /// after a record's insert whose message then came back as a fresh
-    /// copy, parked or deferred, and completed: seed 214 of the
-    /// simulation). Returns how many it closed.
-    pub async fn close_open_of_done_key(&self, key: &str, by: &str) -> StorageResult<usize> {
+    /// The open records of `key`, with their ETags (one partition query,
+    /// on the rare paths only: a poisoning, a key completing after a crash).
+    pub async fn open_of_key(&self, key: &str) -> StorageResult<Vec<(PoisonRecord, Etag)>> {
         let filter = crate::storage::Filter::eq(record::col::STATUS, RecordStatus::Open.as_str())
             .and(crate::storage::Filter::eq(record::col::KEY, key));
         let query = crate::storage::TableQuery {
@@ -212,19 +208,28 @@ impl PoisonStore {
         };
         let rows = match self.records.query_where(&query).await {
             Ok(rows) => rows,
-            Err(StorageError::NotFound) => return Ok(0),
+            Err(StorageError::NotFound) => return Ok(vec![]),
             Err(e) => return Err(e),
         };
-        let mut closed = 0;
+        let mut out = Vec::new();
         for row in rows {
             let rec = PoisonRecord::from_entity(&row.entity);
-            let mut etag = match row.etag {
-                Some(etag) => etag,
-                None => match self.reread(&rec).await? {
-                    Some((_, etag)) => etag,
-                    None => continue,
-                },
-            };
+            match row.etag {
+                Some(etag) => out.push((rec, etag)),
+                None => out.extend(self.reread(&rec).await?),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Close the open records of `key` as replayed, its key already done
+    /// (`by` says which attempt completed it): a job whose key completed is
+    /// not poisoned, whatever an interrupted poisoning left behind (a crash
+    /// after a record's insert whose message then came back as a fresh
+    /// copy and completed). Returns how many it closed.
+    pub async fn close_open_of_done_key(&self, key: &str, by: &str) -> StorageResult<usize> {
+        let mut closed = 0;
+        for (rec, mut etag) in self.open_of_key(key).await? {
             let how = Replayed::KeyAlreadyDone;
             if let Closing::Closed = self.close_replayed(&rec, by, how, None, &mut etag).await? {
                 closed += 1;
