@@ -216,32 +216,24 @@ impl Settling<'_> {
         }
     }
 
-    /// A key just marked done whose history shows an attempt that crashed
-    /// or a poisoning: close the open poison records of the key as done
-    /// (a poisoning interrupted after its record, whose message then came
-    /// back as a fresh copy and completed, must not stay open: nothing of
-    /// the job is left to act on). Only such keys pay the query; a failure
-    /// is logged, and `poison replay` closes the record as already done.
+    /// A key just marked done after an attempt that ended without a result
+    /// (`abandoned`: a crash, possibly inside a poisoning): close the key's
+    /// open poison records that name no copy, as done. Such a record is a
+    /// poisoning interrupted between its record and its copy, whose job
+    /// then came back as another message and completed: nothing of the
+    /// job is left to act on. A record with its copy is a poisoning that
+    /// finished; it stays open for the operator (`poison replay` closes it
+    /// as already done). Only such keys pay the query; a failure is logged.
     async fn close_poisonings_of_done_key(&self, c: &ClaimedKey) {
-        let interrupted = c
-            .history
-            .iter()
-            .any(|a| matches!(a.outcome.as_str(), "abandoned" | "poisoned"));
-        if !interrupted {
+        if !c.history.iter().any(|a| a.outcome == "abandoned") {
             return;
         }
         let by = format!("aqw (key completed by message {})", self.msg.id);
         let store = self.rt.poison.store();
-        match store.close_open_of_done_key(c.key.as_str(), &by).await {
+        match store.close_interrupted_of_done_key(c.key.as_str(), &by).await {
             Ok(0) => {}
-            Ok(n) => tracing::info!(
-                event = "aqw.poison.closed_done",
-                closed = n,
-                "the key completed: its open poison records are closed as already done"
-            ),
-            Err(e) => {
-                warn!(error = %e, "could not close the open poison records of a completed key (poison replay closes them as already done)")
-            }
+            Ok(n) => tracing::info!(event = "aqw.poison.closed_done", closed = n, "the key completed: the open poison records its interrupted poisoning left are closed as already done"),
+            Err(e) => warn!(error = %e, "could not close the open poison records of a completed key (poison replay closes them as already done)"),
         }
     }
 

@@ -222,14 +222,16 @@ impl PoisonStore {
         Ok(out)
     }
 
-    /// Close the open records of `key` as replayed, its key already done
-    /// (`by` says which attempt completed it): a job whose key completed is
-    /// not poisoned, whatever an interrupted poisoning left behind (a crash
-    /// after a record's insert whose message then came back as a fresh
-    /// copy and completed). Returns how many it closed.
-    pub async fn close_open_of_done_key(&self, key: &str, by: &str) -> StorageResult<usize> {
+    /// Close the open records of `key` that name no copy (poisonings
+    /// interrupted between the record and the copy) as replayed, the key
+    /// already done (`by` says which attempt completed it). Returns how
+    /// many it closed.
+    pub async fn close_interrupted_of_done_key(&self, key: &str, by: &str) -> StorageResult<usize> {
         let mut closed = 0;
         for (rec, mut etag) in self.open_of_key(key).await? {
+            if rec.poison_message_id.is_some() {
+                continue;
+            }
             let how = Replayed::KeyAlreadyDone;
             if let Closing::Closed = self.close_replayed(&rec, by, how, None, &mut etag).await? {
                 closed += 1;
