@@ -66,16 +66,7 @@ pub async fn process(
     if let Some(k) = &key {
         tracing::Span::current().record("key", k.as_str());
     }
-    let mut ctx = Settling {
-        rt,
-        msg,
-        settle,
-        key: key.as_ref(),
-        claim: None,
-        first_attempt: None,
-        trace,
-        attempt: None,
-    };
+    let mut ctx = Settling::new(rt, msg, settle, key.as_ref(), trace);
     if let Some(case) = claim_failure {
         return ctx.without_running(WithoutRunning::Poison(case)).await;
     }

@@ -116,6 +116,28 @@ pub(super) struct Settling<'a> {
     pub(super) attempt: Option<u32>,
 }
 
+impl<'a> Settling<'a> {
+    /// The context of `msg`, nothing claimed yet.
+    pub(super) fn new(
+        rt: &'a FunctionRuntime,
+        msg: &'a ReceivedMessage,
+        settle: &'a dyn Settle,
+        key: Option<&'a IdempotencyKey>,
+        trace: &'a JobTrace,
+    ) -> Self {
+        Self {
+            rt,
+            msg,
+            settle,
+            key,
+            claim: None,
+            first_attempt: None,
+            trace,
+            attempt: None,
+        }
+    }
+}
+
 impl Settling<'_> {
     /// Claim the job's key for this attempt; what the claim found.
     pub(super) async fn claim(&mut self, lease: Duration) -> StorageResult<KeyState<'static>> {
