@@ -77,12 +77,15 @@ async fn always_failing_job_uses_every_attempt_then_poisons_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn over_the_cap_on_receive_poisons_without_running() {
+async fn over_the_bound_on_receive_poisons_without_running() {
     let app = TestApp::new(keyed(), json!({"maxDequeueCount": 2}), json!({}));
     app.enqueue(r#"{"id":"crashy"}"#).await;
-    // Two attempts "crashed" (received, never settled): make it visible again each time.
+    // Six deliveries "crashed" before their claim (received, never settled,
+    // nothing written): the key counts no attempt, and the DequeueCount's
+    // bound (3 x maxDequeueCount) is what poisons it. Make it visible again
+    // each time.
     let q = app.source();
-    for _ in 0..2 {
+    for _ in 0..6 {
         let m = q.receive(1, Duration::from_secs(30)).await.unwrap();
         assert_eq!(m.len(), 1);
         q.update_visibility(&m[0].id, &m[0].pop_receipt, &m[0].text, Duration::ZERO)
@@ -101,11 +104,13 @@ async fn over_the_cap_on_receive_poisons_without_running() {
     let env = PoisonEnvelope::from_queue_text(&msgs[0].text).unwrap();
     assert_eq!(env.error.kind, ErrorKind::Crashed);
     assert!(
-        env.error.message.contains("dequeued 3 times"),
+        env.error
+            .message
+            .contains("dequeued 7 times without an attempt"),
         "{}",
         env.error.message
     );
-    assert_eq!(env.dequeue_count, 3);
+    assert_eq!(env.dequeue_count, 7);
     app.cleanup().await;
 }
 

@@ -88,6 +88,11 @@ pub fn later(
 pub struct Facts<'a> {
     /// The message's DequeueCount (1 on its first delivery).
     pub dequeue_count: u32,
+    /// The job's attempt number as its key's record counts it, this attempt
+    /// included, once the key is claimed ([`attempt_of_key`]); `None`
+    /// before the claim and for a keyless job, whose attempt number is its
+    /// DequeueCount.
+    pub attempt: Option<u32>,
     /// The decoded text, or why it could not be decoded (base64, UTF-8).
     pub payload: Result<&'a str, &'a str>,
     /// Why no key could be derived (not JSON, a missing field), if so.
@@ -198,20 +203,69 @@ pub enum Fate {
     Poison(PoisonCase),
 }
 
+impl Facts<'_> {
+    /// The job's attempt number: its key's count once claimed, else the
+    /// message's DequeueCount.
+    pub fn attempt_number(&self) -> u32 {
+        self.attempt.unwrap_or(self.dequeue_count)
+    }
+}
+
+/// The most deliveries a keyed message may take before it is poisoned
+/// without an attempt its key counted: three times `maxDequeueCount`.
+///
+/// A keyed job's attempts are counted by its key's record (a claim is an
+/// attempt: [`attempt_of_key`]), so a delivery aqw gave back without
+/// running the work (a storage fault before or at the claim, an answer
+/// lost, a replica stopped before the claim) spends none of them. The
+/// DequeueCount still bounds what the key cannot see: a message that
+/// crashes the worker before its claim is written (decoding, a claim-check
+/// body) is poisoned as `crashed` past this bound.
+pub fn dequeue_bound(max_dequeue_count: u32) -> u32 {
+    max_dequeue_count.saturating_mul(3)
+}
+
+/// A keyed job's attempt number from its key's record after this claim:
+/// `claims` (the claims of the job's current run, this one included) in
+/// `aqw run`; in `aqw serve`, whose retries are fresh copies, the attempts
+/// the earlier copies spent (`carried`) plus this copy's DequeueCount.
+/// Past `maxDequeueCount` (a job whose last attempt crashed, or whose
+/// poisoning failed on storage), the job is poisoned without running, as
+/// `crashed`, with the key's last error.
+pub fn attempt_of_key(
+    claims: u32,
+    carried: Option<u32>,
+    dequeue_count: u32,
+    policy: &Policy,
+    last_error: Option<&str>,
+) -> (u32, Option<WithoutRunning>) {
+    let n = match carried {
+        Some(c) => c.saturating_add(dequeue_count),
+        None => claims,
+    };
+    let max = policy.max_dequeue_count;
+    (n, (n > max).then(|| over_budget(n, max, last_error)))
+}
+
 /// What to do before running, from the facts and the key's record so far.
 pub fn next_step<'a>(facts: &Facts<'a>, key: &KeyState, policy: &Policy) -> NextStep<'a> {
     let (dc, max) = (facts.dequeue_count, policy.max_dequeue_count);
-    if dc > max {
-        // Attempts spent waiting on another holder of the key are not
+    // A keyless job's attempts are its deliveries; a keyed one's are
+    // counted by its key, the DequeueCount only bounded (`dequeue_bound`).
+    let bound = match key {
+        KeyState::Keyless => max,
+        _ => dequeue_bound(max),
+    };
+    if dc > bound {
+        // Deliveries spent waiting on another holder of the key are not
         // failures: a settled key makes this a duplicate, a live lease a
         // deferral, whatever the dequeue count says.
         return NextStep::Settle(match key {
             KeyState::Settled => WithoutRunning::Duplicate,
             KeyState::Held { until } => WithoutRunning::Defer { until: *until },
-            KeyState::Free {
-                last_error: Some(e),
-            } => over_the_cap(dc, max, Some(e)),
-            _ => over_the_cap(dc, max, None),
+            KeyState::Keyless => over_the_cap(dc, max, None),
+            KeyState::Free { last_error } => over_the_bound(dc, bound, *last_error),
+            _ => over_the_bound(dc, bound, None),
         });
     }
     let payload = match facts.payload {
@@ -244,7 +298,7 @@ pub fn next_step<'a>(facts: &Facts<'a>, key: &KeyState, policy: &Policy) -> Next
 /// The fate after the handler's attempt. `jitter` in [0, 1) spreads retry
 /// delays (random in production, fixed in tests).
 pub fn fate(facts: &Facts, attempt: &AttemptResult, policy: &Policy, jitter: f64) -> Fate {
-    let (dc, max) = (facts.dequeue_count, policy.max_dequeue_count);
+    let (dc, max) = (facts.attempt_number(), policy.max_dequeue_count);
     match attempt {
         AttemptResult::Succeeded => Fate::Complete,
         AttemptResult::Interrupted => Fate::Release,
@@ -280,6 +334,31 @@ pub fn fate(facts: &Facts, attempt: &AttemptResult, policy: &Policy, jitter: f64
 /// `max`: kind `crashed`, with the key's last error when known.
 pub fn over_the_cap(dc: u32, max: u32, last_error: Option<&str>) -> WithoutRunning {
     let mut reason = format!("dequeued {dc} times without completing (maxDequeueCount {max})");
+    if let Some(e) = last_error {
+        reason.push_str(&format!("; last error: {e}"));
+    }
+    poison(ErrorKind::Crashed, &reason)
+}
+
+/// The poison of a keyed job whose key counts `n` claims, past the cap of
+/// `max`: kind `crashed`, with the key's last error when known.
+pub fn over_budget(n: u32, max: u32, last_error: Option<&str>) -> WithoutRunning {
+    let made = n.saturating_sub(1);
+    let mut reason = format!("attempted {made} times without completing (maxDequeueCount {max})");
+    if let Some(e) = last_error {
+        reason.push_str(&format!("; last error: {e}"));
+    }
+    poison(ErrorKind::Crashed, &reason)
+}
+
+/// The poison of a keyed message delivered `dc` times, past `bound`
+/// ([`dequeue_bound`]), its key free: its deliveries failed before an
+/// attempt the key could count.
+fn over_the_bound(dc: u32, bound: u32, last_error: Option<&str>) -> WithoutRunning {
+    let mut reason = format!(
+        "dequeued {dc} times without an attempt its key counted (the bound is {bound}, \
+         3 x maxDequeueCount): each delivery failed before its claim (a crash or storage)"
+    );
     if let Some(e) = last_error {
         reason.push_str(&format!("; last error: {e}"));
     }
@@ -325,8 +404,16 @@ mod tests {
     fn facts(dc: u32) -> Facts<'static> {
         Facts {
             dequeue_count: dc,
+            attempt: None,
             payload: Ok(PAYLOAD),
             key_error: None,
+        }
+    }
+
+    fn claimed(dc: u32, attempt: u32) -> Facts<'static> {
+        Facts {
+            attempt: Some(attempt),
+            ..facts(dc)
         }
     }
 
@@ -384,12 +471,15 @@ mod tests {
             ("duplicate of a done key", facts(1), K::Settled, duplicate.clone()),
             ("key held by a live lease: defer", facts(2), K::Held { until }, defer.clone()),
             ("held at the last attempt, run mode: defer", facts(5), K::Held { until }, defer.clone()),
-            ("over the cap, never completed: poison without running", facts(6), K::Free { last_error: Some("HTTP 503") },
-                poisoned(ErrorKind::Crashed, "dequeued 6 times without completing (maxDequeueCount 5); last error: HTTP 503")),
-            ("over the cap, no record: poison", facts(6), K::Keyless,
+            ("keyed over the cap: its key counts the attempts, claim", facts(6), K::Free { last_error: Some("HTTP 503") },
+                NextStep::Claim),
+            ("keyed at the bound: claim", facts(15), K::Unclaimed, NextStep::Claim),
+            ("keyed over the bound, never completed: poison without running", facts(16), K::Free { last_error: Some("HTTP 503") },
+                poisoned(ErrorKind::Crashed, "dequeued 16 times without an attempt its key counted (the bound is 15, 3 x maxDequeueCount): each delivery failed before its claim (a crash or storage); last error: HTTP 503")),
+            ("keyless over the cap: poison", facts(6), K::Keyless,
                 poisoned(ErrorKind::Crashed, "dequeued 6 times without completing (maxDequeueCount 5)")),
-            ("over the cap, key done: duplicate", facts(6), K::Settled, duplicate.clone()),
-            ("over the cap, key held: defer", facts(9), K::Held { until }, defer),
+            ("over the bound, key done: duplicate", facts(16), K::Settled, duplicate.clone()),
+            ("over the bound, key held: defer", facts(40), K::Held { until }, defer),
             ("over the cap beats a decode error", Facts { dequeue_count: 6, ..bad_base64 }, K::Keyless,
                 poisoned(ErrorKind::Crashed, "dequeued 6 times without completing (maxDequeueCount 5)")),
             ("replayed message (count 1 again), key poisoned before: claim", facts(1), K::Free { last_error: None }, NextStep::Claim),
@@ -418,6 +508,10 @@ mod tests {
             ("timeout below the cap: retry", facts(4), failed(ErrorKind::Timeout), retry),
             ("retryable at the cap: poison, uncertainty kept", facts(5), failed(ErrorKind::Retryable),
                 Fate::Poison(case(ErrorKind::Retryable, "HTTP 503", true))),
+            ("keyed, dequeued 9 times but its key's 3rd attempt: retry", claimed(9, 3), failed(ErrorKind::Retryable),
+                Fate::Retry { after: Duration::from_secs(2), reason: "HTTP 503".into(), uncertain: true }),
+            ("keyed, its key's 5th attempt at DequeueCount 2: poison", claimed(2, 5), failed(ErrorKind::Retryable),
+                Fate::Poison(case(ErrorKind::Retryable, "HTTP 503", true))),
             ("permanent on the first attempt: poison", facts(1), failed(ErrorKind::Permanent),
                 Fate::Poison(case(ErrorKind::Permanent, "HTTP 503", true))),
             ("shutdown mid-way: release", facts(1), A::Interrupted, Fate::Release),
@@ -425,6 +519,33 @@ mod tests {
         for (name, f, attempt, want) in rows {
             assert_eq!(fate(&f, &attempt, &p, 0.5), want, "{name}");
         }
+    }
+
+    /// A keyed job's attempt number is its key's count, not the
+    /// DequeueCount: deliveries given back without an attempt (a storage
+    /// fault at the claim, a deferral) spend none; past the cap the job is
+    /// poisoned without running, with the key's last error.
+    #[test]
+    fn a_keyed_job_counts_the_attempts_its_key_made() {
+        let p = policy();
+        // Run mode: the key's claims, whatever the DequeueCount.
+        assert_eq!(attempt_of_key(3, None, 9, &p, None), (3, None));
+        assert_eq!(attempt_of_key(5, None, 1, &p, None), (5, None));
+        let (n, over) = attempt_of_key(6, None, 7, &p, Some("HTTP 503"));
+        assert_eq!(n, 6);
+        assert_eq!(
+            over,
+            Some(WithoutRunning::Poison(case(
+                ErrorKind::Crashed,
+                "attempted 5 times without completing (maxDequeueCount 5); last error: HTTP 503",
+                false
+            )))
+        );
+        // Serve mode: the earlier copies' attempts plus this copy's count.
+        assert_eq!(attempt_of_key(9, Some(2), 3, &p, None), (5, None));
+        assert!(attempt_of_key(1, Some(4), 2, &p, None).1.is_some());
+        assert_eq!(dequeue_bound(5), 15);
+        assert_eq!(dequeue_bound(1), 3);
     }
 
     #[test]

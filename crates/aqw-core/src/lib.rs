@@ -87,13 +87,13 @@
 //! | the key from business facts (template / `idempotencyKey` / `none`), `IdempotencyKey` | `crates/aqw-core/src/idempotency/key.rs` |
 //! | key first: claim by insert or `If-Match` take-over, pending → done | `crates/aqw-core/src/idempotency/store.rs` |
 //! | the key record's columns and status, its attempt history | `crates/aqw-core/src/idempotency/record.rs` |
-//! | the operator's key commands: list a function's keys (server-side filter), a new provider key for a replayed failure | `crates/aqw-core/src/idempotency/operator.rs` |
+//! | the operator's key commands: list a function's keys (server-side filter), a new provider key for a replayed failure, close a key, count a replay (a new run of attempts) | `crates/aqw-core/src/idempotency/operator.rs` |
 //! | what retention may read of the key table: a function's partitions, settled keys older than a cutoff (server-side filter) | `crates/aqw-core/src/idempotency/purge.rs` |
 //! | message encoding (base64/none), the 64 KiB limit, the kind and text of the error that poisons a message | `crates/aqw-core/src/message.rs` |
 //! | the poison path's write order, stated once, and the module's exports | `crates/aqw-core/src/poison/mod.rs` |
 //! | the poison envelope, `<queue>-poison` naming, the record id of a host copy | `crates/aqw-core/src/poison/envelope.rs` |
 //! | a poison record's table columns, and every update that closes one | `crates/aqw-core/src/poison/record.rs` |
-//! | `PoisonStore`: every read and write of poison records (list, find, close as replayed / replaced / discarded, the replay crash marker) and the crash-safe write order (record → copy → copy named) | `crates/aqw-core/src/poison/store.rs` |
+//! | `PoisonStore`: every read and write of poison records (list, find, a key's open records, close as replayed / replaced / discarded, the replay crash marker) and the crash-safe write order (record → copy → copy named) | `crates/aqw-core/src/poison/store.rs` |
 //! | the `<queue>-poison` copies: the scan that imports host copies and deletes strays, release, delete | `crates/aqw-core/src/poison/copies.rs` |
 //! | the worker's one poison call (record built, written through the store, alert raised) | `crates/aqw-core/src/poison/sink.rs` |
 //! | what retention may read of the record table: the keys open records refer to, closed records older than a cutoff | `crates/aqw-core/src/poison/purge.rs` |

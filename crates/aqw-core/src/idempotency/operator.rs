@@ -1,13 +1,15 @@
-//! The operator's key commands: `aqw keys list` ([`KeyStore::list`]) and
-//! `aqw keys new-provider-key` ([`KeyStore::replace_provider_key`]).
+//! The operator's key commands: `aqw keys list` ([`KeyStore::list`]),
+//! `aqw keys new-provider-key` ([`KeyStore::replace_provider_key`]),
+//! closing a key for good ([`KeyStore::cancel`]) and counting a replay on
+//! it ([`KeyStore::note_replay`], which starts a new run of its attempts).
 
 use super::key::IdempotencyKey;
 use super::record::{
-    fmt_time, history_with, provider_key_changes_with, short_error, Attempt, KeyRecord, KeyStatus,
-    ProviderKeyChange,
+    cap_error, fmt_time, history_with, provider_key_changes_with, short_error, Attempt, KeyRecord,
+    KeyStatus, ProviderKeyChange,
 };
 use super::store::KeyStore;
-use crate::storage::{Entity, StorageError, StorageResult};
+use crate::storage::{Entity, Etag, StorageError, StorageResult};
 use serde_json::json;
 use time::OffsetDateTime;
 
@@ -188,5 +190,125 @@ fn replacement(
         "ProviderKeyChanges".into(),
         json!(provider_key_changes_with(&rec.provider_key_changes, change)),
     );
+    update
+}
+
+impl KeyStore {
+    /// Close `key` for good (`poison discard --close-key`): any later delivery
+    /// of the job is settled as a duplicate without running. A key already
+    /// done is left done (returned as is); a key held by a live lease is
+    /// refused, since an attempt is running right now.
+    pub async fn cancel(
+        &self,
+        function: &str,
+        key: &IdempotencyKey,
+        by: &str,
+        reason: &str,
+    ) -> StorageResult<Result<KeyStatus, String>> {
+        let (pk, rk) = (key.partition_key(function), key.row_key());
+        let now = crate::clock::now_utc();
+        let mut update = Entity::new();
+        update.insert("Status".into(), json!("cancelled"));
+        update.insert("LeaseUntil".into(), json!(""));
+        update.insert("CancelledAt".into(), json!(fmt_time(now)));
+        update.insert("CancelledBy".into(), json!(by));
+        update.insert(
+            "CancelReason".into(),
+            json!(cap_error(&crate::scrub::one_line(reason))),
+        );
+        for _ in 0..5 {
+            match self.table.get(&pk, &rk).await {
+                Ok(Some((e, etag))) => {
+                    let rec = KeyRecord::from_entity(&pk, &rk, &e);
+                    if rec.status.is_settled() {
+                        return Ok(Ok(rec.status));
+                    }
+                    if rec.lease_live(now).is_some() {
+                        return Ok(Err(format!(
+                            "key {} is held by a running attempt ({}); try again when it ends",
+                            key.as_str(),
+                            rec.lease_owner.as_deref().unwrap_or("-")
+                        )));
+                    }
+                    match self.table.merge(&pk, &rk, &update, Some(&etag)).await {
+                        Ok(_) => return Ok(Ok(KeyStatus::Cancelled)),
+                        Err(StorageError::PreconditionFailed | StorageError::NotFound) => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(None) | Err(StorageError::NotFound) => {
+                    // Never claimed: record it closed, so a first delivery is a duplicate too.
+                    let fresh = closed_before_claim(update.clone(), function, key);
+                    match self.table.insert(&pk, &rk, &fresh).await {
+                        Ok(_) => return Ok(Ok(KeyStatus::Cancelled)),
+                        Err(StorageError::Conflict) => continue,
+                        Err(StorageError::NotFound) => self.table.create_if_missing().await?,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Err(format!(
+            "key {} kept changing while closing it; try again",
+            key.as_str()
+        )))
+    }
+
+    /// Count a replay on the key's record (best effort, no lease needed).
+    ///
+    /// `seen` is the record and ETag the caller read before re-putting: when
+    /// nothing changed since, one conditional merge is enough; otherwise the
+    /// record is read again.
+    pub async fn note_replay(
+        &self,
+        function: &str,
+        key: &IdempotencyKey,
+        seen: Option<(&KeyRecord, &Etag)>,
+    ) -> StorageResult<()> {
+        let (pk, rk) = (key.partition_key(function), key.row_key());
+        if let Some((rec, etag)) = seen {
+            let update = replay_update(rec);
+            match self.table.merge(&pk, &rk, &update, Some(etag)).await {
+                Ok(_) => return Ok(()),
+                Err(StorageError::PreconditionFailed | StorageError::NotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some((e, etag)) = self.table.get(&pk, &rk).await? {
+            let rec = KeyRecord::from_entity(&pk, &rk, &e);
+            let update = replay_update(&rec);
+            match self.table.merge(&pk, &rk, &update, Some(&etag)).await {
+                Ok(_) | Err(StorageError::PreconditionFailed) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A new record for a key closed before its first claim: `update` plus the
+/// columns a claim would have written.
+fn closed_before_claim(mut fresh: Entity, function: &str, key: &IdempotencyKey) -> Entity {
+    fresh.insert("Key".into(), json!(key.as_str()));
+    fresh.insert("Function".into(), json!(function));
+    let provider_key = crate::entropy::uuid().to_string();
+    fresh.insert("ProviderKey".into(), json!(provider_key));
+    fresh.insert("Attempts".into(), json!(0));
+    fresh.insert("LastError".into(), json!(""));
+    fresh.insert("ReplayCount".into(), json!(0));
+    fresh
+}
+
+/// A replay counted on the key: and, on a key not done, a new run whose
+/// attempts `maxDequeueCount` caps again (a key left `pending` by a
+/// poisoning whose key update failed would otherwise count the poisoned
+/// run's attempts against the replay).
+fn replay_update(rec: &KeyRecord) -> Entity {
+    let mut update = Entity::new();
+    update.insert("ReplayCount".into(), json!(rec.replay_count + 1));
+    if !rec.status.is_settled() {
+        update.insert("RunAttempts".into(), json!(0));
+    }
     update
 }

@@ -230,6 +230,12 @@ pub struct KeyRecord {
     /// Attempts spent by earlier queue copies of the job (`aqw serve`'s
     /// retry with backoff; see `ClaimedKey::carried_attempts`).
     pub carried_attempts: u32,
+    /// The claims of the job's current run (`RunAttempts`): counted by
+    /// each claim, started again when a poisoned key is taken over or an
+    /// operator replays it; what `maxDequeueCount` caps in `aqw run`
+    /// (`crate::decide::attempt_of_key`). A record written before the
+    /// column existed counts `Attempts`.
+    pub run_attempts: u32,
     /// Every replacement of the provider key (who, why, old and new), oldest first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub provider_key_changes: Vec<ProviderKeyChange>,
@@ -266,6 +272,10 @@ impl KeyRecord {
             cancel_reason: s("CancelReason"),
             history: parse_history(e.get("History").and_then(Value::as_str)),
             carried_attempts: n("CarriedAttempts"),
+            run_attempts: e
+                .get("RunAttempts")
+                .and_then(Value::as_u64)
+                .map_or_else(|| n("Attempts"), |v| v as u32),
             provider_key_changes: e
                 .get("ProviderKeyChanges")
                 .and_then(Value::as_str)

@@ -49,6 +49,11 @@ pub struct ClaimedKey {
     /// the key keeps the count). 0 on a key taken over from `poisoned`: a
     /// replay starts a new attempt budget.
     pub carried_attempts: u32,
+    /// The claims of the job's current run, this one included (the
+    /// `RunAttempts` column): the attempt number `aqw run` caps
+    /// (`crate::decide::attempt_of_key`). 1 on a key's first claim and on
+    /// a key taken over from `poisoned`.
+    pub run_attempts: u32,
 }
 
 /// One claim's inputs, shared by its insert and take-over paths.
@@ -75,6 +80,7 @@ impl ClaimRequest<'_> {
             "Status": "pending",
             "ProviderKey": provider_key,
             "Attempts": 1,
+            "RunAttempts": 1,
             "LastError": "",
             "LeaseOwner": self.owner,
             "LeaseUntil": self.lease_until,
@@ -111,6 +117,7 @@ impl ClaimRequest<'_> {
             dequeue_count: self.dequeue_count,
             history,
             carried_attempts: 0,
+            run_attempts: 1,
         }
     }
 }
@@ -145,19 +152,6 @@ pub enum NextAction {
         /// When its lease ends.
         until: OffsetDateTime,
     },
-}
-
-/// A new record for a key closed before its first claim: `update` plus the
-/// columns a claim would have written.
-fn never_claimed(mut fresh: Entity, function: &str, key: &IdempotencyKey) -> Entity {
-    fresh.insert("Key".into(), json!(key.as_str()));
-    fresh.insert("Function".into(), json!(function));
-    let provider_key = crate::entropy::uuid().to_string();
-    fresh.insert("ProviderKey".into(), json!(provider_key));
-    fresh.insert("Attempts".into(), json!(0));
-    fresh.insert("LastError".into(), json!(""));
-    fresh.insert("ReplayCount".into(), json!(0));
-    fresh
 }
 
 /// Error from finishing a claim.
@@ -315,6 +309,7 @@ impl KeyStore {
             let mut c = req.claimed(etag, rec.provider_key, attempts, first, history);
             c.previously_pending = attempts > 1;
             c.carried_attempts = rec.carried_attempts;
+            c.run_attempts = rec.run_attempts.max(1);
             return Ok(Some(NextAction::Run(c)));
         }
         if let Some(until) = rec.lease_live(req.now) {
@@ -344,10 +339,11 @@ impl KeyStore {
         }
         // A poisoned key taken over is a replay (or a new job with its key):
         // it starts a new attempt budget.
-        let carried = match rec.status {
-            KeyStatus::Poisoned => 0,
-            _ => rec.carried_attempts,
+        let (carried, run_attempts) = match rec.status {
+            KeyStatus::Poisoned => (0, 1),
+            _ => (rec.carried_attempts, rec.run_attempts.saturating_add(1)),
         };
+        update.insert("RunAttempts".into(), json!(run_attempts));
         if carried != rec.carried_attempts {
             update.insert("CarriedAttempts".into(), json!(0));
         }
@@ -362,6 +358,7 @@ impl KeyStore {
                 let mut c = req.claimed(etag, rec.provider_key, attempts, rec.first_seen, history);
                 c.previously_pending = true;
                 c.carried_attempts = carried;
+                c.run_attempts = run_attempts;
                 Ok(Some(c))
             }
             Err(StorageError::PreconditionFailed) | Err(StorageError::NotFound) => Ok(None),
@@ -467,6 +464,26 @@ impl KeyStore {
             .await
     }
 
+    /// [`record_failure_as`](Self::record_failure_as) of an attempt that
+    /// spends none of the job's attempts (the provider said "later" or
+    /// "in progress", or it failed while the breaker holds: parked as a
+    /// fresh copy): the claim is given back to the run's count.
+    pub async fn record_failure_given_back(
+        &self,
+        claim: &ClaimedKey,
+        outcome: &str,
+        error: &str,
+        uncertain: bool,
+    ) -> Result<(), FinishError> {
+        let mut update = Entity::new();
+        update.insert(
+            "RunAttempts".into(),
+            json!(claim.run_attempts.saturating_sub(1)),
+        );
+        self.record_failure_with(claim, outcome, error, uncertain, update)
+            .await
+    }
+
     /// [`record_failure`](Self::record_failure) of an attempt whose job goes
     /// on as a fresh queue copy (`aqw serve`'s retry with backoff): the key
     /// keeps `carried`, the attempts spent so far, for the copy to count on.
@@ -523,100 +540,6 @@ impl KeyStore {
             )),
         );
         self.merge_owned(claim, update).await.map(|_| ())
-    }
-
-    /// Close `key` for good (`poison discard --close-key`): any later delivery
-    /// of the job is settled as a duplicate without running. A key already
-    /// done is left done (returned as is); a key held by a live lease is
-    /// refused, since an attempt is running right now.
-    pub async fn cancel(
-        &self,
-        function: &str,
-        key: &IdempotencyKey,
-        by: &str,
-        reason: &str,
-    ) -> StorageResult<Result<KeyStatus, String>> {
-        let (pk, rk) = (key.partition_key(function), key.row_key());
-        let now = crate::clock::now_utc();
-        let mut update = Entity::new();
-        update.insert("Status".into(), json!("cancelled"));
-        update.insert("LeaseUntil".into(), json!(""));
-        update.insert("CancelledAt".into(), json!(fmt_time(now)));
-        update.insert("CancelledBy".into(), json!(by));
-        update.insert(
-            "CancelReason".into(),
-            json!(cap_error(&crate::scrub::one_line(reason))),
-        );
-        for _ in 0..5 {
-            match self.table.get(&pk, &rk).await {
-                Ok(Some((e, etag))) => {
-                    let rec = KeyRecord::from_entity(&pk, &rk, &e);
-                    if rec.status.is_settled() {
-                        return Ok(Ok(rec.status));
-                    }
-                    if rec.lease_live(now).is_some() {
-                        return Ok(Err(format!(
-                            "key {} is held by a running attempt ({}); try again when it ends",
-                            key.as_str(),
-                            rec.lease_owner.as_deref().unwrap_or("-")
-                        )));
-                    }
-                    match self.table.merge(&pk, &rk, &update, Some(&etag)).await {
-                        Ok(_) => return Ok(Ok(KeyStatus::Cancelled)),
-                        Err(StorageError::PreconditionFailed | StorageError::NotFound) => continue,
-                        Err(e) => return Err(e),
-                    }
-                }
-                Ok(None) | Err(StorageError::NotFound) => {
-                    // Never claimed: record it closed, so a first delivery is a duplicate too.
-                    let fresh = never_claimed(update.clone(), function, key);
-                    match self.table.insert(&pk, &rk, &fresh).await {
-                        Ok(_) => return Ok(Ok(KeyStatus::Cancelled)),
-                        Err(StorageError::Conflict) => continue,
-                        Err(StorageError::NotFound) => self.table.create_if_missing().await?,
-                        Err(e) => return Err(e),
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(Err(format!(
-            "key {} kept changing while closing it; try again",
-            key.as_str()
-        )))
-    }
-
-    /// Count a replay on the key's record (best effort, no lease needed).
-    ///
-    /// `seen` is the record and ETag the caller read before re-putting: when
-    /// nothing changed since, one conditional merge is enough; otherwise the
-    /// record is read again.
-    pub async fn note_replay(
-        &self,
-        function: &str,
-        key: &IdempotencyKey,
-        seen: Option<(&KeyRecord, &Etag)>,
-    ) -> StorageResult<()> {
-        let (pk, rk) = (key.partition_key(function), key.row_key());
-        if let Some((rec, etag)) = seen {
-            let mut update = Entity::new();
-            update.insert("ReplayCount".into(), json!(rec.replay_count + 1));
-            match self.table.merge(&pk, &rk, &update, Some(etag)).await {
-                Ok(_) => return Ok(()),
-                Err(StorageError::PreconditionFailed | StorageError::NotFound) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        if let Some((e, etag)) = self.table.get(&pk, &rk).await? {
-            let rec = KeyRecord::from_entity(&pk, &rk, &e);
-            let mut update = Entity::new();
-            update.insert("ReplayCount".into(), json!(rec.replay_count + 1));
-            match self.table.merge(&pk, &rk, &update, Some(&etag)).await {
-                Ok(_) | Err(StorageError::PreconditionFailed) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
     }
 
     /// Test seam: set when `key`'s provider key was minted (`FirstSeen`), so

@@ -21,7 +21,8 @@ pub use settle::{QueueSettle, Settle};
 use crate::breaker::{Admission, Attempt as BreakerAttempt};
 use crate::config::KeySpec;
 use crate::decide::{
-    fate, next_step, AttemptResult, Facts, KeyState, NextStep, Policy, WithoutRunning,
+    dequeue_bound, fate, next_step, AttemptResult, Facts, KeyState, NextStep, Policy,
+    WithoutRunning,
 };
 use crate::failpoint;
 use crate::handler::HandlerError;
@@ -58,22 +59,14 @@ pub async fn process(
     let (key, key_error) = key_of(&rt.function.key, &decoded);
     let mut facts = Facts {
         dequeue_count: msg.dequeue_count,
+        attempt: None,
         payload: decoded.as_deref().map_err(String::as_str),
         key_error: key_error.as_deref(),
     };
     if let Some(k) = &key {
         tracing::Span::current().record("key", k.as_str());
     }
-    let mut ctx = Settling {
-        rt,
-        msg,
-        settle,
-        key: key.as_ref(),
-        claim: None,
-        first_attempt: None,
-        trace,
-        attempt: None,
-    };
+    let mut ctx = Settling::new(rt, msg, settle, key.as_ref(), trace);
     if let Some(case) = claim_failure {
         return ctx.without_running(WithoutRunning::Poison(case)).await;
     }
@@ -82,7 +75,10 @@ pub async fn process(
         Ok(slot) => slot,
         Err(after) => return ctx.park(after).await,
     };
-    let over_cap_record = over_cap_record(rt, key.as_ref(), msg, &policy, &mut facts).await;
+    let over_cap_record = match over_cap_record(rt, key.as_ref(), msg, &policy, &mut facts).await {
+        Ok(rec) => rec,
+        Err(e) => return abandoned(e),
+    };
     let mut state = initial_key_state(&mut ctx, &policy, over_cap_record.as_ref());
     // A claim finds the key claimed, settled or held, never unclaimed: the
     // second answer is a run or a settlement.
@@ -144,41 +140,52 @@ fn claim_poison(e: crate::claim::FetchError) -> crate::decide::PoisonCase {
 }
 
 /// [`claim`], then the attempt counted as the key counts it
-/// ([`count_carried`]); the outcome when the job settles here.
+/// ([`count_attempt`]); the outcome when the job settles here.
 async fn claim_counted(
     ctx: &mut Settling<'_>,
     facts: &mut Facts<'_>,
     policy: &Policy,
 ) -> Result<KeyState<'static>, Outcome> {
     let state = claim(ctx, policy).await?;
-    match count_carried(ctx, facts, policy) {
+    match count_attempt(ctx, facts, policy) {
         Some(over) => Err(ctx.without_running(over).await),
         None => Ok(state),
     }
 }
 
-/// In `aqw serve` a keyed job's retry is a fresh copy (DequeueCount 1
-/// again), so its attempt number is the key's: the attempts its earlier
-/// copies spent plus this copy's DequeueCount. That number replaces the
-/// DequeueCount in the facts, the key's history and the poison record;
-/// past the cap (a copy the host redelivered after a crash or a non-2xx
-/// answer), the job is poisoned without running, with the key's last error.
-fn count_carried(
+/// A keyed job's attempt number is its key's ([`crate::decide::attempt_of_key`]):
+/// in `aqw run` the claims of its current run, so deliveries given back
+/// without an attempt spend none; in `aqw serve`, whose retries are fresh
+/// copies, the attempts its earlier copies spent plus this copy's
+/// DequeueCount. That number goes into the facts, the key's history and
+/// the poison record; past the cap the job is poisoned without running,
+/// with the key's last error.
+fn count_attempt(
     ctx: &mut Settling<'_>,
     facts: &mut Facts<'_>,
     policy: &Policy,
 ) -> Option<crate::decide::WithoutRunning> {
-    if !ctx.settle.parks_retries() {
-        return None;
-    }
+    let serve = ctx.settle.parks_retries();
     let c = ctx.claim.as_mut()?;
-    let n = c.carried_attempts.saturating_add(c.dequeue_count);
-    c.dequeue_count = n;
-    facts.dequeue_count = n;
+    // The last attempt's own error: an `abandoned` entry (a crash, or a
+    // poisoning that storage refused) says only that it did not finish.
+    let last_error = c
+        .history
+        .iter()
+        .rev()
+        .find(|a| a.outcome != "abandoned")
+        .or(c.history.last())
+        .and_then(|a| a.error.as_deref());
+    let carried = serve.then_some(c.carried_attempts);
+    let (n, over) =
+        crate::decide::attempt_of_key(c.run_attempts, carried, c.dequeue_count, policy, last_error);
+    if serve {
+        // The history keeps a copy's attempt as the key's number.
+        c.dequeue_count = n;
+    }
+    facts.attempt = Some(n);
     ctx.attempt = Some(n);
-    let last_error = c.history.last().and_then(|a| a.error.as_deref());
-    (n > policy.max_dequeue_count)
-        .then(|| crate::decide::over_the_cap(n, policy.max_dequeue_count, last_error))
+    over
 }
 
 /// Whether the job may run now: how long to park it (a fresh copy, which
@@ -214,45 +221,46 @@ async fn admit(
     }
 }
 
-/// Whether a copy read over the cap spent its receives waiting behind
-/// another copy of its key, not crashing: the key was last claimed by
-/// another message, that holder's lease has lapsed, and the key has run
-/// fewer attempts than the cap. A producer's duplicate deferred while the
-/// original held the key, whose holder then died, is such a copy (seed 98
-/// of the simulation poisoned it as `crashed` though its key then
-/// completed): it gets the last attempt (its fate at the cap) instead.
-fn waited_behind_another(rec: Option<&KeyRecord>, msg: &ReceivedMessage, policy: &Policy) -> bool {
-    rec.is_some_and(|r| {
-        !r.status.is_settled()
-            && r.lease_live(crate::clock::now_utc()).is_none()
-            && r.message_id.as_deref().is_some_and(|id| id != msg.id)
-            && r.attempts < policy.max_dequeue_count
-    })
-}
-
-/// Over the cap, the key's record decides first (see `decide`): read it.
-/// A copy that only waited behind another ([`waited_behind_another`]) is
-/// given the cap's last attempt in `facts`.
+/// Over its bound (see `decide`) a message's key record decides first:
+/// read it. `Err`: storage failed reading it, and the attempt is abandoned
+/// (a record unread is no reason to poison). A message that only waited
+/// behind another copy of its key ([`waited_behind_another`]) is brought
+/// back within the bound in `facts`: its key counts its attempts.
 async fn over_cap_record(
     rt: &FunctionRuntime,
     key: Option<&IdempotencyKey>,
     msg: &ReceivedMessage,
     policy: &Policy,
     facts: &mut Facts<'_>,
-) -> Option<KeyRecord> {
+) -> Result<Option<KeyRecord>, StorageError> {
+    let bound = dequeue_bound(policy.max_dequeue_count);
     let rec = match key {
-        Some(k) if msg.dequeue_count > policy.max_dequeue_count => {
-            rt.keys.get(&rt.function.name, k).await.ok().flatten()
-        }
+        Some(k) if msg.dequeue_count > bound => rt.keys.get(&rt.function.name, k).await?,
         _ => None,
     };
     if waited_behind_another(rec.as_ref(), msg, policy) {
-        facts.dequeue_count = policy.max_dequeue_count;
+        facts.dequeue_count = bound;
     }
-    rec
+    Ok(rec)
 }
 
-/// What is known of the key before claiming: only over the cap is its
+/// Whether a message read over its bound spent its deliveries waiting
+/// behind another copy of its key (each deferral raises the DequeueCount),
+/// not failing before its claim: the key was last claimed by another
+/// message, that holder's lease has lapsed, and the key's current run has
+/// attempts left. A producer's duplicate deferred while the original held
+/// the key for long is such a copy (seeds 98 and 139 of the simulation):
+/// it claims, and its key counts the attempt.
+fn waited_behind_another(rec: Option<&KeyRecord>, msg: &ReceivedMessage, policy: &Policy) -> bool {
+    rec.is_some_and(|r| {
+        !r.status.is_settled()
+            && r.lease_live(crate::clock::now_utc()).is_none()
+            && r.message_id.as_deref().is_some_and(|id| id != msg.id)
+            && r.run_attempts < policy.max_dequeue_count
+    })
+}
+
+/// What is known of the key before claiming: only over the bound is its
 /// record read (and its first attempt kept for a poison record).
 fn initial_key_state<'r>(
     ctx: &mut Settling<'_>,
@@ -261,7 +269,9 @@ fn initial_key_state<'r>(
 ) -> KeyState<'r> {
     match (ctx.key, over_cap_record) {
         (None, _) => KeyState::Keyless,
-        (Some(_), _) if ctx.msg.dequeue_count <= policy.max_dequeue_count => KeyState::Unclaimed,
+        (Some(_), _) if ctx.msg.dequeue_count <= dequeue_bound(policy.max_dequeue_count) => {
+            KeyState::Unclaimed
+        }
         (Some(_), None) => KeyState::Free { last_error: None },
         (Some(_), Some(rec)) => {
             ctx.first_attempt = rec.first_seen.clone();

@@ -116,6 +116,28 @@ pub(super) struct Settling<'a> {
     pub(super) attempt: Option<u32>,
 }
 
+impl<'a> Settling<'a> {
+    /// The context of `msg`, nothing claimed yet.
+    pub(super) fn new(
+        rt: &'a FunctionRuntime,
+        msg: &'a ReceivedMessage,
+        settle: &'a dyn Settle,
+        key: Option<&'a IdempotencyKey>,
+        trace: &'a JobTrace,
+    ) -> Self {
+        Self {
+            rt,
+            msg,
+            settle,
+            key,
+            claim: None,
+            first_attempt: None,
+            trace,
+            attempt: None,
+        }
+    }
+}
+
 impl Settling<'_> {
     /// Claim the job's key for this attempt; what the claim found.
     pub(super) async fn claim(&mut self, lease: Duration) -> StorageResult<KeyState<'static>> {
@@ -205,6 +227,7 @@ impl Settling<'_> {
                     },
                 };
             }
+            self.close_poisonings_of_done_key(c).await;
         } else if !success.same_store_effects.is_empty() {
             warn!("handler returned same-store effects for a function without keys; they were not written");
         }
@@ -212,6 +235,27 @@ impl Settling<'_> {
         match crate::traces::in_step(settle_span("delete"), self.settle.delete()).await {
             Ok(()) => Outcome::Completed,
             Err(e) => abandoned(e),
+        }
+    }
+
+    /// A key just marked done after an attempt that ended without a result
+    /// (`abandoned`: a crash, possibly inside a poisoning): close the key's
+    /// open poison records that name no copy, as done. Such a record is a
+    /// poisoning interrupted between its record and its copy, whose job
+    /// then came back as another message and completed: nothing of the
+    /// job is left to act on. A record with its copy is a poisoning that
+    /// finished; it stays open for the operator (`poison replay` closes it
+    /// as already done). Only such keys pay the query; a failure is logged.
+    async fn close_poisonings_of_done_key(&self, c: &ClaimedKey) {
+        if !c.history.iter().any(|a| a.outcome == "abandoned") {
+            return;
+        }
+        let by = format!("aqw (key completed by message {})", self.msg.id);
+        let store = self.rt.poison.store();
+        match store.close_interrupted_of_done_key(c.key.as_str(), &by).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(event = "aqw.poison.closed_done", closed = n, "the key completed: the open poison records its interrupted poisoning left are closed as already done"),
+            Err(e) => warn!(error = %e, "could not close the open poison records of a completed key (poison replay closes them as already done)"),
         }
     }
 
@@ -263,9 +307,11 @@ impl Settling<'_> {
     /// A failure while the breaker holds: note it on the key, then park.
     async fn park_failure(&self, cool_down: Duration, message: &str, uncertain: bool) -> Outcome {
         if let Some(c) = &self.claim {
-            if let Err(FinishError::Storage(e)) =
-                self.rt.keys.record_failure(c, message, uncertain).await
-            {
+            let noted = self
+                .rt
+                .keys
+                .record_failure_given_back(c, "retried", message, uncertain);
+            if let Err(FinishError::Storage(e)) = noted.await {
                 return abandoned(e);
             }
         }
@@ -277,9 +323,11 @@ impl Settling<'_> {
     /// `after`, so the refusal spends no attempt (issue 37).
     pub(super) async fn defer_later(&self, after: Duration, message: &str) -> Outcome {
         if let Some(c) = &self.claim {
-            if let Err(FinishError::Storage(e)) =
-                self.rt.keys.record_failure(c, message, false).await
-            {
+            let noted = self
+                .rt
+                .keys
+                .record_failure_given_back(c, "retried", message, false);
+            if let Err(FinishError::Storage(e)) = noted.await {
                 return abandoned(e);
             }
         }
@@ -295,10 +343,12 @@ impl Settling<'_> {
     /// fresh copy visible after `after`, spending no attempt.
     pub(super) async fn wait_in_progress(&self, after: Duration, message: &str) -> Outcome {
         if let Some(c) = &self.claim {
-            let noted =
-                self.rt
-                    .keys
-                    .record_failure_as(c, super::later::IN_PROGRESS_OUTCOME, message, true);
+            let noted = self.rt.keys.record_failure_given_back(
+                c,
+                super::later::IN_PROGRESS_OUTCOME,
+                message,
+                true,
+            );
             if let Err(FinishError::Storage(e)) = noted.await {
                 return abandoned(e);
             }
@@ -316,14 +366,23 @@ impl Settling<'_> {
         if let (true, Some(c), None) = (self.settle.parks_retries(), &self.claim, rt.gate.holds()) {
             return self.retry_as_copy(c, after, message, uncertain).await;
         }
+        // The hold is read once: parked, the attempt is given back (the
+        // provider is down for everyone, which says nothing of this job).
+        let hold = rt.gate.holds();
         if let Some(c) = &self.claim {
-            if let Err(FinishError::Storage(e)) =
-                rt.keys.record_failure(c, message, uncertain).await
-            {
+            let noted = match hold {
+                Some(_) => {
+                    rt.keys
+                        .record_failure_given_back(c, "retried", message, uncertain)
+                        .await
+                }
+                None => rt.keys.record_failure(c, message, uncertain).await,
+            };
+            if let Err(FinishError::Storage(e)) = noted {
                 return abandoned(e);
             }
         }
-        if let Some(cool_down) = rt.gate.holds() {
+        if let Some(cool_down) = hold {
             return self.park(cool_down).await;
         }
         warn!(event = "aqw.job.retry", error = %crate::scrub::scrub(message), retry_in_s = after.as_secs_f64(), "attempt failed; will retry");

@@ -446,6 +446,7 @@ mod tests {
             completed_at: None,
             replay_count: 0,
             carried_attempts: 0,
+            run_attempts: 0,
             cancelled_by: None,
             cancelled_at: None,
             cancel_reason: None,

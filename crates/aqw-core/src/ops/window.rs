@@ -165,6 +165,7 @@ mod tests {
             cancel_reason: None,
             history: vec![],
             carried_attempts: 0,
+            run_attempts: 0,
             provider_key_changes: vec![],
             partition_key: String::new(),
             row_key: String::new(),

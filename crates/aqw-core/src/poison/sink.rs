@@ -83,11 +83,37 @@ impl PoisonSink {
             None => Ttl::Never,
             Some(d) => Ttl::After(d),
         };
+        if let Some(interrupted) = self.interrupted_of_key(msg, key).await? {
+            // The job's poisoning was interrupted after its record (a crash
+            // before the copy), and the job came back as another message (a
+            // parked or deferred fresh copy): finish that poisoning, one
+            // record for the job, rather than leave it without its copy.
+            self.store().write(interrupted, ttl).await?;
+            return Ok(false);
+        }
         let created = self.store().write(record, ttl).await?;
         if created {
             self.alert(&msg.id, key, &error, uncertain_attempts > 0);
         }
         Ok(created)
+    }
+
+    /// An open record of `key` for another message that names no copy: a
+    /// poisoning of the same job interrupted between its record and its
+    /// copy (failpoint `poison.after_record`; seed 214 of the simulation).
+    async fn interrupted_of_key(
+        &self,
+        msg: &ReceivedMessage,
+        key: Option<&IdempotencyKey>,
+    ) -> StorageResult<Option<super::record::PoisonRecord>> {
+        let Some(key) = key else {
+            return Ok(None);
+        };
+        let open = self.store().open_of_key(key.as_str()).await?;
+        Ok(open
+            .into_iter()
+            .map(|(rec, _)| rec)
+            .find(|rec| rec.message_id != msg.id && rec.poison_message_id.is_none()))
     }
 
     /// The open record of `msg`, poisoned now by `error`.

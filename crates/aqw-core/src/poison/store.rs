@@ -196,6 +196,50 @@ impl PoisonStore {
         Ok(())
     }
 
+    /// The open records of `key`, with their ETags (one partition query,
+    /// on the rare paths only: a poisoning, a key completing after a crash).
+    pub async fn open_of_key(&self, key: &str) -> StorageResult<Vec<(PoisonRecord, Etag)>> {
+        let filter = crate::storage::Filter::eq(record::col::STATUS, RecordStatus::Open.as_str())
+            .and(crate::storage::Filter::eq(record::col::KEY, key));
+        let query = crate::storage::TableQuery {
+            partition: Some(&self.queue),
+            filter: Some(filter),
+            select: &[],
+        };
+        let rows = match self.records.query_where(&query).await {
+            Ok(rows) => rows,
+            Err(StorageError::NotFound) => return Ok(vec![]),
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::new();
+        for row in rows {
+            let rec = PoisonRecord::from_entity(&row.entity);
+            match row.etag {
+                Some(etag) => out.push((rec, etag)),
+                None => out.extend(self.reread(&rec).await?),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Close the open records of `key` that name no copy (poisonings
+    /// interrupted between the record and the copy) as replayed, the key
+    /// already done (`by` says which attempt completed it). Returns how
+    /// many it closed.
+    pub async fn close_interrupted_of_done_key(&self, key: &str, by: &str) -> StorageResult<usize> {
+        let mut closed = 0;
+        for (rec, mut etag) in self.open_of_key(key).await? {
+            if rec.poison_message_id.is_some() {
+                continue;
+            }
+            let how = Replayed::KeyAlreadyDone;
+            if let Closing::Closed = self.close_replayed(&rec, by, how, None, &mut etag).await? {
+                closed += 1;
+            }
+        }
+        Ok(closed)
+    }
+
     /// Set the crash marker of a keyless replay, conditional on `etag`: the
     /// record's new ETag, or `None` when it changed meanwhile (so of two
     /// replays racing for one keyless record only one gets to put it).

@@ -200,6 +200,68 @@ async fn the_carried_attempts_survive_a_claim_and_a_replay_resets_them() {
     assert_eq!(claim("w/m/4").await.carried_attempts, 0);
 }
 
+/// `aqw run`'s attempt number is the key's `RunAttempts`: each claim
+/// counts, a claim given back (a "later", an "in progress", a park while
+/// the breaker holds) does not, a held key's refused claim writes nothing,
+/// and a poisoned key taken over or a replay noted on a pending key starts
+/// a new run.
+#[tokio::test(start_paused = true)]
+async fn the_run_attempts_count_claims_and_a_replay_resets_them() {
+    use aqw_core::idempotency::{IdempotencyKey, KeyStore, NextAction};
+    use aqw_core::storage::Storage;
+    let env = Env::new(|_, _| Behave::Succeed);
+    let table = env.storage.table(&env.keys_table);
+    table.create_if_missing().await.unwrap();
+    let keys = KeyStore::new(table);
+    let key = IdempotencyKey::new("job:run-attempts").unwrap();
+    let lease = minutes(1);
+    let claim = |owner: &'static str| {
+        let (keys, key) = (&keys, &key);
+        async move {
+            keys.claim_attempt("F", key, owner, lease, "m", 1, aqw_core::clock::now_utc())
+                .await
+                .unwrap()
+        }
+    };
+    let run = |next: NextAction| match next {
+        NextAction::Run(c) => c,
+        other => panic!("not claimed: {other:?}"),
+    };
+    let first = run(claim("w/m/1").await);
+    assert_eq!(first.run_attempts, 1);
+    assert!(
+        matches!(claim("w/m/2").await, NextAction::HeldElsewhere { .. }),
+        "held: nothing written, nothing counted"
+    );
+    keys.record_failure(&first, "HTTP 503", false)
+        .await
+        .unwrap();
+    let second = run(claim("w/m/3").await);
+    assert_eq!(second.run_attempts, 2, "a failed attempt counts");
+    keys.record_failure_given_back(&second, "retried", "HTTP 429", false)
+        .await
+        .unwrap();
+    let third = run(claim("w/m/4").await);
+    assert_eq!(third.run_attempts, 2, "a \"later\" gave its claim back");
+    keys.mark_poisoned(&third, "HTTP 503", false).await.unwrap();
+    let replayed = run(claim("w/m/5").await);
+    assert_eq!(
+        replayed.run_attempts, 1,
+        "a poisoned key taken over: a new run"
+    );
+    keys.record_failure(&replayed, "HTTP 503", false)
+        .await
+        .unwrap();
+    let rec = keys.get("F", &key).await.unwrap().unwrap();
+    assert_eq!((rec.run_attempts, rec.attempts), (1, 4));
+    keys.note_replay("F", &key, None).await.unwrap();
+    assert_eq!(
+        run(claim("w/m/6").await).run_attempts,
+        1,
+        "a replay noted on a pending key starts a new run"
+    );
+}
+
 /// A copy of a job put before its key was poisoned (a second delivery
 /// chain, a producer's duplicate send) is settled as a duplicate when it
 /// arrives after the poisoning: it does not start a second attempt budget

@@ -61,6 +61,7 @@ fn key(k: &str, status: KeyStatus, uncertain: bool, minted: &str) -> KeyRecord {
             provider: None,
         }],
         carried_attempts: 0,
+        run_attempts: 0,
         partition_key: String::new(),
         row_key: String::new(),
     }
