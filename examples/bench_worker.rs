@@ -36,8 +36,9 @@
 //! over the same span (from /proc/self/stat).
 
 use anyhow::{bail, Context};
-use aqw::handlers::{Handler, HandlerError, Job, Registry, Success};
+use aqw::handlers::Registry;
 use aqw::storage::Storage;
+use aqw_core::handler::{Handler, HandlerError, Job, Success};
 use async_trait::async_trait;
 use clap::{Parser, ValueEnum};
 use serde_json::json;
@@ -266,7 +267,7 @@ async fn bench() -> anyhow::Result<()> {
     });
     let mut registry = Registry::new();
     for f in &app.functions {
-        if matches!(f.handler, aqw::config::HandlerSpec::Registered) {
+        if matches!(f.handler, aqw_core::config::HandlerSpec::Registered) {
             registry = registry.register(f.name.clone(), handler.clone() as Arc<dyn Handler>);
         }
     }

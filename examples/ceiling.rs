@@ -349,7 +349,7 @@ async fn run(args: &RunArgs) -> anyhow::Result<()> {
             if in_flight > 0 {
                 last_activity = Instant::now();
             }
-            let d = aqw::retry::polling_delay(
+            let d = aqw_core::retry::polling_delay(
                 empty_polls,
                 Duration::from_secs(1),
                 rand::random::<f64>(),
@@ -439,7 +439,7 @@ async fn claim_checked(
 ) -> anyhow::Result<String> {
     let filler = "x".repeat(pad.saturating_sub(tag.len() + 40));
     let body = json!({"id": format!("{tag}-{i}"), "pad": filler}).to_string();
-    let enc = aqw::message::MessageEncoding::Base64;
+    let enc = aqw_core::message::MessageEncoding::Base64;
     Ok(aqw_core::claim::put_as_reference(blobs, queue, &body, enc).await?)
 }
 

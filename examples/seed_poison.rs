@@ -16,9 +16,9 @@
 //! them (scenario (m): a durable group discard at a 10,000-deep poison queue).
 
 use anyhow::Context;
-use aqw::message::{ErrorInfo, ErrorKind, MessageEncoding};
-use aqw::poison::{PoisonEnvelope, PoisonRecord};
 use aqw::storage::{Storage, TableOp, MAX_BATCH_OPERATIONS};
+use aqw_core::message::{ErrorInfo, ErrorKind, MessageEncoding};
+use aqw_core::poison::{PoisonEnvelope, PoisonRecord};
 use clap::Parser;
 use futures::StreamExt as _;
 use std::path::PathBuf;
@@ -61,7 +61,7 @@ fn record(args: &Args, queue: &str, function: &str, i: usize) -> PoisonEnvelope 
         dequeue_count: 5,
         first_attempt_at: at.clone(),
         poisoned_at: at,
-        key: aqw::idempotency::IdempotencyKey::new(format!("order:o-{i:06}")).ok(),
+        key: aqw_core::idempotency::IdempotencyKey::new(format!("order:o-{i:06}")).ok(),
         error: ErrorInfo {
             kind: ErrorKind::Retryable,
             message: error,
@@ -97,7 +97,7 @@ async fn main() -> anyhow::Result<()> {
     let table = storage.table(&app.poison_table);
     table.create_if_missing().await?;
     let ids: Vec<usize> = (0..args.count).collect();
-    let poison = storage.queue(&aqw::poison::poison_queue_name(&f.queue));
+    let poison = storage.queue(&aqw_core::poison::poison_queue_name(&f.queue));
     if args.with_copies {
         poison.create_if_missing().await?;
     }

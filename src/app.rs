@@ -3,18 +3,18 @@
 //! need. `aqw run` ([`crate::worker::run`]) and `aqw serve`
 //! ([`crate::serve::serve`]) both start from here.
 
-use crate::config::AppConfig;
 use crate::handlers::Registry;
 use crate::storage::{Storage, StorageError};
-use crate::telemetry::Alerts;
-pub use aqw_core::runtime::{ensure_resources, sweep_targets, FunctionRuntime};
+use aqw_core::alert::Alerts;
+use aqw_core::config::AppConfig;
+use aqw_core::runtime::FunctionRuntime;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Connect to the storage account of `connection`: the one place every
 /// command, the worker and the custom handler open storage.
 pub fn connect(
-    connection: &crate::config::Connection,
+    connection: &aqw_core::config::Connection,
 ) -> Result<crate::storage::AzureStorage, StorageError> {
     crate::storage::connect(connection)
 }

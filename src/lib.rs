@@ -9,8 +9,8 @@
 //! ## Layout
 //!
 //! The binary and the Azure side; the engine is the `aqw-core` crate
-//! (`crates/aqw-core/`, its own map on its crate page), whose modules are
-//! re-exported here under the same names. Each rule and the one file that
+//! (`crates/aqw-core/`, its own map on its crate page), which this crate names
+//! as `aqw_core::…` (nothing of it is re-exported here). Each rule and the one file that
 //! owns it:
 //!
 //! | rule | file |
@@ -28,7 +28,7 @@
 //! | the poison alert's delivery: one webhook POST per queue and window, in the receiver's format, HMAC-signed; breaker events at once | `src/telemetry/alerts.rs` |
 //! | the alert as a Slack Block Kit message or a Teams Adaptive Card | `src/telemetry/chat.rs` |
 //! | the health gauges: the oldest message's age, open poison records by error group (capped, rendered from the latest snapshot) | `src/telemetry/gauges.rs` |
-//! | traces: the engine's spans re-exported, and the exporters | `src/traces/mod.rs` |
+//! | traces: the exporters (the spans are the engine's `aqw_core::traces`) | `src/traces/mod.rs` |
 //! | trace exporters chosen by the environment (OTLP/HTTP, Application Insights), bounded and never blocking a job | `src/traces/export.rs` |
 //! | the exporters' HTTP client (blocking reqwest, failures counted and warned once a minute) | `src/traces/client.rs` |
 //! | OTLP/HTTP protobuf encoded straight from the SDK's span data (no copy of the batch), headers from `OTEL_EXPORTER_OTLP_[TRACES_]HEADERS` | `src/traces/otlp.rs` |
@@ -51,26 +51,10 @@
 //! `CancellationToken` passed into [`worker::run`].
 
 pub mod app;
-pub use aqw_core::breaker;
 pub mod config;
-pub use aqw_core::control;
 pub mod dashboard;
-pub use aqw_core::decide;
-pub use aqw_core::failpoint;
-pub use aqw_core::flow;
-pub use aqw_core::gate;
 pub mod handlers;
-pub use aqw_core::heartbeat;
 pub mod http;
-pub use aqw_core::idempotency;
-pub use aqw_core::job;
-pub use aqw_core::message;
-pub use aqw_core::ops;
-pub use aqw_core::poison;
-pub use aqw_core::producer;
-pub use aqw_core::redact;
-pub use aqw_core::retention;
-pub use aqw_core::retry;
 pub mod serve;
 pub mod storage;
 pub mod telemetry;
@@ -78,8 +62,3 @@ pub mod tls;
 pub mod traces;
 pub mod triage;
 pub mod worker;
-
-pub use config::AppConfig;
-pub use handlers::{Handler, HandlerError, Job, Registry, Success};
-pub use job::{process, Outcome};
-pub use worker::run;

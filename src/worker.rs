@@ -3,9 +3,9 @@
 //! resolved (built-in `http` and `exec`, or registered in code), the alert
 //! webhook, and the ops HTTP port.
 
-use crate::config::AppConfig;
 use crate::handlers::Registry;
-pub use aqw_core::worker::*;
+use aqw_core::config::AppConfig;
+use aqw_core::worker::*;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -48,10 +48,10 @@ pub async fn run(
 /// halted and alerted, when its executors keep dying).
 fn watch_operations(
     app: &Arc<AppConfig>,
-    alerts: &crate::telemetry::Alerts,
+    alerts: &aqw_core::alert::Alerts,
     shutdown: &CancellationToken,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    let mut seen: Vec<&crate::config::Connection> = vec![];
+    let mut seen: Vec<&aqw_core::config::Connection> = vec![];
     let mut tasks = vec![];
     for f in &app.functions {
         if seen.contains(&&f.connection) {

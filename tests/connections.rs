@@ -6,8 +6,9 @@
 
 use crate::common;
 
-use aqw::config::{parse_connection_string, DEV_ACCOUNT, DEV_KEY};
+use aqw::config::parse_connection_string;
 use aqw::storage::{connect, Storage, StorageError, TableOp, Ttl};
+use aqw_core::config::{DEV_ACCOUNT, DEV_KEY};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 

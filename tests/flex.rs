@@ -345,7 +345,7 @@ fn flex_settings_load_the_example_app_with_an_identity_connection() {
     let connection = &app.functions[0].connection;
     assert_eq!(connection.account, "aqwflexacct");
     match &connection.credentials {
-        aqw::config::Credentials::Identity { client_id } => {
+        aqw_core::config::Credentials::Identity { client_id } => {
             assert_eq!(
                 client_id.as_deref(),
                 Some("00000000-0000-0000-0000-000000000001")

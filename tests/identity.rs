@@ -123,7 +123,7 @@ fn identity_settings_resolve_without_a_connection_string() {
     assert_eq!(c.table_endpoint, "https://acct.table.core.windows.net");
     assert_eq!(
         c.credentials,
-        aqw::config::Credentials::Identity {
+        aqw_core::config::Credentials::Identity {
             client_id: Some("cid".into())
         }
     );

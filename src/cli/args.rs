@@ -256,7 +256,7 @@ pub enum PoisonCmd {
         #[arg(long)]
         wait: Option<String>,
         /// Records replayed at once (with --id; an --all operation sets its own).
-        #[arg(long, default_value_t = aqw::ops::DEFAULT_REPLAY_CONCURRENCY as u64, value_parser = clap::value_parser!(u64).range(1..=64))]
+        #[arg(long, default_value_t = aqw_core::ops::DEFAULT_REPLAY_CONCURRENCY as u64, value_parser = clap::value_parser!(u64).range(1..=64))]
         concurrency: u64,
         /// Go ahead although the provider key is older than the function's
         /// providerKeyWindow (the provider may have forgotten it); kept on the record.

@@ -1,5 +1,5 @@
 //! Dispatch: each command turns its arguments into a call of the library
-//! (`aqw::ops`, `aqw::worker`, `aqw::serve`), renders the data it returns,
+//! (`aqw_core::ops`, `aqw::worker`, `aqw::serve`), renders the data it returns,
 //! and says which exit code that means.
 
 use super::args::{
@@ -8,8 +8,9 @@ use super::args::{
 };
 use super::exit::{Exit, Failure};
 use super::render;
-use aqw::config::{self, AppConfig};
-use aqw::ops::{self, Filter, FixAction, QueueOps, ReplayOptions};
+use aqw::config::{self};
+use aqw_core::config::AppConfig;
+use aqw_core::ops::{self, Filter, FixAction, QueueOps, ReplayOptions};
 use clap::CommandFactory;
 use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
@@ -59,7 +60,7 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Failure> {
 
 async fn run(app_dir: &Path) -> Result<Exit, Failure> {
     let app = load(app_dir)?;
-    let registry = aqw::Registry::new();
+    let registry = aqw::handlers::Registry::new();
     aqw::app::preflight(&app, &registry).map_err(Failure::usage)?;
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone());
@@ -71,7 +72,7 @@ async fn run(app_dir: &Path) -> Result<Exit, Failure> {
 
 async fn serve(app_dir: &Path) -> Result<Exit, Failure> {
     let app = load(app_dir)?;
-    let registry = aqw::Registry::new();
+    let registry = aqw::handlers::Registry::new();
     aqw::app::preflight(&app, &registry).map_err(Failure::usage)?;
     aqw::config::queues::serve_refusals(&app).map_err(Failure::usage)?;
     let port = aqw::serve::port_from_env(std::env::var("FUNCTIONS_CUSTOMHANDLER_PORT").ok())
@@ -140,7 +141,7 @@ async fn enqueue(app_dir: &Path, a: EnqueueArgs, output: Output) -> Result<Exit,
     let payload = read_payload(a.payload, a.file, a.stdin.as_deref())?;
     // The producer span; its context goes into the payload where
     // aqw.tracing.parent says (joining TRACEPARENT from the environment).
-    let span = aqw::traces::enqueue_span(&a.queue);
+    let span = aqw_core::traces::enqueue_span(&a.queue);
     let payload = ops::with_trace_context(&app, &payload, &span);
     let delivery = parse_delivery(a.delay.as_deref(), a.at.as_deref(), a.ttl.as_deref())?;
     let job = ops::prepare_enqueue(&app, &a.queue, &payload, a.force)?;
@@ -173,7 +174,7 @@ async fn status(app_dir: &Path, output: Output) -> Result<Exit, Failure> {
         let status = aqw_core::schedule::status(&app, s, qo.control.table().as_ref(), &qo.keys)
             .await
             .unwrap_or_else(|e| {
-                let why = aqw::telemetry::scrub(&e.to_string());
+                let why = aqw_core::scrub::scrub(&e.to_string());
                 aqw_core::schedule::ScheduleStatus::unread(s, why)
             });
         schedules.push(status);
@@ -429,9 +430,10 @@ async fn replay_group(
     output: Output,
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<ops::ReplayReport, Failure> {
-    let store = aqw::ops::operation::OperationStore::new(ops.control.table().clone());
+    let store = aqw_core::ops::operation::OperationStore::new(ops.control.table().clone());
     let exec = super::ops::executor(false);
-    let (op, report) = aqw::ops::operation::replay_group(ops, &store, opts, exec, progress).await?;
+    let (op, report) =
+        aqw_core::ops::operation::replay_group(ops, &store, opts, exec, progress).await?;
     if let (Output::Text, Some(op)) = (output, op) {
         outln!(
             "operation {}: {} ({} of {} record(s) handled); `aqw ops show {}`",
@@ -548,7 +550,8 @@ pub(super) fn parse_error_regex(error: Option<&str>) -> Result<Option<regex::Reg
 /// retries, far sooner).
 fn parse_wait(wait: Option<&str>) -> Result<Option<Duration>, Failure> {
     let Some(w) = wait else { return Ok(None) };
-    let d = config::parse_timespan(w).map_err(|e| Failure::usage(format!("--wait: {e}")))?;
+    let d =
+        aqw_core::config::parse_timespan(w).map_err(|e| Failure::usage(format!("--wait: {e}")))?;
     if d > Duration::from_secs(24 * 3600) {
         return Err(Failure::usage("--wait must be at most 1.00:00:00 (a day)"));
     }
@@ -566,13 +569,14 @@ fn parse_delivery(
         None => aqw::storage::Ttl::Default,
         Some("never") => aqw::storage::Ttl::Never,
         Some(t) => aqw::storage::Ttl::After(
-            config::parse_timespan(t).map_err(|e| Failure::usage(format!("--ttl: {e}")))?,
+            aqw_core::config::parse_timespan(t)
+                .map_err(|e| Failure::usage(format!("--ttl: {e}")))?,
         ),
     };
     let delivery = match (delay, at) {
         (Some(d), _) => {
-            let d =
-                config::parse_timespan(d).map_err(|e| Failure::usage(format!("--delay: {e}")))?;
+            let d = aqw_core::config::parse_timespan(d)
+                .map_err(|e| Failure::usage(format!("--delay: {e}")))?;
             ops::Delivery::after(d, ttl)
         }
         (None, Some(t)) => {

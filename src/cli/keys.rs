@@ -5,7 +5,7 @@ use super::args::{Command, KeyStatusFilter, KeysCmd, Output};
 use super::commands::{load, parse_time};
 use super::exit::{Exit, Failure};
 use super::render;
-use aqw::ops;
+use aqw_core::ops;
 use std::path::Path;
 
 pub(super) async fn keys_show(
@@ -46,21 +46,23 @@ pub(super) async fn keys_list(
     let f = app
         .function(&function)
         .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
-    let query = aqw::idempotency::KeyQuery {
+    let query = aqw_core::idempotency::KeyQuery {
         prefix,
         status: status.map(|s| match s {
-            KeyStatusFilter::Pending => aqw::idempotency::KeyStatus::Pending,
-            KeyStatusFilter::Done => aqw::idempotency::KeyStatus::Done,
-            KeyStatusFilter::Poisoned => aqw::idempotency::KeyStatus::Poisoned,
-            KeyStatusFilter::Cancelled => aqw::idempotency::KeyStatus::Cancelled,
+            KeyStatusFilter::Pending => aqw_core::idempotency::KeyStatus::Pending,
+            KeyStatusFilter::Done => aqw_core::idempotency::KeyStatus::Done,
+            KeyStatusFilter::Poisoned => aqw_core::idempotency::KeyStatus::Poisoned,
+            KeyStatusFilter::Cancelled => aqw_core::idempotency::KeyStatus::Cancelled,
         }),
         since: since.as_deref().map(parse_time).transpose()?,
         until: until.as_deref().map(parse_time).transpose()?,
         limit,
     };
     let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
-    let keys =
-        aqw::idempotency::KeyStore::new(aqw::storage::Storage::table(&storage, &app.keys_table));
+    let keys = aqw_core::idempotency::KeyStore::new(aqw::storage::Storage::table(
+        &storage,
+        &app.keys_table,
+    ));
     let listed = keys
         .list(&function, &query)
         .await
@@ -69,7 +71,7 @@ pub(super) async fn keys_list(
     let unsettled = listed.iter().any(|k| {
         matches!(
             k.status,
-            aqw::idempotency::KeyStatus::Pending | aqw::idempotency::KeyStatus::Poisoned
+            aqw_core::idempotency::KeyStatus::Pending | aqw_core::idempotency::KeyStatus::Poisoned
         )
     });
     Ok(Exit::needs_a_person_if(unsettled))
@@ -128,10 +130,12 @@ pub(super) async fn new_provider_key(
     let f = app
         .function(&function)
         .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
-    let key = aqw::idempotency::IdempotencyKey::new(key).map_err(Failure::usage)?;
+    let key = aqw_core::idempotency::IdempotencyKey::new(key).map_err(Failure::usage)?;
     let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
-    let keys =
-        aqw::idempotency::KeyStore::new(aqw::storage::Storage::table(&storage, &app.keys_table));
+    let keys = aqw_core::idempotency::KeyStore::new(aqw::storage::Storage::table(
+        &storage,
+        &app.keys_table,
+    ));
     let (code, json, text) = if dry_run {
         let rehearsed = keys
             .rehearse_provider_key(&function, &key)
@@ -156,7 +160,10 @@ pub(super) async fn new_provider_key(
 type Said = (Exit, serde_json::Value, String);
 
 /// What a replacement did: the new provider key, or why none.
-fn replacement(key: &aqw::idempotency::IdempotencyKey, replaced: Result<String, String>) -> Said {
+fn replacement(
+    key: &aqw_core::idempotency::IdempotencyKey,
+    replaced: Result<String, String>,
+) -> Said {
     match replaced {
         Ok(new) => (
             Exit::Ok,
@@ -173,10 +180,10 @@ fn replacement(key: &aqw::idempotency::IdempotencyKey, replaced: Result<String, 
 /// What a replacement would do: the key's state and the provider key it
 /// would replace, or why it would be refused.
 fn rehearsal(
-    key: &aqw::idempotency::IdempotencyKey,
+    key: &aqw_core::idempotency::IdempotencyKey,
     reason: &str,
     by: &str,
-    rehearsed: Result<aqw::idempotency::KeyRecord, String>,
+    rehearsed: Result<aqw_core::idempotency::KeyRecord, String>,
 ) -> Said {
     match rehearsed {
         Ok(rec) => (
@@ -198,7 +205,7 @@ fn rehearsal(
     }
 }
 
-fn refused(key: &aqw::idempotency::IdempotencyKey, why: String, dry_run: bool) -> Said {
+fn refused(key: &aqw_core::idempotency::IdempotencyKey, why: String, dry_run: bool) -> Said {
     let mut json = serde_json::json!({"key": key.as_str(), "replaced": false, "why": why});
     if dry_run {
         json["dryRun"] = serde_json::json!(true);

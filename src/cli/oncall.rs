@@ -6,7 +6,7 @@
 use super::args::Output;
 use super::exit::{Exit, Failure};
 use super::render::print_json;
-use aqw::ops::triage::Cause;
+use aqw_core::ops::triage::Cause;
 use clap::Args;
 
 /// The runbook, as this version of aqw was built with it.

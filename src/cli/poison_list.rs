@@ -7,10 +7,10 @@ use super::args::Output;
 use super::commands::{parse_time, queue_ops};
 use super::exit::{Exit, Failure};
 use super::render::{first_line, print_json};
-use aqw::config::AppConfig;
-use aqw::ops::{self, Filter, QueueOps};
-use aqw::poison::{PoisonRecord, RecordStatus};
-use aqw::redact::Redaction;
+use aqw_core::config::AppConfig;
+use aqw_core::ops::{self, Filter, QueueOps};
+use aqw_core::poison::{PoisonRecord, RecordStatus};
+use aqw_core::redact::Redaction;
 use clap::{Args, ValueEnum};
 use std::sync::Arc;
 
@@ -197,7 +197,7 @@ fn print_records(records: &[PoisonRecord]) {
         );
         let (first, tail) = first_line(&r.error.message);
         outln!("{:<id_w$}  {first}{tail}", "");
-        if r.uncertain_attempts > 0 && r.status == aqw::poison::RecordStatus::Open {
+        if r.uncertain_attempts > 0 && r.status == aqw_core::poison::RecordStatus::Open {
             outln!(
                 "{:<id_w$}  [{} attempt(s) may have taken effect: check the provider before replaying]",
                 "", r.uncertain_attempts

@@ -2,13 +2,13 @@
 
 use super::args::Output;
 use aqw::config::show::Setting;
-use aqw::config::MessageEncoding;
-use aqw::idempotency::{fmt_time, Attempt, KeyRecord, KeyStatus, HISTORY_LEN};
-use aqw::ops::{
+use aqw_core::config::MessageEncoding;
+use aqw_core::idempotency::{fmt_time, Attempt, KeyRecord, KeyStatus, HISTORY_LEN};
+use aqw_core::ops::{
     DiscardRehearsal, Enqueued, FixAction, FixRehearsal, FixReport, QueueStatus, ReplayReport,
     ShowReport,
 };
-use aqw::poison::PoisonRecord;
+use aqw_core::poison::PoisonRecord;
 
 use aqw_core::schedule::ScheduleStatus;
 use aqw_core::scrub::one_line;
@@ -172,7 +172,7 @@ pub fn status_control(lines: &[QueueStatus], output: Output) {
 }
 
 /// `pause` / `resume`: the function's control row as it now reads.
-pub fn control(function: &str, row: &aqw::control::Control, output: Output) {
+pub fn control(function: &str, row: &aqw_core::control::Control, output: Output) {
     if output == Output::Json {
         print_json(&serde_json::json!({"function": function, "control": row}));
         return;
@@ -182,11 +182,11 @@ pub fn control(function: &str, row: &aqw::control::Control, output: Output) {
             "{function} paused by {} at {}; workers stop receiving within {}s (in-flight jobs finish)",
             p.by,
             p.at,
-            aqw::control::WATCH_INTERVAL.as_secs()
+            aqw_core::control::WATCH_INTERVAL.as_secs()
         ),
         None => outln!(
             "{function} resumed; workers receive again within {}s",
-            aqw::control::WATCH_INTERVAL.as_secs()
+            aqw_core::control::WATCH_INTERVAL.as_secs()
         ),
     }
 }
@@ -443,7 +443,7 @@ pub fn poison_replay(report: &ReplayReport, waited: bool, output: Output) {
 
 /// Beneath a replay row: the uncertain attempt (and whether the provider
 /// dedupes it), and a saving provider's warning with the way out.
-fn print_replay_notes(i: &aqw::ops::ReplayItem, report: &ReplayReport) {
+fn print_replay_notes(i: &aqw_core::ops::ReplayItem, report: &ReplayReport) {
     if let Some(pk) = &i.uncertain_provider_key {
         let dedupes = if i.provider_dedupes {
             ": the provider honours Idempotency-Key (handler.idempotent), a same-key replay cannot double it; no --uncertain-checked needed"

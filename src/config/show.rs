@@ -439,7 +439,7 @@ fn handler_row(handler: &HandlerSpec, look: &Lookup, at: &str) -> (String, Sourc
 }
 
 /// A function's flow limits in one line.
-fn limits(l: &crate::flow::FlowLimits) -> String {
+fn limits(l: &aqw_core::flow::FlowLimits) -> String {
     let mut parts = Vec::new();
     if let Some(r) = l.calls_per_second {
         parts.push(format!("{r} calls/s"));

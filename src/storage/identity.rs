@@ -49,7 +49,7 @@ fn var(n: &str) -> Option<String> {
 fn cred_err(what: &str, e: azure_core::Error) -> StorageError {
     StorageError::Other(format!(
         "{what}: {}",
-        crate::telemetry::scrub(&e.to_string())
+        aqw_core::scrub::scrub(&e.to_string())
     ))
 }
 

@@ -124,13 +124,13 @@ pub(crate) fn operation_name(method: Method, url: &url::Url) -> &'static str {
 /// One storage request as a client span (OpenTelemetry HTTP conventions),
 /// only while traces are exported. The URL loses its query: a SAS lives there.
 fn storage_span(method: Method, op: &'static str, url: &url::Url) -> tracing::Span {
-    if !crate::traces::storage_spans() {
+    if !aqw_core::traces::storage_spans() {
         return tracing::Span::none();
     }
     let mut shown = url.clone();
     shown.set_query(None);
     let method = http_method(method);
-    crate::traces::step_span!(
+    aqw_core::step_span!(
         "aqw.storage",
         otel.kind = "client",
         otel.name = %format!("{method} {op}"),
@@ -175,11 +175,11 @@ impl HttpClient for CountingTransport {
             Ok(rsp) => Ok(raw_response(rsp)),
             Err(SendError::Connect(text)) => Err(Error::with_message(
                 ErrorKind::Connection,
-                crate::telemetry::scrub(&text),
+                aqw_core::scrub::scrub(&text),
             )),
             Err(SendError::Io(text)) => Err(Error::with_message(
                 ErrorKind::Io,
-                crate::telemetry::scrub(&text),
+                aqw_core::scrub::scrub(&text),
             )),
             Err(SendError::TimedOut(after)) => Err(Error::with_message(
                 ErrorKind::Io,
@@ -421,16 +421,16 @@ pub(crate) fn map_err(e: azure_core::Error) -> StorageError {
             status, error_code, ..
         } => status_error(u16::from(*status), error_code.clone().unwrap_or_default()),
         azure_core::error::ErrorKind::Io | azure_core::error::ErrorKind::Connection => {
-            StorageError::Transport(crate::telemetry::scrub(&error_chain(&e)))
+            StorageError::Transport(aqw_core::scrub::scrub(&error_chain(&e)))
         }
         azure_core::error::ErrorKind::Credential => {
             StorageError::Other("credential error (check the connection setting)".into())
         }
         azure_core::error::ErrorKind::DataConversion => StorageError::Other(format!(
             "unexpected response from storage: {}",
-            crate::telemetry::scrub(&e.to_string())
+            aqw_core::scrub::scrub(&e.to_string())
         )),
-        _ => StorageError::Other(crate::telemetry::scrub(&e.to_string())),
+        _ => StorageError::Other(aqw_core::scrub::scrub(&e.to_string())),
     }
 }
 

@@ -94,7 +94,7 @@ pub fn sign(secret: &SigningSecret, timestamp: u64, body: &[u8]) -> String {
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
-pub use aqw_core::alert::{AlertEvent, AlertFormat, Alerts, SigningSecret, Webhook};
+use aqw_core::alert::{AlertEvent, AlertFormat, Alerts, SigningSecret, Webhook};
 
 /// Start the task that delivers what the engine's [`Alerts`] handle sends
 /// (needs a tokio runtime): poison alerts at most one POST per queue per

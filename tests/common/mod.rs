@@ -6,9 +6,11 @@
 
 pub mod webdriver;
 
-use aqw::config::{self, AppConfig};
-use aqw::handlers::{Handler, HandlerError, Job, Registry, Success};
+use aqw::config::{self};
+use aqw::handlers::Registry;
 use aqw::storage::{AzureStorage, QueueStore, Storage, TableStore};
+use aqw_core::config::AppConfig;
+use aqw_core::handler::{Handler, HandlerError, Job, Success};
 use async_trait::async_trait;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -139,14 +141,14 @@ impl TestApp {
         self.storage().table(&self.poison_table)
     }
 
-    pub fn keys(&self) -> aqw::idempotency::KeyStore {
-        aqw::idempotency::KeyStore::new(self.storage().table(&self.keys_table))
+    pub fn keys(&self) -> aqw_core::idempotency::KeyStore {
+        aqw_core::idempotency::KeyStore::new(self.storage().table(&self.keys_table))
     }
 
     pub async fn enqueue(&self, payload: &str) -> String {
         let q = self.source();
         q.create_if_missing().await.unwrap();
-        let text = aqw::message::encode(payload, self.config.message_encoding);
+        let text = aqw_core::message::encode(payload, self.config.message_encoding);
         q.put(&text, Duration::ZERO, aqw::storage::Ttl::Default)
             .await
             .unwrap()
@@ -430,8 +432,8 @@ pub async fn poisoned_by_worker(app: &TestApp, deadline: Duration) -> String {
 }
 
 /// The poison record of a source message, read through the operator's store.
-pub async fn poison_record(app: &TestApp, id: &str) -> aqw::poison::PoisonRecord {
-    let ops = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
+pub async fn poison_record(app: &TestApp, id: &str) -> aqw_core::poison::PoisonRecord {
+    let ops = aqw_core::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
     ops.record(id).await.unwrap().unwrap().0
 }
 
@@ -467,8 +469,10 @@ pub fn start_serve_instances(
     (0..n)
         .map(|_| {
             let stop = tokio_util::sync::CancellationToken::new();
-            let registry = aqw::Registry::new()
-                .register("Job", Scripted::new(|_, _| Ok(aqw::Success::done())));
+            let registry = aqw::handlers::Registry::new().register(
+                "Job",
+                Scripted::new(|_, _| Ok(aqw_core::handler::Success::done())),
+            );
             let task = tokio::spawn(aqw::serve::serve(
                 app.config.clone(),
                 registry,
