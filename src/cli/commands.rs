@@ -3,11 +3,13 @@
 //! and says which exit code that means.
 
 use super::args::{
-    Cli, Command, ConfigCmd, DashboardArgs, EnqueueArgs, KeysCmd, Output, PauseArgs, PoisonCmd,
-    ResumeArgs,
+    Cli, Command, ConfigCmd, DashboardArgs, EnqueueArgs, PauseArgs, PoisonCmd, ResumeArgs,
 };
 use super::exit::{Exit, Failure};
+use super::keys_args::KeysCmd;
+use super::load::{connect, function_storage, load, parse_error_regex, parse_time, queue_ops};
 use super::render;
+use super::render::Output;
 use aqw::config::{self};
 use aqw_core::config::AppConfig;
 use aqw_core::ops::{self, Filter, FixAction, QueueOps, ReplayOptions};
@@ -45,7 +47,7 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Failure> {
         Command::Keys(KeysCmd::Show { function, key }) => {
             super::keys::keys_show(&cli.app, &function, &key, output).await
         }
-        cmd @ Command::Keys(KeysCmd::List { .. }) => {
+        Command::Keys(cmd @ KeysCmd::List { .. }) => {
             super::keys::keys_list(&cli.app, cmd, output).await
         }
         Command::Keys(KeysCmd::Check { function, key }) => {
@@ -145,7 +147,7 @@ async fn enqueue(app_dir: &Path, a: EnqueueArgs, output: Output) -> Result<Exit,
     let payload = ops::with_trace_context(&app, &payload, &span);
     let delivery = parse_delivery(a.delay.as_deref(), a.at.as_deref(), a.ttl.as_deref())?;
     let job = ops::prepare_enqueue(&app, &a.queue, &payload, a.force)?;
-    let storage = aqw::app::connect(&job.connection).map_err(|e| Failure::usage(e.to_string()))?;
+    let storage = connect(&job.connection)?;
     let done = ops::enqueue_with(job, delivery, &storage)
         .instrument(span)
         .await?;
@@ -201,17 +203,6 @@ async fn resume(app_dir: &Path, a: ResumeArgs, output: Output) -> Result<Exit, F
     let row = ops::resume(&store, &a.function, &a.by).await?;
     render::control(&a.function, &row, output);
     Ok(Exit::Ok)
-}
-
-/// The storage account of `function` (a usage error when it is unknown).
-fn function_storage(
-    app: &AppConfig,
-    function: &str,
-) -> Result<aqw::storage::AzureStorage, Failure> {
-    let f = app
-        .function(function)
-        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
-    aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))
 }
 
 /// `config show`: the effective configuration, secrets masked.
@@ -512,38 +503,6 @@ fn progress_bar(output: Output) -> Option<indicatif::ProgressBar> {
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     Some(b)
-}
-
-pub(super) fn load(app: &Path) -> Result<Arc<AppConfig>, Failure> {
-    config::load(app)
-        .map(Arc::new)
-        .map_err(|e| Failure::usage(format!("{e:#}")))
-}
-
-pub(super) fn queue_ops(app: &Arc<AppConfig>, queue: &str) -> Result<QueueOps, Failure> {
-    let connection = app
-        .function_for_queue(queue)
-        .map(|f| &f.connection)
-        .ok_or_else(|| {
-            let known: Vec<&str> = app.functions.iter().map(|f| f.queue.as_str()).collect();
-            Failure::usage(format!(
-                "queue \"{queue}\" is not consumed by any function of this app (known: {})",
-                known.join(", ")
-            ))
-        })?;
-    let storage = aqw::app::connect(connection).map_err(|e| Failure::usage(e.to_string()))?;
-    Ok(QueueOps::new(app.clone(), queue, &storage))
-}
-
-pub(super) fn parse_time(s: &str) -> Result<time::OffsetDateTime, Failure> {
-    ops::parse_time(s).map_err(Failure::usage)
-}
-
-pub(super) fn parse_error_regex(error: Option<&str>) -> Result<Option<regex::Regex>, Failure> {
-    error
-        .map(regex::Regex::new)
-        .transpose()
-        .map_err(|e| Failure::usage(format!("--error: {e}")))
 }
 
 /// `--wait`: a timespan of at most a day (a replayed key is done within its

@@ -1,10 +1,11 @@
 //! `aqw keys …`: show, list, check (the provider's lookup) and
 //! new-provider-key.
 
-use super::args::{Command, KeyStatusFilter, KeysCmd, Output};
-use super::commands::{load, parse_time};
 use super::exit::{Exit, Failure};
+use super::keys_args::{KeyStatusFilter, KeysCmd};
+use super::load::{connect, function_named, load, parse_time};
 use super::render;
+use super::render::Output;
 use aqw_core::ops;
 use std::path::Path;
 
@@ -15,10 +16,8 @@ pub(super) async fn keys_show(
     output: Output,
 ) -> Result<Exit, Failure> {
     let app = load(app_dir)?;
-    let f = app
-        .function(function)
-        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
-    let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
+    let f = function_named(&app, function)?;
+    let storage = connect(&f.connection)?;
     let rec = ops::key_record(&app, &storage, function, key).await?;
     render::key_record(function, key, rec.as_ref(), output);
     // A key never claimed is worth a look: a typo, or a job not yet run.
@@ -28,24 +27,22 @@ pub(super) async fn keys_show(
 /// `keys list`: the function's keys the filters select.
 pub(super) async fn keys_list(
     app_dir: &Path,
-    cmd: Command,
+    cmd: KeysCmd,
     output: Output,
 ) -> Result<Exit, Failure> {
-    let Command::Keys(KeysCmd::List {
+    let KeysCmd::List {
         function,
         prefix,
         status,
         since,
         until,
         limit,
-    }) = cmd
+    } = cmd
     else {
         unreachable!("keys_list is called with keys list only");
     };
     let app = load(app_dir)?;
-    let f = app
-        .function(&function)
-        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
+    let f = function_named(&app, &function)?;
     let query = aqw_core::idempotency::KeyQuery {
         prefix,
         status: status.map(|s| match s {
@@ -58,7 +55,7 @@ pub(super) async fn keys_list(
         until: until.as_deref().map(parse_time).transpose()?,
         limit,
     };
-    let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
+    let storage = connect(&f.connection)?;
     let keys = aqw_core::idempotency::KeyStore::new(aqw::storage::Storage::table(
         &storage,
         &app.keys_table,
@@ -86,10 +83,8 @@ pub(super) async fn keys_check(
     output: Output,
 ) -> Result<Exit, Failure> {
     let app = load(app_dir)?;
-    let f = app
-        .function(function)
-        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
-    let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
+    let f = function_named(&app, function)?;
+    let storage = connect(&f.connection)?;
     let Some(rec) = ops::key_record(&app, &storage, function, key).await? else {
         render::key_record(function, key, None, output);
         return Ok(Exit::NeedsAPerson);
@@ -127,11 +122,9 @@ pub(super) async fn new_provider_key(
         ));
     }
     let app = load(app_dir)?;
-    let f = app
-        .function(&function)
-        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
+    let f = function_named(&app, &function)?;
     let key = aqw_core::idempotency::IdempotencyKey::new(key).map_err(Failure::usage)?;
-    let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
+    let storage = connect(&f.connection)?;
     let keys = aqw_core::idempotency::KeyStore::new(aqw::storage::Storage::table(
         &storage,
         &app.keys_table,

@@ -55,6 +55,7 @@ mod commands;
 pub mod exit;
 mod keys;
 mod keys_args;
+mod load;
 pub mod oncall;
 pub mod ops;
 mod poison_list;

@@ -3,9 +3,9 @@
 //! page. A kind's page is the `## KIND: …` section; the kinds are the
 //! causes `aqw triage` names.
 
-use super::args::Output;
 use super::exit::{Exit, Failure};
 use super::render::print_json;
+use super::render::Output;
 use aqw_core::ops::triage::Cause;
 use clap::Args;
 

@@ -6,10 +6,10 @@
 //! resume`) once its lease expires. `list`, `show` and `cancel` work from
 //! any process.
 
-use super::args::Output;
-use super::commands::{load, parse_time, queue_ops};
 use super::exit::{Exit, Failure};
+use super::load::{load, parse_time, queue_ops};
 use super::render::print_json;
+use super::render::Output;
 use aqw_core::config::AppConfig;
 use aqw_core::ops::operation::{
     self as operation, ExecuteOptions, NewOperation, OpKind, OpState, Operation, OperationStore,

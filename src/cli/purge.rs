@@ -1,14 +1,30 @@
 //! `aqw keys purge` and `aqw poison purge`: arguments → [`aqw_core::ops`]'s
 //! purges, one report per storage account or queue, text or JSON.
 
-use super::args::{Output, PurgeArgs};
 use super::exit::{Exit, Failure};
 use super::render::print_json;
+use super::render::Output;
 use aqw_core::config::AppConfig;
 use aqw_core::ops::{self, PurgeOptions, QueueOps};
 use aqw_core::retention::PurgeReport;
+use clap::Args;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+/// The options both purge commands share.
+#[derive(Args)]
+pub struct PurgeArgs {
+    /// Only this function's keys (default: every function of the app).
+    #[arg(long)]
+    pub function: Option<String>,
+    /// Purge what last changed longer ago than this ([d.]hh:mm:ss) instead of
+    /// the configured retention.
+    #[arg(long)]
+    pub older_than: Option<String>,
+    /// Count what would be deleted; delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
 
 fn options(older_than: Option<&str>, dry_run: bool) -> Result<PurgeOptions, Failure> {
     let older_than = older_than
@@ -45,7 +61,7 @@ pub async fn keys(app: &Arc<AppConfig>, a: PurgeArgs, output: Output) -> Result<
     }
     let mut reports = Vec::new();
     for (connection, functions) in by_account.values() {
-        let storage = aqw::app::connect(connection).map_err(|e| Failure::usage(e.to_string()))?;
+        let storage = super::load::connect(connection)?;
         reports.push(ops::purge_keys(app, &storage, functions, opts).await?);
     }
     render(&reports, output);

@@ -1,6 +1,5 @@
 //! Everything a command prints: text for a person, JSON for a program.
 
-use super::args::Output;
 use aqw::config::show::Setting;
 use aqw_core::config::MessageEncoding;
 use aqw_core::idempotency::{fmt_time, Attempt, KeyRecord, KeyStatus, HISTORY_LEN};
@@ -9,9 +8,19 @@ use aqw_core::ops::{
     ShowReport,
 };
 use aqw_core::poison::PoisonRecord;
+use clap::ValueEnum;
 
 use aqw_core::schedule::ScheduleStatus;
 use aqw_core::scrub::one_line;
+
+/// How a command prints: `--output text|json`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Tables and lines for a person.
+    Text,
+    /// Complete JSON for a program.
+    Json,
+}
 
 pub fn print_json(v: &impl serde::Serialize) {
     outln!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
@@ -363,6 +372,16 @@ pub fn poison_fix(id: &str, by: &str, report: &FixReport, output: Output) {
     }
 }
 
+/// A record as `--output json` prints it: the record, then what its
+/// function's `redact` masked in its message (absent when nothing was).
+#[derive(serde::Serialize)]
+pub struct Listed<'a> {
+    #[serde(flatten)]
+    pub record: &'a PoisonRecord,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redacted: Option<&'a str>,
+}
+
 /// `poison discard`.
 pub fn poison_discard(
     id: &str,
@@ -373,7 +392,7 @@ pub fn poison_discard(
     output: Output,
 ) {
     if output == Output::Json {
-        print_json(&super::poison_list::Listed {
+        print_json(&Listed {
             record: rec,
             redacted,
         });

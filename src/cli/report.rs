@@ -1,9 +1,9 @@
 //! `aqw poison report`: the incident as one table (the engine's
 //! `ops::report`), as aligned text or JSON.
 
-use super::args::Output;
-use super::commands::{parse_time, queue_ops};
 use super::exit::{Exit, Failure};
+use super::load::{parse_time, queue_ops};
+use super::render::Output;
 use super::render::{first_line, print_json};
 use aqw_core::config::AppConfig;
 use aqw_core::ops::{IncidentReport, KeyOutcome, ReportRow};

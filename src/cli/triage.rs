@@ -2,10 +2,10 @@
 //! first, with what aqw knows, what it means and the next commands (the
 //! plan is the engine's, `aqw_core::ops::triage`; the reads are `aqw::triage`).
 
-use super::args::Output;
-use super::commands::{load, queue_ops};
 use super::exit::{Exit, Failure};
+use super::load::{load, queue_ops};
 use super::render::print_json;
+use super::render::Output;
 use aqw_core::ops::triage::{RecordFacts, StepKind, TriageGroup, TriagePlan};
 use clap::Args;
 use std::path::Path;

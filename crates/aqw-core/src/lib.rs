@@ -116,6 +116,7 @@
 //! | claim-check payloads: a body over `aqw.claimCheck.threshold` written to a content-addressed blob (`<queue>/<sha256>`) and a reference put on the queue; the reference checked against its queue before any storage call (`claim_check_invalid`), the worker's bounded fetch with its length and hash checked (`claim_check_missing`, `claim_check_corrupt`); the refresh before a replay | `crates/aqw-core/src/claim.rs` |
 //! | the producer API: typed jobs put exactly as `aqw enqueue` puts them (key check, encoding, size, delay and time-to-live) | `crates/aqw-core/src/producer.rs` |
 //! | the ready configuration (`AppConfig`, `FunctionConfig`, connection, retention, timespans, names) and its defaults | `crates/aqw-core/src/config/` (`mod.rs`, `connection.rs`, `retention.rs`, `timespan.rs`) |
+//! | a duration printed as a Functions timespan (`fmt_span`): a leaf the config, the schedules and the operator's commands share | `crates/aqw-core/src/span.rs` |
 //! | one function's runtime over any storage; queues and tables created before polling; sweep targets | `crates/aqw-core/src/runtime.rs` |
 //! | the poll loops of `aqw run`: permits before receive, back-off, heartbeats, drain on shutdown; `Health` | `crates/aqw-core/src/worker.rs` |
 //! | the handler contract: `Job`, `Success`, `HandlerError` (retryable, uncertain, permanent), `HandlerSpec` | `crates/aqw-core/src/handler.rs` |
@@ -155,6 +156,7 @@ pub mod retry;
 pub mod runtime;
 pub mod schedule;
 pub mod scrub;
+pub mod span;
 pub mod storage;
 pub mod traces;
 pub mod worker;

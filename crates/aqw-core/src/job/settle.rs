@@ -295,10 +295,12 @@ impl Settling<'_> {
     /// fresh copy visible after `after`, spending no attempt.
     pub(super) async fn wait_in_progress(&self, after: Duration, message: &str) -> Outcome {
         if let Some(c) = &self.claim {
-            let noted =
-                self.rt
-                    .keys
-                    .record_failure_as(c, super::later::IN_PROGRESS_OUTCOME, message, true);
+            let noted = self.rt.keys.record_failure_as(
+                c,
+                super::outcome::IN_PROGRESS_OUTCOME,
+                message,
+                true,
+            );
             if let Err(FinishError::Storage(e)) = noted.await {
                 return abandoned(e);
             }

@@ -52,7 +52,7 @@ impl Default for Delivery {
 impl Delivery {
     /// Visible `delay` after the put, expiring per `ttl` (counted from the put).
     pub fn after(delay: Duration, ttl: Ttl) -> Result<Self, String> {
-        let span = crate::ops::fmt_span;
+        let span = crate::span::fmt_span;
         // The service counts whole seconds, rounded up here as the adapters
         // round them, so the checks below compare what is really sent.
         let (delay, ttl) = (whole_seconds(delay), whole_ttl(ttl));
