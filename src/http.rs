@@ -1,8 +1,8 @@
 //! The worker's operations endpoints: `/healthz`, `/readyz`, `/metrics`.
 
-use crate::storage::{StorageError, StorageResult};
 use crate::telemetry::gauges;
 use aqw_core::runtime::FunctionRuntime;
+use aqw_core::storage::{StorageError, StorageResult};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;

@@ -9,7 +9,7 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    aqw::storage::quiet_library_backtraces();
+    aqw_azure::quiet_library_backtraces();
     let args = cli::Cli::try_parse().unwrap_or_else(|e| cli::parse_error(e));
     // Exporters come from the process environment (OTEL_*,
     // APPLICATIONINSIGHTS_CONNECTION_STRING); the guard flushes them at exit.

@@ -55,11 +55,11 @@
 
 use crate::app::runtimes;
 use crate::handlers::Registry;
-use crate::storage::{ReceivedMessage, StorageResult};
 use aqw_core::config::{AppConfig, FunctionConfig, MessageEncoding};
 use aqw_core::job::{process, producer_context, record_outcome, Outcome, Settle};
 use aqw_core::message::encode;
 use aqw_core::runtime::{ensure_resources, FunctionRuntime};
+use aqw_core::storage::{ReceivedMessage, StorageResult};
 use aqw_core::worker::Health;
 use async_trait::async_trait;
 use axum::body::Bytes;

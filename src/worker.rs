@@ -62,7 +62,6 @@ fn watch_operations(
             continue;
         };
         let owner = format!("run-{}-{}", std::process::id(), tasks.len());
-        let storage: Arc<dyn aqw_core::storage::Storage> = Arc::new(storage);
         let opts = aqw_core::ops::operation::ExecuteOptions {
             alerts: alerts.clone(),
             ..aqw_core::ops::operation::ExecuteOptions::new(owner)

@@ -7,9 +7,9 @@
 //! (crates/aqw-core/tests/engine/claim_check.rs).
 
 use crate::common::*;
-use aqw::storage::Storage;
 use aqw_core::claim;
 use aqw_core::handler::HandlerError;
+use aqw_core::storage::Storage;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::time::Duration;

@@ -10,9 +10,9 @@
 //! (crates/aqw-core/tests/engine/claim_check_refs.rs).
 
 use crate::common::*;
-use aqw::storage::Storage;
 use aqw_core::claim::Reference;
 use aqw_core::handler::HandlerError;
+use aqw_core::storage::Storage;
 use serde_json::{json, Value};
 use std::time::Duration;
 

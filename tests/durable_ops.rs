@@ -8,11 +8,11 @@
 //! an operation created with `--detach` is carried out by an idle `aqw run`.
 
 use crate::common::*;
-use aqw::storage::{Storage, Ttl};
 use aqw_core::control::ControlStore;
 use aqw_core::message::{ErrorInfo, ErrorKind, MessageEncoding};
 use aqw_core::ops::operation::{OpState, Operation, OperationStore};
 use aqw_core::poison::{PoisonEnvelope, PoisonRecord, RecordStatus};
+use aqw_core::storage::{Storage, Ttl};
 use futures::StreamExt as _;
 use serde_json::json;
 use std::process::{Child, Command, Stdio};

@@ -4,8 +4,8 @@
 
 use crate::common::{eventually, TestApp};
 use crate::outage::Process;
-use aqw::storage::{Storage, Ttl};
 use aqw_core::control::ControlStore;
+use aqw_core::storage::{Storage, Ttl};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::{json, Value};

@@ -110,7 +110,7 @@ fn collect_rs(dir: &Path, out: &mut String) {
 
 /// Whether aqw's source reads setting `name`: the name as a string literal,
 /// or `<connection>__<suffix>` where the connection resolver reads
-/// `{name}__<suffix>` (src/storage/connection.rs).
+/// `{name}__<suffix>` (crates/aqw-azure/src/connection.rs).
 fn aqw_reads(name: &str, connection: &str, source: &str) -> bool {
     if source.contains(&format!("\"{name}\"")) {
         return true;

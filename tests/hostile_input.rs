@@ -9,8 +9,8 @@
 //! shows every problem.
 
 use crate::common::*;
-use aqw::storage::Storage;
 use aqw_core::handler::HandlerError;
+use aqw_core::storage::Storage;
 use serde_json::{json, Value};
 use std::ffi::{OsStr, OsString};
 use std::io::{Read, Write};
@@ -1270,7 +1270,7 @@ async fn hostile_host_json_values_get_a_defined_exit() {
                 app.config.message_encoding,
             );
             queue
-                .put(&text, Duration::ZERO, aqw::storage::Ttl::Default)
+                .put(&text, Duration::ZERO, aqw_core::storage::Ttl::Default)
                 .await
                 .unwrap();
         }

@@ -3,9 +3,9 @@
 //! effects and the per-message storage request budget.
 
 use crate::common::*;
-use aqw::storage::Storage;
 use aqw_core::handler::{HandlerError, Success};
 use aqw_core::idempotency::{IdempotencyKey, KeyStatus, NextAction};
+use aqw_core::storage::Storage;
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -189,7 +189,7 @@ async fn a_poisoned_key_is_not_done_and_a_later_message_runs() {
 async fn keys_with_any_characters_work_and_long_keys_stay_distinct() {
     azurite();
     let storage =
-        aqw::storage::connect(&aqw::config::parse_connection_string("X", CONN).unwrap()).unwrap();
+        aqw_azure::connect(&aqw_azure::parse_connection_string("X", CONN).unwrap()).unwrap();
     let table = storage.table(&random_name("k"));
     table.create_if_missing().await.unwrap();
     let keys = aqw_core::idempotency::KeyStore::new(table.clone());
@@ -234,14 +234,14 @@ async fn keys_with_any_characters_work_and_long_keys_stay_distinct() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_race_on_one_key_has_exactly_one_winner() {
     azurite();
-    let conn = aqw::config::parse_connection_string("X", CONN).unwrap();
+    let conn = aqw_azure::parse_connection_string("X", CONN).unwrap();
     let name = random_name("k");
-    let setup = aqw::storage::connect(&conn).unwrap();
+    let setup = aqw_azure::connect(&conn).unwrap();
     setup.table(&name).create_if_missing().await.unwrap();
     let k = IdempotencyKey::new("race:1").unwrap();
     let mut tasks = Vec::new();
     for i in 0..8 {
-        let s = aqw::storage::connect(&conn).unwrap();
+        let s = aqw_azure::connect(&conn).unwrap();
         let keys = aqw_core::idempotency::KeyStore::new(s.table(&name));
         let k = k.clone();
         tasks.push(tokio::spawn(async move {
@@ -269,7 +269,7 @@ struct Ledger;
 impl aqw_core::handler::Handler for Ledger {
     async fn handle(&self, job: &aqw_core::handler::Job) -> Result<Success, HandlerError> {
         let v: serde_json::Value = serde_json::from_str(&job.payload).unwrap();
-        let mut entry = aqw::storage::Entity::new();
+        let mut entry = aqw_core::storage::Entity::new();
         entry.insert("Kind".into(), json!("credit-grant"));
         entry.insert("Account".into(), v["account"].clone());
         entry.insert("Credits".into(), v["credits"].clone());

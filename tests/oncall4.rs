@@ -142,7 +142,7 @@ async fn keys_list_filters_by_prefix_status_and_time() {
 /// and `--limit` stops early.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_list_follows_every_page() {
-    use aqw::storage::{Storage, TableOp};
+    use aqw_core::storage::{Storage, TableOp};
     let app = TestApp::new(json!({"key": "order:{/orderId}"}), json!({}), json!({}));
     let table = app.storage().table(&app.keys_table);
     table.create_if_missing().await.unwrap();

@@ -4,8 +4,8 @@
 //! receiving on every worker.
 
 use crate::common::{aqw, eventually, TestApp};
-use aqw::storage::Storage;
 use aqw_core::control::ControlStore;
+use aqw_core::storage::Storage;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde_json::{json, Value};

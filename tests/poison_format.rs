@@ -307,7 +307,7 @@ async fn a_functions_host_copy_is_still_a_host_record_beside_raw_copies() {
         aqw_core::message::encode(r#"{"orderId":"from-host"}"#, app.config.message_encoding);
     let host_id = app
         .poison_queue()
-        .put(&host_body, Duration::ZERO, aqw::storage::Ttl::Default)
+        .put(&host_body, Duration::ZERO, aqw_core::storage::Ttl::Default)
         .await
         .unwrap()
         .id;

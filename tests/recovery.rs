@@ -304,7 +304,7 @@ async fn functions_host_raw_poison_message_is_listed_and_replayed_as_is() {
     let pq = app.poison_queue();
     pq.create_if_missing().await.unwrap();
     let pid = pq
-        .put(&raw, Duration::ZERO, aqw::storage::Ttl::Default)
+        .put(&raw, Duration::ZERO, aqw_core::storage::Ttl::Default)
         .await
         .unwrap()
         .id;
@@ -549,7 +549,7 @@ async fn a_listed_records_etag_guards_its_update() {
     let app = TestApp::new(json!({"key": "job:{/id}"}), json!({}), json!({}));
     let t = app.records();
     t.create_if_missing().await.unwrap();
-    let mut e = aqw::storage::Entity::new();
+    let mut e = aqw_core::storage::Entity::new();
     e.insert("Status".into(), json!("open"));
     let first = t.insert(&app.queue, "r1", &e).await.unwrap();
     let rows = t.query_rows(Some(&app.queue)).await.unwrap();
@@ -563,7 +563,7 @@ async fn a_listed_records_etag_guards_its_update() {
     let second = t.merge(&app.queue, "r1", &e, Some(&listed)).await.unwrap();
     assert!(matches!(
         t.merge(&app.queue, "r1", &e, Some(&listed)).await,
-        Err(aqw::storage::StorageError::PreconditionFailed)
+        Err(aqw_core::storage::StorageError::PreconditionFailed)
     ));
     let rows = t.query_rows(Some(&app.queue)).await.unwrap();
     assert_eq!(rows[0].etag.as_ref(), Some(&second));

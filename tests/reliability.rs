@@ -22,7 +22,7 @@
 use crate::common::free_port;
 
 use crate::common::*;
-use aqw::storage::{QueueStore, Storage, StorageError};
+use aqw_core::storage::{QueueStore, Storage, StorageError};
 use rand::seq::SliceRandom;
 use rand::Rng;
 use serde_json::{json, Value};
@@ -94,7 +94,7 @@ async fn enqueue_all(
             let q = q.clone();
             async move {
                 let text = aqw_core::message::encode(&p, encoding);
-                q.put(&text, Duration::ZERO, aqw::storage::Ttl::Default)
+                q.put(&text, Duration::ZERO, aqw_core::storage::Ttl::Default)
                     .await
             }
         })
@@ -202,7 +202,7 @@ async fn poison_records(
     storage: &dyn Storage,
     table: &str,
     queue: &str,
-) -> Vec<(String, String, aqw::storage::Entity)> {
+) -> Vec<(String, String, aqw_core::storage::Entity)> {
     match storage.table(table).query(Some(queue)).await {
         Ok(r) => r,
         Err(StorageError::NotFound) => vec![],
@@ -217,7 +217,7 @@ async fn poison_records(
 async fn unexplained_poison(
     app: &TestApp,
     storage: &dyn Storage,
-    records: &[(String, String, aqw::storage::Entity)],
+    records: &[(String, String, aqw_core::storage::Entity)],
 ) -> Vec<String> {
     let keys = aqw_core::idempotency::KeyStore::new(storage.table(&app.keys_table));
     let mut bad = vec![];
@@ -1245,7 +1245,7 @@ async fn azurite_restart_mid_run_worker_recovers() {
         azurite.connection_string(),
     )]);
     let config = Arc::new(aqw::config::load_with_env(app.path(), &env).expect("config"));
-    let storage = aqw::storage::connect(&config.functions[0].connection).unwrap();
+    let storage = aqw_azure::connect(&config.functions[0].connection).unwrap();
     let q = storage.queue(&app.queue);
     q.create_if_missing().await.unwrap();
 
@@ -1317,7 +1317,7 @@ async fn azurite_restart_mid_run_worker_recovers() {
         q.put(
             &aqw_core::message::encode(p, config.message_encoding),
             Duration::ZERO,
-            aqw::storage::Ttl::Default,
+            aqw_core::storage::Ttl::Default,
         )
         .await
         .expect("put after restart");

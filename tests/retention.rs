@@ -4,10 +4,10 @@
 //! next; two sweeping workers keep the key table bounded; bad settings exit 2.
 
 use crate::common::*;
-use aqw::storage::{Entity, TableStore};
 use aqw_core::idempotency::{IdempotencyKey, KeyStore, NextAction};
 use aqw_core::ops::{self, PurgeOptions};
 use aqw_core::retention::{purge_partition, Pacer, PurgeRun};
+use aqw_core::storage::{Entity, TableStore};
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;

@@ -15,9 +15,9 @@
 use crate::common::*;
 use crate::serve::{call, host_invocation, state};
 use aqw::serve::ServeState;
-use aqw::storage::Storage;
 use aqw_core::handler::HandlerError;
 use aqw_core::poison::PoisonEnvelope;
+use aqw_core::storage::Storage;
 use axum::http::StatusCode;
 use serde_json::json;
 use std::sync::{Arc, Mutex};

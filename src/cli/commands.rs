@@ -148,7 +148,7 @@ async fn enqueue(app_dir: &Path, a: EnqueueArgs, output: Output) -> Result<Exit,
     let delivery = parse_delivery(a.delay.as_deref(), a.at.as_deref(), a.ttl.as_deref())?;
     let job = ops::prepare_enqueue(&app, &a.queue, &payload, a.force)?;
     let storage = connect(&job.connection)?;
-    let done = ops::enqueue_with(job, delivery, &storage)
+    let done = ops::enqueue_with(job, delivery, storage.as_ref())
         .instrument(span)
         .await?;
     render::enqueued(&done, output);
@@ -190,7 +190,7 @@ async fn status(app_dir: &Path, output: Output) -> Result<Exit, Failure> {
 async fn pause(app_dir: &Path, a: PauseArgs, output: Output) -> Result<Exit, Failure> {
     let app = load(app_dir)?;
     let storage = function_storage(&app, &a.function)?;
-    let store = ops::control_store(&app, &a.function, &storage)?;
+    let store = ops::control_store(&app, &a.function, storage.as_ref())?;
     let row = ops::pause(&store, &a.function, &a.by, &a.reason).await?;
     render::control(&a.function, &row, output);
     Ok(Exit::Ok)
@@ -199,7 +199,7 @@ async fn pause(app_dir: &Path, a: PauseArgs, output: Output) -> Result<Exit, Fai
 async fn resume(app_dir: &Path, a: ResumeArgs, output: Output) -> Result<Exit, Failure> {
     let app = load(app_dir)?;
     let storage = function_storage(&app, &a.function)?;
-    let store = ops::control_store(&app, &a.function, &storage)?;
+    let store = ops::control_store(&app, &a.function, storage.as_ref())?;
     let row = ops::resume(&store, &a.function, &a.by).await?;
     render::control(&a.function, &row, output);
     Ok(Exit::Ok)
@@ -525,9 +525,9 @@ fn parse_delivery(
     ttl: Option<&str>,
 ) -> Result<ops::Delivery, Failure> {
     let ttl = match ttl {
-        None => aqw::storage::Ttl::Default,
-        Some("never") => aqw::storage::Ttl::Never,
-        Some(t) => aqw::storage::Ttl::After(
+        None => aqw_core::storage::Ttl::Default,
+        Some("never") => aqw_core::storage::Ttl::Never,
+        Some(t) => aqw_core::storage::Ttl::After(
             aqw_core::config::parse_timespan(t)
                 .map_err(|e| Failure::usage(format!("--ttl: {e}")))?,
         ),

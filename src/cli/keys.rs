@@ -18,7 +18,7 @@ pub(super) async fn keys_show(
     let app = load(app_dir)?;
     let f = function_named(&app, function)?;
     let storage = connect(&f.connection)?;
-    let rec = ops::key_record(&app, &storage, function, key).await?;
+    let rec = ops::key_record(&app, storage.as_ref(), function, key).await?;
     render::key_record(function, key, rec.as_ref(), output);
     // A key never claimed is worth a look: a typo, or a job not yet run.
     Ok(Exit::needs_a_person_if(rec.is_none()))
@@ -56,8 +56,8 @@ pub(super) async fn keys_list(
         limit,
     };
     let storage = connect(&f.connection)?;
-    let keys = aqw_core::idempotency::KeyStore::new(aqw::storage::Storage::table(
-        &storage,
+    let keys = aqw_core::idempotency::KeyStore::new(aqw_core::storage::Storage::table(
+        storage.as_ref(),
         &app.keys_table,
     ));
     let listed = keys
@@ -85,7 +85,7 @@ pub(super) async fn keys_check(
     let app = load(app_dir)?;
     let f = function_named(&app, function)?;
     let storage = connect(&f.connection)?;
-    let Some(rec) = ops::key_record(&app, &storage, function, key).await? else {
+    let Some(rec) = ops::key_record(&app, storage.as_ref(), function, key).await? else {
         render::key_record(function, key, None, output);
         return Ok(Exit::NeedsAPerson);
     };
@@ -125,8 +125,8 @@ pub(super) async fn new_provider_key(
     let f = function_named(&app, &function)?;
     let key = aqw_core::idempotency::IdempotencyKey::new(key).map_err(Failure::usage)?;
     let storage = connect(&f.connection)?;
-    let keys = aqw_core::idempotency::KeyStore::new(aqw::storage::Storage::table(
-        &storage,
+    let keys = aqw_core::idempotency::KeyStore::new(aqw_core::storage::Storage::table(
+        storage.as_ref(),
         &app.keys_table,
     ));
     let (code, json, text) = if dry_run {

@@ -8,6 +8,7 @@
 use super::exit::Failure;
 use aqw_core::config::{AppConfig, Connection, FunctionConfig};
 use aqw_core::ops::{self, QueueOps};
+use aqw_core::storage::Storage;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -19,7 +20,7 @@ pub(super) fn load(app: &Path) -> Result<Arc<AppConfig>, Failure> {
 }
 
 /// The storage account of `connection`.
-pub(super) fn connect(connection: &Connection) -> Result<aqw::storage::AzureStorage, Failure> {
+pub(super) fn connect(connection: &Connection) -> Result<Arc<dyn Storage>, Failure> {
     aqw::app::connect(connection).map_err(|e| Failure::usage(e.to_string()))
 }
 
@@ -36,7 +37,7 @@ pub(super) fn function_named<'a>(
 pub(super) fn function_storage(
     app: &AppConfig,
     function: &str,
-) -> Result<aqw::storage::AzureStorage, Failure> {
+) -> Result<Arc<dyn Storage>, Failure> {
     connect(&function_named(app, function)?.connection)
 }
 
@@ -54,7 +55,7 @@ pub(super) fn queue_ops(app: &Arc<AppConfig>, queue: &str) -> Result<QueueOps, F
             ))
         })?;
     let storage = connect(connection)?;
-    Ok(QueueOps::new(app.clone(), queue, &storage))
+    Ok(QueueOps::new(app.clone(), queue, storage.as_ref()))
 }
 
 /// A `--since` / `--until` time (RFC 3339).

@@ -254,7 +254,7 @@ fn patch_text(patch: Option<String>, file: Option<&Path>) -> Result<String, Fail
     Ok(text)
 }
 
-fn storage(e: aqw::storage::StorageError) -> Failure {
+fn storage(e: aqw_core::storage::StorageError) -> Failure {
     Failure::runtime(aqw_core::scrub::scrub(&format!("{e:#}")))
 }
 
@@ -396,7 +396,10 @@ fn selection(a: &SelectArgs) -> Result<Selection, Failure> {
 /// refused (exit 2) before the operation exists.
 async fn try_fix(
     ops: &QueueOps,
-    open: &[(aqw_core::poison::PoisonRecord, Option<aqw::storage::Etag>)],
+    open: &[(
+        aqw_core::poison::PoisonRecord,
+        Option<aqw_core::storage::Etag>,
+    )],
     kind: &OpKind,
     dry_run: bool,
     output: Output,
@@ -418,7 +421,10 @@ async fn try_fix(
 /// record (the payload's growth, the bytes it copies) is refused: exit 2.
 async fn preview_fix(
     ops: &QueueOps,
-    open: &[(aqw_core::poison::PoisonRecord, Option<aqw::storage::Etag>)],
+    open: &[(
+        aqw_core::poison::PoisonRecord,
+        Option<aqw_core::storage::Etag>,
+    )],
     patch: &str,
     output: Output,
     show: bool,

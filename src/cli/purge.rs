@@ -62,7 +62,7 @@ pub async fn keys(app: &Arc<AppConfig>, a: PurgeArgs, output: Output) -> Result<
     let mut reports = Vec::new();
     for (connection, functions) in by_account.values() {
         let storage = super::load::connect(connection)?;
-        reports.push(ops::purge_keys(app, &storage, functions, opts).await?);
+        reports.push(ops::purge_keys(app, storage.as_ref(), functions, opts).await?);
     }
     render(&reports, output);
     Ok(Exit::Ok)

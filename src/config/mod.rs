@@ -19,7 +19,7 @@
 //! * `claim_check.rs`: `aqw.claimCheck`, the threshold within what a message holds;
 //! * `mod.rs`: the ready types and [`load`], which runs the steps in order.
 //!
-//! Connection strings are parsed in [`crate::storage::connection`].
+//! Connection strings are parsed in [`aqw_azure::connection`].
 
 mod alert;
 mod breaker;
@@ -68,7 +68,7 @@ impl ConfigError {
     }
 }
 
-pub use crate::storage::{parse_connection_string, table_endpoint_for};
+pub use aqw_azure::{parse_connection_string, table_endpoint_for};
 use aqw_core::config::{
     AppConfig, Connection, Expiry, FunctionConfig, HandlerSpec, KeySpec, MessageEncoding,
     RetryStrategy, SkippedFunction,

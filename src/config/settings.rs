@@ -137,7 +137,7 @@ pub(super) fn disabled_by_setting(name: &str, env: &dyn Env) -> bool {
 /// Resolve a connection setting from the environment (a connection string,
 /// or identity-based `<name>__*` settings). Errors never include the value.
 pub fn resolve_connection(name: &str, env: &dyn Env) -> Result<Connection, String> {
-    crate::storage::resolve_connection(name, &|setting| env.get(setting))
+    aqw_azure::resolve_connection(name, &|setting| env.get(setting))
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! tokens are only said to be set.
 
 use super::{AppConfig, HandlerSpec, KeySpec, RetryStrategy};
-use crate::storage::{Connection, Credentials};
+use aqw_core::config::{Connection, Credentials};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::Duration;

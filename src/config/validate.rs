@@ -8,8 +8,8 @@
 use super::raw::{RawAqw, RawQueues, RawRetry};
 use super::timespan::{opt_timespan, timespan};
 use super::{ConfigError, MessageEncoding, RetryStrategy};
-use crate::storage::MAX_VISIBILITY_TIMEOUT;
 use aqw_core::config::validate_table_name;
+use aqw_core::storage::MAX_VISIBILITY_TIMEOUT;
 use std::ops::RangeInclusive;
 use std::time::Duration;
 

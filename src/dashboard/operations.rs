@@ -97,7 +97,7 @@ impl Dashboard {
             let t = q.control.table();
             if !seen
                 .iter()
-                .any(|s: &Arc<dyn crate::storage::TableStore>| Arc::ptr_eq(s, t))
+                .any(|s: &Arc<dyn aqw_core::storage::TableStore>| Arc::ptr_eq(s, t))
             {
                 seen.push(t.clone());
                 stores.push(OperationStore::new(t.clone()));

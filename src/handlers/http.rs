@@ -24,14 +24,14 @@
 //! header) goes into the key's attempt history.
 //!
 //! The POST goes out on the transport storage requests use
-//! (`crate::storage::transport`: hyper's pooled client, reqwest behind a
+//! (`aqw_azure::transport`: hyper's pooled client, reqwest behind a
 //! proxy), with this handler's own limits. A redirect is not followed: it
 //! is the provider's answer (a 3xx, permanent), because re-sending a job to
 //! a URL nobody configured (and, for 301-303, as a GET without its body) is
 //! not something to do behind the operator's back.
 
 use super::{Handler, HandlerError, Job, ProviderAnswer, Success};
-use crate::storage::transport::{Limits, Outgoing, SendError, Transport};
+use aqw_azure::transport::{Limits, Outgoing, SendError, Transport};
 use async_trait::async_trait;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use std::time::Duration;

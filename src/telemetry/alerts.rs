@@ -159,7 +159,7 @@ async fn alert_loop(
 ) {
     // Only a webhook needs a client.
     let client = webhook.as_ref().map(|_| {
-        crate::tls::client_builder()
+        aqw_azure::tls::client_builder()
             .timeout(Duration::from_secs(10))
             .build()
             .unwrap_or_default()

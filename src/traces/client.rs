@@ -22,7 +22,7 @@ impl ExportClient {
     pub(crate) fn new(target: &'static str, timeout: Duration) -> Result<Self, String> {
         // reqwest's blocking client owns a runtime: build it off any async one.
         let client = std::thread::spawn(move || {
-            crate::tls::blocking_client_builder()
+            aqw_azure::tls::blocking_client_builder()
                 .connect_timeout(Duration::from_secs(2).min(timeout))
                 .timeout(timeout)
                 .build()

@@ -8,9 +8,10 @@ pub mod webdriver;
 
 use aqw::config::{self};
 use aqw::handlers::Registry;
-use aqw::storage::{AzureStorage, QueueStore, Storage, TableStore};
+use aqw_azure::AzureStorage;
 use aqw_core::config::AppConfig;
 use aqw_core::handler::{Handler, HandlerError, Job, Success};
+use aqw_core::storage::{QueueStore, Storage, TableStore};
 use async_trait::async_trait;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -126,7 +127,7 @@ impl TestApp {
     }
 
     pub fn storage(&self) -> AzureStorage {
-        aqw::storage::connect(&self.config.functions[0].connection).unwrap()
+        aqw_azure::connect(&self.config.functions[0].connection).unwrap()
     }
 
     pub fn source(&self) -> Arc<dyn QueueStore> {
@@ -149,7 +150,7 @@ impl TestApp {
         let q = self.source();
         q.create_if_missing().await.unwrap();
         let text = aqw_core::message::encode(payload, self.config.message_encoding);
-        q.put(&text, Duration::ZERO, aqw::storage::Ttl::Default)
+        q.put(&text, Duration::ZERO, aqw_core::storage::Ttl::Default)
             .await
             .unwrap()
             .id
@@ -158,7 +159,7 @@ impl TestApp {
     pub async fn enqueue_raw(&self, text: &str) -> String {
         let q = self.source();
         q.create_if_missing().await.unwrap();
-        q.put(text, Duration::ZERO, aqw::storage::Ttl::Default)
+        q.put(text, Duration::ZERO, aqw_core::storage::Ttl::Default)
             .await
             .unwrap()
             .id
@@ -188,10 +189,10 @@ impl TestApp {
     }
 
     /// All messages currently in the poison queue (received, then released).
-    pub async fn poison_messages(&self) -> Vec<aqw::storage::PeekedMessage> {
+    pub async fn poison_messages(&self) -> Vec<aqw_core::storage::PeekedMessage> {
         match self.poison_queue().peek(32).await {
             Ok(m) => m,
-            Err(aqw::storage::StorageError::NotFound) => vec![],
+            Err(aqw_core::storage::StorageError::NotFound) => vec![],
             Err(e) => panic!("{e}"),
         }
     }

@@ -9,14 +9,14 @@
 //! error, then deleted. Operators replay it with its original key.
 //!
 //! It depends on no Azure, HTTP-server, exporter or TLS crate: storage is a
-//! port ([`storage::QueueStore`], [`storage::TableStore`]) that the `aqw`
+//! port ([`storage::QueueStore`], [`storage::TableStore`]) that the `aqw-azure`
 //! crate implements on Azure and [`storage::memory::MemoryStorage`]
 //! implements in memory, on tokio time.
 //!
 //! ## Embedding
 //!
 //! A handler in your own binary, on the memory store (swap in the Azure
-//! adapter, `aqw::storage::connect`, for production):
+//! adapter, `aqw_azure::open`, for production):
 //!
 //! ```
 //! use aqw_core::builder::{handler_fn, WorkerBuilder};

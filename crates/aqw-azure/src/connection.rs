@@ -1,14 +1,14 @@
 //! A storage connection: its endpoints and credentials, and how a
 //! connection string or the identity-based `<name>__*` settings resolve to
-//! one (the settings are looked up by [`crate::config`]).
+//! one (the settings are looked up by the binary's configuration).
 
 use std::collections::BTreeMap;
 
-pub use aqw_core::config::{Connection, Credentials, Secret, DEV_ACCOUNT, DEV_KEY};
+use aqw_core::config::{Connection, Credentials, Secret, DEV_ACCOUNT, DEV_KEY};
 
 /// Resolve a connection setting: a connection string in `name`, or the
 /// identity-based `<name>__*` settings. `setting` looks a setting up (the
-/// environment, in [`crate::config`]); errors name settings, never a value.
+/// environment, in the binary's configuration); errors name settings, never a value.
 pub fn resolve_connection(
     name: &str,
     setting: &dyn Fn(&str) -> Option<String>,
