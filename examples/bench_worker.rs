@@ -276,7 +276,9 @@ async fn bench() -> anyhow::Result<()> {
     // Queue-depth checks (idle mode only) go through our own storage instance,
     // whose requests are subtracted from the worker's counts.
     let probe = match app.functions.first() {
-        Some(f) => aqw_azure::connect(&f.connection)?,
+        Some(f) => aqw_azure::connect(
+            aqw_azure::connection_of(&f.connection).map_err(anyhow::Error::msg)?,
+        )?,
         None => bail!("the app defines no function"),
     };
     let queues: Vec<_> = app

@@ -18,7 +18,7 @@
 use anyhow::Context;
 use aqw_core::message::{ErrorInfo, ErrorKind, MessageEncoding};
 use aqw_core::poison::{PoisonEnvelope, PoisonRecord};
-use aqw_core::storage::{Storage, TableOp, MAX_BATCH_OPERATIONS};
+use aqw_core::storage::{TableOp, MAX_BATCH_OPERATIONS};
 use clap::Parser;
 use futures::StreamExt as _;
 use std::path::PathBuf;
@@ -97,7 +97,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let app = aqw::config::load(&args.app).map_err(|e| anyhow::anyhow!("configuration: {e}"))?;
     let f = app.functions.first().context("the app has no function")?;
-    let storage = aqw_azure::connect(&f.connection)?;
+    let storage = aqw_azure::open(&f.connection)?;
     let table = storage.table(&app.poison_table);
     table.create_if_missing().await?;
     let ids: Vec<usize> = (0..args.count).collect();

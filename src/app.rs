@@ -16,7 +16,7 @@ use std::sync::Arc;
 /// adapter's seam ([`aqw_azure::open`]): the engine's port, not the Azure
 /// type.
 pub fn connect(
-    connection: &aqw_core::config::Connection,
+    connection: &aqw_core::config::StorageAccount,
 ) -> Result<Arc<dyn Storage>, StorageError> {
     aqw_azure::open(connection)
 }

@@ -51,7 +51,7 @@ fn watch_operations(
     alerts: &aqw_core::alert::Alerts,
     shutdown: &CancellationToken,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    let mut seen: Vec<&aqw_core::config::Connection> = vec![];
+    let mut seen: Vec<&aqw_core::config::StorageAccount> = vec![];
     let mut tasks = vec![];
     for f in &app.functions {
         if seen.contains(&&f.connection) {

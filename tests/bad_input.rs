@@ -152,7 +152,7 @@ async fn logs_never_carry_secrets_even_at_trace_level() {
         json!({}),
     );
     app.enqueue(r#"{"id":"s1"}"#).await;
-    let key = aqw_core::config::DEV_KEY;
+    let key = aqw_azure::DEV_KEY;
     let full = format!(
         "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={key};QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;TableEndpoint=http://127.0.0.1:10002/devstoreaccount1;"
     );

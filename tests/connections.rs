@@ -8,7 +8,7 @@ use crate::common;
 
 use aqw_azure::connect;
 use aqw_azure::parse_connection_string;
-use aqw_core::config::{DEV_ACCOUNT, DEV_KEY};
+use aqw_azure::{DEV_ACCOUNT, DEV_KEY};
 use aqw_core::storage::{Storage, StorageError, TableOp, Ttl};
 use serde_json::{json, Map, Value};
 use std::time::Duration;

@@ -265,8 +265,10 @@ fn kubernetes_host_json_is_a_valid_aqw_app() {
     let app = load_app(&k.host_json, &env, KUBE_DEPLOYMENT);
     assert!(
         matches!(
-            app.functions[0].connection.credentials,
-            aqw_core::config::Credentials::Identity { .. }
+            aqw_azure::connection_of(&app.functions[0].connection)
+                .unwrap()
+                .credentials,
+            aqw_azure::Credentials::Identity { .. }
         ),
         "the Deployment's env should give an identity-based connection"
     );
@@ -502,8 +504,10 @@ fn container_app_matches_its_host_json() {
     );
     let loaded = load_app(host_json, &env, CONTAINER_APP);
     assert!(matches!(
-        loaded.functions[0].connection.credentials,
-        aqw_core::config::Credentials::Identity { .. }
+        aqw_azure::connection_of(&loaded.functions[0].connection)
+            .unwrap()
+            .credentials,
+        aqw_azure::Credentials::Identity { .. }
     ));
 
     let scale = &template["scale"];

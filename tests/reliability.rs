@@ -920,12 +920,12 @@ async fn storage_chaos_every_job_processed_once() {
     let conn = format!(
         "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={};\
          QueueEndpoint=http://127.0.0.1:{qport}/devstoreaccount1;TableEndpoint=http://127.0.0.1:{tport}/devstoreaccount1;",
-        aqw_core::config::DEV_KEY
+        aqw_azure::DEV_KEY
     );
     let env = BTreeMap::from([("AzureWebJobsStorage".to_string(), conn)]);
     let config = Arc::new(aqw::config::load_with_env(app.path(), &env).expect("proxied config"));
-    assert!(config.functions[0]
-        .connection
+    assert!(aqw_azure::connection_of(&config.functions[0].connection)
+        .unwrap()
         .queue_endpoint
         .contains(&format!(":{qport}/")));
     // `app.source()` etc. use `UseDevelopmentStorage=true`: direct, never proxied.
@@ -1132,7 +1132,7 @@ impl PrivateAzurite {
         format!(
             "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={};\
              QueueEndpoint=http://127.0.0.1:{}/devstoreaccount1;TableEndpoint=http://127.0.0.1:{}/devstoreaccount1;",
-            aqw_core::config::DEV_KEY,
+            aqw_azure::DEV_KEY,
             self.queue_port,
             self.table_port
         )
@@ -1245,7 +1245,9 @@ async fn azurite_restart_mid_run_worker_recovers() {
         azurite.connection_string(),
     )]);
     let config = Arc::new(aqw::config::load_with_env(app.path(), &env).expect("config"));
-    let storage = aqw_azure::connect(&config.functions[0].connection).unwrap();
+    let storage =
+        aqw_azure::connect(aqw_azure::connection_of(&config.functions[0].connection).unwrap())
+            .unwrap();
     let q = storage.queue(&app.queue);
     q.create_if_missing().await.unwrap();
 

@@ -371,7 +371,7 @@ fn config_errors_exit_2_naming_the_field_before_any_network_access() {
     let port = listener.local_addr().unwrap().port();
     let conn = format!(
         "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={};QueueEndpoint=http://127.0.0.1:{port}/devstoreaccount1;TableEndpoint=http://127.0.0.1:{port}/devstoreaccount1",
-        aqw_core::config::DEV_KEY
+        aqw_azure::DEV_KEY
     );
     let cases: &[(&str, &str)] = &[
         ("{ not json", "invalid JSON"),
@@ -439,10 +439,7 @@ fn config_errors_exit_2_naming_the_field_before_any_network_access() {
             stderr.contains("host.json") || stderr.contains("environment"),
             "{stderr}"
         );
-        assert!(
-            !stderr.contains(aqw_core::config::DEV_KEY),
-            "no secret in errors"
-        );
+        assert!(!stderr.contains(aqw_azure::DEV_KEY), "no secret in errors");
     }
     // A function folder and host.json disagreeing on the queue.
     let dir = tempfile::tempdir().unwrap();

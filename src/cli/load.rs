@@ -6,7 +6,7 @@
 //! dispatcher and every command file import it, it imports none of them.
 
 use super::exit::Failure;
-use aqw_core::config::{AppConfig, Connection, FunctionConfig};
+use aqw_core::config::{AppConfig, FunctionConfig, StorageAccount};
 use aqw_core::ops::{self, QueueOps};
 use aqw_core::storage::Storage;
 use std::path::Path;
@@ -20,7 +20,7 @@ pub(super) fn load(app: &Path) -> Result<Arc<AppConfig>, Failure> {
 }
 
 /// The storage account of `connection`.
-pub(super) fn connect(connection: &Connection) -> Result<Arc<dyn Storage>, Failure> {
+pub(super) fn connect(connection: &StorageAccount) -> Result<Arc<dyn Storage>, Failure> {
     aqw::app::connect(connection).map_err(|e| Failure::usage(e.to_string()))
 }
 

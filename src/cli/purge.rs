@@ -42,7 +42,7 @@ fn options(older_than: Option<&str>, dry_run: bool) -> Result<PurgeOptions, Fail
 /// `aqw keys purge`: every function (or `--function`), one pass per account.
 pub async fn keys(app: &Arc<AppConfig>, a: PurgeArgs, output: Output) -> Result<Exit, Failure> {
     let opts = options(a.older_than.as_deref(), a.dry_run)?;
-    let mut by_account: BTreeMap<String, (aqw_core::config::Connection, Vec<String>)> =
+    let mut by_account: BTreeMap<String, (aqw_core::config::StorageAccount, Vec<String>)> =
         BTreeMap::new();
     for f in &app.functions {
         if a.function.as_deref().is_some_and(|only| only != f.name) {

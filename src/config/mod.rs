@@ -70,8 +70,8 @@ impl ConfigError {
 
 pub use aqw_azure::{parse_connection_string, table_endpoint_for};
 use aqw_core::config::{
-    AppConfig, Connection, Expiry, FunctionConfig, HandlerSpec, KeySpec, MessageEncoding,
-    RetryStrategy, SkippedFunction,
+    AppConfig, Expiry, FunctionConfig, HandlerSpec, KeySpec, MessageEncoding, RetryStrategy,
+    SkippedFunction,
 };
 
 /// Load and validate the app folder with the process environment.

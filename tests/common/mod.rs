@@ -127,7 +127,8 @@ impl TestApp {
     }
 
     pub fn storage(&self) -> AzureStorage {
-        aqw_azure::connect(&self.config.functions[0].connection).unwrap()
+        aqw_azure::connect(aqw_azure::connection_of(&self.config.functions[0].connection).unwrap())
+            .unwrap()
     }
 
     pub fn source(&self) -> Arc<dyn QueueStore> {

@@ -337,7 +337,7 @@ impl QueueStore for AzureQueue {
 mod tests {
     use super::*;
     use crate::pipeline::operation_name;
-    use aqw_core::config::{DEV_ACCOUNT, DEV_KEY};
+    use crate::{DEV_ACCOUNT, DEV_KEY};
 
     #[tokio::test]
     async fn a_redirect_is_an_error_not_followed() {

@@ -3,7 +3,8 @@
 //! The engine (`aqw-core`) defines the port ([`QueueStore`], [`TableStore`],
 //! [`BlobStore`] under one [`Storage`], in `aqw_core::storage`); this crate
 //! implements it on Azure Queue, Table and Blob storage. The seam is one
-//! call: [`open`] a [`Connection`] and get an `Arc<dyn Storage>`; nothing
+//! call: [`open`] a function's account (an `aqw_core::config::StorageAccount`
+//! holding this crate's [`Connection`]) and get an `Arc<dyn Storage>`; nothing
 //! else of this crate needs to be named to run the engine on Azure.
 //!
 //! This crate is the only code that imports the Azure SDK crates; switching
@@ -54,9 +55,10 @@ pub mod tls;
 pub mod transport;
 
 pub mod connection;
-use aqw_core::config::{Connection, Credentials, Secret};
+use aqw_core::config::StorageAccount;
 pub use connection::{
-    blob_endpoint_for, parse_connection_string, resolve_connection, table_endpoint_for,
+    blob_endpoint_for, connection_of, parse_connection_string, resolve_connection,
+    table_endpoint_for, Connection, Credentials, Secret, DEV_ACCOUNT, DEV_KEY,
 };
 // What the adapter's files take from here with `use super::*`.
 #[allow(unused_imports)]
@@ -112,10 +114,12 @@ pub fn odata_datetime(t: OffsetDateTime) -> String {
 
 pub use azure::{connect, AzureStorage};
 
-/// The seam: the storage account of `connection`, as the engine's port.
-/// Every command, the worker and the custom handler open storage here;
-/// only code that reads the adapter's own request counts (benchmarks, a
-/// few tests) calls [`connect`] for the concrete [`AzureStorage`].
-pub fn open(connection: &Connection) -> Result<Arc<dyn Storage>, StorageError> {
+/// The seam: the engine's storage account (a function's `connection`,
+/// resolved by [`resolve_connection`]) opened as the engine's port. Every
+/// command, the worker and the custom handler open storage here; only code
+/// that reads the adapter's own request counts (benchmarks, a few tests)
+/// calls [`connect`] for the concrete [`AzureStorage`].
+pub fn open(account: &StorageAccount) -> Result<Arc<dyn Storage>, StorageError> {
+    let connection = connection_of(account).map_err(StorageError::Other)?;
     Ok(Arc::new(connect(connection)?))
 }

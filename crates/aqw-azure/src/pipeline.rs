@@ -520,9 +520,9 @@ mod tests {
     /// same layout, headers and resource as documented there.
     #[test]
     fn policies_do_not_print_secrets() {
-        let key = Secret::new(aqw_core::config::DEV_KEY);
+        let key = Secret::new(crate::DEV_KEY);
         let p = SharedKeyPolicy::new("acct", &key, Service::Queue).unwrap();
-        assert!(!format!("{p:?}").contains(aqw_core::config::DEV_KEY));
+        assert!(!format!("{p:?}").contains(crate::DEV_KEY));
         let sas = SasPolicy::new(&Secret::new("sv=2024&sig=c2VjcmV0")).unwrap();
         assert!(!format!("{sas:?}").contains("c2VjcmV0"));
     }

@@ -3,7 +3,7 @@
 //! ([`Delivery`]).
 
 use super::{OpsError, OpsResult};
-use crate::config::{AppConfig, Connection, MessageEncoding};
+use crate::config::{AppConfig, MessageEncoding, StorageAccount};
 use crate::idempotency::derive_key;
 use crate::idempotency::IdempotencyKey;
 use crate::storage::{Storage, Ttl, MAX_VISIBILITY_TIMEOUT};
@@ -118,7 +118,7 @@ pub struct PreparedEnqueue {
     /// The queue to put it on.
     pub queue: String,
     /// The connection of the function that consumes the queue.
-    pub connection: Connection,
+    pub connection: StorageAccount,
     /// The message text, encoded per the app's messageEncoding (empty
     /// while `claim_check` holds the body: the reference is made when the
     /// blob is written).
