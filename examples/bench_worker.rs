@@ -36,8 +36,9 @@
 //! over the same span (from /proc/self/stat).
 
 use anyhow::{bail, Context};
-use aqw::handlers::{Handler, HandlerError, Job, Registry, Success};
-use aqw::storage::Storage;
+use aqw::handlers::Registry;
+use aqw_core::handler::{Handler, HandlerError, Job, Success};
+use aqw_core::storage::Storage;
 use async_trait::async_trait;
 use clap::{Parser, ValueEnum};
 use serde_json::json;
@@ -225,7 +226,7 @@ fn subtract(a: &BTreeMap<String, u64>, own: &BTreeMap<String, u64>) -> BTreeMap<
 
 fn main() -> anyhow::Result<()> {
     // As `aqw` does (see the function): before any thread exists.
-    aqw::storage::quiet_library_backtraces();
+    aqw_azure::quiet_library_backtraces();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
@@ -266,7 +267,7 @@ async fn bench() -> anyhow::Result<()> {
     });
     let mut registry = Registry::new();
     for f in &app.functions {
-        if matches!(f.handler, aqw::config::HandlerSpec::Registered) {
+        if matches!(f.handler, aqw_core::config::HandlerSpec::Registered) {
             registry = registry.register(f.name.clone(), handler.clone() as Arc<dyn Handler>);
         }
     }
@@ -275,7 +276,9 @@ async fn bench() -> anyhow::Result<()> {
     // Queue-depth checks (idle mode only) go through our own storage instance,
     // whose requests are subtracted from the worker's counts.
     let probe = match app.functions.first() {
-        Some(f) => aqw::storage::connect(&f.connection)?,
+        Some(f) => aqw_azure::connect(
+            aqw_azure::connection_of(&f.connection).map_err(anyhow::Error::msg)?,
+        )?,
         None => bail!("the app defines no function"),
     };
     let queues: Vec<_> = app

@@ -1,6 +1,6 @@
 //! Benchmark companion of `bench/aqw_bench.py` (run by `scripts/bench.sh`):
 //! the *ceiling* loop and the bench's storage utilities, all through aqw's own
-//! storage layer (`aqw::storage`), so they pay the same SDK and transport
+//! storage layer (`aqw_azure`), so they pay the same SDK and transport
 //! costs as aqw.
 //!
 //! ```text
@@ -35,7 +35,8 @@
 //! `UseDevelopmentStorage=true` (Azurite).
 
 use anyhow::{bail, Context};
-use aqw::storage::{connect, AzureStorage, QueueStore, Storage, StorageError, TableStore, Ttl};
+use aqw_azure::{connect, AzureStorage};
+use aqw_core::storage::{QueueStore, Storage, StorageError, TableStore, Ttl};
 use base64::Engine;
 use clap::Parser;
 use futures::StreamExt;
@@ -146,7 +147,7 @@ fn storage() -> anyhow::Result<AzureStorage> {
         .ok()
         .filter(|v| !v.is_empty())
         .unwrap_or_else(|| "UseDevelopmentStorage=true".into());
-    let conn = aqw::config::parse_connection_string("AzureWebJobsStorage", &value)
+    let conn = aqw_azure::parse_connection_string("AzureWebJobsStorage", &value)
         .map_err(|e| anyhow::anyhow!("AzureWebJobsStorage {e}"))?;
     Ok(connect(&conn)?)
 }
@@ -180,7 +181,7 @@ fn now() -> String {
 
 fn main() -> anyhow::Result<()> {
     // As `aqw` does (see the function): before any thread exists.
-    aqw::storage::quiet_library_backtraces();
+    aqw_azure::quiet_library_backtraces();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
@@ -240,7 +241,7 @@ impl Counters {
 async fn handle(
     queue: &dyn QueueStore,
     table: &dyn TableStore,
-    msg: &aqw::storage::ReceivedMessage,
+    msg: &aqw_core::storage::ReceivedMessage,
 ) -> anyhow::Result<bool> {
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(msg.text.as_bytes())
@@ -349,7 +350,7 @@ async fn run(args: &RunArgs) -> anyhow::Result<()> {
             if in_flight > 0 {
                 last_activity = Instant::now();
             }
-            let d = aqw::retry::polling_delay(
+            let d = aqw_core::retry::polling_delay(
                 empty_polls,
                 Duration::from_secs(1),
                 rand::random::<f64>(),
@@ -431,7 +432,7 @@ fn stamped_body(tag: &str, i: u64, encoding: &str) -> String {
 /// A job padded to `pad` bytes, its body written to its blob: the
 /// reference's message text (base64), as `aqw enqueue` puts it.
 async fn claim_checked(
-    blobs: &dyn aqw::storage::BlobStore,
+    blobs: &dyn aqw_core::storage::BlobStore,
     queue: &str,
     tag: &str,
     i: u64,
@@ -439,7 +440,7 @@ async fn claim_checked(
 ) -> anyhow::Result<String> {
     let filler = "x".repeat(pad.saturating_sub(tag.len() + 40));
     let body = json!({"id": format!("{tag}-{i}"), "pad": filler}).to_string();
-    let enc = aqw::message::MessageEncoding::Base64;
+    let enc = aqw_core::message::MessageEncoding::Base64;
     Ok(aqw_core::claim::put_as_reference(blobs, queue, &body, enc).await?)
 }
 

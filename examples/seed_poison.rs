@@ -16,9 +16,9 @@
 //! them (scenario (m): a durable group discard at a 10,000-deep poison queue).
 
 use anyhow::Context;
-use aqw::message::{ErrorInfo, ErrorKind, MessageEncoding};
-use aqw::poison::{PoisonEnvelope, PoisonRecord};
-use aqw::storage::{Storage, TableOp, MAX_BATCH_OPERATIONS};
+use aqw_core::message::{ErrorInfo, ErrorKind, MessageEncoding};
+use aqw_core::poison::{PoisonEnvelope, PoisonRecord};
+use aqw_core::storage::{TableOp, MAX_BATCH_OPERATIONS};
 use clap::Parser;
 use futures::StreamExt as _;
 use std::path::PathBuf;
@@ -61,7 +61,7 @@ fn record(args: &Args, queue: &str, function: &str, i: usize) -> PoisonEnvelope 
         dequeue_count: 5,
         first_attempt_at: at.clone(),
         poisoned_at: at,
-        key: aqw::idempotency::IdempotencyKey::new(format!("order:o-{i:06}")).ok(),
+        key: aqw_core::idempotency::IdempotencyKey::new(format!("order:o-{i:06}")).ok(),
         error: ErrorInfo {
             kind: ErrorKind::Retryable,
             message: error,
@@ -75,16 +75,20 @@ fn record(args: &Args, queue: &str, function: &str, i: usize) -> PoisonEnvelope 
 /// The envelope's copy on the poison queue, when asked for: its id and the
 /// pop receipt the put returned (kept on the record, as the worker keeps it).
 async fn put_copy(
-    poison: &dyn aqw::storage::QueueStore,
+    poison: &dyn aqw_core::storage::QueueStore,
     env: &PoisonEnvelope,
     table: &str,
     with_copies: bool,
-) -> anyhow::Result<Option<aqw::storage::PutReceipt>> {
+) -> anyhow::Result<Option<aqw_core::storage::PutReceipt>> {
     if !with_copies {
         return Ok(None);
     }
     let text = env.to_queue_text(table);
-    let put = poison.put(&text, std::time::Duration::ZERO, aqw::storage::Ttl::Default);
+    let put = poison.put(
+        &text,
+        std::time::Duration::ZERO,
+        aqw_core::storage::Ttl::Default,
+    );
     Ok(Some(put.await?))
 }
 
@@ -93,11 +97,11 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let app = aqw::config::load(&args.app).map_err(|e| anyhow::anyhow!("configuration: {e}"))?;
     let f = app.functions.first().context("the app has no function")?;
-    let storage = aqw::storage::connect(&f.connection)?;
+    let storage = aqw_azure::open(&f.connection)?;
     let table = storage.table(&app.poison_table);
     table.create_if_missing().await?;
     let ids: Vec<usize> = (0..args.count).collect();
-    let poison = storage.queue(&aqw::poison::poison_queue_name(&f.queue));
+    let poison = storage.queue(&aqw_core::poison::poison_queue_name(&f.queue));
     if args.with_copies {
         poison.create_if_missing().await?;
     }

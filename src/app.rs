@@ -3,20 +3,22 @@
 //! need. `aqw run` ([`crate::worker::run`]) and `aqw serve`
 //! ([`crate::serve::serve`]) both start from here.
 
-use crate::config::AppConfig;
 use crate::handlers::Registry;
-use crate::storage::{Storage, StorageError};
-use crate::telemetry::Alerts;
-pub use aqw_core::runtime::{ensure_resources, sweep_targets, FunctionRuntime};
+use aqw_core::alert::Alerts;
+use aqw_core::config::AppConfig;
+use aqw_core::runtime::FunctionRuntime;
+use aqw_core::storage::{Storage, StorageError};
 use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Connect to the storage account of `connection`: the one place every
-/// command, the worker and the custom handler open storage.
+/// command, the worker and the custom handler open storage, through the
+/// adapter's seam ([`aqw_azure::open`]): the engine's port, not the Azure
+/// type.
 pub fn connect(
-    connection: &crate::config::Connection,
-) -> Result<crate::storage::AzureStorage, StorageError> {
-    crate::storage::connect(connection)
+    connection: &aqw_core::config::StorageAccount,
+) -> Result<Arc<dyn Storage>, StorageError> {
+    aqw_azure::open(connection)
 }
 
 /// Check, before any I/O, that every function has a handler and a usable
@@ -32,16 +34,11 @@ pub fn preflight(app: &AppConfig, registry: &Registry) -> Result<(), String> {
 }
 
 /// Open storage for every function (one client set per connection setting).
-pub fn open_storage(
-    app: &AppConfig,
-) -> Result<HashMap<String, Arc<crate::storage::AzureStorage>>, StorageError> {
+pub fn open_storage(app: &AppConfig) -> Result<HashMap<String, Arc<dyn Storage>>, StorageError> {
     let mut out = HashMap::new();
     for f in &app.functions {
         if !out.contains_key(&f.connection.setting) {
-            out.insert(
-                f.connection.setting.clone(),
-                Arc::new(connect(&f.connection)?),
-            );
+            out.insert(f.connection.setting.clone(), connect(&f.connection)?);
         }
     }
     Ok(out)
@@ -62,7 +59,7 @@ pub fn worker(
         let handler = registry
             .resolve(&f.name, &f.handler, &app.app_dir)
             .map_err(|e| anyhow::anyhow!("host.json: {e}"))?;
-        let storage: Arc<dyn Storage> = stores[&f.connection.setting].clone();
+        let storage = stores[&f.connection.setting].clone();
         builder = builder.function_on(f.clone(), storage, handler);
     }
     builder

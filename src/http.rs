@@ -1,8 +1,8 @@
 //! The worker's operations endpoints: `/healthz`, `/readyz`, `/metrics`.
 
-use crate::app::FunctionRuntime;
-use crate::storage::{StorageError, StorageResult};
 use crate::telemetry::gauges;
+use aqw_core::runtime::FunctionRuntime;
+use aqw_core::storage::{StorageError, StorageResult};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-pub use aqw_core::worker::Health;
+use aqw_core::worker::Health;
 
 #[derive(Clone)]
 pub struct OpsState {

@@ -8,9 +8,11 @@
 //!
 //! ## Layout
 //!
-//! The binary and the Azure side; the engine is the `aqw-core` crate
-//! (`crates/aqw-core/`, its own map on its crate page), whose modules are
-//! re-exported here under the same names. Each rule and the one file that
+//! The binary; the engine is the `aqw-core` crate
+//! (`crates/aqw-core/`, its own map on its crate page), which this crate names
+//! as `aqw_core::…` (nothing of it is re-exported here), and the Azure adapter of its
+//! storage port is the `aqw-azure` crate (`crates/aqw-azure/`, opened through
+//! `aqw_azure::open`). Each rule and the one file that
 //! owns it:
 //!
 //! | rule | file |
@@ -20,7 +22,6 @@
 //! | `aqw run`: the engine's worker with the alert webhook and the ops port | `src/worker.rs` |
 //! | the built-in `http` and `exec` handlers of the engine's `Handler` contract; handlers registered in code | `src/handlers/` (`mod.rs`, `http.rs`, `exec.rs`, `lookup.rs` asking the provider about a provider key, `rate_headers.rs` the delay a provider names: `Retry-After`, the RateLimit fields, `X-RateLimit-Reset`) |
 //! | Functions custom handler (`aqw serve`): invocations read as the host encodes them, the same `job::process` with a host-side `Settle`, outcomes answered as status codes | `src/serve.rs` |
-//! | one TLS client configuration (roots loaded once) shared by every HTTP client | `src/tls.rs` |
 //! | `/healthz`, `/readyz`, `/metrics`, and the sampler that refreshes the health gauges every `aqw.http.metricsInterval` | `src/http.rs` |
 //! | `aqw dashboard`: status, poison list grouped as in the alert (paged, searchable), one record, replay/discard/fix, group replay/discard and pause/resume through `ops`; token (server-side sessions) or guarded platform-principal auth, CSRF, read-only, `Host` check, back-off on wrong tokens; its own listener, not the ops port | `src/dashboard/` (`mod.rs` router, headers and `/healthz`, `auth.rs` (who is asking: bearer, sessions, principal headers, CSRF), `settings.rs` (the authentication settings: token strength by estimated guesses, trusted-proxy lists and their wide-range override), `listener.rs` (the accept loop: connection caps per client and in total, header and body timeouts, bodies read only after the checks and capped before sign-in), `text.rs` (free text on a page: the one neutralising `Text`), `control.rs` pause / resume and the status page's receiving column, `triage.rs` the front page's triage section (the engine's plan, the provider not asked), `guard.rs` (`Host`, principal guard), `throttle.rs`, `handlers.rs`, `selection.rs` (which records a list page shows and a group action touches: filter, search, alert group; no payloads without a search), `bulk.rs` (group replay / discard: dry run or review first, fingerprinted selection, then a durable operation at the rate the review chose), `operations.rs` (the operations' list and page, cancel, the background executor), `request.rs` (what every route shares: extractor, pairs, page, `tri!`), `progress.rs`, `views.rs` (maud), `chart.rs` (the poisons-per-hour SVG), `payload.rs`, `assets/`) |
 //! | logs (text/JSON, every line through the engine's scrubber), metrics | `src/telemetry/mod.rs` |
@@ -28,20 +29,11 @@
 //! | the poison alert's delivery: one webhook POST per queue and window, in the receiver's format, HMAC-signed; breaker events at once | `src/telemetry/alerts.rs` |
 //! | the alert as a Slack Block Kit message or a Teams Adaptive Card | `src/telemetry/chat.rs` |
 //! | the health gauges: the oldest message's age, open poison records by error group (capped, rendered from the latest snapshot) | `src/telemetry/gauges.rs` |
-//! | traces: the engine's spans re-exported, and the exporters | `src/traces/mod.rs` |
+//! | traces: the exporters (the spans are the engine's `aqw_core::traces`) | `src/traces/mod.rs` |
 //! | trace exporters chosen by the environment (OTLP/HTTP, Application Insights), bounded and never blocking a job | `src/traces/export.rs` |
 //! | the exporters' HTTP client (blocking reqwest, failures counted and warned once a minute) | `src/traces/client.rs` |
 //! | OTLP/HTTP protobuf encoded straight from the SDK's span data (no copy of the batch), headers from `OTEL_EXPORTER_OTLP_[TRACES_]HEADERS` | `src/traces/otlp.rs` |
-//! | every Azure import: the adapter of the engine's storage port (`QueueStore`, `TableStore`), the OData literals | `src/storage/mod.rs` |
-//! | connection strings and identity-based settings → a `Connection` (queue, table and blob endpoints) | `src/storage/connection.rs` |
-//! | queues on `azure_storage_queue` 1.x | `src/storage/azure.rs` |
-//! | our Tables client on the `azure_core` 1.x pipeline; the typed query written as OData | `src/storage/tables.rs` |
-//! | our Blob client on the same pipeline (claim-check bodies: put, get, touch, conditional delete, list by prefix), requests named by its `x-ms-version` | `src/storage/blobs.rs` |
-//! | SharedKey / SAS / bearer signing, retries and timeouts in the pipeline | `src/storage/pipeline.rs` |
-//! | how a storage request reaches the wire: hyper directly, reqwest behind a proxy; pool and request timeouts | `src/storage/transport.rs` |
-//! | SharedKey signing of each try (string to sign, HMAC) | `src/storage/shared_key.rs` |
-//! | which identity signs (workload, managed, developer tools) | `src/storage/identity.rs` |
-//! | the CLI: arguments and help, rendering, exit codes decided once; the purge commands; durable group operations | `src/cli/` (`mod.rs`, `args.rs`, `commands.rs`, `render.rs`, `exit.rs`, `purge.rs`, `keys.rs` the key commands, `keys_args.rs` their arguments, `report.rs` `poison report`, `poison_list.rs` `poison list` (its JSON redacted unless `--unredacted`), `ops.rs` `aqw ops` (durable group operations), `triage.rs` `aqw triage` rendered, `oncall.rs` `aqw oncall [KIND]`: the runbook `docs/oncall.md` embedded at build time, sliced per kind) |
+//! | the CLI: arguments and help, rendering, exit codes decided once; the purge commands; durable group operations | `src/cli/` (`mod.rs`, `args.rs`, `commands.rs` the dispatcher, `load.rs` the one load-and-connect every command opens with (a leaf: it imports no command), `render.rs` (and `Output`), `exit.rs`, `purge.rs` (and `PurgeArgs`), `keys.rs` the key commands, `keys_args.rs` their arguments, `report.rs` `poison report`, `poison_list.rs` `poison list` (its JSON redacted unless `--unredacted`), `ops.rs` `aqw ops` (durable group operations), `triage.rs` `aqw triage` rendered, `oncall.rs` `aqw oncall [KIND]`: the runbook `docs/oncall.md` embedded at build time, sliced per kind) |
 //! | what `aqw triage` and the dashboard's front page read before the engine's pure triage plan: records, key states (bounded), the control row and breaker evidence, the provider lookup's answers (the CLI only), a bad producer's payloads | `src/triage.rs` |
 //! | the binary: parse, run, exit; nothing else | `src/main.rs` |
 //! | this map, and the module list | `src/lib.rs` |
@@ -51,35 +43,12 @@
 //! `CancellationToken` passed into [`worker::run`].
 
 pub mod app;
-pub use aqw_core::breaker;
 pub mod config;
-pub use aqw_core::control;
 pub mod dashboard;
-pub use aqw_core::decide;
-pub use aqw_core::failpoint;
-pub use aqw_core::flow;
-pub use aqw_core::gate;
 pub mod handlers;
-pub use aqw_core::heartbeat;
 pub mod http;
-pub use aqw_core::idempotency;
-pub use aqw_core::job;
-pub use aqw_core::message;
-pub use aqw_core::ops;
-pub use aqw_core::poison;
-pub use aqw_core::producer;
-pub use aqw_core::redact;
-pub use aqw_core::retention;
-pub use aqw_core::retry;
 pub mod serve;
-pub mod storage;
 pub mod telemetry;
-pub mod tls;
 pub mod traces;
 pub mod triage;
 pub mod worker;
-
-pub use config::AppConfig;
-pub use handlers::{Handler, HandlerError, Job, Registry, Success};
-pub use job::{process, Outcome};
-pub use worker::run;

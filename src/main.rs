@@ -9,7 +9,7 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    aqw::storage::quiet_library_backtraces();
+    aqw_azure::quiet_library_backtraces();
     let args = cli::Cli::try_parse().unwrap_or_else(|e| cli::parse_error(e));
     // Exporters come from the process environment (OTEL_*,
     // APPLICATIONINSIGHTS_CONNECTION_STRING); the guard flushes them at exit.
@@ -17,12 +17,12 @@ fn main() -> ExitCode {
         .and_then(|t| traces::export::install(&t))
         .and_then(|guard| {
             traces::export::storage_spans_from_env(|k| std::env::var(k).ok())
-                .map(traces::set_storage_spans)
+                .map(aqw_core::traces::set_storage_spans)
                 .map(|()| guard)
         }) {
         Ok(guard) => guard,
         Err(e) => {
-            eprintln!("aqw: {}", telemetry::scrub(&e));
+            eprintln!("aqw: {}", aqw_core::scrub::scrub(&e));
             return cli::Exit::Usage.into();
         }
     };
@@ -30,7 +30,7 @@ fn main() -> ExitCode {
     let exit = match cli::runtime(&args).and_then(|rt| rt.block_on(cli::run(args))) {
         Ok(exit) => exit,
         Err(f) => {
-            eprintln!("aqw: {}", telemetry::scrub(&f.message));
+            eprintln!("aqw: {}", aqw_core::scrub::scrub(&f.message));
             f.exit
         }
     };

@@ -53,13 +53,14 @@
 //! (`DefaultHttpWorkerService.ProcessDefaultInvocationRequest`), so the error
 //! of a failed attempt is written to aqw's own log, not only to `Logs`.
 
-use crate::app::{ensure_resources, runtimes, FunctionRuntime};
-use crate::config::{AppConfig, FunctionConfig, MessageEncoding};
+use crate::app::runtimes;
 use crate::handlers::Registry;
-use crate::http::Health;
-use crate::job::{process, producer_context, record_outcome, Outcome, Settle};
-use crate::message::encode;
-use crate::storage::{ReceivedMessage, StorageResult};
+use aqw_core::config::{AppConfig, FunctionConfig, MessageEncoding};
+use aqw_core::job::{process, producer_context, record_outcome, Outcome, Settle};
+use aqw_core::message::encode;
+use aqw_core::runtime::{ensure_resources, FunctionRuntime};
+use aqw_core::storage::{ReceivedMessage, StorageResult};
+use aqw_core::worker::Health;
 use async_trait::async_trait;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -492,7 +493,8 @@ async fn invoke(
         }
     };
     let msg = inv.message;
-    let span = crate::traces::job_span(&function, &rt.function.queue, &msg.id, msg.dequeue_count);
+    let span =
+        aqw_core::traces::job_span(&function, &rt.function.queue, &msg.id, msg.dequeue_count);
     span.record("invocation_id", invocation_id.as_str());
     let trace = start_trace(&span, &headers, producer_context(&rt, &msg));
     if !inv.shadowed.is_empty() {
@@ -556,7 +558,7 @@ fn answer(span: &tracing::Span, outcome: &Outcome, log: String) -> Response {
             invocation_response(StatusCode::INTERNAL_SERVER_ERROR, vec![log])
         }
         Outcome::Abandoned { error } => {
-            span.in_scope(|| warn!(event = "aqw.serve.retry", outcome = "abandoned", error = %crate::telemetry::scrub(error), "answering 503: the host retries after its visibilityTimeout"));
+            span.in_scope(|| warn!(event = "aqw.serve.retry", outcome = "abandoned", error = %aqw_core::scrub::scrub(error), "answering 503: the host retries after its visibilityTimeout"));
             invocation_response(StatusCode::SERVICE_UNAVAILABLE, vec![log])
         }
     }
@@ -635,7 +637,7 @@ pub async fn serve(
 }
 
 /// What `aqw run` runs beside its poll loops (the sweep, heartbeats, flow
-/// renewals: `worker::serve_maintenance`), and a warning for each
+/// renewals: `aqw_core::worker::serve_maintenance`), and a warning for each
 /// per-function setting the host applies in aqw's place.
 fn start_maintenance(
     app: &Arc<AppConfig>,
@@ -646,7 +648,7 @@ fn start_maintenance(
         warn!(event = "aqw.config.not_applied", "{note}");
     }
     let (app, rts, stop) = (app.clone(), rts.to_vec(), shutdown.clone());
-    tokio::spawn(async move { crate::worker::serve_maintenance(&app, &rts, stop).await })
+    tokio::spawn(async move { aqw_core::worker::serve_maintenance(&app, &rts, stop).await })
 }
 
 /// The host's HttpClient sends its invocation's W3C context: the job joins
@@ -655,19 +657,19 @@ fn start_maintenance(
 fn start_trace(
     span: &tracing::Span,
     headers: &HeaderMap,
-    producer: Option<crate::traces::TraceContext>,
-) -> crate::traces::JobTrace {
+    producer: Option<aqw_core::traces::TraceContext>,
+) -> aqw_core::traces::JobTrace {
     let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
     match header("traceparent")
-        .and_then(|tp| crate::traces::TraceContext::parse(tp, header("tracestate")))
+        .and_then(|tp| aqw_core::traces::TraceContext::parse(tp, header("tracestate")))
     {
         Some(host) => {
             if let Some(p) = &producer {
-                crate::traces::link_to(span, Some(&p.traceparent()));
+                aqw_core::traces::link_to(span, Some(&p.traceparent()));
             }
-            crate::traces::start_job(span, Some(&host))
+            aqw_core::traces::start_job(span, Some(&host))
         }
-        None => crate::traces::start_job(span, producer.as_ref()),
+        None => aqw_core::traces::start_job(span, producer.as_ref()),
     }
 }
 

@@ -6,9 +6,9 @@
 //! and the payloads of a bad producer's records (bounded).
 
 use crate::handlers::lookup::{self, LookupAnswer as Answer};
-use crate::ops::triage::{self, FunctionFacts, LookupAnswer, TriageInput, TriagePlan, Verdict};
-use crate::ops::{OpsResult, QueueOps};
-use crate::poison::{PoisonRecord, RecordStatus};
+use aqw_core::ops::triage::{self, FunctionFacts, LookupAnswer, TriageInput, TriagePlan, Verdict};
+use aqw_core::ops::{OpsResult, QueueOps};
+use aqw_core::poison::{PoisonRecord, RecordStatus};
 use std::collections::HashMap;
 
 /// At most this many key states are read (the rest are named in a note).
@@ -87,7 +87,7 @@ pub async fn gather(ops: &QueueOps, ask_provider: bool) -> OpsResult<TriagePlan>
 async fn read_keys(
     ops: &QueueOps,
     open: &[&PoisonRecord],
-) -> OpsResult<(HashMap<String, crate::idempotency::KeyRecord>, usize)> {
+) -> OpsResult<(HashMap<String, aqw_core::idempotency::KeyRecord>, usize)> {
     let mut names: Vec<&str> = Vec::new();
     for k in open.iter().filter_map(|r| r.key.as_deref()) {
         if !names.contains(&k) {

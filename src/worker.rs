@@ -3,9 +3,9 @@
 //! resolved (built-in `http` and `exec`, or registered in code), the alert
 //! webhook, and the ops HTTP port.
 
-use crate::config::AppConfig;
 use crate::handlers::Registry;
-pub use aqw_core::worker::*;
+use aqw_core::config::AppConfig;
+use aqw_core::worker::*;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -48,10 +48,10 @@ pub async fn run(
 /// halted and alerted, when its executors keep dying).
 fn watch_operations(
     app: &Arc<AppConfig>,
-    alerts: &crate::telemetry::Alerts,
+    alerts: &aqw_core::alert::Alerts,
     shutdown: &CancellationToken,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    let mut seen: Vec<&crate::config::Connection> = vec![];
+    let mut seen: Vec<&aqw_core::config::StorageAccount> = vec![];
     let mut tasks = vec![];
     for f in &app.functions {
         if seen.contains(&&f.connection) {
@@ -62,7 +62,6 @@ fn watch_operations(
             continue;
         };
         let owner = format!("run-{}-{}", std::process::id(), tasks.len());
-        let storage: Arc<dyn aqw_core::storage::Storage> = Arc::new(storage);
         let opts = aqw_core::ops::operation::ExecuteOptions {
             alerts: alerts.clone(),
             ..aqw_core::ops::operation::ExecuteOptions::new(owner)

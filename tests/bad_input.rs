@@ -3,9 +3,9 @@
 //! secrets never reach a log line.
 
 use crate::common::*;
-use aqw::handlers::{HandlerError, Success};
-use aqw::message::ErrorKind;
-use aqw::poison::PoisonEnvelope;
+use aqw_core::handler::{HandlerError, Success};
+use aqw_core::message::ErrorKind;
+use aqw_core::poison::PoisonEnvelope;
 use serde_json::json;
 use std::time::Duration;
 
@@ -58,19 +58,20 @@ async fn poison_then_replay_byte_exact(encoding: &str, text: String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn largest_base64_payload_poisons_and_replays_byte_exact() {
-    let payload = "p".repeat(aqw::message::max_payload(
-        aqw::config::MessageEncoding::Base64,
+    let payload = "p".repeat(aqw_core::message::max_payload(
+        aqw_core::config::MessageEncoding::Base64,
     ));
     assert_eq!(payload.len(), 49_152);
     let text =
-        aqw::message::encode_checked(&payload, aqw::config::MessageEncoding::Base64).unwrap();
+        aqw_core::message::encode_checked(&payload, aqw_core::config::MessageEncoding::Base64)
+            .unwrap();
     assert_eq!(text.len(), 65_536);
     poison_then_replay_byte_exact("base64", text).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_kib_none_message_poisons_and_replays_byte_exact() {
-    poison_then_replay_byte_exact("none", "x".repeat(aqw::message::MAX_MESSAGE_TEXT)).await;
+    poison_then_replay_byte_exact("none", "x".repeat(aqw_core::message::MAX_MESSAGE_TEXT)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -80,21 +81,21 @@ async fn multibyte_none_message_poisons_and_replays_byte_exact() {
     // character split across TCP chunks is counted as replacement characters,
     // so text at exactly 64 KiB is sometimes refused (413) under load.
     let mut text = "é😀".repeat(10_000);
-    text.push_str(&"x".repeat(aqw::message::MAX_MESSAGE_TEXT - 4096 - text.len()));
+    text.push_str(&"x".repeat(aqw_core::message::MAX_MESSAGE_TEXT - 4096 - text.len()));
     poison_then_replay_byte_exact("none", text).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_has_defined_outcomes_and_no_retry_storm() {
     let app = TestApp::new(json!({"key": "job:{/id}"}), json!({}), json!({}));
-    let enc = |s: &str| aqw::message::encode(s, app.config.message_encoding);
+    let enc = |s: &str| aqw_core::message::encode(s, app.config.message_encoding);
     let bomb = format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000));
     let bomb_text = enc(&bomb);
-    let bomb = &bomb_text[..bomb_text.len().min(aqw::message::MAX_MESSAGE_TEXT) / 4 * 4];
+    let bomb = &bomb_text[..bomb_text.len().min(aqw_core::message::MAX_MESSAGE_TEXT) / 4 * 4];
     let cases: Vec<(String, ErrorKind, &str)> = vec![
         ("%%%".into(), ErrorKind::Decode, "base64"),
         (
-            aqw::message::encode("x", app.config.message_encoding).replace("eA==", "/w=="),
+            aqw_core::message::encode("x", app.config.message_encoding).replace("eA==", "/w=="),
             ErrorKind::Decode,
             "UTF-8",
         ),
@@ -135,7 +136,7 @@ async fn bad_input_has_defined_outcomes_and_no_retry_storm() {
         );
         let (e, _) = app.records().get(&app.queue, id).await.unwrap().unwrap();
         assert_eq!(
-            &aqw::poison::PoisonRecord::from_entity(&e).message,
+            &aqw_core::poison::PoisonRecord::from_entity(&e).message,
             text,
             "kept verbatim"
         );
@@ -151,7 +152,7 @@ async fn logs_never_carry_secrets_even_at_trace_level() {
         json!({}),
     );
     app.enqueue(r#"{"id":"s1"}"#).await;
-    let key = aqw::config::DEV_KEY;
+    let key = aqw_azure::DEV_KEY;
     let full = format!(
         "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={key};QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;TableEndpoint=http://127.0.0.1:10002/devstoreaccount1;"
     );

@@ -7,9 +7,9 @@
 //! (crates/aqw-core/tests/engine/claim_check.rs).
 
 use crate::common::*;
-use aqw::handlers::HandlerError;
-use aqw::storage::Storage;
 use aqw_core::claim;
+use aqw_core::handler::HandlerError;
+use aqw_core::storage::Storage;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::time::Duration;
@@ -46,7 +46,7 @@ async fn the_payload(app: &TestApp) -> (String, String) {
         (got.len() == 1).then(|| got[0].text.clone())
     })
     .await;
-    let payload = aqw::message::decode(&m, app.config.message_encoding).unwrap();
+    let payload = aqw_core::message::decode(&m, app.config.message_encoding).unwrap();
     (m, payload)
 }
 
@@ -96,7 +96,7 @@ async fn a_5_mib_job_runs_is_poisoned_shown_replayed_byte_exact_and_fixed() {
         seen.len()
     );
     let msg_id = {
-        let ops = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
+        let ops = aqw_core::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
         let recs = ops.records().await.unwrap();
         assert_eq!(recs.len(), 1);
         assert_eq!(
@@ -140,10 +140,10 @@ async fn a_5_mib_job_runs_is_poisoned_shown_replayed_byte_exact_and_fixed() {
     });
     let w = app.start_worker(h.clone());
     let rec = eventually("poisoned again", DEADLINE, || async {
-        let ops = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
+        let ops = aqw_core::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
         let recs = ops.records().await.ok()?;
         recs.into_iter()
-            .find(|r| r.status == aqw::poison::RecordStatus::Open)
+            .find(|r| r.status == aqw_core::poison::RecordStatus::Open)
     })
     .await;
     let fixed = job.replacen(
@@ -151,8 +151,8 @@ async fn a_5_mib_job_runs_is_poisoned_shown_replayed_byte_exact_and_fixed() {
         &format!("\"fixed\":true,\"id\":\"{id}-fixed\""),
         1,
     );
-    let ops = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
-    let report = aqw::ops::fix(
+    let ops = aqw_core::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
+    let report = aqw_core::ops::fix(
         &ops,
         &rec.message_id,
         &fixed,
@@ -218,11 +218,11 @@ async fn a_corrupt_blob_poisons_with_its_own_kind_without_running() {
     .await;
     w.stop().await;
     assert_eq!(h.calls(), 0, "the handler never ran on the wrong body");
-    let ops = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
+    let ops = aqw_core::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
     let recs = ops.records().await.unwrap();
     assert_eq!(
         recs[0].error.kind,
-        aqw::message::ErrorKind::ClaimCheckCorrupt,
+        aqw_core::message::ErrorKind::ClaimCheckCorrupt,
         "{:?}",
         recs[0].error
     );
@@ -250,10 +250,10 @@ fn swept_app(container: &str) -> TestApp {
 }
 
 #[cfg(feature = "failpoints")]
-async fn purge_now(app: &TestApp) -> aqw::retention::PurgeReport {
-    let ops = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
-    let mut pacer = aqw::retention::Pacer::new(None);
-    let mut run = aqw::retention::PurgeRun {
+async fn purge_now(app: &TestApp) -> aqw_core::retention::PurgeReport {
+    let ops = aqw_core::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
+    let mut pacer = aqw_core::retention::Pacer::new(None);
+    let mut run = aqw_core::retention::PurgeRun {
         older_than: Duration::from_secs(1),
         dry_run: false,
         pacer: &mut pacer,
@@ -334,7 +334,7 @@ async fn an_orphan_is_swept_and_a_blob_is_purged_only_when_nothing_refers_to_it(
     );
 
     // Discarded, nothing refers to it any more: the next purge deletes it.
-    let ops = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
+    let ops = aqw_core::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
     let id = ops.records().await.unwrap()[0].message_id.clone();
     let out = aqw(
         app.path(),

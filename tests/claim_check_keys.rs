@@ -8,7 +8,7 @@
 //! gate.
 
 use crate::common::*;
-use aqw::handlers::{HandlerError, Success};
+use aqw_core::handler::{HandlerError, Success};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -169,7 +169,7 @@ async fn a_claim_checked_records_key_is_seen_by_the_dry_run_the_gate_and_already
     // Already done: the same body put again (the same blob, the same key) runs.
     ok.store(true, Ordering::SeqCst);
     enqueue_big(&app, &job, "again.json");
-    let key = aqw::idempotency::IdempotencyKey::new(format!("job:{big_id}")).unwrap();
+    let key = aqw_core::idempotency::IdempotencyKey::new(format!("job:{big_id}")).unwrap();
     eventually("the big key done", DEADLINE, || async {
         let rec = app.keys().get("Job", &key).await.ok()??;
         rec.status.is_settled().then_some(())

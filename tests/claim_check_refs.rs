@@ -10,9 +10,9 @@
 //! (crates/aqw-core/tests/engine/claim_check_refs.rs).
 
 use crate::common::*;
-use aqw::handlers::HandlerError;
-use aqw::storage::Storage;
 use aqw_core::claim::Reference;
+use aqw_core::handler::HandlerError;
+use aqw_core::storage::Storage;
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -88,7 +88,10 @@ async fn probes_are_invalid_and_neither_show_nor_touch_another_blob() {
     assert_eq!(h.calls(), 0, "the handler never ran");
     for id in &ids {
         let rec = poison_record(&app, id).await;
-        assert_eq!(rec.error.kind, aqw::message::ErrorKind::ClaimCheckInvalid);
+        assert_eq!(
+            rec.error.kind,
+            aqw_core::message::ErrorKind::ClaimCheckInvalid
+        );
         let m = &rec.error.message;
         assert!(
             !m.contains(&victim) && !m.contains("bytes,") && !m.contains("missing"),
@@ -178,7 +181,7 @@ async fn the_record_page_shows_a_claim_checked_body_redacted() {
     })
     .await;
     w.stop().await;
-    let ops = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
+    let ops = aqw_core::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
     let rec = ops.records().await.unwrap().remove(0);
     let r = crate::dashboard::dashboard(&app, true);
     let enc: String = url::form_urlencoded::byte_serialize(rec.message_id.as_bytes()).collect();
@@ -188,7 +191,7 @@ async fn the_record_page_shows_a_claim_checked_body_redacted() {
         page.body.contains("visible-visible-") && page.body.contains(&id),
         "the body is shown"
     );
-    assert!(page.body.contains(aqw::redact::MASK), "masked");
+    assert!(page.body.contains(aqw_core::redact::MASK), "masked");
     assert!(!page.body.contains(CARD), "a redacted value is shown");
     assert!(
         !page.body.contains("aqw.claimCheck"),

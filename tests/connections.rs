@@ -6,8 +6,10 @@
 
 use crate::common;
 
-use aqw::config::{parse_connection_string, DEV_ACCOUNT, DEV_KEY};
-use aqw::storage::{connect, Storage, StorageError, TableOp, Ttl};
+use aqw_azure::connect;
+use aqw_azure::parse_connection_string;
+use aqw_azure::{DEV_ACCOUNT, DEV_KEY};
+use aqw_core::storage::{Storage, StorageError, TableOp, Ttl};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! what the engine meets in production.
 
 use crate::common::azurite;
-use aqw::config::parse_connection_string;
+use aqw_azure::parse_connection_string;
 use aqw_core::contract;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -12,7 +12,7 @@ async fn the_azure_adapter_keeps_the_storage_contract() {
     azurite();
     let conn =
         parse_connection_string("AzureWebJobsStorage", "UseDevelopmentStorage=true").unwrap();
-    let storage = aqw::storage::connect(&conn).unwrap();
+    let storage = aqw_azure::connect(&conn).unwrap();
     let mut failures = Vec::new();
     for (name, result) in contract::report(&storage).await {
         if let Err(e) = result {

@@ -5,9 +5,9 @@
 
 use crate::common::*;
 use aqw::dashboard::{self, AuthConfig, Dashboard, Options};
-use aqw::handlers::HandlerError;
-use aqw::message::{ErrorInfo, ErrorKind, MessageEncoding};
-use aqw::poison::{PoisonEnvelope, PoisonRecord, RecordStatus};
+use aqw_core::handler::HandlerError;
+use aqw_core::message::{ErrorInfo, ErrorKind, MessageEncoding};
+use aqw_core::poison::{PoisonEnvelope, PoisonRecord, RecordStatus};
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::Router;
@@ -210,7 +210,7 @@ async fn by_is_the_principal_never_a_form_field() {
     assert_eq!(rec.discarded_by.as_deref(), Some("oncall"));
     assert_eq!(rec.discard_reason.as_deref(), Some("account closed"));
     // The key was closed too, by the same principal.
-    let key = aqw::idempotency::IdempotencyKey::new("order:o-1").unwrap();
+    let key = aqw_core::idempotency::IdempotencyKey::new("order:o-1").unwrap();
     let kr = app.keys().get("Job", &key).await.unwrap().unwrap();
     assert_eq!(
         (kr.status.as_str(), kr.cancelled_by.as_deref()),
@@ -245,7 +245,7 @@ pub(crate) async fn insert_record(
         dequeue_count: 5,
         first_attempt_at: "2026-12-03T10:00:00Z".into(),
         poisoned_at: format!("2026-12-03T10:{:02}:00Z", id.len() % 60),
-        key: aqw::idempotency::IdempotencyKey::new(format!("order:{id}")).ok(),
+        key: aqw_core::idempotency::IdempotencyKey::new(format!("order:{id}")).ok(),
         error: ErrorInfo {
             kind: ErrorKind::Retryable,
             message: error.into(),
@@ -476,7 +476,7 @@ async fn poison_while_failing(
         if f.load(std::sync::atomic::Ordering::SeqCst) {
             Err(HandlerError::retryable("HTTP 503 ledger down"))
         } else {
-            Ok(aqw::Success::default())
+            Ok(aqw_core::handler::Success::default())
         }
     });
     let w = app.start_worker(h);

@@ -9,8 +9,8 @@
 use crate::common::webdriver;
 
 use crate::common::*;
-use aqw::ops::QueueOps;
-use aqw::poison::RecordStatus;
+use aqw_core::ops::QueueOps;
+use aqw_core::poison::RecordStatus;
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

@@ -8,8 +8,8 @@
 use crate::common::*;
 use crate::dashboard::{bget, bpost, csrf_of, dashboard, enc, insert_record, keyed_app};
 use crate::dashboard_probes::{command, exit_of, send, start};
-use aqw::handlers::HandlerError;
-use aqw::message::MessageEncoding;
+use aqw_core::handler::HandlerError;
+use aqw_core::message::MessageEncoding;
 use axum::http::StatusCode;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -337,8 +337,8 @@ async fn a_reviewed_form_posted_twice_creates_one_operation() {
         to(&first),
         "the second shows the first's operation"
     );
-    let ops = aqw::ops::QueueOps::new(app.config.clone(), q, &app.storage());
-    let store = aqw::ops::operation::OperationStore::new(ops.control.table().clone());
+    let ops = aqw_core::ops::QueueOps::new(app.config.clone(), q, &app.storage());
+    let store = aqw_core::ops::operation::OperationStore::new(ops.control.table().clone());
     let mine: Vec<_> = store
         .list()
         .await

@@ -4,7 +4,7 @@
 //! weak tokens, DNS rebinding, log forging, odd ids, endless refresh).
 
 use crate::common::*;
-use aqw::poison::RecordStatus;
+use aqw_core::poison::RecordStatus;
 use base64::Engine as _;
 use serde_json::json;
 use std::process::{Child, Command, Stdio};

@@ -75,7 +75,7 @@ async fn a_delayed_job_stays_invisible_until_its_time() {
     )
     .await;
     assert_eq!(seen.len(), 1, "only the --at job, not the one an hour away");
-    let text = aqw::message::decode(&seen[0].text, app.config.message_encoding).unwrap();
+    let text = aqw_core::message::decode(&seen[0].text, app.config.message_encoding).unwrap();
     assert_eq!(text, r#"{"id":"soon"}"#);
     app.cleanup().await;
 }

@@ -87,7 +87,7 @@ fn host_facts(text: &str, origin: &str) -> HostFacts {
         .as_u64()
         .unwrap_or_else(|| panic!("{origin}: host.json has no aqw.http.port (probes need it)"));
     let shutdown = match json["aqw"]["shutdownTimeout"].as_str() {
-        Some(s) => aqw::config::parse_timespan(s)
+        Some(s) => aqw_core::config::parse_timespan(s)
             .unwrap_or_else(|e| panic!("{origin}: aqw.shutdownTimeout: {e}")),
         None => Duration::from_secs(25),
     };
@@ -103,7 +103,11 @@ fn host_facts(text: &str, origin: &str) -> HostFacts {
 }
 
 /// Load a host.json text with aqw's config loader, as `aqw run` would.
-fn load_app(host_json: &str, env: &BTreeMap<String, String>, origin: &str) -> aqw::AppConfig {
+fn load_app(
+    host_json: &str,
+    env: &BTreeMap<String, String>,
+    origin: &str,
+) -> aqw_core::config::AppConfig {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::write(dir.path().join("host.json"), host_json).expect("write host.json");
     aqw::config::load_with_env(dir.path(), env)
@@ -154,7 +158,7 @@ fn check_app(host_json: &str, origin: &str, facts: &HostFacts) {
     assert_eq!(app.http_port, Some(facts.port as u16), "{origin}");
     assert_eq!(app.shutdown_timeout, facts.shutdown, "{origin}");
     assert_eq!(u64::from(app.batch_size), facts.batch_size, "{origin}");
-    if let aqw::config::HandlerSpec::Http { timeout, .. } = &app.functions[0].handler {
+    if let aqw_core::config::HandlerSpec::Http { timeout, .. } = &app.functions[0].handler {
         assert!(
             *timeout <= app.shutdown_timeout,
             "{origin}: handler timeout {timeout:?} exceeds shutdownTimeout {:?}: \
@@ -261,8 +265,10 @@ fn kubernetes_host_json_is_a_valid_aqw_app() {
     let app = load_app(&k.host_json, &env, KUBE_DEPLOYMENT);
     assert!(
         matches!(
-            app.functions[0].connection.credentials,
-            aqw::config::Credentials::Identity { .. }
+            aqw_azure::connection_of(&app.functions[0].connection)
+                .unwrap()
+                .credentials,
+            aqw_azure::Credentials::Identity { .. }
         ),
         "the Deployment's env should give an identity-based connection"
     );
@@ -498,8 +504,10 @@ fn container_app_matches_its_host_json() {
     );
     let loaded = load_app(host_json, &env, CONTAINER_APP);
     assert!(matches!(
-        loaded.functions[0].connection.credentials,
-        aqw::config::Credentials::Identity { .. }
+        aqw_azure::connection_of(&loaded.functions[0].connection)
+            .unwrap()
+            .credentials,
+        aqw_azure::Credentials::Identity { .. }
     ));
 
     let scale = &template["scale"];

@@ -8,11 +8,11 @@
 //! an operation created with `--detach` is carried out by an idle `aqw run`.
 
 use crate::common::*;
-use aqw::control::ControlStore;
-use aqw::message::{ErrorInfo, ErrorKind, MessageEncoding};
-use aqw::ops::operation::{OpState, Operation, OperationStore};
-use aqw::poison::{PoisonEnvelope, PoisonRecord, RecordStatus};
-use aqw::storage::{Storage, Ttl};
+use aqw_core::control::ControlStore;
+use aqw_core::message::{ErrorInfo, ErrorKind, MessageEncoding};
+use aqw_core::ops::operation::{OpState, Operation, OperationStore};
+use aqw_core::poison::{PoisonEnvelope, PoisonRecord, RecordStatus};
+use aqw_core::storage::{Storage, Ttl};
 use futures::StreamExt as _;
 use serde_json::json;
 use std::process::{Child, Command, Stdio};
@@ -42,7 +42,7 @@ async fn poisoned_named(app: &TestApp, prefix: &str, n: usize) {
             dequeue_count: 5,
             first_attempt_at: "2026-12-03T10:00:00Z".into(),
             poisoned_at: "2026-12-03T10:05:00Z".into(),
-            key: aqw::idempotency::IdempotencyKey::new(format!("order:{id}")).ok(),
+            key: aqw_core::idempotency::IdempotencyKey::new(format!("order:{id}")).ok(),
             error: ErrorInfo {
                 kind: ErrorKind::Permanent,
                 message: "HTTP 422 refused".into(),
@@ -97,7 +97,7 @@ async fn progressed(app: &TestApp, done: u64) -> Operation {
 }
 
 pub(crate) async fn records_in(app: &TestApp, status: RecordStatus) -> Vec<PoisonRecord> {
-    let ops = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
+    let ops = aqw_core::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
     let all = ops.records().await.unwrap();
     all.into_iter().filter(|r| r.status == status).collect()
 }

@@ -140,7 +140,7 @@ async fn poison_point(point: &'static str) {
     assert_eq!(records.len(), n, "{point}: one record per job, none lost");
     let mut by_source: HashMap<String, usize> = HashMap::new();
     for m in app.poison_queue().peek(32).await.unwrap() {
-        let env = aqw::poison::PoisonEnvelope::from_queue_text(&m.text).unwrap();
+        let env = aqw_core::poison::PoisonEnvelope::from_queue_text(&m.text).unwrap();
         *by_source.entry(env.message_id).or_default() += 1;
     }
     assert_eq!(

@@ -4,8 +4,8 @@
 
 use crate::common::{eventually, TestApp};
 use crate::outage::Process;
-use aqw::control::ControlStore;
-use aqw::storage::{Storage, Ttl};
+use aqw_core::control::ControlStore;
+use aqw_core::storage::{Storage, Ttl};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::{json, Value};
@@ -154,7 +154,7 @@ async fn a_pause_past_the_messages_ttl_keeps_them() {
     let ttl = Duration::from_secs(20);
     for i in 0..3 {
         let payload = json!({"orderId": format!("t{i}")}).to_string();
-        let text = aqw::message::encode(&payload, app.config.message_encoding);
+        let text = aqw_core::message::encode(&payload, app.config.message_encoding);
         source
             .put(&text, Duration::ZERO, Ttl::After(ttl))
             .await

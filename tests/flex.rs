@@ -91,7 +91,7 @@ fn app_settings(site: &Json) -> BTreeMap<String, String> {
 /// Every Rust source text of aqw (both crates).
 fn aqw_source() -> String {
     let mut text = String::new();
-    for dir in ["src", "crates/aqw-core/src"] {
+    for dir in ["src", "crates/aqw-core/src", "crates/aqw-azure/src"] {
         collect_rs(&repo_file(dir), &mut text);
     }
     text
@@ -110,7 +110,7 @@ fn collect_rs(dir: &Path, out: &mut String) {
 
 /// Whether aqw's source reads setting `name`: the name as a string literal,
 /// or `<connection>__<suffix>` where the connection resolver reads
-/// `{name}__<suffix>` (src/storage/connection.rs).
+/// `{name}__<suffix>` (crates/aqw-azure/src/connection.rs).
 fn aqw_reads(name: &str, connection: &str, source: &str) -> bool {
     if source.contains(&format!("\"{name}\"")) {
         return true;
@@ -342,10 +342,10 @@ fn flex_settings_load_the_example_app_with_an_identity_connection() {
     let deployed = published_copy();
     let app = aqw::config::load_with_env(deployed.path(), &env)
         .unwrap_or_else(|e| panic!("{APP_FOLDER} with the Flex settings: {e:#}"));
-    let connection = &app.functions[0].connection;
+    let connection = aqw_azure::connection_of(&app.functions[0].connection).unwrap();
     assert_eq!(connection.account, "aqwflexacct");
     match &connection.credentials {
-        aqw::config::Credentials::Identity { client_id } => {
+        aqw_azure::Credentials::Identity { client_id } => {
             assert_eq!(
                 client_id.as_deref(),
                 Some("00000000-0000-0000-0000-000000000001")

@@ -9,8 +9,8 @@
 //! two records.
 
 use crate::common::*;
-use aqw::handlers::HandlerError;
-use aqw::handlers::Success;
+use aqw_core::handler::HandlerError;
+use aqw_core::handler::Success;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -200,7 +200,7 @@ async fn a_provider_seen_saving_a_failure_is_warned_about_and_the_way_out_is_aud
     );
 
     // The way out, rehearsed: nothing changes.
-    let key = aqw::idempotency::IdempotencyKey::new("pay:o-refused").unwrap();
+    let key = aqw_core::idempotency::IdempotencyKey::new("pay:o-refused").unwrap();
     let old = app
         .keys()
         .get("Job", &key)

@@ -9,8 +9,8 @@
 //! shows every problem.
 
 use crate::common::*;
-use aqw::handlers::HandlerError;
-use aqw::storage::Storage;
+use aqw_core::handler::HandlerError;
+use aqw_core::storage::Storage;
 use serde_json::{json, Value};
 use std::ffi::{OsStr, OsString};
 use std::io::{Read, Write};
@@ -1326,12 +1326,12 @@ async fn hostile_host_json_values_get_a_defined_exit() {
         let queue = app.storage().queue(&format!("{}-{i}", app.queue));
         queue.create_if_missing().await.unwrap();
         for n in 0..2 {
-            let text = aqw::message::encode(
+            let text = aqw_core::message::encode(
                 &format!(r#"{{"orderId":"h-{n}"}}"#),
                 app.config.message_encoding,
             );
             queue
-                .put(&text, Duration::ZERO, aqw::storage::Ttl::Default)
+                .put(&text, Duration::ZERO, aqw_core::storage::Ttl::Default)
                 .await
                 .unwrap();
         }

@@ -118,12 +118,13 @@ fn identity_settings_resolve_without_a_connection_string() {
     let mut env = std::collections::BTreeMap::new();
     env.insert("Store__accountName".to_string(), "acct".to_string());
     env.insert("Store__clientId".to_string(), "cid".to_string());
-    let c = aqw::config::resolve_connection("Store", &env).unwrap();
+    let account = aqw::config::resolve_connection("Store", &env).unwrap();
+    let c = aqw_azure::connection_of(&account).unwrap();
     assert_eq!(c.queue_endpoint, "https://acct.queue.core.windows.net");
     assert_eq!(c.table_endpoint, "https://acct.table.core.windows.net");
     assert_eq!(
         c.credentials,
-        aqw::config::Credentials::Identity {
+        aqw_azure::Credentials::Identity {
             client_id: Some("cid".into())
         }
     );

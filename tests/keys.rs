@@ -3,9 +3,9 @@
 //! effects and the per-message storage request budget.
 
 use crate::common::*;
-use aqw::handlers::{HandlerError, Success};
-use aqw::idempotency::{IdempotencyKey, KeyStatus, NextAction};
-use aqw::storage::Storage;
+use aqw_core::handler::{HandlerError, Success};
+use aqw_core::idempotency::{IdempotencyKey, KeyStatus, NextAction};
+use aqw_core::storage::Storage;
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -189,10 +189,10 @@ async fn a_poisoned_key_is_not_done_and_a_later_message_runs() {
 async fn keys_with_any_characters_work_and_long_keys_stay_distinct() {
     azurite();
     let storage =
-        aqw::storage::connect(&aqw::config::parse_connection_string("X", CONN).unwrap()).unwrap();
+        aqw_azure::connect(&aqw_azure::parse_connection_string("X", CONN).unwrap()).unwrap();
     let table = storage.table(&random_name("k"));
     table.create_if_missing().await.unwrap();
-    let keys = aqw::idempotency::KeyStore::new(table.clone());
+    let keys = aqw_core::idempotency::KeyStore::new(table.clone());
     let long_a = format!("{}A", "p".repeat(600));
     let long_b = format!("{}B", "p".repeat(600));
     let texts = [
@@ -234,15 +234,15 @@ async fn keys_with_any_characters_work_and_long_keys_stay_distinct() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_race_on_one_key_has_exactly_one_winner() {
     azurite();
-    let conn = aqw::config::parse_connection_string("X", CONN).unwrap();
+    let conn = aqw_azure::parse_connection_string("X", CONN).unwrap();
     let name = random_name("k");
-    let setup = aqw::storage::connect(&conn).unwrap();
+    let setup = aqw_azure::connect(&conn).unwrap();
     setup.table(&name).create_if_missing().await.unwrap();
     let k = IdempotencyKey::new("race:1").unwrap();
     let mut tasks = Vec::new();
     for i in 0..8 {
-        let s = aqw::storage::connect(&conn).unwrap();
-        let keys = aqw::idempotency::KeyStore::new(s.table(&name));
+        let s = aqw_azure::connect(&conn).unwrap();
+        let keys = aqw_core::idempotency::KeyStore::new(s.table(&name));
         let k = k.clone();
         tasks.push(tokio::spawn(async move {
             keys.claim("F", &k, &format!("w{i}"), Duration::from_secs(30), "m")
@@ -266,10 +266,10 @@ async fn claim_race_on_one_key_has_exactly_one_winner() {
 struct Ledger;
 
 #[async_trait::async_trait]
-impl aqw::Handler for Ledger {
-    async fn handle(&self, job: &aqw::Job) -> Result<Success, HandlerError> {
+impl aqw_core::handler::Handler for Ledger {
+    async fn handle(&self, job: &aqw_core::handler::Job) -> Result<Success, HandlerError> {
         let v: serde_json::Value = serde_json::from_str(&job.payload).unwrap();
-        let mut entry = aqw::storage::Entity::new();
+        let mut entry = aqw_core::storage::Entity::new();
         entry.insert("Kind".into(), json!("credit-grant"));
         entry.insert("Account".into(), v["account"].clone());
         entry.insert("Credits".into(), v["credits"].clone());
@@ -337,12 +337,12 @@ async fn a_keyed_message_costs_three_storage_requests_besides_the_receive() {
         .create_if_missing()
         .await
         .unwrap();
-    let rt = aqw::app::FunctionRuntime::new(
+    let rt = aqw_core::runtime::FunctionRuntime::new(
         app.config.clone(),
         app.config.functions[0].clone(),
         &storage,
         Scripted::new(|_, _| Ok(Success::done())),
-        aqw::telemetry::Alerts::disabled(),
+        aqw_core::alert::Alerts::disabled(),
     );
     let before = storage.request_counts();
     let msgs = rt
@@ -353,17 +353,17 @@ async fn a_keyed_message_costs_three_storage_requests_besides_the_receive() {
     assert_eq!(msgs.len(), n);
     let stop = tokio_util::sync::CancellationToken::new();
     for m in &msgs {
-        let settle = aqw::worker::QueueSettle::new(rt.source.clone(), m);
+        let settle = aqw_core::worker::QueueSettle::new(rt.source.clone(), m);
         assert_eq!(
-            aqw::process(
+            aqw_core::job::process(
                 &rt,
                 m,
                 &settle,
-                &aqw::traces::start_job(&tracing::Span::none(), None),
+                &aqw_core::traces::start_job(&tracing::Span::none(), None),
                 &stop
             )
             .await,
-            aqw::Outcome::Completed
+            aqw_core::job::Outcome::Completed
         );
     }
     let after = storage.request_counts();

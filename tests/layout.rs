@@ -1,6 +1,6 @@
 //! The house rules, checked: each crate's Layout table (in its `lib.rs`:
 //! `src/lib.rs` for the binary crate, `crates/aqw-core/src/lib.rs` for the
-//! engine) names every file of that crate and nothing that is gone, the
+//! engine, `crates/aqw-azure/src/lib.rs` for the Azure adapter) names every file of that crate and nothing that is gone, the
 //! README's Layout section maps every crate in at most 15 rows, no source
 //! file is over 700 lines, and no function is over 60
 //! (`scripts/fn_lengths.py`). When a table drifts, this test says which
@@ -21,6 +21,7 @@ fn root() -> PathBuf {
 const CRATES: &[(&str, &str)] = &[
     ("src", "src/lib.rs"),
     ("crates/aqw-core/src", "crates/aqw-core/src/lib.rs"),
+    ("crates/aqw-azure/src", "crates/aqw-azure/src/lib.rs"),
 ];
 
 /// A Layout table's rows (in `lib`, a crate's `lib.rs`): each row's backticked words.
@@ -73,7 +74,7 @@ fn is_mapped(file: &str, rows: &[Vec<String>]) -> bool {
 fn every_file_of_a_crate_is_on_its_layout_table() {
     for (tree, lib) in CRATES {
         let rows = layout_rows(lib);
-        assert!(rows.len() > 10, "no Layout table found in {lib}");
+        assert!(rows.len() >= 5, "no Layout table found in {lib}");
         let mut files = Vec::new();
         src_files(&root().join(tree), &mut files);
         files.sort();

@@ -30,8 +30,8 @@ fn without_an_exporter_only_the_filtered_events_are_live() {
     ));
     assert!(!tracing::enabled!(target: "hyper::proto::h1::io", Level::TRACE));
     assert!(!tracing::enabled!(target: "reqwest::connect", Level::DEBUG));
-    assert!(tracing::enabled!(target: "aqw::job", Level::INFO));
-    assert!(!tracing::enabled!(target: "aqw::job", Level::DEBUG));
+    assert!(tracing::enabled!(target: "aqw_core::job", Level::INFO));
+    assert!(!tracing::enabled!(target: "aqw_core::job", Level::DEBUG));
 }
 
 /// Run this module's test `name` alone in a fresh copy of the test binary

@@ -35,12 +35,17 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
 }
 
 /// Every `"aqw_..."` metric name written in the sources of the workspace's
-/// crates (the binary's `src/` and the engine's `crates/aqw-core/src/`).
+/// crates (the binary's `src/`, the engine's `crates/aqw-core/src/` and the
+/// Azure adapter's `crates/aqw-azure/src/`).
 fn names_in_source() -> BTreeSet<String> {
     let re = Regex::new(r#""(aqw_[a-z_]+)""#).unwrap();
     let mut names = BTreeSet::new();
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let mut dirs = vec![root.join("src"), root.join("crates/aqw-core/src")];
+    let mut dirs = vec![
+        root.join("src"),
+        root.join("crates/aqw-core/src"),
+        root.join("crates/aqw-azure/src"),
+    ];
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();

@@ -3,7 +3,7 @@
 //! line; shell completions print.
 
 use crate::common::*;
-use aqw::handlers::HandlerError;
+use aqw_core::handler::HandlerError;
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -293,7 +293,7 @@ async fn discard_close_key_turns_a_resend_into_a_duplicate_without_a_call() {
     // The producer resends both jobs.
     app.enqueue(closed).await;
     app.enqueue(other).await;
-    let h = Scripted::new(|_, _| Ok(aqw::handlers::Success::done()));
+    let h = Scripted::new(|_, _| Ok(aqw_core::handler::Success::done()));
     let w = app.start_worker(h.clone());
     app.drained(DEADLINE).await;
     w.stop().await;
@@ -380,7 +380,7 @@ async fn attempt_history_flags_an_attempt_that_may_have_taken_effect() {
         ],
     );
     assert_eq!(out.status.code(), Some(0));
-    let w = app.start_worker(Scripted::new(|_, _| Ok(aqw::handlers::Success::done())));
+    let w = app.start_worker(Scripted::new(|_, _| Ok(aqw_core::handler::Success::done())));
     app.drained(DEADLINE).await;
     w.stop().await;
     let keys = aqw(app.path(), &["keys", "show", "Job", "credits:a7:2026"]);
@@ -416,7 +416,7 @@ async fn fix_puts_the_corrected_payload_closes_the_record_and_confirms_the_key()
     let id = app.enqueue(bad).await;
     // And a job that already happened, for the second case.
     app.enqueue(r#"{"account":"a9","credits":5}"#).await;
-    let h = Scripted::new(|_, _| Ok(aqw::handlers::Success::done()));
+    let h = Scripted::new(|_, _| Ok(aqw_core::handler::Success::done()));
     let w = app.start_worker(h.clone());
     eventually("poisoned", DEADLINE, || async {
         (app.poison_messages().await.len() == 1).then_some(())

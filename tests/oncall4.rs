@@ -80,7 +80,7 @@ async fn a_replaced_record_shows_its_new_keys_state() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_list_filters_by_prefix_status_and_time() {
     use crate::common::{eventually, Scripted};
-    use aqw::handlers::{HandlerError, Success};
+    use aqw_core::handler::{HandlerError, Success};
     let app = TestApp::new(
         json!({"key": "order:{/orderId}"}),
         json!({"maxDequeueCount": 1}),
@@ -142,7 +142,7 @@ async fn keys_list_filters_by_prefix_status_and_time() {
 /// and `--limit` stops early.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_list_follows_every_page() {
-    use aqw::storage::{Storage, TableOp};
+    use aqw_core::storage::{Storage, TableOp};
     let app = TestApp::new(json!({"key": "order:{/orderId}"}), json!({}), json!({}));
     let table = app.storage().table(&app.keys_table);
     table.create_if_missing().await.unwrap();

@@ -60,9 +60,9 @@ async fn four_processes_two_thousand_jobs_each_effect_once() {
             let end = (next + 300).min(total);
             let puts = payloads[next..end].iter().map(|p| {
                 let q = q.clone();
-                let text = aqw::message::encode(p, app.config.message_encoding);
+                let text = aqw_core::message::encode(p, app.config.message_encoding);
                 async move {
-                    q.put(&text, Duration::ZERO, aqw::storage::Ttl::Default)
+                    q.put(&text, Duration::ZERO, aqw_core::storage::Ttl::Default)
                         .await
                         .unwrap()
                 }

@@ -4,8 +4,8 @@
 //! receiving on every worker.
 
 use crate::common::{aqw, eventually, TestApp};
-use aqw::control::ControlStore;
-use aqw::storage::Storage;
+use aqw_core::control::ControlStore;
+use aqw_core::storage::Storage;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde_json::{json, Value};
@@ -222,24 +222,25 @@ async fn a_partial_outage_poisons_its_own_keys_and_lets_the_rest_through() {
 
 /// One in-process worker whose gates the test can see.
 struct Worker {
-    rts: Vec<Arc<aqw::app::FunctionRuntime>>,
+    rts: Vec<Arc<aqw_core::runtime::FunctionRuntime>>,
     shutdown: CancellationToken,
     tracker: TaskTracker,
 }
 
 impl Worker {
     async fn start(app: &TestApp) -> Self {
-        let alerts = aqw::telemetry::Alerts::disabled();
-        let rts = aqw::app::runtimes(&app.config, &aqw::Registry::new(), &alerts).unwrap();
+        let alerts = aqw_core::alert::Alerts::disabled();
+        let rts =
+            aqw::app::runtimes(&app.config, &aqw::handlers::Registry::new(), &alerts).unwrap();
         let (shutdown, tracker) = (CancellationToken::new(), TaskTracker::new());
-        let health = Arc::new(aqw::http::Health::default());
+        let health = Arc::new(aqw_core::worker::Health::default());
         for rt in &rts {
             rt.source.create_if_missing().await.unwrap();
             rt.gate.refresh().await;
             let (g, s) = (rt.clone(), shutdown.clone());
             tokio::spawn(async move { g.gate.watch(s).await });
             let (hard_stop, t) = (CancellationToken::new(), tracker.clone());
-            tokio::spawn(aqw::worker::poll_loop(
+            tokio::spawn(aqw_core::worker::poll_loop(
                 rt.clone(),
                 shutdown.clone(),
                 hard_stop,
@@ -314,7 +315,7 @@ async fn pause_and_watch(app: &TestApp, provider: &Provider, fleet: &[Worker]) {
         "{text}"
     );
     // Watch for new calls over a few pause polls.
-    tokio::time::sleep(aqw::control::WATCH_INTERVAL * 2).await;
+    tokio::time::sleep(aqw_core::control::WATCH_INTERVAL * 2).await;
     assert_eq!(
         provider.started.load(Ordering::SeqCst),
         at_pause,
@@ -431,9 +432,9 @@ async fn in_serve_mode_a_paused_function_parks_a_fresh_copy_and_answers_200() {
     let provider = Provider::default();
     let url = provider.start().await;
     let app = app_for(&url, breaker(), 16);
-    let alerts = aqw::telemetry::Alerts::disabled();
-    let rts = aqw::app::runtimes(&app.config, &aqw::Registry::new(), &alerts).unwrap();
-    assert!(aqw::app::ensure_resources(&rts, &CancellationToken::new()).await);
+    let alerts = aqw_core::alert::Alerts::disabled();
+    let rts = aqw::app::runtimes(&app.config, &aqw::handlers::Registry::new(), &alerts).unwrap();
+    assert!(aqw_core::runtime::ensure_resources(&rts, &CancellationToken::new()).await);
     let gate = rts[0].gate.clone();
     let state = aqw::serve::ServeState::new(rts);
     control(&app)

@@ -10,9 +10,9 @@
 use crate::common::*;
 use crate::dashboard::{bget, bpost, csrf_of, dashboard, enc, insert_record, reviewed_of};
 use crate::durable_ops::{app_to, out_of, poisoned, records_in, spawn, store};
-use aqw::message::MessageEncoding;
-use aqw::ops::operation::{self, NewOperation, OpKind, OpState, Selection};
-use aqw::poison::RecordStatus;
+use aqw_core::message::MessageEncoding;
+use aqw_core::ops::operation::{self, NewOperation, OpKind, OpState, Selection};
+use aqw_core::poison::RecordStatus;
 use axum::http::StatusCode;
 use serde_json::json;
 use std::time::Duration;

@@ -74,7 +74,7 @@ fn assert_copies(format: &str, copies: &[String], sources: &[String]) {
         assert_eq!(copies, s, "raw: the exact original bodies");
     } else {
         for c in copies {
-            let env = aqw::poison::PoisonEnvelope::from_queue_text(c).expect("an envelope");
+            let env = aqw_core::poison::PoisonEnvelope::from_queue_text(c).expect("an envelope");
             assert!(sources.contains(env.message.as_ref().unwrap()));
         }
     }
@@ -86,7 +86,7 @@ async fn replay_and_discard_work_the_same_in_both_formats() {
         let sink = Sink::start().await;
         sink.fail_with(503);
         let app = app_in(format, &sink);
-        let keyed = aqw::message::encode(r#"{"orderId":"r-1"}"#, app.config.message_encoding);
+        let keyed = aqw_core::message::encode(r#"{"orderId":"r-1"}"#, app.config.message_encoding);
         let undecodable = "%%% not base64 %%%".to_string();
         let id = app.enqueue_raw(&keyed).await;
         let bad = app.enqueue_raw(&undecodable).await;
@@ -193,7 +193,7 @@ async fn fix_works_the_same_in_both_formats() {
     for format in FORMATS {
         let sink = Sink::start().await;
         let app = app_in(format, &sink);
-        let text = aqw::message::encode(r#"{"orderid":"typo"}"#, app.config.message_encoding);
+        let text = aqw_core::message::encode(r#"{"orderid":"typo"}"#, app.config.message_encoding);
         let id = app.enqueue_raw(&text).await;
         poison_all(&app, 1).await;
         assert_copies(
@@ -245,7 +245,7 @@ async fn a_raw_copy_put_before_a_crash_stays_aqws_own() {
     let sink = Sink::start().await;
     sink.fail_with(404);
     let app = app_in("raw", &sink);
-    let text = aqw::message::encode(r#"{"orderId":"crash"}"#, app.config.message_encoding);
+    let text = aqw_core::message::encode(r#"{"orderId":"crash"}"#, app.config.message_encoding);
     let id = app.enqueue_raw(&text).await;
     let mut child = std::process::Command::new(aqw_bin())
         .args(["run", "--app"])
@@ -300,13 +300,14 @@ async fn a_functions_host_copy_is_still_a_host_record_beside_raw_copies() {
     let sink = Sink::start().await;
     sink.fail_with(404);
     let app = app_in("raw", &sink);
-    let ours = aqw::message::encode(r#"{"orderId":"ours"}"#, app.config.message_encoding);
+    let ours = aqw_core::message::encode(r#"{"orderId":"ours"}"#, app.config.message_encoding);
     app.enqueue_raw(&ours).await;
     poison_all(&app, 1).await;
-    let host_body = aqw::message::encode(r#"{"orderId":"from-host"}"#, app.config.message_encoding);
+    let host_body =
+        aqw_core::message::encode(r#"{"orderId":"from-host"}"#, app.config.message_encoding);
     let host_id = app
         .poison_queue()
-        .put(&host_body, Duration::ZERO, aqw::storage::Ttl::Default)
+        .put(&host_body, Duration::ZERO, aqw_core::storage::Ttl::Default)
         .await
         .unwrap()
         .id;

@@ -6,9 +6,10 @@
 //! for an attempt that may have taken effect.
 
 use crate::common::{aqw, eventually, Scripted, TestApp};
-use aqw::handlers::http::{HttpHandler, ProviderAnswers};
+use aqw::handlers::http::HttpHandler;
 use aqw::handlers::lookup::{ask, LookupAnswer};
-use aqw::handlers::{Handler, HandlerError, Job};
+use aqw_core::handler::ProviderAnswers;
+use aqw_core::handler::{Handler, HandlerError, Job};
 use aqw_core::handler::{Lookup, ReplayMarker};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use serde_json::json;
@@ -54,7 +55,7 @@ fn job() -> Job {
 }
 
 /// How an answer was read, in the table's words.
-fn reading(r: &Result<aqw::handlers::Success, HandlerError>) -> String {
+fn reading(r: &Result<aqw_core::handler::Success, HandlerError>) -> String {
     match r {
         Ok(s) if s.provider.as_ref().is_some_and(|p| p.replayed) => "replayed success".into(),
         Ok(_) => "success".into(),
@@ -347,6 +348,6 @@ async fn record_page(app: &TestApp, id: &str) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-fn key(k: &str) -> aqw::idempotency::IdempotencyKey {
-    aqw::idempotency::IdempotencyKey::new(k).unwrap()
+fn key(k: &str) -> aqw_core::idempotency::IdempotencyKey {
+    aqw_core::idempotency::IdempotencyKey::new(k).unwrap()
 }

@@ -59,7 +59,7 @@ async fn poisoned_app(sink: &Sink, orders: &[&str]) -> (TestApp, Vec<String>) {
 
 /// Make `order`'s provider key three days old.
 async fn age_key(app: &TestApp, order: &str) {
-    let key = aqw::idempotency::IdempotencyKey::new(format!("receipt:{order}")).unwrap();
+    let key = aqw_core::idempotency::IdempotencyKey::new(format!("receipt:{order}")).unwrap();
     let minted = time::OffsetDateTime::now_utc() - THREE_DAYS;
     app.keys()
         .set_provider_key_minted_at("Job", &key, minted)

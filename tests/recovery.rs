@@ -27,8 +27,8 @@ fn json_out(out: &std::process::Output) -> Value {
 }
 
 /// `poison replay --all --by test` with `concurrency` records at a time.
-fn replay_all(concurrency: usize) -> aqw::ops::ReplayOptions {
-    aqw::ops::ReplayOptions {
+fn replay_all(concurrency: usize) -> aqw_core::ops::ReplayOptions {
+    aqw_core::ops::ReplayOptions {
         filter: Default::default(),
         limit: None,
         rate: None,
@@ -253,13 +253,13 @@ async fn already_done_key_is_closed_not_reput() {
     sink.fail_with(200);
     app.enqueue(r#"{"orderId":"dup"}"#).await;
     let keys = app.keys();
-    let k = aqw::idempotency::IdempotencyKey::new("receipt:dup").unwrap();
+    let k = aqw_core::idempotency::IdempotencyKey::new("receipt:dup").unwrap();
     eventually("key done", DEADLINE, || async {
         keys.get("Job", &k)
             .await
             .ok()
             .flatten()
-            .filter(|r| r.status == aqw::idempotency::KeyStatus::Done)
+            .filter(|r| r.status == aqw_core::idempotency::KeyStatus::Done)
             .map(|_| ())
     })
     .await;
@@ -300,11 +300,11 @@ async fn already_done_key_is_closed_not_reput() {
 async fn functions_host_raw_poison_message_is_listed_and_replayed_as_is() {
     let sink = Sink::start().await;
     let app = app_with_sink(&sink, 5);
-    let raw = aqw::message::encode(r#"{"orderId":"from-host"}"#, app.config.message_encoding);
+    let raw = aqw_core::message::encode(r#"{"orderId":"from-host"}"#, app.config.message_encoding);
     let pq = app.poison_queue();
     pq.create_if_missing().await.unwrap();
     let pid = pq
-        .put(&raw, Duration::ZERO, aqw::storage::Ttl::Default)
+        .put(&raw, Duration::ZERO, aqw_core::storage::Ttl::Default)
         .await
         .unwrap()
         .id;
@@ -420,7 +420,7 @@ async fn replay_rate_is_respected() {
         app.enqueue(&format!(r#"{{"i":{i}}}"#)).await;
     }
     let w = app.start_worker(Scripted::new(|_, _| {
-        Err(aqw::HandlerError::permanent("no"))
+        Err(aqw_core::handler::HandlerError::permanent("no"))
     }));
     poisoned(&app, n).await;
     w.stop().await;
@@ -457,7 +457,7 @@ async fn discard_needs_reason_and_name_and_closes_the_record() {
     );
     let id = app.enqueue(r#"{"x":1}"#).await;
     let w = app.start_worker(Scripted::new(|_, _| {
-        Err(aqw::HandlerError::permanent("no"))
+        Err(aqw_core::handler::HandlerError::permanent("no"))
     }));
     poisoned(&app, 1).await;
     w.stop().await;
@@ -549,7 +549,7 @@ async fn a_listed_records_etag_guards_its_update() {
     let app = TestApp::new(json!({"key": "job:{/id}"}), json!({}), json!({}));
     let t = app.records();
     t.create_if_missing().await.unwrap();
-    let mut e = aqw::storage::Entity::new();
+    let mut e = aqw_core::storage::Entity::new();
     e.insert("Status".into(), json!("open"));
     let first = t.insert(&app.queue, "r1", &e).await.unwrap();
     let rows = t.query_rows(Some(&app.queue)).await.unwrap();
@@ -563,7 +563,7 @@ async fn a_listed_records_etag_guards_its_update() {
     let second = t.merge(&app.queue, "r1", &e, Some(&listed)).await.unwrap();
     assert!(matches!(
         t.merge(&app.queue, "r1", &e, Some(&listed)).await,
-        Err(aqw::storage::StorageError::PreconditionFailed)
+        Err(aqw_core::storage::StorageError::PreconditionFailed)
     ));
     let rows = t.query_rows(Some(&app.queue)).await.unwrap();
     assert_eq!(rows[0].etag.as_ref(), Some(&second));
@@ -586,10 +586,12 @@ async fn replay_costs_five_requests_per_keyed_record() {
     poisoned(&app, n).await;
     w.stop().await;
     let storage = app.storage();
-    let ops = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &storage);
+    let ops = aqw_core::ops::QueueOps::new(app.config.clone(), &app.queue, &storage);
     let opts = replay_all(4);
     let before = storage.request_counts();
-    let report = aqw::ops::replay(&ops, &opts, &|_, _| {}).await.unwrap();
+    let report = aqw_core::ops::replay(&ops, &opts, &|_, _| {})
+        .await
+        .unwrap();
     let after = storage.request_counts();
     assert_eq!((report.replayed, report.failed), (n, 0), "{report:?}");
     let delta =
@@ -615,7 +617,7 @@ async fn replay_costs_five_requests_per_keyed_record() {
         .all(|(_, _, e)| e["Status"] == "replayed" && e["ReplayCount"] == 1));
     let keys = app.keys();
     for i in 0..n {
-        let k = aqw::idempotency::IdempotencyKey::new(format!("receipt:rc-{i}")).unwrap();
+        let k = aqw_core::idempotency::IdempotencyKey::new(format!("receipt:rc-{i}")).unwrap();
         assert_eq!(keys.get("Job", &k).await.unwrap().unwrap().replay_count, 1);
     }
     app.cleanup().await;
@@ -642,11 +644,11 @@ async fn two_concurrent_replays_put_each_keyless_job_once() {
     w.stop().await;
     let storage = app.storage();
     let opts = replay_all(8);
-    let a = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &storage);
-    let b = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &storage);
+    let a = aqw_core::ops::QueueOps::new(app.config.clone(), &app.queue, &storage);
+    let b = aqw_core::ops::QueueOps::new(app.config.clone(), &app.queue, &storage);
     let (ra, rb) = tokio::join!(
-        aqw::ops::replay(&a, &opts, &|_, _| {}),
-        aqw::ops::replay(&b, &opts, &|_, _| {})
+        aqw_core::ops::replay(&a, &opts, &|_, _| {}),
+        aqw_core::ops::replay(&b, &opts, &|_, _| {})
     );
     let (ra, rb) = (ra.unwrap(), rb.unwrap());
     assert_eq!(ra.replayed + rb.replayed, n, "{ra:?}\n{rb:?}");

@@ -5,7 +5,7 @@
 
 use crate::common::*;
 use aqw::dashboard::{self, AuthConfig, Dashboard, Options};
-use aqw::handlers::HandlerError;
+use aqw_core::handler::HandlerError;
 use axum::body::Body;
 use axum::http::Request;
 use serde_json::{json, Value};
@@ -158,7 +158,9 @@ async fn redacted_fields_never_show_and_replay_and_fix_keep_them() {
         .await
         .unwrap()
         .into_iter()
-        .map(|m| aqw::message::decode(&m.text, aqw::message::MessageEncoding::Base64).unwrap())
+        .map(|m| {
+            aqw_core::message::decode(&m.text, aqw_core::message::MessageEncoding::Base64).unwrap()
+        })
         .collect();
     assert!(sent.contains(&keyed), "replay is byte-exact: {sent:?}");
     let fixed: Vec<Value> = sent

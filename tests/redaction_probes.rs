@@ -9,9 +9,9 @@
 use crate::common::*;
 use crate::dashboard::{bget, dashboard};
 use crate::redaction::poisoned;
-use aqw::handlers::HandlerError;
-use aqw::message::{decode, MessageEncoding};
-use aqw::poison::RecordStatus;
+use aqw_core::handler::HandlerError;
+use aqw_core::message::{decode, MessageEncoding};
+use aqw_core::poison::RecordStatus;
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -70,7 +70,7 @@ async fn an_index_shift_cannot_unmask_a_wildcard_redacted_field() {
     // The corrected job fails again: a new record, its card at /items/1.
     let h = Scripted::new(|_, _| Err(HandlerError::retryable("HTTP 503 card processor down")));
     let w = app.start_worker(h);
-    let ops = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
+    let ops = aqw_core::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
     let again = eventually("the fixed job poisoned again", DEADLINE, || async {
         let all = ops.records().await.unwrap();
         all.into_iter()

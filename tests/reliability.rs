@@ -22,7 +22,7 @@
 use crate::common::free_port;
 
 use crate::common::*;
-use aqw::storage::{QueueStore, Storage, StorageError};
+use aqw_core::storage::{QueueStore, Storage, StorageError};
 use rand::seq::SliceRandom;
 use rand::Rng;
 use serde_json::{json, Value};
@@ -86,15 +86,15 @@ fn jobs(prefix: &str, count: usize) -> (Vec<String>, Vec<String>) {
 async fn enqueue_all(
     q: &Arc<dyn QueueStore>,
     payloads: &[String],
-    encoding: aqw::config::MessageEncoding,
+    encoding: aqw_core::config::MessageEncoding,
 ) {
     use futures::StreamExt;
     let results: Vec<Result<_, StorageError>> = futures::stream::iter(payloads.iter().cloned())
         .map(|p| {
             let q = q.clone();
             async move {
-                let text = aqw::message::encode(&p, encoding);
-                q.put(&text, Duration::ZERO, aqw::storage::Ttl::Default)
+                let text = aqw_core::message::encode(&p, encoding);
+                q.put(&text, Duration::ZERO, aqw_core::storage::Ttl::Default)
                     .await
             }
         })
@@ -202,7 +202,7 @@ async fn poison_records(
     storage: &dyn Storage,
     table: &str,
     queue: &str,
-) -> Vec<(String, String, aqw::storage::Entity)> {
+) -> Vec<(String, String, aqw_core::storage::Entity)> {
     match storage.table(table).query(Some(queue)).await {
         Ok(r) => r,
         Err(StorageError::NotFound) => vec![],
@@ -217,15 +217,15 @@ async fn poison_records(
 async fn unexplained_poison(
     app: &TestApp,
     storage: &dyn Storage,
-    records: &[(String, String, aqw::storage::Entity)],
+    records: &[(String, String, aqw_core::storage::Entity)],
 ) -> Vec<String> {
-    let keys = aqw::idempotency::KeyStore::new(storage.table(&app.keys_table));
+    let keys = aqw_core::idempotency::KeyStore::new(storage.table(&app.keys_table));
     let mut bad = vec![];
     for (_, id, e) in records {
         let kind = e.get("ErrorKind").and_then(Value::as_str).unwrap_or("");
         let key = e.get("Key").and_then(Value::as_str).unwrap_or("");
         let msg = e.get("ErrorMessage").and_then(Value::as_str).unwrap_or("");
-        let status = match aqw::idempotency::IdempotencyKey::new(key) {
+        let status = match aqw_core::idempotency::IdempotencyKey::new(key) {
             Ok(k) => keys
                 .get("Job", &k)
                 .await
@@ -920,12 +920,12 @@ async fn storage_chaos_every_job_processed_once() {
     let conn = format!(
         "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={};\
          QueueEndpoint=http://127.0.0.1:{qport}/devstoreaccount1;TableEndpoint=http://127.0.0.1:{tport}/devstoreaccount1;",
-        aqw::config::DEV_KEY
+        aqw_azure::DEV_KEY
     );
     let env = BTreeMap::from([("AzureWebJobsStorage".to_string(), conn)]);
     let config = Arc::new(aqw::config::load_with_env(app.path(), &env).expect("proxied config"));
-    assert!(config.functions[0]
-        .connection
+    assert!(aqw_azure::connection_of(&config.functions[0].connection)
+        .unwrap()
         .queue_endpoint
         .contains(&format!(":{qport}/")));
     // `app.source()` etc. use `UseDevelopmentStorage=true`: direct, never proxied.
@@ -937,7 +937,7 @@ async fn storage_chaos_every_job_processed_once() {
     let shutdown = CancellationToken::new();
     let worker = tokio::spawn(aqw::worker::run(
         config.clone(),
-        aqw::Registry::new(),
+        aqw::handlers::Registry::new(),
         shutdown.clone(),
     ));
     let watch_stop = CancellationToken::new();
@@ -1132,7 +1132,7 @@ impl PrivateAzurite {
         format!(
             "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={};\
              QueueEndpoint=http://127.0.0.1:{}/devstoreaccount1;TableEndpoint=http://127.0.0.1:{}/devstoreaccount1;",
-            aqw::config::DEV_KEY,
+            aqw_azure::DEV_KEY,
             self.queue_port,
             self.table_port
         )
@@ -1245,14 +1245,16 @@ async fn azurite_restart_mid_run_worker_recovers() {
         azurite.connection_string(),
     )]);
     let config = Arc::new(aqw::config::load_with_env(app.path(), &env).expect("config"));
-    let storage = aqw::storage::connect(&config.functions[0].connection).unwrap();
+    let storage =
+        aqw_azure::connect(aqw_azure::connection_of(&config.functions[0].connection).unwrap())
+            .unwrap();
     let q = storage.queue(&app.queue);
     q.create_if_missing().await.unwrap();
 
     let shutdown = CancellationToken::new();
     let worker = tokio::spawn(aqw::worker::run(
         config.clone(),
-        aqw::Registry::new(),
+        aqw::handlers::Registry::new(),
         shutdown.clone(),
     ));
     eventually("worker ready", Duration::from_secs(30), || async {
@@ -1315,9 +1317,9 @@ async fn azurite_restart_mid_run_worker_recovers() {
     for p in &after {
         // Put without creating the queue: the worker must have done that.
         q.put(
-            &aqw::message::encode(p, config.message_encoding),
+            &aqw_core::message::encode(p, config.message_encoding),
             Duration::ZERO,
-            aqw::storage::Ttl::Default,
+            aqw_core::storage::Ttl::Default,
         )
         .await
         .expect("put after restart");

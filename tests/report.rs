@@ -9,7 +9,7 @@
 //! totals that confirm each effect once.
 
 use crate::common::{aqw, eventually, Scripted, TestApp};
-use aqw::handlers::{HandlerError, ProviderAnswer, Success};
+use aqw_core::handler::{HandlerError, ProviderAnswer, Success};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -312,7 +312,7 @@ async fn the_report_confirms_each_effect_once() {
     );
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let ids = seed_incident(&app, ledger.clone()).await;
-    let key_u = aqw::idempotency::IdempotencyKey::new("order:o-u").unwrap();
+    let key_u = aqw_core::idempotency::IdempotencyKey::new("order:o-u").unwrap();
     let provider_key_u = app
         .keys()
         .get("Job", &key_u)

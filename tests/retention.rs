@@ -4,10 +4,10 @@
 //! next; two sweeping workers keep the key table bounded; bad settings exit 2.
 
 use crate::common::*;
-use aqw::idempotency::{IdempotencyKey, KeyStore, NextAction};
-use aqw::ops::{self, PurgeOptions};
-use aqw::retention::{purge_partition, Pacer, PurgeRun};
-use aqw::storage::{Entity, TableStore};
+use aqw_core::idempotency::{IdempotencyKey, KeyStore, NextAction};
+use aqw_core::ops::{self, PurgeOptions};
+use aqw_core::retention::{purge_partition, Pacer, PurgeRun};
+use aqw_core::storage::{Entity, TableStore};
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
@@ -80,7 +80,11 @@ async fn row_keys(t: &dyn TableStore) -> HashSet<String> {
 }
 
 /// The purge of `app`'s keys, once every settled key is past the cutoff.
-async fn purge_when_old(app: &TestApp, dry_run: bool, settled: u64) -> aqw::retention::PurgeReport {
+async fn purge_when_old(
+    app: &TestApp,
+    dry_run: bool,
+    settled: u64,
+) -> aqw_core::retention::PurgeReport {
     let storage = app.storage();
     let opts = PurgeOptions {
         older_than: None,
@@ -249,7 +253,7 @@ async fn a_key_changed_after_the_scan_is_kept() {
         .unwrap();
     assert_eq!((c.deleted, c.kept_changed), (0, 1), "{c:?}");
     let rec = keys.get("Job", &key("replayed")).await.unwrap().unwrap();
-    assert_eq!(rec.status, aqw::idempotency::KeyStatus::Pending);
+    assert_eq!(rec.status, aqw_core::idempotency::KeyStatus::Pending);
     app.cleanup().await;
 }
 
@@ -331,9 +335,9 @@ async fn two_sweeping_workers_keep_the_key_table_bounded() {
     // Jobs whose id starts with "bad" fail for good: poisoned keys, open records.
     let handler = Scripted::new(|job, _| {
         if job.payload.contains("\"bad") {
-            Err(aqw::HandlerError::permanent("bad job"))
+            Err(aqw_core::handler::HandlerError::permanent("bad job"))
         } else {
-            Ok(aqw::Success::done())
+            Ok(aqw_core::handler::Success::done())
         }
     });
     let (w1, w2) = (
@@ -358,7 +362,10 @@ async fn two_sweeping_workers_keep_the_key_table_bounded() {
     }
     assert!(max_seen <= wave + protected.len() + 1, "{max_seen}");
     let left = row_keys(table.as_ref()).await;
-    assert!(left.contains(aqw::retention::sweep::LEASE_ROW), "{left:?}");
+    assert!(
+        left.contains(aqw_core::retention::sweep::LEASE_ROW),
+        "{left:?}"
+    );
     println!(
         "key table bound: at most {max_seen} entities over 4 waves of {wave} jobs; {} left (poisoned keys of open records + the sweeper lease)",
         left.len()
@@ -423,7 +430,7 @@ async fn bad_retention_settings_exit_2_naming_the_setting() {
 
 #[tokio::test]
 async fn one_sweeper_holds_the_lease_and_another_takes_over_when_it_expires() {
-    use aqw::retention::sweep::SweepLease;
+    use aqw_core::retention::sweep::SweepLease;
     let app = no_sweep_app();
     let table = app.keys().table().clone();
     table.create_if_missing().await.unwrap();

@@ -121,7 +121,8 @@ async fn serve_instances_put_each_tick_once() {
             let ticks: Vec<String> = peeked
                 .iter()
                 .map(|m| {
-                    let text = aqw::message::decode(&m.text, app.config.message_encoding).unwrap();
+                    let text =
+                        aqw_core::message::decode(&m.text, app.config.message_encoding).unwrap();
                     let job: serde_json::Value = serde_json::from_str(&text).unwrap();
                     job["tick"].as_str().unwrap_or_default().to_string()
                 })

@@ -7,9 +7,10 @@
 use crate::common::free_port;
 
 use crate::common::*;
-use aqw::handlers::{Handler, HandlerError, Job, Registry, Success};
-use aqw::poison::PoisonEnvelope;
+use aqw::handlers::Registry;
 use aqw::serve::{app, parse_invocation, ServeState, Shape};
+use aqw_core::handler::{Handler, HandlerError, Job, Success};
+use aqw_core::poison::PoisonEnvelope;
 use async_trait::async_trait;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
@@ -84,8 +85,11 @@ fn host_binary_invocation(binding: &str, bytes: &[u8], id: &str, dequeue: u32) -
 pub(crate) async fn state(app: &TestApp, handler: Arc<dyn Handler>) -> ServeState {
     let registry = Registry::new().register("Job", handler);
     let rts =
-        aqw::app::runtimes(&app.config, &registry, &aqw::telemetry::Alerts::disabled()).unwrap();
-    assert!(aqw::app::ensure_resources(&rts, &tokio_util::sync::CancellationToken::new()).await);
+        aqw::app::runtimes(&app.config, &registry, &aqw_core::alert::Alerts::disabled()).unwrap();
+    assert!(
+        aqw_core::runtime::ensure_resources(&rts, &tokio_util::sync::CancellationToken::new())
+            .await
+    );
     ServeState::new(rts)
 }
 
@@ -163,7 +167,7 @@ async fn every_fixture_shape_parses_to_the_exact_message() {
             "{name}"
         );
         assert_eq!(
-            aqw::message::decode(&inv.message.text, enc).unwrap(),
+            aqw_core::message::decode(&inv.message.text, enc).unwrap(),
             text,
             "{name}"
         );
@@ -318,7 +322,7 @@ async fn host_shaped_failures_are_put_back_until_the_cap_then_aqw_poisons_with_a
     assert_eq!(env.dequeue_count, 5);
     assert_eq!(
         env.message.as_deref(),
-        Some(aqw::message::encode(payload, app_.config.message_encoding).as_str())
+        Some(aqw_core::message::encode(payload, app_.config.message_encoding).as_str())
     );
     let (e, _) = app_
         .records()

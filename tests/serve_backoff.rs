@@ -14,10 +14,10 @@
 
 use crate::common::*;
 use crate::serve::{call, host_invocation, state};
-use aqw::handlers::HandlerError;
-use aqw::poison::PoisonEnvelope;
 use aqw::serve::ServeState;
-use aqw::storage::Storage;
+use aqw_core::handler::HandlerError;
+use aqw_core::poison::PoisonEnvelope;
+use aqw_core::storage::Storage;
 use axum::http::StatusCode;
 use serde_json::json;
 use std::sync::{Arc, Mutex};
@@ -43,7 +43,7 @@ fn backoff_app(max_dequeue_count: u32) -> TestApp {
 async fn host_round(app: &TestApp, s: &ServeState) -> Option<(u32, StatusCode)> {
     let q = app.source();
     let msg = q.receive(1, Duration::from_secs(30)).await.ok()?.pop()?;
-    let text = aqw::message::decode(&msg.text, app.config.message_encoding).unwrap();
+    let text = aqw_core::message::decode(&msg.text, app.config.message_encoding).unwrap();
     let body = host_invocation("job", &text, &msg.id, msg.dequeue_count);
     let (status, v) = call(s, "Job", body).await;
     if status.is_success() {
@@ -80,7 +80,7 @@ async fn a_flaky_provider_under_serve_sees_attempts_spread_by_the_backoff_and_co
         seen.lock().unwrap().push(Instant::now());
         match n {
             1 | 2 => Err(HandlerError::retryable(format!("HTTP 503: flaky #{n}"))),
-            _ => Ok(aqw::Success::done()),
+            _ => Ok(aqw_core::handler::Success::done()),
         }
     });
     let s = state(&app, h.clone()).await;
@@ -97,7 +97,7 @@ async fn a_flaky_provider_under_serve_sees_attempts_spread_by_the_backoff_and_co
     assert!(gaps[0] >= Duration::from_millis(800), "{gaps:?}");
     assert!(gaps[1] >= Duration::from_millis(1600), "{gaps:?}");
     println!("gaps between attempts under serve: {gaps:?}");
-    let key = aqw::idempotency::IdempotencyKey::new("receipt:flaky-1").unwrap();
+    let key = aqw_core::idempotency::IdempotencyKey::new("receipt:flaky-1").unwrap();
     let rec = app.keys().get("Job", &key).await.unwrap().unwrap();
     assert_eq!(rec.status.as_str(), "done");
     let counted: Vec<u32> = rec.history.iter().map(|a| a.dequeue_count).collect();
@@ -119,7 +119,7 @@ async fn a_providers_retry_after_is_honoured_under_serve_and_spends_no_attempt()
                 retry_after: Some(Duration::from_secs(3)),
                 may_have_taken_effect: false,
             }),
-            _ => Ok(aqw::Success::done()),
+            _ => Ok(aqw_core::handler::Success::done()),
         }
     });
     let s = state(&app, h.clone()).await;
@@ -138,7 +138,7 @@ async fn a_providers_retry_after_is_honoured_under_serve_and_spends_no_attempt()
         starts[1] - starts[0] >= Duration::from_secs(3),
         "{starts:?}"
     );
-    let key = aqw::idempotency::IdempotencyKey::new("receipt:later-1").unwrap();
+    let key = aqw_core::idempotency::IdempotencyKey::new("receipt:later-1").unwrap();
     let rec = app.keys().get("Job", &key).await.unwrap().unwrap();
     let counted: Vec<u32> = rec.history.iter().map(|a| a.dequeue_count).collect();
     assert_eq!(counted, vec![1, 1], "the 429 spent no attempt");
@@ -195,9 +195,9 @@ async fn a_keyless_function_under_serve_keeps_the_hosts_retry() {
 /// A key claimed and settled `done` (or left `poisoned`) by hand.
 async fn key_in(app: &TestApp, k: &str, done: bool) {
     let keys = app.keys();
-    let key = aqw::idempotency::IdempotencyKey::new(k).unwrap();
+    let key = aqw_core::idempotency::IdempotencyKey::new(k).unwrap();
     let lease = Duration::from_secs(600);
-    let aqw::idempotency::NextAction::Run(c) = keys
+    let aqw_core::idempotency::NextAction::Run(c) = keys
         .claim("Job", &key, "test/m/1", lease, "m")
         .await
         .unwrap()
@@ -242,16 +242,16 @@ async fn the_sweep_and_heartbeats_run_under_a_serve_only_app() {
         (keys.len() == 2).then_some(keys)
     })
     .await;
-    let kept = aqw::idempotency::IdempotencyKey::new("kept")
+    let kept = aqw_core::idempotency::IdempotencyKey::new("kept")
         .unwrap()
         .row_key();
     assert!(left.contains(&kept), "{left:?}");
     assert!(
-        left.contains(&aqw::retention::sweep::LEASE_ROW.to_string()),
+        left.contains(&aqw_core::retention::sweep::LEASE_ROW.to_string()),
         "{left:?}"
     );
     let beats =
-        aqw::heartbeat::HeartbeatStore::new(app.storage().table(&app.config.heartbeat_table));
+        aqw_core::heartbeat::HeartbeatStore::new(app.storage().table(&app.config.heartbeat_table));
     let polls = eventually(
         "both instances' heartbeats",
         Duration::from_secs(30),

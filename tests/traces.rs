@@ -269,7 +269,7 @@ async fn enqueue_as_producer(app: &TestApp, payload: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     let peeked = app.source().peek(1).await.unwrap();
-    aqw::message::decode(&peeked[0].text, app.config.message_encoding).unwrap()
+    aqw_core::message::decode(&peeked[0].text, app.config.message_encoding).unwrap()
 }
 
 #[tokio::test]

@@ -8,7 +8,7 @@
 //! page shows the same plan, and `aqw oncall` prints every kind's page.
 
 use crate::common::{aqw, aqw_bin, eventually, Scripted, TestApp, CONN};
-use aqw::handlers::{HandlerError, Success};
+use aqw_core::handler::{HandlerError, Success};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde_json::{json, Value};
@@ -78,7 +78,7 @@ async fn seeded() -> (TestApp, Arc<Mutex<HashSet<String>>>) {
     .await;
     w.stop().await;
     // o-1 was in fact paid: the provider's lookup knows its provider key.
-    let k = aqw::idempotency::IdempotencyKey::new("payout:o-1").unwrap();
+    let k = aqw_core::idempotency::IdempotencyKey::new("payout:o-1").unwrap();
     let rec = app.keys().get("Job", &k).await.unwrap().unwrap();
     applied.lock().unwrap().insert(rec.provider_key);
     (app, applied)
@@ -255,11 +255,11 @@ async fn triage_groups_an_incident_and_its_printed_commands_close_it() {
     );
     let out = aqw(app.path(), &["triage", q]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("nothing open"));
-    let k = aqw::idempotency::IdempotencyKey::new("payout:c-1").unwrap();
+    let k = aqw_core::idempotency::IdempotencyKey::new("payout:c-1").unwrap();
     let closed = app.keys().get("Job", &k).await.unwrap().unwrap();
     assert_eq!(
         closed.status,
-        aqw::idempotency::KeyStatus::Cancelled,
+        aqw_core::idempotency::KeyStatus::Cancelled,
         "the closed account never runs"
     );
     app.cleanup().await;

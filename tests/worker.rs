@@ -2,9 +2,9 @@
 //! lease renewal, shutdown, crash-safe poison path, config errors.
 
 use crate::common::*;
-use aqw::handlers::{HandlerError, Success};
-use aqw::message::ErrorKind;
-use aqw::poison::PoisonEnvelope;
+use aqw_core::handler::{HandlerError, Success};
+use aqw_core::message::ErrorKind;
+use aqw_core::poison::PoisonEnvelope;
 use serde_json::json;
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ async fn always_failing_job_uses_every_attempt_then_poisons_once() {
     let app = TestApp::new(keyed(), json!({"maxDequeueCount": 5}), json!({}));
     let payload = r#"{"id":"a-1","note":"exact text ✓"}"#;
     let id = app.enqueue(payload).await;
-    let original_text = aqw::message::encode(payload, app.config.message_encoding);
+    let original_text = aqw_core::message::encode(payload, app.config.message_encoding);
     let h = Scripted::new(|_, n| {
         Err(HandlerError::retryable(format!(
             "provider down (attempt {n})"
@@ -66,12 +66,12 @@ async fn always_failing_job_uses_every_attempt_then_poisons_once() {
         .keys()
         .get(
             "Job",
-            &aqw::idempotency::IdempotencyKey::new("job:a-1").unwrap(),
+            &aqw_core::idempotency::IdempotencyKey::new("job:a-1").unwrap(),
         )
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(key.status, aqw::idempotency::KeyStatus::Poisoned);
+    assert_eq!(key.status, aqw_core::idempotency::KeyStatus::Poisoned);
     assert_eq!(key.attempts, 5);
     app.cleanup().await;
 }
@@ -128,7 +128,7 @@ async fn permanent_error_and_undecodable_message_poison_after_one_attempt() {
     let raw_id = app.enqueue_raw("%%% not base64 %%%").await;
     let utf8_id = app
         .enqueue_raw(
-            &aqw::message::encode("x", app.config.message_encoding).replace("eA==", "/w=="),
+            &aqw_core::message::encode("x", app.config.message_encoding).replace("eA==", "/w=="),
         )
         .await;
     let w = app.start_worker(h.clone());
@@ -177,13 +177,13 @@ async fn fails_twice_then_succeeds_without_poison() {
     });
     let w = app.start_worker(h.clone());
     let keys = app.keys();
-    let k = aqw::idempotency::IdempotencyKey::new("job:flaky").unwrap();
+    let k = aqw_core::idempotency::IdempotencyKey::new("job:flaky").unwrap();
     eventually("key done", DEADLINE, || async {
         keys.get("Job", &k)
             .await
             .ok()
             .flatten()
-            .filter(|r| r.status == aqw::idempotency::KeyStatus::Done)
+            .filter(|r| r.status == aqw_core::idempotency::KeyStatus::Done)
             .map(|_| ())
     })
     .await;
@@ -234,15 +234,15 @@ async fn crash_between_poison_put_and_source_delete_leaves_one_copy() {
         .unwrap()
         .remove(0);
     let storage = app.storage();
-    let rt = aqw::app::FunctionRuntime::new(
+    let rt = aqw_core::runtime::FunctionRuntime::new(
         app.config.clone(),
         app.config.functions[0].clone(),
         &storage,
         Scripted::new(|_, _| Ok(Success::done())),
-        aqw::telemetry::Alerts::disabled(),
+        aqw_core::alert::Alerts::disabled(),
     );
     app.records().create_if_missing().await.unwrap();
-    let err = aqw::message::ErrorInfo {
+    let err = aqw_core::message::ErrorInfo {
         kind: ErrorKind::Permanent,
         message: "boom".into(),
     };
@@ -276,7 +276,7 @@ async fn sixty_four_kib_message_poisons_byte_exact() {
         json!({"messageEncoding": "none"}),
         json!({}),
     );
-    let text = "z".repeat(aqw::message::MAX_MESSAGE_TEXT);
+    let text = "z".repeat(aqw_core::message::MAX_MESSAGE_TEXT);
     let id = app.enqueue_raw(&text).await;
     let h = Scripted::new(|_, _| Err(HandlerError::permanent("too big to handle")));
     let w = app.start_worker(h.clone());
@@ -292,7 +292,7 @@ async fn sixty_four_kib_message_poisons_byte_exact() {
         "the envelope carries a reference"
     );
     let (e, _) = app.records().get(&app.queue, &id).await.unwrap().unwrap();
-    let rec = aqw::poison::PoisonRecord::from_entity(&e);
+    let rec = aqw_core::poison::PoisonRecord::from_entity(&e);
     assert_eq!(
         rec.message, text,
         "the record holds the full text byte-exact"
@@ -376,7 +376,7 @@ fn config_errors_exit_2_naming_the_field_before_any_network_access() {
     let port = listener.local_addr().unwrap().port();
     let conn = format!(
         "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={};QueueEndpoint=http://127.0.0.1:{port}/devstoreaccount1;TableEndpoint=http://127.0.0.1:{port}/devstoreaccount1",
-        aqw::config::DEV_KEY
+        aqw_azure::DEV_KEY
     );
     let cases: &[(&str, &str)] = &[
         ("{ not json", "invalid JSON"),
@@ -444,10 +444,7 @@ fn config_errors_exit_2_naming_the_field_before_any_network_access() {
             stderr.contains("host.json") || stderr.contains("environment"),
             "{stderr}"
         );
-        assert!(
-            !stderr.contains(aqw::config::DEV_KEY),
-            "no secret in errors"
-        );
+        assert!(!stderr.contains(aqw_azure::DEV_KEY), "no secret in errors");
     }
     // A function folder and host.json disagreeing on the queue.
     let dir = tempfile::tempdir().unwrap();
@@ -515,7 +512,7 @@ async fn enqueue_rejects_oversize_payload_before_any_io() {
     );
     let msgs = app.source().peek(1).await.unwrap();
     assert_eq!(
-        aqw::message::decode(&msgs[0].text, app.config.message_encoding).unwrap(),
+        aqw_core::message::decode(&msgs[0].text, app.config.message_encoding).unwrap(),
         r#"{"id":"1"}"#
     );
     app.cleanup().await;

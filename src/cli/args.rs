@@ -3,10 +3,11 @@
 //! example (a test below walks the tree).
 
 use aqw::telemetry::LogFormat;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
-pub use super::keys_args::{KeyStatusFilter, KeysCmd};
+use super::keys_args::KeysCmd;
+use super::render::Output;
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -41,14 +42,6 @@ pub struct Cli {
     pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Output {
-    /// Tables and lines for a person.
-    Text,
-    /// Complete JSON for a program.
-    Json,
 }
 
 #[derive(Subcommand)]
@@ -256,7 +249,7 @@ pub enum PoisonCmd {
         #[arg(long)]
         wait: Option<String>,
         /// Records replayed at once (with --id; an --all operation sets its own).
-        #[arg(long, default_value_t = aqw::ops::DEFAULT_REPLAY_CONCURRENCY as u64, value_parser = clap::value_parser!(u64).range(1..=64))]
+        #[arg(long, default_value_t = aqw_core::ops::DEFAULT_REPLAY_CONCURRENCY as u64, value_parser = clap::value_parser!(u64).range(1..=64))]
         concurrency: u64,
         /// Go ahead although the provider key is older than the function's
         /// providerKeyWindow (the provider may have forgotten it); kept on the record.
@@ -355,21 +348,6 @@ pub enum ConfigCmd {
         after_help = "Examples:\n  aqw config show --app ./app\n  aqw config show --output json"
     )]
     Show,
-}
-
-/// The options both purge commands share.
-#[derive(Args)]
-pub struct PurgeArgs {
-    /// Only this function's keys (default: every function of the app).
-    #[arg(long)]
-    pub function: Option<String>,
-    /// Purge what last changed longer ago than this ([d.]hh:mm:ss) instead of
-    /// the configured retention.
-    #[arg(long)]
-    pub older_than: Option<String>,
-    /// Count what would be deleted; delete nothing.
-    #[arg(long)]
-    pub dry_run: bool,
 }
 
 #[cfg(test)]

@@ -1,15 +1,18 @@
 //! Dispatch: each command turns its arguments into a call of the library
-//! (`aqw::ops`, `aqw::worker`, `aqw::serve`), renders the data it returns,
+//! (`aqw_core::ops`, `aqw::worker`, `aqw::serve`), renders the data it returns,
 //! and says which exit code that means.
 
 use super::args::{
-    Cli, Command, ConfigCmd, DashboardArgs, EnqueueArgs, KeysCmd, Output, PauseArgs, PoisonCmd,
-    ResumeArgs,
+    Cli, Command, ConfigCmd, DashboardArgs, EnqueueArgs, PauseArgs, PoisonCmd, ResumeArgs,
 };
 use super::exit::{Exit, Failure};
+use super::keys_args::KeysCmd;
+use super::load::{connect, function_storage, load, parse_error_regex, parse_time, queue_ops};
 use super::render;
-use aqw::config::{self, AppConfig};
-use aqw::ops::{self, Filter, FixAction, QueueOps, ReplayOptions};
+use super::render::Output;
+use aqw::config::{self};
+use aqw_core::config::AppConfig;
+use aqw_core::ops::{self, Filter, FixAction, QueueOps, ReplayOptions};
 use clap::CommandFactory;
 use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
@@ -44,7 +47,7 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Failure> {
         Command::Keys(KeysCmd::Show { function, key }) => {
             super::keys::keys_show(&cli.app, &function, &key, output).await
         }
-        cmd @ Command::Keys(KeysCmd::List { .. }) => {
+        Command::Keys(cmd @ KeysCmd::List { .. }) => {
             super::keys::keys_list(&cli.app, cmd, output).await
         }
         Command::Keys(KeysCmd::Check { function, key }) => {
@@ -59,7 +62,7 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Failure> {
 
 async fn run(app_dir: &Path) -> Result<Exit, Failure> {
     let app = load(app_dir)?;
-    let registry = aqw::Registry::new();
+    let registry = aqw::handlers::Registry::new();
     aqw::app::preflight(&app, &registry).map_err(Failure::usage)?;
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone());
@@ -71,7 +74,7 @@ async fn run(app_dir: &Path) -> Result<Exit, Failure> {
 
 async fn serve(app_dir: &Path) -> Result<Exit, Failure> {
     let app = load(app_dir)?;
-    let registry = aqw::Registry::new();
+    let registry = aqw::handlers::Registry::new();
     aqw::app::preflight(&app, &registry).map_err(Failure::usage)?;
     aqw::config::queues::serve_refusals(&app).map_err(Failure::usage)?;
     let port = aqw::serve::port_from_env(std::env::var("FUNCTIONS_CUSTOMHANDLER_PORT").ok())
@@ -140,12 +143,12 @@ async fn enqueue(app_dir: &Path, a: EnqueueArgs, output: Output) -> Result<Exit,
     let payload = read_payload(a.payload, a.file, a.stdin.as_deref())?;
     // The producer span; its context goes into the payload where
     // aqw.tracing.parent says (joining TRACEPARENT from the environment).
-    let span = aqw::traces::enqueue_span(&a.queue);
+    let span = aqw_core::traces::enqueue_span(&a.queue);
     let payload = ops::with_trace_context(&app, &payload, &span);
     let delivery = parse_delivery(a.delay.as_deref(), a.at.as_deref(), a.ttl.as_deref())?;
     let job = ops::prepare_enqueue(&app, &a.queue, &payload, a.force)?;
-    let storage = aqw::app::connect(&job.connection).map_err(|e| Failure::usage(e.to_string()))?;
-    let done = ops::enqueue_with(job, delivery, &storage)
+    let storage = connect(&job.connection)?;
+    let done = ops::enqueue_with(job, delivery, storage.as_ref())
         .instrument(span)
         .await?;
     render::enqueued(&done, output);
@@ -173,7 +176,7 @@ async fn status(app_dir: &Path, output: Output) -> Result<Exit, Failure> {
         let status = aqw_core::schedule::status(&app, s, qo.control.table().as_ref(), &qo.keys)
             .await
             .unwrap_or_else(|e| {
-                let why = aqw::telemetry::scrub(&e.to_string());
+                let why = aqw_core::scrub::scrub(&e.to_string());
                 aqw_core::schedule::ScheduleStatus::unread(s, why)
             });
         schedules.push(status);
@@ -187,7 +190,7 @@ async fn status(app_dir: &Path, output: Output) -> Result<Exit, Failure> {
 async fn pause(app_dir: &Path, a: PauseArgs, output: Output) -> Result<Exit, Failure> {
     let app = load(app_dir)?;
     let storage = function_storage(&app, &a.function)?;
-    let store = ops::control_store(&app, &a.function, &storage)?;
+    let store = ops::control_store(&app, &a.function, storage.as_ref())?;
     let row = ops::pause(&store, &a.function, &a.by, &a.reason).await?;
     render::control(&a.function, &row, output);
     Ok(Exit::Ok)
@@ -196,21 +199,10 @@ async fn pause(app_dir: &Path, a: PauseArgs, output: Output) -> Result<Exit, Fai
 async fn resume(app_dir: &Path, a: ResumeArgs, output: Output) -> Result<Exit, Failure> {
     let app = load(app_dir)?;
     let storage = function_storage(&app, &a.function)?;
-    let store = ops::control_store(&app, &a.function, &storage)?;
+    let store = ops::control_store(&app, &a.function, storage.as_ref())?;
     let row = ops::resume(&store, &a.function, &a.by).await?;
     render::control(&a.function, &row, output);
     Ok(Exit::Ok)
-}
-
-/// The storage account of `function` (a usage error when it is unknown).
-fn function_storage(
-    app: &AppConfig,
-    function: &str,
-) -> Result<aqw::storage::AzureStorage, Failure> {
-    let f = app
-        .function(function)
-        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
-    aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))
 }
 
 /// `config show`: the effective configuration, secrets masked.
@@ -429,9 +421,10 @@ async fn replay_group(
     output: Output,
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<ops::ReplayReport, Failure> {
-    let store = aqw::ops::operation::OperationStore::new(ops.control.table().clone());
+    let store = aqw_core::ops::operation::OperationStore::new(ops.control.table().clone());
     let exec = super::ops::executor(false);
-    let (op, report) = aqw::ops::operation::replay_group(ops, &store, opts, exec, progress).await?;
+    let (op, report) =
+        aqw_core::ops::operation::replay_group(ops, &store, opts, exec, progress).await?;
     if let (Output::Text, Some(op)) = (output, op) {
         outln!(
             "operation {}: {} ({} of {} record(s) handled); `aqw ops show {}`",
@@ -512,43 +505,12 @@ fn progress_bar(output: Output) -> Option<indicatif::ProgressBar> {
     Some(b)
 }
 
-pub(super) fn load(app: &Path) -> Result<Arc<AppConfig>, Failure> {
-    config::load(app)
-        .map(Arc::new)
-        .map_err(|e| Failure::usage(format!("{e:#}")))
-}
-
-pub(super) fn queue_ops(app: &Arc<AppConfig>, queue: &str) -> Result<QueueOps, Failure> {
-    let connection = app
-        .function_for_queue(queue)
-        .map(|f| &f.connection)
-        .ok_or_else(|| {
-            let known: Vec<&str> = app.functions.iter().map(|f| f.queue.as_str()).collect();
-            Failure::usage(format!(
-                "queue \"{queue}\" is not consumed by any function of this app (known: {})",
-                known.join(", ")
-            ))
-        })?;
-    let storage = aqw::app::connect(connection).map_err(|e| Failure::usage(e.to_string()))?;
-    Ok(QueueOps::new(app.clone(), queue, &storage))
-}
-
-pub(super) fn parse_time(s: &str) -> Result<time::OffsetDateTime, Failure> {
-    ops::parse_time(s).map_err(Failure::usage)
-}
-
-pub(super) fn parse_error_regex(error: Option<&str>) -> Result<Option<regex::Regex>, Failure> {
-    error
-        .map(regex::Regex::new)
-        .transpose()
-        .map_err(|e| Failure::usage(format!("--error: {e}")))
-}
-
 /// `--wait`: a timespan of at most a day (a replayed key is done within its
 /// retries, far sooner).
 fn parse_wait(wait: Option<&str>) -> Result<Option<Duration>, Failure> {
     let Some(w) = wait else { return Ok(None) };
-    let d = config::parse_timespan(w).map_err(|e| Failure::usage(format!("--wait: {e}")))?;
+    let d =
+        aqw_core::config::parse_timespan(w).map_err(|e| Failure::usage(format!("--wait: {e}")))?;
     if d > Duration::from_secs(24 * 3600) {
         return Err(Failure::usage("--wait must be at most 1.00:00:00 (a day)"));
     }
@@ -563,16 +525,17 @@ fn parse_delivery(
     ttl: Option<&str>,
 ) -> Result<ops::Delivery, Failure> {
     let ttl = match ttl {
-        None => aqw::storage::Ttl::Default,
-        Some("never") => aqw::storage::Ttl::Never,
-        Some(t) => aqw::storage::Ttl::After(
-            config::parse_timespan(t).map_err(|e| Failure::usage(format!("--ttl: {e}")))?,
+        None => aqw_core::storage::Ttl::Default,
+        Some("never") => aqw_core::storage::Ttl::Never,
+        Some(t) => aqw_core::storage::Ttl::After(
+            aqw_core::config::parse_timespan(t)
+                .map_err(|e| Failure::usage(format!("--ttl: {e}")))?,
         ),
     };
     let delivery = match (delay, at) {
         (Some(d), _) => {
-            let d =
-                config::parse_timespan(d).map_err(|e| Failure::usage(format!("--delay: {e}")))?;
+            let d = aqw_core::config::parse_timespan(d)
+                .map_err(|e| Failure::usage(format!("--delay: {e}")))?;
             ops::Delivery::after(d, ttl)
         }
         (None, Some(t)) => {

@@ -1,7 +1,7 @@
 //! Exit codes, decided once: every command returns an [`Exit`] or a
 //! [`Failure`], and `main` maps it to the process exit code.
 
-use aqw::ops::OpsError;
+use aqw_core::ops::OpsError;
 
 /// The process exit code of a command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,11 +1,12 @@
 //! `aqw keys …`: show, list, check (the provider's lookup) and
 //! new-provider-key.
 
-use super::args::{Command, KeyStatusFilter, KeysCmd, Output};
-use super::commands::{load, parse_time};
 use super::exit::{Exit, Failure};
+use super::keys_args::{KeyStatusFilter, KeysCmd};
+use super::load::{connect, function_named, load, parse_time};
 use super::render;
-use aqw::ops;
+use super::render::Output;
+use aqw_core::ops;
 use std::path::Path;
 
 pub(super) async fn keys_show(
@@ -15,11 +16,9 @@ pub(super) async fn keys_show(
     output: Output,
 ) -> Result<Exit, Failure> {
     let app = load(app_dir)?;
-    let f = app
-        .function(function)
-        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
-    let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
-    let rec = ops::key_record(&app, &storage, function, key).await?;
+    let f = function_named(&app, function)?;
+    let storage = connect(&f.connection)?;
+    let rec = ops::key_record(&app, storage.as_ref(), function, key).await?;
     render::key_record(function, key, rec.as_ref(), output);
     // A key never claimed is worth a look: a typo, or a job not yet run.
     Ok(Exit::needs_a_person_if(rec.is_none()))
@@ -28,39 +27,39 @@ pub(super) async fn keys_show(
 /// `keys list`: the function's keys the filters select.
 pub(super) async fn keys_list(
     app_dir: &Path,
-    cmd: Command,
+    cmd: KeysCmd,
     output: Output,
 ) -> Result<Exit, Failure> {
-    let Command::Keys(KeysCmd::List {
+    let KeysCmd::List {
         function,
         prefix,
         status,
         since,
         until,
         limit,
-    }) = cmd
+    } = cmd
     else {
         unreachable!("keys_list is called with keys list only");
     };
     let app = load(app_dir)?;
-    let f = app
-        .function(&function)
-        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
-    let query = aqw::idempotency::KeyQuery {
+    let f = function_named(&app, &function)?;
+    let query = aqw_core::idempotency::KeyQuery {
         prefix,
         status: status.map(|s| match s {
-            KeyStatusFilter::Pending => aqw::idempotency::KeyStatus::Pending,
-            KeyStatusFilter::Done => aqw::idempotency::KeyStatus::Done,
-            KeyStatusFilter::Poisoned => aqw::idempotency::KeyStatus::Poisoned,
-            KeyStatusFilter::Cancelled => aqw::idempotency::KeyStatus::Cancelled,
+            KeyStatusFilter::Pending => aqw_core::idempotency::KeyStatus::Pending,
+            KeyStatusFilter::Done => aqw_core::idempotency::KeyStatus::Done,
+            KeyStatusFilter::Poisoned => aqw_core::idempotency::KeyStatus::Poisoned,
+            KeyStatusFilter::Cancelled => aqw_core::idempotency::KeyStatus::Cancelled,
         }),
         since: since.as_deref().map(parse_time).transpose()?,
         until: until.as_deref().map(parse_time).transpose()?,
         limit,
     };
-    let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
-    let keys =
-        aqw::idempotency::KeyStore::new(aqw::storage::Storage::table(&storage, &app.keys_table));
+    let storage = connect(&f.connection)?;
+    let keys = aqw_core::idempotency::KeyStore::new(aqw_core::storage::Storage::table(
+        storage.as_ref(),
+        &app.keys_table,
+    ));
     let listed = keys
         .list(&function, &query)
         .await
@@ -69,7 +68,7 @@ pub(super) async fn keys_list(
     let unsettled = listed.iter().any(|k| {
         matches!(
             k.status,
-            aqw::idempotency::KeyStatus::Pending | aqw::idempotency::KeyStatus::Poisoned
+            aqw_core::idempotency::KeyStatus::Pending | aqw_core::idempotency::KeyStatus::Poisoned
         )
     });
     Ok(Exit::needs_a_person_if(unsettled))
@@ -84,11 +83,9 @@ pub(super) async fn keys_check(
     output: Output,
 ) -> Result<Exit, Failure> {
     let app = load(app_dir)?;
-    let f = app
-        .function(function)
-        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
-    let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
-    let Some(rec) = ops::key_record(&app, &storage, function, key).await? else {
+    let f = function_named(&app, function)?;
+    let storage = connect(&f.connection)?;
+    let Some(rec) = ops::key_record(&app, storage.as_ref(), function, key).await? else {
         render::key_record(function, key, None, output);
         return Ok(Exit::NeedsAPerson);
     };
@@ -125,13 +122,13 @@ pub(super) async fn new_provider_key(
         ));
     }
     let app = load(app_dir)?;
-    let f = app
-        .function(&function)
-        .ok_or_else(|| Failure::usage(format!("no function named {function}")))?;
-    let key = aqw::idempotency::IdempotencyKey::new(key).map_err(Failure::usage)?;
-    let storage = aqw::app::connect(&f.connection).map_err(|e| Failure::usage(e.to_string()))?;
-    let keys =
-        aqw::idempotency::KeyStore::new(aqw::storage::Storage::table(&storage, &app.keys_table));
+    let f = function_named(&app, &function)?;
+    let key = aqw_core::idempotency::IdempotencyKey::new(key).map_err(Failure::usage)?;
+    let storage = connect(&f.connection)?;
+    let keys = aqw_core::idempotency::KeyStore::new(aqw_core::storage::Storage::table(
+        storage.as_ref(),
+        &app.keys_table,
+    ));
     let (code, json, text) = if dry_run {
         let rehearsed = keys
             .rehearse_provider_key(&function, &key)
@@ -156,7 +153,10 @@ pub(super) async fn new_provider_key(
 type Said = (Exit, serde_json::Value, String);
 
 /// What a replacement did: the new provider key, or why none.
-fn replacement(key: &aqw::idempotency::IdempotencyKey, replaced: Result<String, String>) -> Said {
+fn replacement(
+    key: &aqw_core::idempotency::IdempotencyKey,
+    replaced: Result<String, String>,
+) -> Said {
     match replaced {
         Ok(new) => (
             Exit::Ok,
@@ -173,10 +173,10 @@ fn replacement(key: &aqw::idempotency::IdempotencyKey, replaced: Result<String, 
 /// What a replacement would do: the key's state and the provider key it
 /// would replace, or why it would be refused.
 fn rehearsal(
-    key: &aqw::idempotency::IdempotencyKey,
+    key: &aqw_core::idempotency::IdempotencyKey,
     reason: &str,
     by: &str,
-    rehearsed: Result<aqw::idempotency::KeyRecord, String>,
+    rehearsed: Result<aqw_core::idempotency::KeyRecord, String>,
 ) -> Said {
     match rehearsed {
         Ok(rec) => (
@@ -198,7 +198,7 @@ fn rehearsal(
     }
 }
 
-fn refused(key: &aqw::idempotency::IdempotencyKey, why: String, dry_run: bool) -> Said {
+fn refused(key: &aqw_core::idempotency::IdempotencyKey, why: String, dry_run: bool) -> Said {
     let mut json = serde_json::json!({"key": key.as_str(), "replaced": false, "why": why});
     if dry_run {
         json["dryRun"] = serde_json::json!(true);

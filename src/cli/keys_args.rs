@@ -1,7 +1,7 @@
 //! The `aqw keys` subcommands' arguments (clap's derive types), apart from
 //! `args.rs` so that file stays under the size limit.
 
-use super::args::PurgeArgs;
+use super::purge::PurgeArgs;
 use clap::{Subcommand, ValueEnum};
 
 /// Which keys `keys list` shows.

@@ -1,5 +1,5 @@
 //! The command line over the library: [`args`] (clap's types), [`commands`]
-//! (dispatch to `aqw::ops` and friends), [`render`] (text and JSON output),
+//! (dispatch to `aqw_core::ops` and friends), [`render`] (text and JSON output),
 //! `poison_list` (`poison list`, its redaction), `purge` (the two purge commands), `report` (`poison report`), [`triage`] (`aqw triage`), [`oncall`] (`aqw oncall`, the embedded runbook), [`ops`] (durable group operations) and [`exit`] (the exit codes, decided once).
 
 /// `println!` for the CLI's output: a closed pipe (`aqw poison list q |
@@ -55,6 +55,7 @@ mod commands;
 pub mod exit;
 mod keys;
 mod keys_args;
+mod load;
 pub mod oncall;
 pub mod ops;
 mod poison_list;

@@ -3,10 +3,10 @@
 //! page. A kind's page is the `## KIND: …` section; the kinds are the
 //! causes `aqw triage` names.
 
-use super::args::Output;
 use super::exit::{Exit, Failure};
 use super::render::print_json;
-use aqw::ops::triage::Cause;
+use super::render::Output;
+use aqw_core::ops::triage::Cause;
 use clap::Args;
 
 /// The runbook, as this version of aqw was built with it.

@@ -6,16 +6,16 @@
 //! resume`) once its lease expires. `list`, `show` and `cancel` work from
 //! any process.
 
-use super::args::Output;
-use super::commands::{load, parse_time, queue_ops};
 use super::exit::{Exit, Failure};
+use super::load::{load, parse_time, queue_ops};
 use super::render::print_json;
-use aqw::config::AppConfig;
-use aqw::ops::operation::{
+use super::render::Output;
+use aqw_core::config::AppConfig;
+use aqw_core::ops::operation::{
     self as operation, ExecuteOptions, NewOperation, OpKind, OpState, Operation, OperationStore,
     Selection,
 };
-use aqw::ops::QueueOps;
+use aqw_core::ops::QueueOps;
 use clap::{Args, Subcommand};
 use std::path::Path;
 use std::sync::Arc;
@@ -232,7 +232,7 @@ fn fix_checks(ops: &QueueOps, kind: &OpKind) -> Result<(), Failure> {
     if let Some(why) = operation::fix_refused(ops) {
         return Err(Failure::usage(why));
     }
-    let none = aqw::redact::Redaction::default();
+    let none = aqw_core::redact::Redaction::default();
     let redact = ops.function.as_ref().map_or(&none, |f| &f.redact);
     operation::parse_patch_for(patch, redact)
         .map(|_| ())
@@ -254,7 +254,7 @@ fn patch_text(patch: Option<String>, file: Option<&Path>) -> Result<String, Fail
     Ok(text)
 }
 
-fn storage(e: aqw::storage::StorageError) -> Failure {
+fn storage(e: aqw_core::storage::StorageError) -> Failure {
     Failure::runtime(aqw_core::scrub::scrub(&format!("{e:#}")))
 }
 
@@ -301,7 +301,7 @@ async fn start(
     let (ops, store) = stores(app, Some(&a.queue))?;
     fix_checks(&ops, &kind)?;
     let mut now = selection(&a)?;
-    now.cutoff = aqw::idempotency::fmt_time(aqw_core::clock::now_utc());
+    now.cutoff = aqw_core::idempotency::fmt_time(aqw_core::clock::now_utc());
     let open = operation::select_open(&ops, &now).await?;
     try_fix(&ops, &open, &kind, a.dry_run, output).await?;
     let ids: Vec<String> = open.into_iter().map(|(r, _)| r.message_id).collect();
@@ -375,7 +375,7 @@ fn check_rate(rate: f64) -> Result<(), Failure> {
 fn selection(a: &SelectArgs) -> Result<Selection, Failure> {
     let time = |s: &Option<String>| -> Result<Option<String>, Failure> {
         s.as_deref()
-            .map(|t| parse_time(t).map(aqw::idempotency::fmt_time))
+            .map(|t| parse_time(t).map(aqw_core::idempotency::fmt_time))
             .transpose()
     };
     if let Some(re) = &a.error {
@@ -396,7 +396,10 @@ fn selection(a: &SelectArgs) -> Result<Selection, Failure> {
 /// refused (exit 2) before the operation exists.
 async fn try_fix(
     ops: &QueueOps,
-    open: &[(aqw::poison::PoisonRecord, Option<aqw::storage::Etag>)],
+    open: &[(
+        aqw_core::poison::PoisonRecord,
+        Option<aqw_core::storage::Etag>,
+    )],
     kind: &OpKind,
     dry_run: bool,
     output: Output,
@@ -418,7 +421,10 @@ async fn try_fix(
 /// record (the payload's growth, the bytes it copies) is refused: exit 2.
 async fn preview_fix(
     ops: &QueueOps,
-    open: &[(aqw::poison::PoisonRecord, Option<aqw::storage::Etag>)],
+    open: &[(
+        aqw_core::poison::PoisonRecord,
+        Option<aqw_core::storage::Etag>,
+    )],
     patch: &str,
     output: Output,
     show: bool,
@@ -521,7 +527,7 @@ fn exit_of(op: &Operation) -> Exit {
 }
 
 /// `op` as a person may see it: a fix's patch through
-/// [`aqw::redact::patch_for_display`] with the redaction of the function of
+/// [`aqw_core::redact::patch_for_display`] with the redaction of the function of
 /// its queue, values shown (whoever runs the CLI holds the account's keys
 /// and may act), except where they write a redacted field; every value
 /// masked when this app has no function for its queue, whose rules are
@@ -530,9 +536,9 @@ fn shown(app: &AppConfig, op: &Operation) -> Operation {
     let mut op = op.clone();
     if let OpKind::Fix { patch, .. } = &mut op.kind {
         let function = app.function_for_queue(&op.queue);
-        let none = aqw::redact::Redaction::default();
+        let none = aqw_core::redact::Redaction::default();
         let redact = function.map_or(&none, |f| &f.redact);
-        *patch = aqw::redact::patch_for_display(patch, redact, function.is_some());
+        *patch = aqw_core::redact::patch_for_display(patch, redact, function.is_some());
     }
     op
 }

@@ -3,14 +3,13 @@
 //! view masks a payload; `--unredacted` prints them exact, and says who
 //! asked in a warning event (`aqw.poison.unredacted`).
 
-use super::args::Output;
-use super::commands::{parse_time, queue_ops};
 use super::exit::{Exit, Failure};
-use super::render::{first_line, print_json};
-use aqw::config::AppConfig;
-use aqw::ops::{self, Filter, QueueOps};
-use aqw::poison::{PoisonRecord, RecordStatus};
-use aqw::redact::Redaction;
+use super::load::{parse_time, queue_ops};
+use super::render::{first_line, print_json, Listed, Output};
+use aqw_core::config::AppConfig;
+use aqw_core::ops::{self, Filter, QueueOps};
+use aqw_core::poison::{PoisonRecord, RecordStatus};
+use aqw_core::redact::Redaction;
 use clap::{Args, ValueEnum};
 use std::sync::Arc;
 
@@ -88,7 +87,7 @@ pub(super) async fn run(
         since: a.since.as_deref().map(parse_time).transpose()?,
         until: a.until.as_deref().map(parse_time).transpose()?,
         function: a.function,
-        error: super::commands::parse_error_regex(a.error.as_deref())?,
+        error: super::load::parse_error_regex(a.error.as_deref())?,
         ids: vec![],
     };
     let ops = queue_ops(app, &a.queue)?;
@@ -133,16 +132,6 @@ pub(super) fn redaction<'a>(
     by_name
         .or(ops.function.as_ref())
         .map_or_else(|| NONE.get_or_init(Redaction::default), |f| &f.redact)
-}
-
-/// A record as `--output json` prints it: the record, then what its
-/// function's `redact` masked in its message (absent when nothing was).
-#[derive(serde::Serialize)]
-pub(super) struct Listed<'a> {
-    #[serde(flatten)]
-    pub record: &'a PoisonRecord,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub redacted: Option<&'a str>,
 }
 
 fn render(
@@ -197,7 +186,7 @@ fn print_records(records: &[PoisonRecord]) {
         );
         let (first, tail) = first_line(&r.error.message);
         outln!("{:<id_w$}  {first}{tail}", "");
-        if r.uncertain_attempts > 0 && r.status == aqw::poison::RecordStatus::Open {
+        if r.uncertain_attempts > 0 && r.status == aqw_core::poison::RecordStatus::Open {
             outln!(
                 "{:<id_w$}  [{} attempt(s) may have taken effect: check the provider before replaying]",
                 "", r.uncertain_attempts

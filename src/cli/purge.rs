@@ -1,19 +1,36 @@
-//! `aqw keys purge` and `aqw poison purge`: arguments → [`aqw::ops`]'s
+//! `aqw keys purge` and `aqw poison purge`: arguments → [`aqw_core::ops`]'s
 //! purges, one report per storage account or queue, text or JSON.
 
-use super::args::{Output, PurgeArgs};
 use super::exit::{Exit, Failure};
 use super::render::print_json;
-use aqw::config::{self, AppConfig};
-use aqw::ops::{self, PurgeOptions, QueueOps};
-use aqw::retention::PurgeReport;
+use super::render::Output;
+use aqw_core::config::AppConfig;
+use aqw_core::ops::{self, PurgeOptions, QueueOps};
+use aqw_core::retention::PurgeReport;
+use clap::Args;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+/// The options both purge commands share.
+#[derive(Args)]
+pub struct PurgeArgs {
+    /// Only this function's keys (default: every function of the app).
+    #[arg(long)]
+    pub function: Option<String>,
+    /// Purge what last changed longer ago than this ([d.]hh:mm:ss) instead of
+    /// the configured retention.
+    #[arg(long)]
+    pub older_than: Option<String>,
+    /// Count what would be deleted; delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
 
 fn options(older_than: Option<&str>, dry_run: bool) -> Result<PurgeOptions, Failure> {
     let older_than = older_than
         .map(|s| {
-            config::parse_timespan(s).map_err(|e| Failure::usage(format!("--older-than: {e}")))
+            aqw_core::config::parse_timespan(s)
+                .map_err(|e| Failure::usage(format!("--older-than: {e}")))
         })
         .transpose()?;
     Ok(PurgeOptions {
@@ -25,7 +42,8 @@ fn options(older_than: Option<&str>, dry_run: bool) -> Result<PurgeOptions, Fail
 /// `aqw keys purge`: every function (or `--function`), one pass per account.
 pub async fn keys(app: &Arc<AppConfig>, a: PurgeArgs, output: Output) -> Result<Exit, Failure> {
     let opts = options(a.older_than.as_deref(), a.dry_run)?;
-    let mut by_account: BTreeMap<String, (config::Connection, Vec<String>)> = BTreeMap::new();
+    let mut by_account: BTreeMap<String, (aqw_core::config::StorageAccount, Vec<String>)> =
+        BTreeMap::new();
     for f in &app.functions {
         if a.function.as_deref().is_some_and(|only| only != f.name) {
             continue;
@@ -43,8 +61,8 @@ pub async fn keys(app: &Arc<AppConfig>, a: PurgeArgs, output: Output) -> Result<
     }
     let mut reports = Vec::new();
     for (connection, functions) in by_account.values() {
-        let storage = aqw::app::connect(connection).map_err(|e| Failure::usage(e.to_string()))?;
-        reports.push(ops::purge_keys(app, &storage, functions, opts).await?);
+        let storage = super::load::connect(connection)?;
+        reports.push(ops::purge_keys(app, storage.as_ref(), functions, opts).await?);
     }
     render(&reports, output);
     Ok(Exit::Ok)

@@ -1,17 +1,26 @@
 //! Everything a command prints: text for a person, JSON for a program.
 
-use super::args::Output;
 use aqw::config::show::Setting;
-use aqw::config::MessageEncoding;
-use aqw::idempotency::{fmt_time, Attempt, KeyRecord, KeyStatus, HISTORY_LEN};
-use aqw::ops::{
+use aqw_core::config::MessageEncoding;
+use aqw_core::idempotency::{fmt_time, Attempt, KeyRecord, KeyStatus, HISTORY_LEN};
+use aqw_core::ops::{
     DiscardRehearsal, Enqueued, FixAction, FixRehearsal, FixReport, QueueStatus, ReplayReport,
     ShowReport,
 };
-use aqw::poison::PoisonRecord;
+use aqw_core::poison::PoisonRecord;
+use clap::ValueEnum;
 
 use aqw_core::schedule::ScheduleStatus;
 use aqw_core::scrub::one_line;
+
+/// How a command prints: `--output text|json`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Tables and lines for a person.
+    Text,
+    /// Complete JSON for a program.
+    Json,
+}
 
 pub fn print_json(v: &impl serde::Serialize) {
     outln!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
@@ -172,7 +181,7 @@ pub fn status_control(lines: &[QueueStatus], output: Output) {
 }
 
 /// `pause` / `resume`: the function's control row as it now reads.
-pub fn control(function: &str, row: &aqw::control::Control, output: Output) {
+pub fn control(function: &str, row: &aqw_core::control::Control, output: Output) {
     if output == Output::Json {
         print_json(&serde_json::json!({"function": function, "control": row}));
         return;
@@ -182,11 +191,11 @@ pub fn control(function: &str, row: &aqw::control::Control, output: Output) {
             "{function} paused by {} at {}; workers stop receiving within {}s (in-flight jobs finish)",
             p.by,
             p.at,
-            aqw::control::WATCH_INTERVAL.as_secs()
+            aqw_core::control::WATCH_INTERVAL.as_secs()
         ),
         None => outln!(
             "{function} resumed; workers receive again within {}s",
-            aqw::control::WATCH_INTERVAL.as_secs()
+            aqw_core::control::WATCH_INTERVAL.as_secs()
         ),
     }
 }
@@ -363,6 +372,16 @@ pub fn poison_fix(id: &str, by: &str, report: &FixReport, output: Output) {
     }
 }
 
+/// A record as `--output json` prints it: the record, then what its
+/// function's `redact` masked in its message (absent when nothing was).
+#[derive(serde::Serialize)]
+pub struct Listed<'a> {
+    #[serde(flatten)]
+    pub record: &'a PoisonRecord,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redacted: Option<&'a str>,
+}
+
 /// `poison discard`.
 pub fn poison_discard(
     id: &str,
@@ -373,7 +392,7 @@ pub fn poison_discard(
     output: Output,
 ) {
     if output == Output::Json {
-        print_json(&super::poison_list::Listed {
+        print_json(&Listed {
             record: rec,
             redacted,
         });
@@ -443,7 +462,7 @@ pub fn poison_replay(report: &ReplayReport, waited: bool, output: Output) {
 
 /// Beneath a replay row: the uncertain attempt (and whether the provider
 /// dedupes it), and a saving provider's warning with the way out.
-fn print_replay_notes(i: &aqw::ops::ReplayItem, report: &ReplayReport) {
+fn print_replay_notes(i: &aqw_core::ops::ReplayItem, report: &ReplayReport) {
     if let Some(pk) = &i.uncertain_provider_key {
         let dedupes = if i.provider_dedupes {
             ": the provider honours Idempotency-Key (handler.idempotent), a same-key replay cannot double it; no --uncertain-checked needed"

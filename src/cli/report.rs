@@ -1,12 +1,12 @@
 //! `aqw poison report`: the incident as one table (the engine's
 //! `ops::report`), as aligned text or JSON.
 
-use super::args::Output;
-use super::commands::{parse_time, queue_ops};
 use super::exit::{Exit, Failure};
+use super::load::{parse_time, queue_ops};
+use super::render::Output;
 use super::render::{first_line, print_json};
-use aqw::config::AppConfig;
-use aqw::ops::{IncidentReport, KeyOutcome, ReportRow};
+use aqw_core::config::AppConfig;
+use aqw_core::ops::{IncidentReport, KeyOutcome, ReportRow};
 use aqw_core::scrub::one_line;
 use std::sync::Arc;
 
@@ -19,7 +19,7 @@ pub(super) async fn poison_report(
     output: Output,
 ) -> Result<Exit, Failure> {
     let since = since.map(parse_time).transpose()?;
-    let report = aqw::ops::report(&queue_ops(app, queue)?, since).await?;
+    let report = aqw_core::ops::report(&queue_ops(app, queue)?, since).await?;
     if output == Output::Json {
         print_json(&report);
     } else {

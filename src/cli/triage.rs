@@ -1,12 +1,12 @@
 //! `aqw triage QUEUE`: the open records grouped by cause, most urgent
 //! first, with what aqw knows, what it means and the next commands (the
-//! plan is the engine's, `aqw::ops::triage`; the reads are `aqw::triage`).
+//! plan is the engine's, `aqw_core::ops::triage`; the reads are `aqw::triage`).
 
-use super::args::Output;
-use super::commands::{load, queue_ops};
 use super::exit::{Exit, Failure};
+use super::load::{load, queue_ops};
 use super::render::print_json;
-use aqw::ops::triage::{RecordFacts, StepKind, TriageGroup, TriagePlan};
+use super::render::Output;
+use aqw_core::ops::triage::{RecordFacts, StepKind, TriageGroup, TriagePlan};
 use clap::Args;
 use std::path::Path;
 

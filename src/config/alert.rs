@@ -7,7 +7,7 @@ use super::raw::RawAqw;
 use super::settings::Env;
 use super::validate::parse_http_url;
 use super::ConfigError;
-use crate::telemetry::{AlertFormat, SigningSecret};
+use aqw_core::alert::{AlertFormat, SigningSecret};
 
 /// A signing secret shorter than this is refused: HMAC is only as strong
 /// as its key, and 16 random characters is the least a guess cannot reach.
@@ -172,7 +172,7 @@ mod tests {
         )
         .unwrap();
         let target = c.alert_target().unwrap();
-        assert_eq!(target.format, crate::telemetry::AlertFormat::Teams);
+        assert_eq!(target.format, aqw_core::alert::AlertFormat::Teams);
         assert!(target.secret.is_some());
         assert!(
             !format!("{c:?}").contains(key),
@@ -181,7 +181,7 @@ mod tests {
         let c = load(r#"{"webhook": "https://hooks.example/x"}"#, &[]).unwrap();
         assert_eq!(
             c.alert_target().unwrap().format,
-            crate::telemetry::AlertFormat::Generic
+            aqw_core::alert::AlertFormat::Generic
         );
     }
 }

@@ -6,7 +6,7 @@
 use super::raw::{RawBreaker, RawBreakerSettings};
 use super::timespan::timespan;
 use super::ConfigError;
-use crate::breaker::BreakerSettings;
+use aqw_core::breaker::BreakerSettings;
 use std::time::Duration;
 
 /// The breaker of function `name`, or None when it is turned off.

@@ -5,9 +5,10 @@
 use super::raw::{RawAqw, RawBreaker, RawFunction, RawFunctionJson, RawHandler};
 use super::settings::{disabled_by_setting, resolve_app_settings, resolve_connection, truthy, Env};
 use super::timespan::opt_timespan;
-use super::validate::{parse_http_url, validate_function_name, validate_queue_name};
+use super::validate::parse_http_url;
 use super::{ConfigError, FunctionConfig, HandlerSpec, KeySpec, SkippedFunction};
-use crate::idempotency::KeyTemplate;
+use aqw_core::config::{validate_function_name, validate_queue_name};
+use aqw_core::idempotency::KeyTemplate;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -149,7 +150,7 @@ fn declared_bool(v: &Option<Value>, host_file: &str, field: &str) -> Result<bool
 fn provider_answers(
     replay_header: Option<&str>,
     refused_statuses: &[u16],
-) -> Result<crate::handlers::http::ProviderAnswers, (&'static str, String)> {
+) -> Result<aqw_core::handler::ProviderAnswers, (&'static str, String)> {
     if let Some(h) = replay_header.filter(|h| !h.is_empty()) {
         if reqwest::header::HeaderName::from_bytes(h.as_bytes()).is_err() {
             return Err((
@@ -164,7 +165,7 @@ fn provider_answers(
             format!("{s} is not an error status (give 400–599)"),
         ));
     }
-    Ok(crate::handlers::http::ProviderAnswers {
+    Ok(aqw_core::handler::ProviderAnswers {
         // As written: header lookups ignore case. Unset: Stripe's
         // `Idempotent-Replayed`, which the IETF draft's implementations
         // share; `""` switches the reading off.
@@ -213,8 +214,8 @@ fn function_config(
     let breaker = super::breaker::breaker_for(host_file, app_breaker, raw.breaker.as_ref(), &name)?;
     let limits = super::limits::limits(raw.limits.as_ref(), host_file, &path)?;
     let expiry = match raw.expiry.as_deref() {
-        None | Some("rescue") => crate::config::Expiry::Rescue,
-        Some("expected") => crate::config::Expiry::Expected,
+        None | Some("rescue") => aqw_core::config::Expiry::Rescue,
+        Some("expected") => aqw_core::config::Expiry::Expected,
         Some(other) => {
             return Err(f(
                 &format!("{path}.expiry"),
@@ -222,7 +223,7 @@ fn function_config(
             ))
         }
     };
-    let redact = crate::redact::Redaction::parse(raw.redact.as_deref().unwrap_or_default())
+    let redact = aqw_core::redact::Redaction::parse(raw.redact.as_deref().unwrap_or_default())
         .map_err(|m| f(&format!("{path}.redact"), m))?;
     Ok(FunctionConfig {
         name,
@@ -550,10 +551,13 @@ mod tests {
             f.provider_key_window,
             Some(std::time::Duration::from_secs(86_400))
         );
-        assert_eq!(ok.poison_format, crate::poison::PoisonFormat::Raw);
+        assert_eq!(ok.poison_format, aqw_core::poison::PoisonFormat::Raw);
         let default = load("", "").unwrap();
         assert_eq!(default.function("Pay").unwrap().provider_key_window, None);
-        assert_eq!(default.poison_format, crate::poison::PoisonFormat::Envelope);
+        assert_eq!(
+            default.poison_format,
+            aqw_core::poison::PoisonFormat::Envelope
+        );
         let e = load(r#","providerKeyWindow":"24:00:00""#, "").unwrap_err();
         assert!(
             e.contains("aqw.functions.Pay.providerKeyWindow") && e.contains("1.00:00:00"),

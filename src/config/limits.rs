@@ -1,11 +1,11 @@
 //! `aqw.functions.<Name>.limits`: fleet-wide flow limits
-//! ([`crate::flow`]). None by default; each value is checked where it is
+//! ([`aqw_core::flow`]). None by default; each value is checked where it is
 //! written, so the error names that setting.
 
 use super::raw::RawLimits;
 use super::ConfigError;
-use crate::flow::{FlowLimits, PerKeyLimit};
-use crate::idempotency::KeyTemplate;
+use aqw_core::flow::{FlowLimits, PerKeyLimit};
+use aqw_core::idempotency::KeyTemplate;
 
 /// The most calls per second a limit may say: beyond it, one table row per
 /// function would be written faster than a partition is built for.

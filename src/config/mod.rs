@@ -19,7 +19,7 @@
 //! * `claim_check.rs`: `aqw.claimCheck`, the threshold within what a message holds;
 //! * `mod.rs`: the ready types and [`load`], which runs the steps in order.
 //!
-//! Connection strings are parsed in [`crate::storage::connection`].
+//! Connection strings are parsed in [`aqw_azure::connection`].
 
 mod alert;
 mod breaker;
@@ -36,14 +36,9 @@ pub mod show;
 mod timespan;
 mod validate;
 
-pub use retention::{
-    check_key_retention, key_retention_floor, Retention, SweepSettings, SERVICE_DEFAULT_MESSAGE_TTL,
-};
 pub use settings::{
     read_local_settings, resolve_app_settings, resolve_connection, Env, ProcessEnv,
 };
-pub use timespan::parse_timespan;
-pub use validate::{validate_queue_name, validate_table_name};
 
 use raw::RawHost;
 use settings::LayeredEnv;
@@ -73,10 +68,10 @@ impl ConfigError {
     }
 }
 
-pub use crate::storage::{parse_connection_string, table_endpoint_for};
-pub use aqw_core::config::{
-    AppConfig, Connection, Credentials, Expiry, FunctionConfig, HandlerSpec, KeySpec,
-    MessageEncoding, RetryStrategy, Secret, SkippedFunction, DEV_ACCOUNT, DEV_KEY,
+pub use aqw_azure::{parse_connection_string, table_endpoint_for};
+use aqw_core::config::{
+    AppConfig, Expiry, FunctionConfig, HandlerSpec, KeySpec, MessageEncoding, RetryStrategy,
+    SkippedFunction,
 };
 
 /// Load and validate the app folder with the process environment.

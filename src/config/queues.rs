@@ -9,8 +9,8 @@ use super::raw::{RawAqw, RawFunction};
 use super::timespan::opt_timespan;
 use super::validate::{retry_at, QueueSettings};
 use super::{AppConfig, ConfigError, FunctionConfig, KeySpec, RetryStrategy};
-use crate::storage::MAX_VISIBILITY_TIMEOUT;
 use aqw_core::config::QueueOverrides;
+use aqw_core::storage::MAX_VISIBILITY_TIMEOUT;
 use serde_json::Value;
 
 /// Resolve each function's overrides (`functions` built from `raw`).

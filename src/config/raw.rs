@@ -177,7 +177,7 @@ pub(super) struct RawPoison {
     /// `"never"` or a timespan.
     pub(super) ttl: Option<String>,
     /// What the `<queue>-poison` copy is: aqw's envelope, or the raw body.
-    pub(super) format: Option<crate::poison::PoisonFormat>,
+    pub(super) format: Option<aqw_core::poison::PoisonFormat>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -186,7 +186,7 @@ pub(super) struct RawAlert {
     pub(super) webhook: Option<String>,
     pub(super) window: Option<String>,
     /// `generic` (aqw's JSON), `slack` or `teams`.
-    pub(super) format: Option<crate::telemetry::AlertFormat>,
+    pub(super) format: Option<aqw_core::alert::AlertFormat>,
     pub(super) dashboard_url: Option<String>,
     /// The runbook link alerts carry (an https URL).
     pub(super) runbook_url: Option<String>,

@@ -7,9 +7,8 @@ use super::timespan::timespan;
 use super::ConfigError;
 use std::time::Duration;
 
-pub use aqw_core::config::{
+use aqw_core::config::{
     check_key_retention, key_retention_floor, Retention, SweepSettings, DEFAULT_KEYS,
-    SERVICE_DEFAULT_MESSAGE_TTL,
 };
 
 fn never_or_span(

@@ -6,8 +6,8 @@
 
 use super::raw::RawSchedule;
 use super::ConfigError;
-use crate::config::FunctionConfig;
-use crate::idempotency::derive_key;
+use aqw_core::config::FunctionConfig;
+use aqw_core::idempotency::derive_key;
 use aqw_core::schedule::{CatchUp, Schedule, When};
 use std::collections::BTreeMap;
 
@@ -82,7 +82,7 @@ fn schedule(
                     "applies to cron only (an interval has no wall clock)".into(),
                 ));
             }
-            let d = super::parse_timespan(e).map_err(|m| err("every", m))?;
+            let d = aqw_core::config::parse_timespan(e).map_err(|m| err("every", m))?;
             When::every(d).map_err(|m| err("every", m))?
         }
         _ => return Err(err("", "give exactly one of cron or every".into())),

@@ -1,7 +1,8 @@
 //! Settings: the environment, `local.settings.json` under it, `%name%`
 //! references resolved against them, and connection settings.
 
-use super::{ConfigError, Connection};
+use super::ConfigError;
+use aqw_core::config::StorageAccount;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -135,9 +136,11 @@ pub(super) fn disabled_by_setting(name: &str, env: &dyn Env) -> bool {
 }
 
 /// Resolve a connection setting from the environment (a connection string,
-/// or identity-based `<name>__*` settings). Errors never include the value.
-pub fn resolve_connection(name: &str, env: &dyn Env) -> Result<Connection, String> {
-    crate::storage::resolve_connection(name, &|setting| env.get(setting))
+/// or identity-based `<name>__*` settings) to the engine's account, holding
+/// the Azure connection the adapter opens. Errors never include the value.
+pub fn resolve_connection(name: &str, env: &dyn Env) -> Result<StorageAccount, String> {
+    aqw_azure::resolve_connection(name, &|setting| env.get(setting))
+        .map(aqw_azure::Connection::account)
 }
 
 #[cfg(test)]

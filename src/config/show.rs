@@ -4,7 +4,8 @@
 //! tokens are only said to be set.
 
 use super::{AppConfig, HandlerSpec, KeySpec, RetryStrategy};
-use crate::storage::{Connection, Credentials};
+use aqw_azure::Credentials;
+use aqw_core::config::StorageAccount;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -439,7 +440,7 @@ fn handler_row(handler: &HandlerSpec, look: &Lookup, at: &str) -> (String, Sourc
 }
 
 /// A function's flow limits in one line.
-fn limits(l: &crate::flow::FlowLimits) -> String {
+fn limits(l: &aqw_core::flow::FlowLimits) -> String {
     let mut parts = Vec::new();
     if let Some(r) = l.calls_per_second {
         parts.push(format!("{r} calls/s"));
@@ -463,7 +464,10 @@ fn setting_value(look: &Lookup, name: &str, source: Source) -> String {
 }
 
 /// A connection without its secret: account, queue endpoint, credential kind.
-fn connection(c: &Connection) -> String {
+fn connection(account: &StorageAccount) -> String {
+    let Ok(c) = aqw_azure::connection_of(account) else {
+        return account.setting.clone();
+    };
     let kind = match &c.credentials {
         Credentials::SharedKey { .. } => "account key (not shown)".to_string(),
         Credentials::Sas { .. } => "SAS token (not shown)".to_string(),

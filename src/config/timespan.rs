@@ -3,7 +3,7 @@
 use super::ConfigError;
 use std::time::Duration;
 
-pub use aqw_core::config::parse_timespan;
+use aqw_core::config::parse_timespan;
 
 pub(super) fn timespan(file: &str, field: &str, s: &str) -> Result<Duration, ConfigError> {
     parse_timespan(s).map_err(|m| ConfigError::new(file, field, m))

@@ -8,7 +8,8 @@
 use super::raw::{RawAqw, RawQueues, RawRetry};
 use super::timespan::{opt_timespan, timespan};
 use super::{ConfigError, MessageEncoding, RetryStrategy};
-use crate::storage::MAX_VISIBILITY_TIMEOUT;
+use aqw_core::config::validate_table_name;
+use aqw_core::storage::MAX_VISIBILITY_TIMEOUT;
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
@@ -130,7 +131,7 @@ pub(super) struct AqwSettings {
     pub(super) control_table: String,
     pub(super) heartbeat_table: String,
     pub(super) poison_ttl: Option<Duration>,
-    pub(super) poison_format: crate::poison::PoisonFormat,
+    pub(super) poison_format: aqw_core::poison::PoisonFormat,
     pub(super) alert_webhook: Option<url::Url>,
     pub(super) alert_window: Duration,
     pub(super) http_port: Option<u16>,
@@ -446,12 +447,10 @@ pub(super) fn parse_http_url(s: &str) -> Result<url::Url, String> {
     Ok(u)
 }
 
-pub use aqw_core::config::{validate_function_name, validate_queue_name, validate_table_name};
-
 #[cfg(test)]
 mod tests {
     use super::super::load_with_env;
-    use super::*;
+    use aqw_core::config::validate_queue_name;
     use std::collections::BTreeMap;
 
     #[test]

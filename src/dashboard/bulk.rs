@@ -31,9 +31,9 @@ use super::selection::{self, SelectError};
 use super::text::{or_dash, Text};
 use super::views::{self, csrf_field, enc, record_url, Viewer};
 use super::Dashboard;
-use crate::ops::operation::{self, NewOperation, OpKind};
-use crate::ops::{self, Filter, QueueOps, ReplayOptions, ReplayReport};
-use crate::poison::PoisonRecord;
+use aqw_core::ops::operation::{self, NewOperation, OpKind};
+use aqw_core::ops::{self, Filter, QueueOps, ReplayOptions, ReplayReport};
+use aqw_core::poison::PoisonRecord;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -359,7 +359,7 @@ pub async fn fix(
     if let Some(why) = operation::fix_refused(b.ops) {
         return *bad_request(v, &why);
     }
-    let none = crate::redact::Redaction::default();
+    let none = aqw_core::redact::Redaction::default();
     let redact = b.ops.function.as_ref().map_or(&none, |f| &f.redact);
     let patch = match operation::parse_patch_for(patch_text, redact) {
         Ok(p) => p,
@@ -437,7 +437,7 @@ async fn fix_preview(
             Ok(None) => Err(operation::PatchError::NotApplied(
                 "the record vanished".into(),
             )),
-            Err(e) => Err(operation::PatchError::NotApplied(crate::telemetry::scrub(
+            Err(e) => Err(operation::PatchError::NotApplied(aqw_core::scrub::scrub(
                 &e.to_string(),
             ))),
         };

@@ -5,7 +5,7 @@
 //! [`Text`]).
 
 use super::text::Text;
-use crate::poison::PoisonRecord;
+use aqw_core::poison::PoisonRecord;
 use maud::{html, Markup};
 use std::collections::BTreeMap;
 use time::format_description::well_known::Rfc3339;
@@ -115,10 +115,10 @@ pub fn poisons_chart(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::{ErrorInfo, ErrorKind};
+    use aqw_core::message::{ErrorInfo, ErrorKind};
 
     fn record(function: &str, error: &str, poisoned_at: &str) -> PoisonRecord {
-        let mut r = crate::poison::PoisonRecord::from_entity(&Default::default());
+        let mut r = aqw_core::poison::PoisonRecord::from_entity(&Default::default());
         r.function = function.into();
         r.error = ErrorInfo {
             kind: ErrorKind::Retryable,

@@ -1,7 +1,7 @@
 //! Pause and resume from the dashboard: the status page's "receiving"
 //! column (paused by whom, when and why; a breaker that is not closed) and
 //! its two actions, under the same authentication and CSRF rules as replay,
-//! through the same `crate::ops` procedures as `aqw pause` / `aqw resume`.
+//! through the same `aqw_core::ops` procedures as `aqw pause` / `aqw resume`.
 
 use super::request::{get, pairs, see_other, tri, S};
 use axum::body::Bytes;
@@ -22,7 +22,7 @@ pub async fn pause(
         return d.refuse(StatusCode::NOT_FOUND, "No function consumes that queue.");
     };
     let reason = get(&form, "reason").unwrap_or("").trim();
-    if let Err(e) = crate::ops::pause(&ops.control, &f.name, &p.name, reason).await {
+    if let Err(e) = aqw_core::ops::pause(&ops.control, &f.name, &p.name, reason).await {
         return d.ops_error(&v, e);
     }
     tracing::info!(event = "aqw.dashboard.pause", function = %f.name, by = %p.name, "paused from the dashboard");
@@ -41,7 +41,7 @@ pub async fn resume(
     let Some(f) = &ops.function else {
         return d.refuse(StatusCode::NOT_FOUND, "No function consumes that queue.");
     };
-    if let Err(e) = crate::ops::resume(&ops.control, &f.name, &p.name).await {
+    if let Err(e) = aqw_core::ops::resume(&ops.control, &f.name, &p.name).await {
         return d.ops_error(&v, e);
     }
     tracing::info!(event = "aqw.dashboard.resume", function = %f.name, by = %p.name, "resumed from the dashboard");

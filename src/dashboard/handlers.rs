@@ -1,5 +1,5 @@
 //! The routes: read views (GET) and actions (POST). Every action goes through
-//! the same `crate::ops` function as its CLI command, with "by" set to the
+//! the same `aqw_core::ops` function as its CLI command, with "by" set to the
 //! authenticated principal.
 
 use super::auth::{self, Principal, Via};
@@ -10,9 +10,9 @@ use super::request::{all, get, page, pairs, see_other, tri, Pairs, Refused, S};
 use super::selection::{self, cause, SelectError};
 use super::views::{self, ListPage, RecordPage, StatusRow, Viewer};
 use super::{Dashboard, MAX_SELECTION, PAGE_SIZE};
-use crate::ops::{self, Filter, FixAction, OpsError, QueueOps, ReplayAction, ReplayOptions};
-use crate::telemetry::scrub;
+use aqw_core::ops::{self, Filter, FixAction, OpsError, QueueOps, ReplayAction, ReplayOptions};
 use aqw_core::schedule::ScheduleStatus;
+use aqw_core::scrub::scrub;
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};

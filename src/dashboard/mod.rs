@@ -1,7 +1,7 @@
 //! `aqw dashboard`: the operator's procedure in a browser — status, the
 //! poison list grouped by error cause, one record, and the actions (replay
 //! with a dry run first, discard with a reason, fix a payload, close a key),
-//! each through the same [`crate::ops`] function as its CLI command; and
+//! each through the same [`aqw_core::ops`] function as its CLI command; and
 //! the same actions on every open record a filter or an error group selects
 //! (`bulk.rs`: a dry run or review first, then a durable operation at its
 //! rate, carried out off the request: `operations.rs`).
@@ -66,8 +66,8 @@ pub use listener::{
 pub use payload::PayloadView;
 pub use settings::{AuthConfig, IpRange, ALLOW_WIDE_SETTING};
 
-use crate::config::AppConfig;
-use crate::ops::QueueOps;
+use aqw_core::config::AppConfig;
+use aqw_core::ops::QueueOps;
 use axum::http::{header, HeaderValue, Request};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};

@@ -9,10 +9,10 @@ use super::request::{get, page, pairs, see_other, tri, Pairs, Refused, S};
 use super::text::{or_dash, Text};
 use super::views::{csrf_field, enc, Viewer};
 use super::Dashboard;
-use crate::ops::operation::{
+use aqw_core::ops::operation::{
     self as operation, ExecuteOptions, NewOperation, OpKind, Operation, OperationStore, Selection,
 };
-use crate::ops::{OpsError, QueueOps};
+use aqw_core::ops::{OpsError, QueueOps};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -28,7 +28,7 @@ const REFRESH_SECS: u32 = 2;
 pub(super) fn selection_of(query: &Pairs) -> Result<Selection, String> {
     let time = |k: &str| {
         get(query, k)
-            .map(|s| crate::ops::parse_time(s).map(crate::idempotency::fmt_time))
+            .map(|s| aqw_core::ops::parse_time(s).map(aqw_core::idempotency::fmt_time))
             .transpose()
             .map_err(|e| format!("{k}: {e}"))
     };
@@ -71,7 +71,7 @@ pub(super) fn rate_of(form: &Pairs) -> Result<f64, String> {
         Ok(r) if r.is_finite() && (operation::MIN_RATE..=1000.0).contains(&r) => Ok(r),
         _ => Err(format!(
             "rate {:?}: records per second must be between {} and 1000. Nothing was changed.",
-            crate::telemetry::scrub(text),
+            aqw_core::scrub::scrub(text),
             operation::MIN_RATE
         )),
     }
@@ -97,7 +97,7 @@ impl Dashboard {
             let t = q.control.table();
             if !seen
                 .iter()
-                .any(|s: &Arc<dyn crate::storage::TableStore>| Arc::ptr_eq(s, t))
+                .any(|s: &Arc<dyn aqw_core::storage::TableStore>| Arc::ptr_eq(s, t))
             {
                 seen.push(t.clone());
                 stores.push(OperationStore::new(t.clone()));
@@ -133,7 +133,7 @@ impl Dashboard {
         let id = op.id.clone();
         tokio::spawn(async move {
             if let Err(e) = operation::execute(&ops, &store, &id, &opts).await {
-                let e = crate::telemetry::scrub(&e.to_string());
+                let e = aqw_core::scrub::scrub(&e.to_string());
                 tracing::warn!(event = "aqw.operation.executor_failed", operation = %id, error = %e, "the operation stopped on a storage error; its lease expires and an idle `aqw run` resumes it");
             }
         });
@@ -237,16 +237,17 @@ pub async fn show(State(d): S, Path(id): Path<String>, headers: HeaderMap) -> Re
 }
 
 impl Dashboard {
-    /// A fix's patch as `/ops/{id}` shows it ([`crate::redact::patch_for_display`]):
+    /// A fix's patch as `/ops/{id}` shows it ([`aqw_core::redact::patch_for_display`]):
     /// values only to a viewer who may act, and then masked where they
     /// write a field the function of `queue` redacts; none when no function
     /// of this app consumes `queue`, whose rules are then unknown.
     fn patch_shown(&self, queue: &str, patch: &str, can_act: bool) -> String {
         let ops = self.owned_queue(queue);
         let function = ops.as_ref().and_then(|q| q.function.as_ref());
-        let none = crate::redact::Redaction::default();
+        let none = aqw_core::redact::Redaction::default();
         let redact = function.map_or(&none, |f| &f.redact);
-        let shown = crate::redact::patch_for_display(patch, redact, can_act && function.is_some());
+        let shown =
+            aqw_core::redact::patch_for_display(patch, redact, can_act && function.is_some());
         aqw_core::scrub::printable(&shown).to_string()
     }
 }

@@ -4,9 +4,9 @@
 //! sequence) next to a hex dump; control and bidirectional-override
 //! characters are shown as `\u{…}` escapes. HTML escaping is maud's job.
 
-use crate::message::MessageEncoding;
-use crate::ops::ShowReport;
-use crate::poison::PoisonRecord;
+use aqw_core::message::MessageEncoding;
+use aqw_core::ops::ShowReport;
+use aqw_core::poison::PoisonRecord;
 use base64::Engine as _;
 
 /// How many bytes of a binary payload the hex dump shows.
@@ -77,7 +77,7 @@ impl PayloadView {
     /// reference; when the body cannot be had, why, and the reference.
     pub fn of_report(report: &ShowReport) -> (Self, String) {
         let rec = &report.record;
-        let reference = crate::message::decode(&rec.message, rec.encoding)
+        let reference = aqw_core::message::decode(&rec.message, rec.encoding)
             .is_ok_and(|p| aqw_core::claim::is_reference(&p));
         match (&report.payload_text, &report.decode_error) {
             (Some(body), _) if reference => {

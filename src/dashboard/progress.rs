@@ -7,8 +7,8 @@
 use super::request::{all, page, pairs, see_other, tri, S};
 use super::views::{self, enc, Progress};
 use super::MAX_SELECTION;
-use crate::ops::{OpsError, QueueOps};
-use crate::poison::RecordStatus;
+use aqw_core::ops::{OpsError, QueueOps};
+use aqw_core::poison::RecordStatus;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;

@@ -4,10 +4,11 @@
 
 use super::request::{get, Pairs};
 use super::views::Group;
-use crate::ops::{self, Filter, OpsError, QueueOps};
-use crate::poison::{PoisonRecord, RecordStatus};
-use crate::redact::Redaction;
-use crate::telemetry::{alert_body, error_group, PoisonAlert};
+use crate::telemetry::alert_body;
+use aqw_core::alert::{error_group, PoisonAlert};
+use aqw_core::ops::{self, Filter, OpsError, QueueOps};
+use aqw_core::poison::{PoisonRecord, RecordStatus};
+use aqw_core::redact::Redaction;
 
 /// The records a page's query selects.
 pub(super) struct Selection {
@@ -183,7 +184,7 @@ pub(super) fn groups(queue: &str, records: &[PoisonRecord]) -> Vec<Group> {
         .iter()
         .map(|r| PoisonAlert {
             queue: r.queue.clone(),
-            poison_queue: crate::poison::poison_queue_name(&r.queue),
+            poison_queue: aqw_core::poison::poison_queue_name(&r.queue),
             function: r.function.clone(),
             message_id: r.message_id.clone(),
             key: r.key.as_deref().map(str::to_string),
@@ -236,7 +237,7 @@ fn search(records: Vec<PoisonRecord>, text: Option<&str>, redact: &Redaction) ->
         .filter(|r| {
             r.message_id.eq_ignore_ascii_case(&needle)
                 || r.key.as_deref().is_some_and(contains)
-                || match crate::message::decode(&r.message, r.encoding) {
+                || match aqw_core::message::decode(&r.message, r.encoding) {
                     Ok(p) => contains(redact.mask(&p).text()),
                     Err(_) => redact.is_empty() && contains(&r.message),
                 }
@@ -251,9 +252,9 @@ mod tests {
     fn record(id: &str, key: Option<&str>, payload: &str) -> PoisonRecord {
         let mut r = PoisonRecord::from_entity(&Default::default());
         r.message_id = id.into();
-        r.key = key.map(|k| crate::idempotency::IdempotencyKey::new(k).unwrap());
-        r.encoding = crate::message::MessageEncoding::Base64;
-        r.message = crate::message::encode(payload, r.encoding);
+        r.key = key.map(|k| aqw_core::idempotency::IdempotencyKey::new(k).unwrap());
+        r.encoding = aqw_core::message::MessageEncoding::Base64;
+        r.message = aqw_core::message::encode(payload, r.encoding);
         r
     }
 
@@ -294,7 +295,7 @@ mod tests {
         // Another process (another key) cannot make or check one.
         assert!(!ReviewKey::new().ids_ok("q", &ids(&["a", "b"]), Some(&ab)));
         // The unkeyed fingerprint of before, or no digest, is refused.
-        let unkeyed = crate::ops::operation::fingerprint(&ids(&["a", "b"]));
+        let unkeyed = aqw_core::ops::operation::fingerprint(&ids(&["a", "b"]));
         assert!(!key.ids_ok("q", &ids(&["a", "b"]), Some(&unkeyed)));
         assert!(!key.ids_ok("q", &ids(&["a", "b"]), None));
         assert!(!key.ids_ok("q", &ids(&["a", "b"]), Some("not hex")));

@@ -12,11 +12,11 @@
 
 use maud::Render;
 
-/// `text` as a page shows it: [`crate::telemetry::scrub`] then
+/// `text` as a page shows it: [`aqw_core::scrub::scrub`] then
 /// [`aqw_core::scrub::printable`]. The only neutralising function of the
 /// dashboard's views.
 pub fn neutralise(text: &str) -> String {
-    aqw_core::scrub::printable(&crate::telemetry::scrub(text)).into_owned()
+    aqw_core::scrub::printable(&aqw_core::scrub::scrub(text)).into_owned()
 }
 
 /// Free text, neutralised when rendered.

@@ -5,8 +5,8 @@
 
 use super::text::Text;
 use super::views::enc;
-use crate::ops::triage::{StepKind, TriageGroup, TriagePlan};
-use crate::ops::QueueOps;
+use aqw_core::ops::triage::{StepKind, TriageGroup, TriagePlan};
+use aqw_core::ops::QueueOps;
 use maud::{html, Markup};
 
 /// The plans of `queues` (those with open records), or why a queue's

@@ -3,9 +3,9 @@
 
 use super::payload::PayloadView;
 use super::text::{or_dash, Text};
-use crate::idempotency::KeyRecord;
-use crate::ops::{ProviderWindow, QueueStatus, ReplayReport};
-use crate::poison::{PoisonRecord, RecordStatus};
+use aqw_core::idempotency::KeyRecord;
+use aqw_core::ops::{ProviderWindow, QueueStatus, ReplayReport};
+use aqw_core::poison::{PoisonRecord, RecordStatus};
 use aqw_core::schedule::ScheduleStatus;
 use maud::{html, Markup, DOCTYPE};
 
@@ -389,7 +389,7 @@ pub fn record_page(p: &RecordPage, v: &Viewer) -> Markup {
         }
         h2 { "Payload" }
         @if let Some(note) = p.redacted {
-            p.warn #payload-redacted { (Text(note)) ". A fix that leaves a masked value as " code { (crate::redact::MASK) } " keeps its stored value." }
+            p.warn #payload-redacted { (Text(note)) ". A fix that leaves a masked value as " code { (aqw_core::redact::MASK) } " keeps its stored value." }
         }
         (payload(p.payload))
         h2 { "Key state" }
@@ -608,7 +608,7 @@ pub fn message(text: &str) -> Markup {
 }
 
 /// The status page's cell: what the control row says, and the action.
-pub(super) fn receiving(queue: &str, c: &crate::control::Control, v: &Viewer) -> Markup {
+pub(super) fn receiving(queue: &str, c: &aqw_core::control::Control, v: &Viewer) -> Markup {
     html! {
         @if let Some(p) = &c.pause {
             span.badge.bad { "paused" } " by " (Text(&p.by)) " at " (Text(&p.at))

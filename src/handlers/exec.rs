@@ -162,7 +162,7 @@ mod tests {
             message_id: "m1".into(),
             dequeue_count: 2,
             payload: "{\"a\":1}".into(),
-            key: Some(crate::idempotency::IdempotencyKey::new("k:1").unwrap()),
+            key: Some(aqw_core::idempotency::IdempotencyKey::new("k:1").unwrap()),
             provider_key: Some("pk".into()),
             previously_pending: true,
             key_partition: None,

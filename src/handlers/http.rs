@@ -24,14 +24,14 @@
 //! header) goes into the key's attempt history.
 //!
 //! The POST goes out on the transport storage requests use
-//! (`crate::storage::transport`: hyper's pooled client, reqwest behind a
+//! (`aqw_azure::transport`: hyper's pooled client, reqwest behind a
 //! proxy), with this handler's own limits. A redirect is not followed: it
 //! is the provider's answer (a 3xx, permanent), because re-sending a job to
 //! a URL nobody configured (and, for 301-303, as a GET without its body) is
 //! not something to do behind the operator's back.
 
 use super::{Handler, HandlerError, Job, ProviderAnswer, Success};
-use crate::storage::transport::{Limits, Outgoing, SendError, Transport};
+use aqw_azure::transport::{Limits, Outgoing, SendError, Transport};
 use async_trait::async_trait;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use std::time::Duration;
@@ -42,7 +42,7 @@ pub struct HttpHandler {
     answers: ProviderAnswers,
 }
 
-pub use aqw_core::handler::ProviderAnswers;
+use aqw_core::handler::ProviderAnswers;
 
 /// The longest body excerpt kept from a provider's answer, in bytes.
 pub const BODY_EXCERPT_MAX: usize = 200;
@@ -50,7 +50,7 @@ pub const BODY_EXCERPT_MAX: usize = 200;
 /// A body excerpt fit for the history: scrubbed, one line, cut.
 pub fn body_excerpt(body: &str) -> String {
     let one_line: String = body.split_whitespace().collect::<Vec<_>>().join(" ");
-    let s = crate::telemetry::scrub(&one_line);
+    let s = aqw_core::scrub::scrub(&one_line);
     let mut end = s.len().min(BODY_EXCERPT_MAX);
     while !s.is_char_boundary(end) {
         end -= 1;
@@ -371,7 +371,7 @@ mod tests {
             provider_key: Some("pk-1".into()),
             previously_pending: true,
             key_partition: None,
-            trace: crate::traces::TraceContext::parse(tp, None).map(|mut t| {
+            trace: aqw_core::traces::TraceContext::parse(tp, None).map(|mut t| {
                 t.tracestate = tracestate.map(str::to_string);
                 t
             }),

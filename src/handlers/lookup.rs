@@ -58,7 +58,7 @@ pub async fn ask(lookup: Option<&Lookup>, provider_key: &str) -> LookupAnswer {
     };
     let encoded: String = url::form_urlencoded::byte_serialize(provider_key.as_bytes()).collect();
     let url = lookup.url.replace("{providerKey}", &encoded);
-    let client = match crate::tls::client_builder()
+    let client = match aqw_azure::tls::client_builder()
         .timeout(lookup.timeout)
         .redirect(reqwest::redirect::Policy::none())
         .build()

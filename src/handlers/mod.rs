@@ -10,7 +10,7 @@ pub mod http;
 pub mod lookup;
 pub mod rate_headers;
 
-pub use aqw_core::handler::{Handler, HandlerError, HandlerSpec, Job, ProviderAnswer, Success};
+use aqw_core::handler::{Handler, HandlerError, HandlerSpec, Job, ProviderAnswer, Success};
 use std::collections::HashMap;
 use std::sync::Arc;
 

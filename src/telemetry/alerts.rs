@@ -94,7 +94,7 @@ pub fn sign(secret: &SigningSecret, timestamp: u64, body: &[u8]) -> String {
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
-pub use aqw_core::alert::{AlertEvent, AlertFormat, Alerts, SigningSecret, Webhook};
+use aqw_core::alert::{AlertEvent, AlertFormat, Alerts, SigningSecret, Webhook};
 
 /// Start the task that delivers what the engine's [`Alerts`] handle sends
 /// (needs a tokio runtime): poison alerts at most one POST per queue per
@@ -159,7 +159,7 @@ async fn alert_loop(
 ) {
     // Only a webhook needs a client.
     let client = webhook.as_ref().map(|_| {
-        crate::tls::client_builder()
+        aqw_azure::tls::client_builder()
             .timeout(Duration::from_secs(10))
             .build()
             .unwrap_or_default()

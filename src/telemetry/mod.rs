@@ -13,9 +13,8 @@ mod chat;
 pub mod gauges;
 use aqw_core::alert as groups;
 mod json_line;
-pub use alerts::{alert_body, AlertFormat, Alerts, SigningSecret, Webhook};
-pub use aqw_core::alert::{error_group, PoisonAlert};
-pub use aqw_core::scrub::{scrub, scrubbed};
+pub use alerts::alert_body;
+use aqw_core::scrub::scrubbed;
 pub use gauges::render_metrics;
 
 /// One formatted event as one line: a newline inside it (free text such as a

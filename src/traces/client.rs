@@ -22,7 +22,7 @@ impl ExportClient {
     pub(crate) fn new(target: &'static str, timeout: Duration) -> Result<Self, String> {
         // reqwest's blocking client owns a runtime: build it off any async one.
         let client = std::thread::spawn(move || {
-            crate::tls::blocking_client_builder()
+            aqw_azure::tls::blocking_client_builder()
                 .connect_timeout(Duration::from_secs(2).min(timeout))
                 .timeout(timeout)
                 .build()
@@ -51,7 +51,7 @@ impl ExportClient {
         }
         let suppressed = last.map(|(_, n)| n).unwrap_or(0);
         *last = Some((Instant::now(), 0));
-        warn!(event = "aqw.traces.export_failed", target = self.target, error = %crate::telemetry::scrub(&error),
+        warn!(event = "aqw.traces.export_failed", target = self.target, error = %aqw_core::scrub::scrub(&error),
             failures_not_shown = suppressed,
             "trace export failed; spans wait in a bounded queue and are dropped when it is full (jobs are not affected)");
     }

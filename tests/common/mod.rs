@@ -6,9 +6,12 @@
 
 pub mod webdriver;
 
-use aqw::config::{self, AppConfig};
-use aqw::handlers::{Handler, HandlerError, Job, Registry, Success};
-use aqw::storage::{AzureStorage, QueueStore, Storage, TableStore};
+use aqw::config::{self};
+use aqw::handlers::Registry;
+use aqw_azure::AzureStorage;
+use aqw_core::config::AppConfig;
+use aqw_core::handler::{Handler, HandlerError, Job, Success};
+use aqw_core::storage::{QueueStore, Storage, TableStore};
 use async_trait::async_trait;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -124,7 +127,8 @@ impl TestApp {
     }
 
     pub fn storage(&self) -> AzureStorage {
-        aqw::storage::connect(&self.config.functions[0].connection).unwrap()
+        aqw_azure::connect(aqw_azure::connection_of(&self.config.functions[0].connection).unwrap())
+            .unwrap()
     }
 
     pub fn source(&self) -> Arc<dyn QueueStore> {
@@ -139,15 +143,15 @@ impl TestApp {
         self.storage().table(&self.poison_table)
     }
 
-    pub fn keys(&self) -> aqw::idempotency::KeyStore {
-        aqw::idempotency::KeyStore::new(self.storage().table(&self.keys_table))
+    pub fn keys(&self) -> aqw_core::idempotency::KeyStore {
+        aqw_core::idempotency::KeyStore::new(self.storage().table(&self.keys_table))
     }
 
     pub async fn enqueue(&self, payload: &str) -> String {
         let q = self.source();
         q.create_if_missing().await.unwrap();
-        let text = aqw::message::encode(payload, self.config.message_encoding);
-        q.put(&text, Duration::ZERO, aqw::storage::Ttl::Default)
+        let text = aqw_core::message::encode(payload, self.config.message_encoding);
+        q.put(&text, Duration::ZERO, aqw_core::storage::Ttl::Default)
             .await
             .unwrap()
             .id
@@ -156,7 +160,7 @@ impl TestApp {
     pub async fn enqueue_raw(&self, text: &str) -> String {
         let q = self.source();
         q.create_if_missing().await.unwrap();
-        q.put(text, Duration::ZERO, aqw::storage::Ttl::Default)
+        q.put(text, Duration::ZERO, aqw_core::storage::Ttl::Default)
             .await
             .unwrap()
             .id
@@ -186,10 +190,10 @@ impl TestApp {
     }
 
     /// All messages currently in the poison queue (received, then released).
-    pub async fn poison_messages(&self) -> Vec<aqw::storage::PeekedMessage> {
+    pub async fn poison_messages(&self) -> Vec<aqw_core::storage::PeekedMessage> {
         match self.poison_queue().peek(32).await {
             Ok(m) => m,
-            Err(aqw::storage::StorageError::NotFound) => vec![],
+            Err(aqw_core::storage::StorageError::NotFound) => vec![],
             Err(e) => panic!("{e}"),
         }
     }
@@ -430,8 +434,8 @@ pub async fn poisoned_by_worker(app: &TestApp, deadline: Duration) -> String {
 }
 
 /// The poison record of a source message, read through the operator's store.
-pub async fn poison_record(app: &TestApp, id: &str) -> aqw::poison::PoisonRecord {
-    let ops = aqw::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
+pub async fn poison_record(app: &TestApp, id: &str) -> aqw_core::poison::PoisonRecord {
+    let ops = aqw_core::ops::QueueOps::new(app.config.clone(), &app.queue, &app.storage());
     ops.record(id).await.unwrap().unwrap().0
 }
 
@@ -467,8 +471,10 @@ pub fn start_serve_instances(
     (0..n)
         .map(|_| {
             let stop = tokio_util::sync::CancellationToken::new();
-            let registry = aqw::Registry::new()
-                .register("Job", Scripted::new(|_, _| Ok(aqw::Success::done())));
+            let registry = aqw::handlers::Registry::new().register(
+                "Job",
+                Scripted::new(|_, _| Ok(aqw_core::handler::Success::done())),
+            );
             let task = tokio::spawn(aqw::serve::serve(
                 app.config.clone(),
                 registry,

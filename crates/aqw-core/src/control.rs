@@ -44,6 +44,10 @@ mod col {
     pub(super) const EV_RATE: &str = "LearnedRate";
 }
 
+/// The highest rate an evidence row may carry (calls/s): anything above is input
+/// gone wrong, ignored.
+pub const MAX_SHARED_RATE: f64 = 1_000_000.0;
+
 /// One replica's breaker evidence for one function, as published. Times
 /// are Unix milliseconds on the publisher's clock.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -122,9 +126,10 @@ impl EvidenceRow {
                 .unwrap_or(0),
             last_success_ms: int(col::EV_LAST_SUCCESS).filter(|t| *t > 0),
             failing,
-            rate: e.get(col::EV_RATE).and_then(|v| v.as_f64()).filter(|r| {
-                r.is_finite() && *r > 0.0 && *r <= crate::flow::adaptive::MAX_SHARED_RATE
-            }),
+            rate: e
+                .get(col::EV_RATE)
+                .and_then(|v| v.as_f64())
+                .filter(|r| r.is_finite() && *r > 0.0 && *r <= MAX_SHARED_RATE),
         })
     }
 }

@@ -9,14 +9,14 @@
 //! error, then deleted. Operators replay it with its original key.
 //!
 //! It depends on no Azure, HTTP-server, exporter or TLS crate: storage is a
-//! port ([`storage::QueueStore`], [`storage::TableStore`]) that the `aqw`
+//! port ([`storage::QueueStore`], [`storage::TableStore`]) that the `aqw-azure`
 //! crate implements on Azure and [`storage::memory::MemoryStorage`]
 //! implements in memory, on tokio time.
 //!
 //! ## Embedding
 //!
 //! A handler in your own binary, on the memory store (swap in the Azure
-//! adapter, `aqw::storage::connect`, for production):
+//! adapter, `aqw_azure::open`, for production):
 //!
 //! ```
 //! use aqw_core::builder::{handler_fn, WorkerBuilder};
@@ -115,7 +115,8 @@
 //! | schedules: ticks as keyed jobs (`{/schedule}:{/tick}`), cron in a time zone or an interval, the catch-up policy; the task that claims each tick in the control row and puts it, and the status | `crates/aqw-core/src/schedule/` (`mod.rs` ticks and policy, `run.rs` the task and the row) |
 //! | claim-check payloads: a body over `aqw.claimCheck.threshold` written to a content-addressed blob (`<queue>/<sha256>`) and a reference put on the queue; the reference checked against its queue before any storage call (`claim_check_invalid`), the worker's bounded fetch with its length and hash checked (`claim_check_missing`, `claim_check_corrupt`); the refresh before a replay | `crates/aqw-core/src/claim.rs` |
 //! | the producer API: typed jobs put exactly as `aqw enqueue` puts them (key check, encoding, size, delay and time-to-live) | `crates/aqw-core/src/producer.rs` |
-//! | the ready configuration (`AppConfig`, `FunctionConfig`, connection, retention, timespans, names) and its defaults | `crates/aqw-core/src/config/` (`mod.rs`, `connection.rs`, `retention.rs`, `timespan.rs`) |
+//! | the ready configuration (`AppConfig`, `FunctionConfig`, the `StorageAccount` a function names: its setting, the adapter's resolution held unread, no cloud's shape; retention, timespans, names) and its defaults | `crates/aqw-core/src/config/` (`mod.rs`, `connection.rs`, `retention.rs`, `timespan.rs`) |
+//! | a duration printed as a Functions timespan (`fmt_span`): a leaf the config, the schedules and the operator's commands share | `crates/aqw-core/src/span.rs` |
 //! | one function's runtime over any storage; queues and tables created before polling; sweep targets | `crates/aqw-core/src/runtime.rs` |
 //! | the poll loops of `aqw run`: permits before receive, back-off, heartbeats, drain on shutdown; `Health` | `crates/aqw-core/src/worker.rs` |
 //! | the handler contract: `Job`, `Success`, `HandlerError` (retryable, uncertain, permanent), `HandlerSpec` | `crates/aqw-core/src/handler.rs` |
@@ -155,6 +156,7 @@ pub mod retry;
 pub mod runtime;
 pub mod schedule;
 pub mod scrub;
+pub mod span;
 pub mod storage;
 pub mod traces;
 pub mod worker;

@@ -1,87 +1,63 @@
-//! A storage connection as the configuration names it: the account, its
-//! endpoints and credentials (resolved by the binary from a connection
-//! string or identity-based settings; opened by its storage adapter).
+//! Which storage account a function's queue, keys and records are in, as
+//! the engine sees it: the connection setting that names it, and what a
+//! storage adapter resolved that setting to (endpoints and credentials, in
+//! the adapter's own shape: `aqw_azure::Connection` on Azure), held here
+//! unread. The engine groups and compares accounts by the setting alone; no
+//! endpoint, account name or credential type of any cloud is defined here.
 
+use std::any::Any;
 use std::fmt;
+use std::sync::Arc;
 
-/// A value that must never reach a log line or an error message.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    /// A secret holding `value`.
-    pub fn new(value: impl Into<String>) -> Self {
-        Secret(value.into())
-    }
-    /// The value itself, for the code that authenticates with it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
-
-/// How to authenticate to the storage account.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Credentials {
-    /// The account key (`AccountName` / `AccountKey` of a connection string).
-    SharedKey {
-        /// The storage account's name.
-        account: String,
-        /// The account key.
-        key: Secret,
-    },
-    /// A shared access signature (`SharedAccessSignature`).
-    Sas {
-        /// The SAS token.
-        token: Secret,
-    },
-    /// Identity-based (`<name>__accountName` etc.): Azure AD token credentials.
-    Identity {
-        /// `<name>__clientId`: the client id of a user-assigned identity;
-        /// `None` = the system-assigned (or default) identity.
-        client_id: Option<String>,
-    },
-}
-
-/// A resolved storage connection: endpoints and credentials.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Connection {
+/// A function's storage account: the setting that names it, and the
+/// adapter's resolution of it (opaque to the engine).
+#[derive(Clone)]
+pub struct StorageAccount {
     /// The setting it came from (`AzureWebJobsStorage`).
     pub setting: String,
-    /// The storage account's name.
-    pub account: String,
-    /// The queue service's base URL.
-    pub queue_endpoint: String,
-    /// The table service's base URL.
-    pub table_endpoint: String,
-    /// The blob service's base URL (claim-check bodies).
-    pub blob_endpoint: String,
-    /// How to authenticate to the account.
-    pub credentials: Credentials,
+    resolved: Option<Arc<dyn Any + Send + Sync>>,
 }
 
-impl Connection {
-    /// The connection of a worker built in code on a storage it was given
-    /// (no account to resolve): the setting is named `embedded`.
+impl StorageAccount {
+    /// The account named by `setting`, as an adapter resolved it.
+    pub fn new<T: Any + Send + Sync>(setting: impl Into<String>, resolved: T) -> Self {
+        Self {
+            setting: setting.into(),
+            resolved: Some(Arc::new(resolved)),
+        }
+    }
+
+    /// The account of a worker built in code on a storage it was given
+    /// (nothing to resolve): the setting is named `embedded`.
     pub fn embedded() -> Self {
         Self {
             setting: "embedded".to_string(),
-            account: "embedded".to_string(),
-            queue_endpoint: String::new(),
-            table_endpoint: String::new(),
-            blob_endpoint: String::new(),
-            credentials: Credentials::Identity { client_id: None },
+            resolved: None,
         }
+    }
+
+    /// The adapter's resolution, if it is a `T` (`None` for an embedded
+    /// account or another adapter's).
+    pub fn resolved<T: Any>(&self) -> Option<&T> {
+        self.resolved.as_deref()?.downcast_ref()
     }
 }
 
-/// Well-known Azurite account and key (public, documented by Microsoft).
-pub const DEV_ACCOUNT: &str = "devstoreaccount1";
-/// The Azurite account's key (see [`DEV_ACCOUNT`]).
-pub const DEV_KEY: &str =
-    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+/// The setting only: the resolution may hold credentials.
+impl fmt::Debug for StorageAccount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StorageAccount")
+            .field("setting", &self.setting)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One setting names one account within an app: accounts are the same when
+/// their settings are.
+impl PartialEq for StorageAccount {
+    fn eq(&self, other: &Self) -> bool {
+        self.setting == other.setting
+    }
+}
+
+impl Eq for StorageAccount {}

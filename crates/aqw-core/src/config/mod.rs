@@ -16,7 +16,7 @@ pub use crate::retry::RetryStrategy;
 pub use crate::idempotency::KeySpec;
 
 pub use crate::handler::{HandlerSpec, ProviderAnswers};
-pub use connection::{Connection, Credentials, Secret, DEV_ACCOUNT, DEV_KEY};
+pub use connection::StorageAccount;
 pub use retention::{
     check_key_retention, key_retention_floor, Retention, SweepSettings, DEFAULT_KEYS,
     SERVICE_DEFAULT_MESSAGE_TTL,
@@ -31,7 +31,7 @@ pub struct FunctionConfig {
     /// The source queue it consumes.
     pub queue: String,
     /// The storage account its queue, keys and poison records live in.
-    pub connection: Connection,
+    pub connection: StorageAccount,
     /// How each message's idempotency key is derived.
     pub key: KeySpec,
     /// What runs each message.
@@ -96,12 +96,12 @@ impl FunctionConfig {
     /// without an `aqw.functions.<name>` entry gives: keys from the
     /// payload's `idempotencyKey` field, the default breaker, no redaction,
     /// no provider key window, a handler registered in code; its storage is
-    /// the one the worker is built on ([`Connection::embedded`]).
+    /// the one the worker is built on ([`StorageAccount::embedded`]).
     pub fn new(name: impl Into<String>, queue: impl Into<String>) -> Self {
         Self {
             name: name.into(),
             queue: queue.into(),
-            connection: Connection::embedded(),
+            connection: StorageAccount::embedded(),
             key: KeySpec::PayloadField,
             handler: HandlerSpec::Registered,
             binding_name: "message".to_string(),

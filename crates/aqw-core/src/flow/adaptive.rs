@@ -399,10 +399,6 @@ pub const REFRESH_EVERY: Duration = Duration::from_secs(60);
 /// stopped sharing (or is gone) without saying so.
 pub const RATE_FRESH: Duration = Duration::from_secs(150);
 
-/// The highest rate a row may carry (calls/s): anything above is input
-/// gone wrong, ignored.
-pub const MAX_SHARED_RATE: f64 = 1_000_000.0;
-
 /// The learned rates the replicas of one function publish, counted
 /// together (fresh rows only).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]

@@ -7,6 +7,7 @@
 //! ([`crate::flow::adaptive`]) whether the provider throttled.
 
 use super::handler::HandlerRun;
+use super::outcome::IN_PROGRESS_OUTCOME;
 use crate::decide::{AttemptResult, MIN_LATER};
 use crate::handler::HandlerError;
 use crate::idempotency::record::Attempt;
@@ -17,9 +18,6 @@ use time::OffsetDateTime;
 
 /// The longest of aqw's own waits after a throttle that named no delay.
 pub(super) const MAX_THROTTLE_BACKOFF: Duration = Duration::from_secs(60);
-
-/// The history's outcome of an "in progress" waited out (no attempt spent).
-pub(super) const IN_PROGRESS_OUTCOME: &str = "in_progress";
 
 /// aqw's backoff when the provider named no delay: exponential in how long
 /// the job has been put off (each wait up to the time waited so far, so

@@ -6,6 +6,9 @@ use std::time::Duration;
 use time::OffsetDateTime;
 use tracing::{info, warn};
 
+/// The history's outcome of an "in progress" waited out (no attempt spent).
+pub(super) const IN_PROGRESS_OUTCOME: &str = "in_progress";
+
 /// What happened to one message.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {

@@ -345,7 +345,7 @@ impl Settling<'_> {
         if let Some(c) = &self.claim {
             let noted = self.rt.keys.record_failure_given_back(
                 c,
-                super::later::IN_PROGRESS_OUTCOME,
+                super::outcome::IN_PROGRESS_OUTCOME,
                 message,
                 true,
             );

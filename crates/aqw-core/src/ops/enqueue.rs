@@ -3,7 +3,7 @@
 //! ([`Delivery`]).
 
 use super::{OpsError, OpsResult};
-use crate::config::{AppConfig, Connection, MessageEncoding};
+use crate::config::{AppConfig, MessageEncoding, StorageAccount};
 use crate::idempotency::derive_key;
 use crate::idempotency::IdempotencyKey;
 use crate::storage::{Storage, Ttl, MAX_VISIBILITY_TIMEOUT};
@@ -52,7 +52,7 @@ impl Default for Delivery {
 impl Delivery {
     /// Visible `delay` after the put, expiring per `ttl` (counted from the put).
     pub fn after(delay: Duration, ttl: Ttl) -> Result<Self, String> {
-        let span = crate::ops::fmt_span;
+        let span = crate::span::fmt_span;
         // The service counts whole seconds, rounded up here as the adapters
         // round them, so the checks below compare what is really sent.
         let (delay, ttl) = (whole_seconds(delay), whole_ttl(ttl));
@@ -118,7 +118,7 @@ pub struct PreparedEnqueue {
     /// The queue to put it on.
     pub queue: String,
     /// The connection of the function that consumes the queue.
-    pub connection: Connection,
+    pub connection: StorageAccount,
     /// The message text, encoded per the app's messageEncoding (empty
     /// while `claim_check` holds the body: the reference is made when the
     /// blob is written).

@@ -49,7 +49,7 @@ pub use report::{
 };
 pub use show::{mask_message, show, ShowReport};
 pub use status::{status, QueueStatus};
-pub use window::{fmt_span, ProviderWindow};
+pub use window::ProviderWindow;
 
 use crate::config::{AppConfig, FunctionConfig};
 use crate::idempotency::{IdempotencyKey, KeyRecord, KeyStore};

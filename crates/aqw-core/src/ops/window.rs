@@ -10,6 +10,7 @@
 
 use super::{OpsError, OpsResult, QueueOps};
 use crate::idempotency::{IdempotencyKey, KeyRecord, KeyStatus};
+use crate::span::fmt_span;
 use std::time::Duration;
 use time::OffsetDateTime;
 
@@ -78,17 +79,6 @@ impl ProviderWindow {
             self.key_age,
             self.window
         )
-    }
-}
-
-/// A duration as a Functions timespan, `[d.]hh:mm:ss`.
-pub fn fmt_span(d: Duration) -> String {
-    let s = d.as_secs();
-    let (days, h, m, sec) = (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60);
-    if days > 0 {
-        format!("{days}.{h:02}:{m:02}:{sec:02}")
-    } else {
-        format!("{h:02}:{m:02}:{sec:02}")
     }
 }
 

@@ -152,7 +152,7 @@ impl When {
     /// How the schedule reads in `config show` and `status`.
     pub fn describe(&self) -> String {
         match self {
-            When::Every(d) => format!("every {}", crate::ops::fmt_span(*d)),
+            When::Every(d) => format!("every {}", crate::span::fmt_span(*d)),
             When::Cron { pattern, zone, .. } => format!("cron \"{pattern}\" ({zone})"),
         }
     }

@@ -1,7 +1,7 @@
 //! The storage port: what the engine asks of queues, tables and blob
 //! containers ([`BlobStore`]), in the
 //! engine's own words. [`QueueStore`] and [`TableStore`] are implemented by
-//! the Azure adapter (crate `aqw`, `src/storage/`) and by [`memory`], the
+//! the Azure adapter (crate `aqw-azure`, `crates/aqw-azure/src/`) and by [`memory`], the
 //! in-memory store on tokio time that the engine's tests and the fleet
 //! simulation run on. The contract suite (`aqw_core::contract`) runs the same
 //! checks on both, so the fake cannot drift from the emulator.

@@ -388,6 +388,6 @@ fn provider_state(
         saves_failures: saves,
         idempotent: f.idempotent,
         lookup: f.has_lookup,
-        provider_key_window: f.provider_key_window.map(super::fmt_span),
+        provider_key_window: f.provider_key_window.map(crate::span::fmt_span),
     }
 }

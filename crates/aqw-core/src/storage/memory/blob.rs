@@ -1,5 +1,5 @@
 //! The blob containers of the memory store: [`BlobStore`] as the Azure
-//! adapter answers (`src/storage/blobs.rs` of crate `aqw`: a 404 on get is
+//! adapter answers (`crates/aqw-azure/src/blobs.rs` of crate `aqw-azure`: a 404 on get is
 //! `None`, on delete and on list of a missing container `Ok`), checked
 //! against Azurite by the contract suite (`aqw_core::contract`).
 

@@ -11,7 +11,7 @@
 //! `tokio::time::sleep` with the runtime idle).
 //!
 //! The store answers what the Azure adapter of crate `aqw` returns for the
-//! same request (`src/storage/azure.rs`, `src/storage/tables.rs`, errors by
+//! same request (`crates/aqw-azure/src/azure.rs`, `crates/aqw-azure/src/tables.rs`, errors by
 //! `pipeline::status_error`: 404 is [`StorageError::NotFound`], 409
 //! [`StorageError::Conflict`], 412 [`StorageError::PreconditionFailed`],
 //! anything else [`StorageError::Http`] with the service's status and code).

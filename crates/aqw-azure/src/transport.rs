@@ -1,5 +1,5 @@
 //! How aqw's HTTP requests reach the wire (storage requests, and the `http`
-//! handler's POSTs, `crate::handlers::http`): hyper's pooled HTTP/1.1 client
+//! handler's POSTs, the binary's `handlers::http`): hyper's pooled HTTP/1.1 client
 //! (hyper-util's, TLS by hyper-rustls on the process's one rustls
 //! configuration, `crate::tls`), or reqwest when the environment names a
 //! proxy. Neither path follows a redirect: storage never sends one, and a
@@ -27,7 +27,7 @@ use std::time::Duration;
 
 /// How long a client waits, and how long it keeps an idle connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Limits {
+pub struct Limits {
     pub connect: Duration,
     /// The whole exchange, response body included.
     pub request: Duration,
@@ -38,7 +38,7 @@ pub(crate) struct Limits {
 /// connections kept 4 s, below Node's 5 s keep-alive (Azurite), so a pooled
 /// connection is never reused just as the server closes it (a request lost
 /// as "connection closed before message completed").
-pub(crate) const STORAGE: Limits = Limits {
+pub const STORAGE: Limits = Limits {
     connect: Duration::from_secs(5),
     request: Duration::from_secs(30),
     pool_idle: Duration::from_secs(4),
@@ -46,7 +46,7 @@ pub(crate) const STORAGE: Limits = Limits {
 const POOL_MAX_IDLE_PER_HOST: usize = 64;
 
 /// A request as the pipeline finished it.
-pub(crate) struct Outgoing<'a> {
+pub struct Outgoing<'a> {
     pub method: http::Method,
     pub url: &'a str,
     pub headers: http::HeaderMap,
@@ -55,7 +55,7 @@ pub(crate) struct Outgoing<'a> {
 
 /// A whole response: storage answers are small (at most 32 messages of
 /// 64 KiB), so the body is read here, where a read error is still I/O.
-pub(crate) struct Incoming {
+pub struct Incoming {
     pub status: u16,
     pub headers: http::HeaderMap,
     pub body: Bytes,
@@ -64,7 +64,7 @@ pub(crate) struct Incoming {
 /// Why a request got no response. The text never names the URL (a SAS
 /// lives in its query).
 #[derive(Debug)]
-pub(crate) enum SendError {
+pub enum SendError {
     /// No connection: DNS, refused, TLS handshake, connect timeout.
     Connect(String),
     /// The connection failed mid-request.
@@ -78,7 +78,7 @@ pub(crate) enum SendError {
 
 /// The pooled client.
 #[derive(Debug)]
-pub(crate) struct Transport {
+pub struct Transport {
     wire: Wire,
     limits: Limits,
 }
@@ -105,7 +105,7 @@ impl Transport {
     }
 
     /// [`Transport::send`], reading at most `body_limit` + 1 bytes of the
-    /// response body ([`read_body`]).
+    /// response body (`read_body`).
     pub async fn send_bounded(
         &self,
         req: Outgoing<'_>,
@@ -171,7 +171,7 @@ fn proxied(limits: Limits) -> Result<reqwest::Client, String> {
 /// The request header by which a client asks for a bounded read of the
 /// response body (a blob's bytes are input): the pipeline takes it off the
 /// request ([`super::pipeline`]), so it never reaches the wire.
-pub(crate) const BODY_LIMIT_HEADER: &str = "x-aqw-body-limit";
+pub const BODY_LIMIT_HEADER: &str = "x-aqw-body-limit";
 
 /// What a bounded read keeps of a response body: a body that declares
 /// (`Content-Length`) more than `limit` bytes is not read at all (empty);
@@ -312,7 +312,7 @@ async fn send_proxied(
 
 /// An error and its sources, one line (`a: b: c`), for the messages of
 /// storage and handler failures.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut src = e.source();
     while let Some(s) = src {

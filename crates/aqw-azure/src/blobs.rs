@@ -15,15 +15,14 @@
 //! Requests carry `x-ms-version` [`BLOB_VERSION`], which the counting
 //! transport also reads to name them (`blob.put`, `blob.get`,
 //! `blob.update`, `blob.delete`, `blob.list`, `blob.admin`), whatever host
-//! and port the account is on.
+//! and port the account is on: the version and that naming live in
+//! [`super::pipeline`], which this client imports and which imports
+//! nothing of it.
 
-use super::pipeline::find_header;
+use super::pipeline::{find_header, BLOB_VERSION};
 use super::transport::BODY_LIMIT_HEADER;
 use super::*;
 use azure_core::http::{Method, Pipeline, RawResponse, Request};
-
-/// Blob service version aqw speaks (single-request Put Blob up to 5,000 MiB).
-pub const BLOB_VERSION: &str = "2021-08-06";
 
 /// The Blob service endpoint of one account.
 #[derive(Clone)]
@@ -75,28 +74,6 @@ impl BlobsClient {
     async fn send(&self, mut request: Request) -> StorageResult<RawResponse> {
         super::pipeline::send_checked(&self.pipeline, &mut request).await
     }
-}
-
-/// The request's name for the counting transport, when it is a blob
-/// request (it carries [`BLOB_VERSION`]).
-pub(crate) fn blob_operation(
-    method: Method,
-    url: &url::Url,
-    version: &str,
-) -> Option<&'static str> {
-    if version != BLOB_VERSION {
-        return None;
-    }
-    let query = url.query().unwrap_or("");
-    Some(match method {
-        _ if query.contains("restype=container") && !query.contains("comp=list") => "blob.admin",
-        Method::Get if query.contains("comp=list") => "blob.list",
-        Method::Put if query.contains("comp=metadata") => "blob.update",
-        Method::Put => "blob.put",
-        Method::Get => "blob.get",
-        Method::Delete => "blob.delete",
-        _ => "blob.other",
-    })
 }
 
 fn etag_of(rsp: &RawResponse) -> StorageResult<Etag> {
@@ -324,30 +301,5 @@ mod tests {
         assert_eq!(items[1].last_modified.second(), 1);
         assert_eq!(items[1].etag, Etag("\"0x8D2\"".into()));
         assert_eq!(element(xml, "NextMarker"), None);
-    }
-
-    #[test]
-    fn blob_requests_are_named_by_their_version() {
-        let u = |s: &str| url::Url::parse(s).unwrap();
-        let op = |m, s| blob_operation(m, &u(s), BLOB_VERSION);
-        assert_eq!(op(Method::Put, "http://h/a/c/q/x"), Some("blob.put"));
-        assert_eq!(op(Method::Get, "http://h/a/c/q/x"), Some("blob.get"));
-        assert_eq!(
-            op(Method::Put, "http://h/a/c/q/x?comp=metadata"),
-            Some("blob.update")
-        );
-        assert_eq!(op(Method::Delete, "http://h/a/c/q/x"), Some("blob.delete"));
-        assert_eq!(
-            op(Method::Get, "http://h/a/c?restype=container&comp=list"),
-            Some("blob.list")
-        );
-        assert_eq!(
-            op(Method::Put, "http://h/a/c?restype=container"),
-            Some("blob.admin")
-        );
-        assert_eq!(
-            blob_operation(Method::Put, &u("http://h/a/q"), "2019-02-02"),
-            None
-        );
     }
 }

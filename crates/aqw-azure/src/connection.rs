@@ -1,14 +1,101 @@
 //! A storage connection: its endpoints and credentials, and how a
 //! connection string or the identity-based `<name>__*` settings resolve to
-//! one (the settings are looked up by [`crate::config`]).
+//! one (the settings are looked up by the binary's configuration).
 
+use aqw_core::config::StorageAccount;
 use std::collections::BTreeMap;
+use std::fmt;
 
-pub use aqw_core::config::{Connection, Credentials, Secret, DEV_ACCOUNT, DEV_KEY};
+/// A value that must never reach a log line or an error message.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// A secret holding `value`.
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+    /// The value itself, for the code that authenticates with it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// How to authenticate to the storage account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credentials {
+    /// The account key (`AccountName` / `AccountKey` of a connection string).
+    SharedKey {
+        /// The storage account's name.
+        account: String,
+        /// The account key.
+        key: Secret,
+    },
+    /// A shared access signature (`SharedAccessSignature`).
+    Sas {
+        /// The SAS token.
+        token: Secret,
+    },
+    /// Identity-based (`<name>__accountName` etc.): Azure AD token credentials.
+    Identity {
+        /// `<name>__clientId`: the client id of a user-assigned identity;
+        /// `None` = the system-assigned (or default) identity.
+        client_id: Option<String>,
+    },
+}
+
+/// A resolved storage connection: endpoints and credentials.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Connection {
+    /// The setting it came from (`AzureWebJobsStorage`).
+    pub setting: String,
+    /// The storage account's name.
+    pub account: String,
+    /// The queue service's base URL.
+    pub queue_endpoint: String,
+    /// The table service's base URL.
+    pub table_endpoint: String,
+    /// The blob service's base URL (claim-check bodies).
+    pub blob_endpoint: String,
+    /// How to authenticate to the account.
+    pub credentials: Credentials,
+}
+
+/// Well-known Azurite account and key (public, documented by Microsoft).
+pub const DEV_ACCOUNT: &str = "devstoreaccount1";
+/// The Azurite account's key (see [`DEV_ACCOUNT`]).
+pub const DEV_KEY: &str =
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+
+/// The Azure connection an engine-side [`StorageAccount`] was resolved to
+/// (by [`resolve_connection`] or [`parse_connection_string`], wrapped with
+/// [`Connection::account`]); an error naming the setting otherwise.
+pub fn connection_of(account: &StorageAccount) -> Result<&Connection, String> {
+    account.resolved::<Connection>().ok_or_else(|| {
+        format!(
+            "{}: not an Azure storage connection (a worker built in code on its own storage)",
+            account.setting
+        )
+    })
+}
+
+impl Connection {
+    /// This connection as the engine's [`StorageAccount`] (the setting, and
+    /// this connection held for [`connection_of`]).
+    pub fn account(self) -> StorageAccount {
+        StorageAccount::new(self.setting.clone(), self)
+    }
+}
 
 /// Resolve a connection setting: a connection string in `name`, or the
 /// identity-based `<name>__*` settings. `setting` looks a setting up (the
-/// environment, in [`crate::config`]); errors name settings, never a value.
+/// environment, in the binary's configuration); errors name settings, never a value.
 pub fn resolve_connection(
     name: &str,
     setting: &dyn Fn(&str) -> Option<String>,

@@ -73,6 +73,31 @@ impl CountingTransport {
     }
 }
 
+/// Blob service version aqw speaks (single-request Put Blob up to 5,000 MiB).
+pub const BLOB_VERSION: &str = "2021-08-06";
+
+/// The request's name for the counting transport, when it is a blob
+/// request (it carries [`BLOB_VERSION`]).
+pub(crate) fn blob_operation(
+    method: Method,
+    url: &url::Url,
+    version: &str,
+) -> Option<&'static str> {
+    if version != BLOB_VERSION {
+        return None;
+    }
+    let query = url.query().unwrap_or("");
+    Some(match method {
+        _ if query.contains("restype=container") && !query.contains("comp=list") => "blob.admin",
+        Method::Get if query.contains("comp=list") => "blob.list",
+        Method::Put if query.contains("comp=metadata") => "blob.update",
+        Method::Put => "blob.put",
+        Method::Get => "blob.get",
+        Method::Delete => "blob.delete",
+        _ => "blob.other",
+    })
+}
+
 pub(crate) fn operation_name(method: Method, url: &url::Url) -> &'static str {
     use Method as M;
     let path = url.path();
@@ -124,13 +149,13 @@ pub(crate) fn operation_name(method: Method, url: &url::Url) -> &'static str {
 /// One storage request as a client span (OpenTelemetry HTTP conventions),
 /// only while traces are exported. The URL loses its query: a SAS lives there.
 fn storage_span(method: Method, op: &'static str, url: &url::Url) -> tracing::Span {
-    if !crate::traces::storage_spans() {
+    if !aqw_core::traces::storage_spans() {
         return tracing::Span::none();
     }
     let mut shown = url.clone();
     shown.set_query(None);
     let method = http_method(method);
-    crate::traces::step_span!(
+    aqw_core::step_span!(
         "aqw.storage",
         otel.kind = "client",
         otel.name = %format!("{method} {op}"),
@@ -161,7 +186,7 @@ fn http_method(m: Method) -> http::Method {
 impl HttpClient for CountingTransport {
     async fn execute_request(&self, request: &Request) -> azure_core::Result<AsyncRawResponse> {
         let version = find_header(request.headers(), "x-ms-version").unwrap_or_default();
-        let op = super::blobs::blob_operation(request.method(), request.url(), version)
+        let op = blob_operation(request.method(), request.url(), version)
             .unwrap_or_else(|| operation_name(request.method(), request.url()));
         let body_limit =
             find_header(request.headers(), BODY_LIMIT_HEADER).and_then(|v| v.parse::<u64>().ok());
@@ -175,11 +200,11 @@ impl HttpClient for CountingTransport {
             Ok(rsp) => Ok(raw_response(rsp)),
             Err(SendError::Connect(text)) => Err(Error::with_message(
                 ErrorKind::Connection,
-                crate::telemetry::scrub(&text),
+                aqw_core::scrub::scrub(&text),
             )),
             Err(SendError::Io(text)) => Err(Error::with_message(
                 ErrorKind::Io,
-                crate::telemetry::scrub(&text),
+                aqw_core::scrub::scrub(&text),
             )),
             Err(SendError::TimedOut(after)) => Err(Error::with_message(
                 ErrorKind::Io,
@@ -421,16 +446,16 @@ pub(crate) fn map_err(e: azure_core::Error) -> StorageError {
             status, error_code, ..
         } => status_error(u16::from(*status), error_code.clone().unwrap_or_default()),
         azure_core::error::ErrorKind::Io | azure_core::error::ErrorKind::Connection => {
-            StorageError::Transport(crate::telemetry::scrub(&error_chain(&e)))
+            StorageError::Transport(aqw_core::scrub::scrub(&error_chain(&e)))
         }
         azure_core::error::ErrorKind::Credential => {
             StorageError::Other("credential error (check the connection setting)".into())
         }
         azure_core::error::ErrorKind::DataConversion => StorageError::Other(format!(
             "unexpected response from storage: {}",
-            crate::telemetry::scrub(&e.to_string())
+            aqw_core::scrub::scrub(&e.to_string())
         )),
-        _ => StorageError::Other(crate::telemetry::scrub(&e.to_string())),
+        _ => StorageError::Other(aqw_core::scrub::scrub(&e.to_string())),
     }
 }
 
@@ -495,9 +520,9 @@ mod tests {
     /// same layout, headers and resource as documented there.
     #[test]
     fn policies_do_not_print_secrets() {
-        let key = Secret::new(super::super::DEV_KEY);
+        let key = Secret::new(crate::DEV_KEY);
         let p = SharedKeyPolicy::new("acct", &key, Service::Queue).unwrap();
-        assert!(!format!("{p:?}").contains(super::super::DEV_KEY));
+        assert!(!format!("{p:?}").contains(crate::DEV_KEY));
         let sas = SasPolicy::new(&Secret::new("sv=2024&sig=c2VjcmV0")).unwrap();
         assert!(!format!("{sas:?}").contains("c2VjcmV0"));
     }
@@ -515,5 +540,30 @@ mod tests {
             assert_eq!(request_header_name(name).unwrap(), wire, "{name}");
         }
         assert!(request_header_name("bad name").is_err());
+    }
+
+    #[test]
+    fn blob_requests_are_named_by_their_version() {
+        let u = |s: &str| url::Url::parse(s).unwrap();
+        let op = |m, s| blob_operation(m, &u(s), BLOB_VERSION);
+        assert_eq!(op(Method::Put, "http://h/a/c/q/x"), Some("blob.put"));
+        assert_eq!(op(Method::Get, "http://h/a/c/q/x"), Some("blob.get"));
+        assert_eq!(
+            op(Method::Put, "http://h/a/c/q/x?comp=metadata"),
+            Some("blob.update")
+        );
+        assert_eq!(op(Method::Delete, "http://h/a/c/q/x"), Some("blob.delete"));
+        assert_eq!(
+            op(Method::Get, "http://h/a/c?restype=container&comp=list"),
+            Some("blob.list")
+        );
+        assert_eq!(
+            op(Method::Put, "http://h/a/c?restype=container"),
+            Some("blob.admin")
+        );
+        assert_eq!(
+            blob_operation(Method::Put, &u("http://h/a/q"), "2019-02-02"),
+            None
+        );
     }
 }

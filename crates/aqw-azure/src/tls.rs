@@ -13,7 +13,7 @@
 //! rustls-native-certs), TLS 1.2 and 1.3, ring, HTTP/1.1 by ALPN.
 //!
 //! The roots themselves load on the first TLS handshake, not when a client
-//! is built ([`LazyRoots`]): most deployments of `aqw run` next to Azurite,
+//! is built (`LazyRoots`): most deployments of `aqw run` next to Azurite,
 //! a loopback handler or a collector sidecar speak plain HTTP and never need
 //! them, and every CLI command paid ~18 M instructions (callgrind; 10 % of a
 //! 300-job `aqw run`) to parse a bundle it did not use. Verification is

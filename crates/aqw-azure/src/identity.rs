@@ -22,7 +22,7 @@
 //!
 //! The storage layer reads `__managedIdentityResourceId` and `__credential`
 //! from the environment itself (by the connection's setting name), so the
-//! configuration types above `src/storage/` are unchanged.
+//! configuration types above `crates/aqw-azure/src/` are unchanged.
 //!
 //! [`BearerPolicy`] puts the token on each try. Unlike `azure_core`'s
 //! `BearerTokenAuthorizationPolicy` it also allows plain `http` to a
@@ -49,7 +49,7 @@ fn var(n: &str) -> Option<String> {
 fn cred_err(what: &str, e: azure_core::Error) -> StorageError {
     StorageError::Other(format!(
         "{what}: {}",
-        crate::telemetry::scrub(&e.to_string())
+        aqw_core::scrub::scrub(&e.to_string())
     ))
 }
 

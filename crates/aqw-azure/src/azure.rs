@@ -336,7 +336,8 @@ impl QueueStore for AzureQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::pipeline::operation_name;
+    use crate::pipeline::operation_name;
+    use crate::{DEV_ACCOUNT, DEV_KEY};
 
     #[tokio::test]
     async fn a_redirect_is_an_error_not_followed() {
