@@ -10,8 +10,8 @@
 //! - **Volume rule** (busy functions): over `window`, when failing jobs +
 //!   successes reach `minimumAttempts` and failing jobs are at least
 //!   `failureRatio` of them.
-//! - **Quiet rule** (a trickle, a quiet night), while the window holds
-//!   fewer than `minimumAttempts` outcomes: `consecutiveFailures` distinct
+//! - **Quiet rule** (a trickle, a quiet night), at any volume (a partial
+//!   outage with traffic keeps succeeding): `consecutiveFailures` distinct
 //!   jobs began failing with no success anywhere in the fleet since the
 //!   first of them, within `quietWindow`, and that first failure is at
 //!   least [`SETTLE`] old, so the fleet's successes had time to be heard.
