@@ -22,10 +22,11 @@
 //! probes itself (so the fleet probes through one or two replicas, not all).
 //! After a close, concurrency ramps up from the probe count, doubling every [`RAMP_STEP`].
 //!
-//! Half-open, a failed probe reopens the breaker once per job and opening:
-//! the same job failing a probe again is no verdict, and its failure is its
-//! own ([`Breaker::record`]), so a few keys failing alone still reach poison
-//! and cannot hold the breaker open by themselves.
+//! Half-open, the breaker does not stay open on the evidence of a few
+//! jobs: until `consecutiveFailures` distinct jobs failed its probes, the
+//! same job failing a probe again is no verdict, and its failure is its
+//! own ([`Breaker::record`]), so a few keys failing alone still reach
+//! poison and cannot hold the breaker open by themselves.
 
 pub mod evidence;
 
@@ -379,14 +380,16 @@ impl Breaker {
 
     /// After an attempt: count it, and change state if it says so.
     ///
-    /// Half-open, a probe's failure reopens the breaker once per job: a job
-    /// that already failed since this opening let probes through and fails
-    /// a probe again is no verdict on the provider (the queue may hold
-    /// nothing but a few keys failing alone, which would otherwise be
-    /// parked as fresh copies forever and keep the breaker open on their
-    /// evidence alone). The breaker stays half-open, so that failure is
-    /// the job's own, retried and counted as when closed, and the next
-    /// probes go through after a cool-down.
+    /// Half-open, while fewer distinct jobs than `consecutiveFailures` have
+    /// failed since this opening let probes through, a job failing a probe
+    /// again is no verdict on the provider (the queue may hold nothing but
+    /// a few keys failing alone, which would otherwise be parked as fresh
+    /// copies forever and keep the breaker open on their evidence alone).
+    /// The breaker stays half-open, so that failure is the job's own,
+    /// retried and counted as when closed, and the next probes go through
+    /// after a cool-down. Once that many distinct jobs failed its probes,
+    /// the outage stands on distinct evidence and every failed probe
+    /// reopens, parked free, however long the outage.
     pub fn record(&mut self, now: Instant, attempt: Attempt) -> Option<Transition> {
         match (self.state, attempt) {
             (State::Open { .. } | State::Following { .. }, Attempt::FailedRetryable(job)) => {
@@ -402,7 +405,8 @@ impl Breaker {
                 Some(Transition::Closed)
             }
             (State::HalfOpen { .. }, Attempt::FailedRetryable(job)) => {
-                if !self.note_probed(job) {
+                let again = !self.note_probed(job);
+                if again && self.few_probed() {
                     return None;
                 }
                 self.cool_down = (self.cool_down * 2).min(self.settings.max_cool_down);
@@ -475,6 +479,13 @@ impl Breaker {
             self.probed.insert(job);
         }
         true
+    }
+
+    /// Fewer distinct jobs failed this opening's probes than the quiet rule
+    /// needs to call it an outage (`consecutiveFailures`; 0: never few).
+    fn few_probed(&self) -> bool {
+        let n = self.settings.consecutive_failures as usize;
+        n > 0 && self.probed.len() < n
     }
 
     /// A new opening: no probe let through, none failed.

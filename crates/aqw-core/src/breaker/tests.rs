@@ -226,15 +226,19 @@ fn closing_resets_the_cool_down() {
 /// Seed 668 of the simulation: after an outage the queue held only two
 /// keys failing alone; every probe picked one of them, failed, reopened
 /// the breaker and parked it as a fresh copy, so the breaker never closed
-/// and they never reached poison. A probe failing again for a job that
-/// already failed this opening's probes is no verdict: the breaker stays
-/// half-open (that failure is the job's own: retried, counted, poisoned at
-/// the cap), and a new job's failure still reopens it.
+/// and they never reached poison. Until `consecutiveFailures` distinct jobs
+/// failed the opening's probes, a job failing a probe again is no verdict:
+/// the breaker stays half-open (that failure is the job's own: retried,
+/// counted, poisoned at the cap), and a new job's failure still reopens
+/// it. Past that many, an outage stands and every failed probe reopens.
 #[test]
-fn a_job_failing_its_probes_again_reopens_nothing() {
+fn a_few_jobs_failing_their_probes_again_do_not_hold_the_breaker() {
     let t0 = Instant::now();
     let at = |ms: u64| t0 + Duration::from_millis(ms);
-    let mut b = Breaker::new(settings());
+    let mut b = Breaker::new(BreakerSettings {
+        consecutive_failures: 3,
+        ..settings()
+    });
     for job in 1..=4 {
         b.record(at(0), Attempt::FailedRetryable(job));
     }
@@ -242,12 +246,12 @@ fn a_job_failing_its_probes_again_reopens_nothing() {
     // In flight at the trip, before any probe: not a probe's failure.
     assert_eq!(b.record(at(100), Attempt::FailedRetryable(7)), None);
     assert_eq!(b.admit(at(2000), 8).0, Admission::Receive(1));
-    assert_eq!(
-        b.record(at(2100), Attempt::FailedRetryable(9)),
+    let reopened = |s| {
         Some(Transition::Reopened {
-            cool_down: Duration::from_secs(4)
+            cool_down: Duration::from_secs(s),
         })
-    );
+    };
+    assert_eq!(b.record(at(2100), Attempt::FailedRetryable(9)), reopened(4));
     assert_eq!(b.admit(at(6100), 8).0, Admission::Receive(1));
     // Job 9 again: no verdict, the breaker stays half-open (not holding).
     assert_eq!(b.record(at(6200), Attempt::FailedRetryable(9)), None);
@@ -257,15 +261,16 @@ fn a_job_failing_its_probes_again_reopens_nothing() {
     assert_eq!(b.admit(at(10_100), 8).0, Admission::Receive(1));
     assert_eq!(
         b.record(at(10_200), Attempt::FailedRetryable(7)),
-        Some(Transition::Reopened {
-            cool_down: Duration::from_secs(5)
-        })
+        reopened(5)
     );
-    // Another probe's failure after that reopening counts as probed too.
+    // Another probe's failure after that reopening counts too: 3 distinct.
     assert_eq!(b.record(at(10_300), Attempt::FailedRetryable(8)), None);
+    // An outage on 3 distinct jobs: a repeat reopens again.
     assert_eq!(b.admit(at(15_200), 8).0, Admission::Receive(1));
-    assert_eq!(b.record(at(15_300), Attempt::FailedRetryable(8)), None);
-    assert_eq!(b.state().name(), "half-open");
+    assert_eq!(
+        b.record(at(15_300), Attempt::FailedRetryable(9)),
+        reopened(5)
+    );
     // A success closes it, and the next opening starts afresh.
     assert_eq!(b.admit(at(20_300), 8).0, Admission::Receive(1));
     assert_eq!(b.record(at(20_400), OK), Some(Transition::Closed));
@@ -277,4 +282,6 @@ fn a_job_failing_its_probes_again_reopens_nothing() {
         b.record(at(23_100), Attempt::FailedRetryable(9)),
         Some(Transition::Reopened { .. })
     ));
+    assert_eq!(b.admit(at(27_100), 8).0, Admission::Receive(1));
+    assert_eq!(b.record(at(27_200), Attempt::FailedRetryable(9)), None);
 }
