@@ -10,8 +10,8 @@
 //! - **Volume rule** (busy functions): over `window`, when failing jobs +
 //!   successes reach `minimumAttempts` and failing jobs are at least
 //!   `failureRatio` of them.
-//! - **Quiet rule** (a trickle, a quiet night), while the window holds
-//!   fewer than `minimumAttempts` outcomes: `consecutiveFailures` distinct
+//! - **Quiet rule** (a trickle, a quiet night), at any volume (a partial
+//!   outage with traffic keeps succeeding): `consecutiveFailures` distinct
 //!   jobs began failing with no success anywhere in the fleet since the
 //!   first of them, within `quietWindow`, and that first failure is at
 //!   least [`SETTLE`] old, so the fleet's successes had time to be heard.
@@ -256,14 +256,16 @@ pub fn verdict(t: &Tally, s: &BreakerSettings, now: Instant) -> Option<Rule> {
     {
         return Some(Rule::Volume);
     }
-    // The quiet rule is for what the volume rule cannot see: under
-    // `minimumAttempts` outcomes in the window. At volume a partial outage
-    // can show a run of failures by chance; the ratio decides there.
-    let quiet = outcomes < s.minimum_attempts;
+    // The quiet rule holds at any volume: its streak needs [`SETTLE`] with
+    // no success anywhere in the fleet, which a partial outage at volume
+    // never shows (its healthy keys keep succeeding). Gated on the window
+    // holding few outcomes, it would stay blind for a whole `window` after
+    // a burst of successes just before a quiet outage (seed 298 of the
+    // simulation: 27 successes in the minute before, 11 jobs poisoned).
     let settled = t
         .streak_since
         .is_some_and(|first| now.saturating_duration_since(first) >= SETTLE);
-    (quiet && s.consecutive_failures > 0 && t.streak >= s.consecutive_failures && settled)
+    (s.consecutive_failures > 0 && t.streak >= s.consecutive_failures && settled)
         .then_some(Rule::Quiet)
 }
 
@@ -326,21 +328,40 @@ mod tests {
         assert_eq!(t.streak, 1, "only c began failing after the success");
     }
 
+    /// Seed 298 of the simulation: a trickle whose last successes came in
+    /// a burst just before the outage (27 in its last minute) held the
+    /// window over `minimumAttempts`, and the quiet rule, then gated on a
+    /// quiet window, stayed blind for a minute while 11 jobs spent their
+    /// attempts. A streak trips at any volume; a partial outage at volume
+    /// keeps succeeding between its failures, so it shows no streak.
     #[test]
-    fn the_quiet_rule_is_for_low_volume_only() {
+    fn the_quiet_rule_trips_after_a_burst_of_successes() {
         let s = settings();
         let t0 = Instant::now();
         let mut own = Evidence::default();
-        for i in 0..9 {
+        for i in 0..27 {
             own.success(t0, job_id(&format!("ok{i}")), s.window);
         }
         for i in 0..5 {
-            own.failure(t0 + Duration::from_secs(1), job_id(&format!("bad{i}")));
+            own.failure(t0 + Duration::from_secs(1 + i), job_id(&format!("bad{i}")));
         }
         let now = t0 + Duration::from_secs(1) + SETTLE;
         let t = tally(&own, &FleetView::default(), None, now, &s);
-        assert_eq!((t.streak, t.failing + t.successes), (5, 14));
-        assert_eq!(verdict(&t, &s, now), None, "14 outcomes: the ratio decides");
+        assert_eq!((t.streak, t.failing + t.successes), (5, 32));
+        assert_eq!(verdict(&t, &s, now), Some(Rule::Quiet));
+        // A partial outage at volume: successes between the failures.
+        let mut own = Evidence::default();
+        for i in 0..30u64 {
+            let at = t0 + Duration::from_millis(300 * i);
+            match i % 2 {
+                0 => own.failure(at, job_id(&format!("bad{i}"))),
+                _ => own.success(at, job_id(&format!("ok{i}")), s.window),
+            }
+        }
+        let now = t0 + Duration::from_secs(9);
+        let t = tally(&own, &FleetView::default(), None, now, &s);
+        assert!(t.streak <= 1, "{t:?}");
+        assert_eq!(verdict(&t, &s, now), None);
     }
 
     #[test]

@@ -21,10 +21,17 @@
 //! ([`Breaker::release`]) or the publisher falls silent, and only then
 //! probes itself (so the fleet probes through one or two replicas, not all).
 //! After a close, concurrency ramps up from the probe count, doubling every [`RAMP_STEP`].
+//!
+//! Half-open, the breaker does not stay open on the evidence of a few
+//! jobs: until `consecutiveFailures` distinct jobs failed its probes, the
+//! same job failing a probe again is no verdict, and its failure is its
+//! own ([`Breaker::record`]), so a few keys failing alone still reach
+//! poison and cannot hold the breaker open by themselves.
 
 pub mod evidence;
 
 pub use evidence::{job_id, Evidence, Failing, FleetView, Rule, Tally};
+use std::collections::BTreeSet;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -194,6 +201,11 @@ pub const RAMP_STEP: Duration = Duration::from_secs(1);
 /// Ramp steps after a close: from the probe count to 2^10 times it.
 pub const RAMP_STEPS: u32 = 10;
 
+/// The most jobs one opening remembers as having failed a probe: past it a
+/// repeat counts as new (one more reopening), which only errs toward
+/// holding.
+pub const MAX_PROBED: usize = 64;
+
 /// One function's breaker.
 #[derive(Debug, Clone)]
 pub struct Breaker {
@@ -213,6 +225,12 @@ pub struct Breaker {
     due_since: Option<Instant>,
     /// When the breaker last closed after an opening (the ramp's start).
     closed_at: Option<Instant>,
+    /// This opening has let probes through: from then on the only jobs
+    /// that run are probes.
+    probing: bool,
+    /// The jobs that failed since this opening let probes through: a
+    /// failed probe of one of them again is no verdict ([`Breaker::record`]).
+    probed: BTreeSet<u64>,
 }
 
 impl Breaker {
@@ -228,6 +246,8 @@ impl Breaker {
             deferred: false,
             due_since: None,
             closed_at: None,
+            probing: false,
+            probed: BTreeSet::new(),
         }
     }
 
@@ -256,6 +276,7 @@ impl Breaker {
             State::Closed => {
                 self.state = State::Following { until };
                 self.own.clear();
+                self.new_opening();
                 Some(Transition::Followed)
             }
             State::Following { until: was } => {
@@ -322,6 +343,7 @@ impl Breaker {
                     probes_left: self.settings.probes - granted,
                     since: now,
                 };
+                self.probing = true;
                 (Admission::Receive(granted), Some(Transition::HalfOpened))
             }
             State::Open { .. } => {
@@ -330,6 +352,7 @@ impl Breaker {
                     probes_left: self.settings.probes - granted,
                     since: now,
                 };
+                self.probing = true;
                 (Admission::Receive(granted), Some(Transition::HalfOpened))
             }
             State::HalfOpen { probes_left, since } => {
@@ -356,14 +379,36 @@ impl Breaker {
     }
 
     /// After an attempt: count it, and change state if it says so.
+    ///
+    /// Half-open, while fewer distinct jobs than `consecutiveFailures` have
+    /// failed since this opening let probes through, a job failing a probe
+    /// again is no verdict on the provider (the queue may hold nothing but
+    /// a few keys failing alone, which would otherwise be parked as fresh
+    /// copies forever and keep the breaker open on their evidence alone).
+    /// The breaker stays half-open, so that failure is the job's own,
+    /// retried and counted as when closed, and the next probes go through
+    /// after a cool-down. Once that many distinct jobs failed its probes,
+    /// the outage stands on distinct evidence and every failed probe
+    /// reopens, parked free, however long the outage.
     pub fn record(&mut self, now: Instant, attempt: Attempt) -> Option<Transition> {
         match (self.state, attempt) {
-            (State::Open { .. } | State::Following { .. }, _) => None,
+            (State::Open { .. } | State::Following { .. }, Attempt::FailedRetryable(job)) => {
+                // After a reopening, the other probes' failures.
+                if self.probing {
+                    self.note_probed(job);
+                }
+                None
+            }
+            (State::Open { .. } | State::Following { .. }, Attempt::Succeeded(_)) => None,
             (State::HalfOpen { .. }, Attempt::Succeeded(_)) => {
                 self.close(now);
                 Some(Transition::Closed)
             }
-            (State::HalfOpen { .. }, Attempt::FailedRetryable(_)) => {
+            (State::HalfOpen { .. }, Attempt::FailedRetryable(job)) => {
+                let again = !self.note_probed(job);
+                if again && self.few_probed() {
+                    return None;
+                }
                 self.cool_down = (self.cool_down * 2).min(self.settings.max_cool_down);
                 self.state = State::Open {
                     until: now + self.cool_down,
@@ -424,7 +469,33 @@ impl Breaker {
         self.own.changed() && (self.own.failing().next().is_some() || self.fleet.has_failures())
     }
 
+    /// Remember that `job` failed during this opening's probing; false if
+    /// it had already.
+    fn note_probed(&mut self, job: u64) -> bool {
+        if self.probed.contains(&job) {
+            return false;
+        }
+        if self.probed.len() < MAX_PROBED {
+            self.probed.insert(job);
+        }
+        true
+    }
+
+    /// Fewer distinct jobs failed this opening's probes than the quiet rule
+    /// needs to call it an outage (`consecutiveFailures`; 0: never few).
+    fn few_probed(&self) -> bool {
+        let n = self.settings.consecutive_failures as usize;
+        n > 0 && self.probed.len() < n
+    }
+
+    /// A new opening: no probe let through, none failed.
+    fn new_opening(&mut self) {
+        self.probing = false;
+        self.probed.clear();
+    }
+
     fn close(&mut self, now: Instant) {
+        self.new_opening();
         self.state = State::Closed;
         self.cool_down = self.settings.cool_down;
         self.own.clear();
@@ -463,6 +534,7 @@ impl Breaker {
             until: now + self.cool_down,
         };
         self.own.clear();
+        self.new_opening();
         self.since = Some(now);
         Some(Transition::Opened {
             rule,
@@ -474,227 +546,4 @@ impl Breaker {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn settings() -> BreakerSettings {
-        BreakerSettings {
-            failure_ratio: 0.5,
-            minimum_attempts: 4,
-            window: Duration::from_secs(10),
-            cool_down: Duration::from_secs(2),
-            max_cool_down: Duration::from_secs(5),
-            probes: 1,
-            consecutive_failures: 0,
-            quiet_window: Duration::from_secs(10),
-        }
-    }
-
-    /// Job 0 stands for "a job of its own" in the steps below (each row a
-    /// new job); [`AGAIN`] is one job failing again and again.
-    const OK: Attempt = Attempt::Succeeded(0);
-    const FAIL: Attempt = Attempt::FailedRetryable(0);
-    const AGAIN: u64 = u64::MAX;
-    const FAIL_AGAIN: Attempt = Attempt::FailedRetryable(AGAIN);
-
-    fn distinct(a: Attempt, row: usize) -> Attempt {
-        match a {
-            Attempt::Succeeded(0) => Attempt::Succeeded(row as u64 + 1),
-            Attempt::FailedRetryable(0) => Attempt::FailedRetryable(row as u64 + 1),
-            other => other,
-        }
-    }
-
-    /// One step of a scenario: at `t` seconds, record an attempt or ask to
-    /// receive `want`; then the expected state name and transition.
-    enum Step {
-        Record(u64, Attempt, &'static str, Option<&'static str>),
-        Admit(u64, u32, Admission, &'static str),
-    }
-    use Step::*;
-
-    fn run(rows: &[Step]) {
-        let t0 = Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let mut b = Breaker::new(settings());
-        for (i, row) in rows.iter().enumerate() {
-            match row {
-                Record(t, a, state, tr) => {
-                    let got = b.record(at(*t), distinct(*a, i));
-                    assert_eq!(got.as_ref().map(|t| t.to()), *tr, "row {i}: transition");
-                    assert_eq!(b.state().name(), *state, "row {i}: state");
-                }
-                Admit(t, want, adm, state) => {
-                    let (got, _) = b.admit(at(*t), *want);
-                    assert_eq!(got, *adm, "row {i}: admission");
-                    assert_eq!(b.state().name(), *state, "row {i}: state");
-                }
-            }
-        }
-    }
-
-    fn wait(ms: u64) -> Admission {
-        Admission::Wait(Duration::from_millis(ms))
-    }
-
-    #[test]
-    fn trips_only_over_the_minimum_and_the_ratio() {
-        run(&[
-            Record(0, FAIL, "closed", None),
-            Record(100, FAIL, "closed", None),
-            Record(200, FAIL, "closed", None),
-            Admit(300, 8, Admission::Receive(8), "closed"),
-            Record(400, FAIL, "open", Some("open")),
-            Admit(500, 8, wait(1900), "open"),
-        ]);
-        run(&[
-            Record(0, OK, "closed", None),
-            Record(100, OK, "closed", None),
-            Record(200, OK, "closed", None),
-            Record(300, FAIL, "closed", None),
-            Record(400, FAIL, "closed", None),
-            Record(500, FAIL, "open", Some("open")),
-        ]);
-    }
-
-    #[test]
-    fn retries_of_failing_messages_and_old_attempts_do_not_count() {
-        run(&[
-            Record(0, FAIL_AGAIN, "closed", None),
-            Record(100, FAIL_AGAIN, "closed", None),
-            Record(200, FAIL_AGAIN, "closed", None),
-            Record(300, FAIL_AGAIN, "closed", None),
-            Record(400, FAIL_AGAIN, "closed", None),
-        ]);
-        run(&[
-            Record(0, FAIL, "closed", None),
-            Record(100, FAIL, "closed", None),
-            Record(200, FAIL, "closed", None),
-            // 11 s later the first three are out of the 10 s window.
-            Record(11000, FAIL, "closed", None),
-            Record(11100, FAIL, "closed", None),
-            Record(11200, FAIL, "closed", None),
-            Record(11300, FAIL, "open", Some("open")),
-        ]);
-    }
-
-    #[test]
-    fn half_open_lets_the_probe_budget_through_and_closes_on_success() {
-        run(&[
-            Record(0, FAIL, "closed", None),
-            Record(0, FAIL, "closed", None),
-            Record(0, FAIL, "closed", None),
-            Record(0, FAIL, "open", Some("open")),
-            // In-flight results while open change nothing.
-            Record(500, OK, "open", None),
-            Admit(2000, 8, Admission::Receive(1), "half-open"),
-            Admit(2100, 8, Admission::Wait(PROBE_POLL), "half-open"),
-            Record(2200, OK, "closed", Some("closed")),
-            Admit(2300, 8, Admission::Receive(8), "closed"),
-        ]);
-    }
-
-    #[test]
-    fn a_closed_breaker_follows_the_fleet_and_probes_only_when_no_verdict_comes() {
-        let t0 = Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let mut b = Breaker::new(settings());
-        // Another replica tripped: hold until the given time, park what is held.
-        assert_eq!(b.follow(at(3000)), Some(Transition::Followed));
-        assert!(b.holds());
-        assert_eq!(b.admit(at(100), 8).0, wait(2900));
-        // A later word extends the hold; an earlier one does not shorten it.
-        assert_eq!(b.follow(at(4000)), None);
-        assert_eq!(b.follow(at(1000)), None);
-        assert_eq!(b.admit(at(3500), 8).0, wait(500));
-        // Failures while following change nothing of its own.
-        assert_eq!(b.record(at(3600), FAIL), None);
-        // No verdict by then: probe as if its own.
-        let (adm, t) = b.admit(at(4000), 8);
-        assert_eq!(
-            (adm, t),
-            (Admission::Receive(1), Some(Transition::HalfOpened))
-        );
-        assert_eq!(b.record(at(4100), OK), Some(Transition::Closed));
-    }
-
-    #[test]
-    fn the_fleet_closing_releases_a_follower_which_ramps_up() {
-        let t0 = Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let mut b = Breaker::new(settings());
-        assert_eq!(
-            b.release(at(0)),
-            None,
-            "a closed breaker has nothing to release"
-        );
-        b.follow(at(10_000));
-        assert_eq!(b.release(at(1000)), Some(Transition::Released));
-        assert_eq!(b.state(), State::Closed);
-        // Concurrency ramps up after the close (issue 37): the jobs in
-        // flight are capped by the probe count, doubling every RAMP_STEP.
-        assert_eq!(b.allowance(at(1000)), Some(1));
-        assert_eq!(b.allowance(at(2000)), Some(2));
-        assert_eq!(b.allowance(at(4000)), Some(8));
-        assert_eq!(b.allowance(at(1000 + 10_000)), None, "the ramp ends");
-    }
-
-    #[test]
-    fn an_own_open_breaker_does_not_follow() {
-        let t0 = Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let mut b = Breaker::new(settings());
-        for job in 1..=4 {
-            b.record(at(0), Attempt::FailedRetryable(job));
-        }
-        assert_eq!(b.state().name(), "open");
-        assert_eq!(b.follow(at(60_000)), None);
-        assert_eq!(b.release(at(100)), None);
-        assert_eq!(b.state().name(), "open");
-    }
-
-    #[test]
-    fn a_failed_probe_reopens_with_a_doubled_cool_down_up_to_the_cap() {
-        run(&[
-            Record(0, FAIL, "closed", None),
-            Record(0, FAIL, "closed", None),
-            Record(0, FAIL, "closed", None),
-            Record(0, FAIL, "open", Some("open")),
-            Admit(2000, 8, Admission::Receive(1), "half-open"),
-            Record(2100, FAIL_AGAIN, "open", Some("open")),
-            Admit(2200, 8, wait(3900), "open"),
-            Admit(6200, 8, Admission::Receive(1), "half-open"),
-            Record(6200, FAIL, "open", Some("open")),
-            // 4 s doubled is 8 s, capped at 5 s.
-            Admit(6300, 8, wait(4900), "open"),
-        ]);
-    }
-
-    #[test]
-    fn probes_without_a_verdict_are_replaced_after_a_cool_down() {
-        run(&[
-            Record(0, FAIL, "closed", None),
-            Record(0, FAIL, "closed", None),
-            Record(0, FAIL, "closed", None),
-            Record(0, FAIL, "open", Some("open")),
-            Admit(2000, 8, Admission::Receive(1), "half-open"),
-            Admit(3000, 8, Admission::Wait(PROBE_POLL), "half-open"),
-            Admit(4000, 8, Admission::Receive(1), "half-open"),
-        ]);
-    }
-
-    #[test]
-    fn closing_resets_the_cool_down() {
-        let t0 = Instant::now();
-        let mut b = Breaker::new(settings());
-        for job in 1..=4 {
-            b.record(t0, Attempt::FailedRetryable(job));
-        }
-        b.admit(t0 + Duration::from_secs(2), 1);
-        b.record(t0 + Duration::from_secs(2), FAIL);
-        assert_eq!(b.cool_down(), Duration::from_secs(4));
-        b.admit(t0 + Duration::from_secs(7), 1);
-        b.record(t0 + Duration::from_secs(7), OK);
-        assert_eq!(b.cool_down(), Duration::from_secs(2));
-    }
-}
+mod tests;

@@ -115,10 +115,14 @@ pub(super) fn in_progress(
     InProgress::Wait(wait)
 }
 
-/// Tell the function's adaptive rate how the provider answered (a
-/// finished call only), and raise the alert when it has been throttled
-/// for `aqw.alert.throttledFor`.
-pub(super) fn tell_adaptive_rate(rt: &FunctionRuntime, run: &HandlerRun) {
+/// Tell the function's adaptive rate how the provider answered the call
+/// sent at `sent` (a finished call only), and raise the alert when it has
+/// been throttled for `aqw.alert.throttledFor`.
+pub(super) fn tell_adaptive_rate(
+    rt: &FunctionRuntime,
+    run: &HandlerRun,
+    sent: tokio::time::Instant,
+) {
     let HandlerRun::Finished(result) = run else {
         return;
     };
@@ -132,7 +136,10 @@ pub(super) fn tell_adaptive_rate(rt: &FunctionRuntime, run: &HandlerRun) {
                 ..
             })
     );
-    let Some(lasted) = rt.adaptive.record(throttled, rt.app.alert_throttled_for) else {
+    let Some(lasted) = rt
+        .adaptive
+        .record(throttled, sent, rt.app.alert_throttled_for)
+    else {
         return;
     };
     let rate = rt.adaptive.rate().unwrap_or_default();

@@ -308,8 +308,9 @@ async fn run_and_settle(
     hard_stop: &CancellationToken,
 ) -> Outcome {
     let jitter = crate::entropy::gen();
+    let sent = tokio::time::Instant::now();
     let (run, success) = ctx.run(payload, hard_stop).await;
-    later::tell_adaptive_rate(ctx.rt, &run);
+    later::tell_adaptive_rate(ctx.rt, &run, sent);
     let timeout_message = match &run {
         HandlerRun::TimedOut(t) => format!("handler exceeded functionTimeout ({t:?})"),
         _ => String::new(),

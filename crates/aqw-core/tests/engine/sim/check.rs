@@ -39,6 +39,43 @@ fn excuse(message: &str) -> Option<&'static str> {
     }
 }
 
+/// A good job whose key is in the failing shard of a partial outage that
+/// was in force during its attempts fails there whatever else happens
+/// (seed 1442: a flapping outage over a partial one; the last error of such
+/// a key can be the flapping one's): poisoned by the partial outage.
+fn in_failing_shard(
+    plan: &Plan,
+    key: &str,
+    r: &aqw_core::poison::PoisonRecord,
+) -> Option<&'static str> {
+    // The key's job number: `n` is its index in the plan plus one.
+    let index: u64 = key
+        .rsplit('-')
+        .next()?
+        .trim_start_matches(char::is_alphabetic)
+        .parse()
+        .ok()?;
+    let n = index + 1;
+    let since_wall = |t: &str| {
+        let t =
+            time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()?;
+        std::time::Duration::try_from(t - super::WALL).ok()
+    };
+    let (first, last) = (
+        since_wall(&r.first_attempt_at)?,
+        since_wall(&r.poisoned_at)?,
+    );
+    plan.windows
+        .iter()
+        .any(|w| match w.trouble {
+            Trouble::Partial { modulo } => {
+                n.is_multiple_of(modulo) && w.start <= last && first < w.start + w.length
+            }
+            _ => false,
+        })
+        .then_some("partial")
+}
+
 fn trouble_kind(t: Trouble) -> &'static str {
     match t {
         Trouble::Partial { .. } => "partial",
@@ -78,7 +115,8 @@ pub async fn check(plan: &Plan, env: &Env, jobs: &BTreeMap<String, Class>) -> Ve
             Class::Good => {
                 if let Some(r) = recs.first() {
                     let cause = format!("{}: {}", r.error.kind.as_str(), r.error.message);
-                    match excuse(&r.error.message) {
+                    let kind = in_failing_shard(plan, key, r).or_else(|| excuse(&r.error.message));
+                    match kind {
                         Some(kind) => *excused.entry(kind).or_default() += 1,
                         None => out.push(format!(
                             "{key}: a good job poisoned ({cause}) by the run's faults"

@@ -1,0 +1,287 @@
+//! The breaker's state machine, row by row (see [`super::Breaker`]).
+
+use super::*;
+
+fn settings() -> BreakerSettings {
+    BreakerSettings {
+        failure_ratio: 0.5,
+        minimum_attempts: 4,
+        window: Duration::from_secs(10),
+        cool_down: Duration::from_secs(2),
+        max_cool_down: Duration::from_secs(5),
+        probes: 1,
+        consecutive_failures: 0,
+        quiet_window: Duration::from_secs(10),
+    }
+}
+
+/// Job 0 stands for "a job of its own" in the steps below (each row a
+/// new job); [`AGAIN`] is one job failing again and again.
+const OK: Attempt = Attempt::Succeeded(0);
+const FAIL: Attempt = Attempt::FailedRetryable(0);
+const AGAIN: u64 = u64::MAX;
+const FAIL_AGAIN: Attempt = Attempt::FailedRetryable(AGAIN);
+
+fn distinct(a: Attempt, row: usize) -> Attempt {
+    match a {
+        Attempt::Succeeded(0) => Attempt::Succeeded(row as u64 + 1),
+        Attempt::FailedRetryable(0) => Attempt::FailedRetryable(row as u64 + 1),
+        other => other,
+    }
+}
+
+/// One step of a scenario: at `t` seconds, record an attempt or ask to
+/// receive `want`; then the expected state name and transition.
+enum Step {
+    Record(u64, Attempt, &'static str, Option<&'static str>),
+    Admit(u64, u32, Admission, &'static str),
+}
+use Step::*;
+
+fn run(rows: &[Step]) {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let mut b = Breaker::new(settings());
+    for (i, row) in rows.iter().enumerate() {
+        match row {
+            Record(t, a, state, tr) => {
+                let got = b.record(at(*t), distinct(*a, i));
+                assert_eq!(got.as_ref().map(|t| t.to()), *tr, "row {i}: transition");
+                assert_eq!(b.state().name(), *state, "row {i}: state");
+            }
+            Admit(t, want, adm, state) => {
+                let (got, _) = b.admit(at(*t), *want);
+                assert_eq!(got, *adm, "row {i}: admission");
+                assert_eq!(b.state().name(), *state, "row {i}: state");
+            }
+        }
+    }
+}
+
+fn wait(ms: u64) -> Admission {
+    Admission::Wait(Duration::from_millis(ms))
+}
+
+#[test]
+fn trips_only_over_the_minimum_and_the_ratio() {
+    run(&[
+        Record(0, FAIL, "closed", None),
+        Record(100, FAIL, "closed", None),
+        Record(200, FAIL, "closed", None),
+        Admit(300, 8, Admission::Receive(8), "closed"),
+        Record(400, FAIL, "open", Some("open")),
+        Admit(500, 8, wait(1900), "open"),
+    ]);
+    run(&[
+        Record(0, OK, "closed", None),
+        Record(100, OK, "closed", None),
+        Record(200, OK, "closed", None),
+        Record(300, FAIL, "closed", None),
+        Record(400, FAIL, "closed", None),
+        Record(500, FAIL, "open", Some("open")),
+    ]);
+}
+
+#[test]
+fn retries_of_failing_messages_and_old_attempts_do_not_count() {
+    run(&[
+        Record(0, FAIL_AGAIN, "closed", None),
+        Record(100, FAIL_AGAIN, "closed", None),
+        Record(200, FAIL_AGAIN, "closed", None),
+        Record(300, FAIL_AGAIN, "closed", None),
+        Record(400, FAIL_AGAIN, "closed", None),
+    ]);
+    run(&[
+        Record(0, FAIL, "closed", None),
+        Record(100, FAIL, "closed", None),
+        Record(200, FAIL, "closed", None),
+        // 11 s later the first three are out of the 10 s window.
+        Record(11000, FAIL, "closed", None),
+        Record(11100, FAIL, "closed", None),
+        Record(11200, FAIL, "closed", None),
+        Record(11300, FAIL, "open", Some("open")),
+    ]);
+}
+
+#[test]
+fn half_open_lets_the_probe_budget_through_and_closes_on_success() {
+    run(&[
+        Record(0, FAIL, "closed", None),
+        Record(0, FAIL, "closed", None),
+        Record(0, FAIL, "closed", None),
+        Record(0, FAIL, "open", Some("open")),
+        // In-flight results while open change nothing.
+        Record(500, OK, "open", None),
+        Admit(2000, 8, Admission::Receive(1), "half-open"),
+        Admit(2100, 8, Admission::Wait(PROBE_POLL), "half-open"),
+        Record(2200, OK, "closed", Some("closed")),
+        Admit(2300, 8, Admission::Receive(8), "closed"),
+    ]);
+}
+
+#[test]
+fn a_closed_breaker_follows_the_fleet_and_probes_only_when_no_verdict_comes() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let mut b = Breaker::new(settings());
+    // Another replica tripped: hold until the given time, park what is held.
+    assert_eq!(b.follow(at(3000)), Some(Transition::Followed));
+    assert!(b.holds());
+    assert_eq!(b.admit(at(100), 8).0, wait(2900));
+    // A later word extends the hold; an earlier one does not shorten it.
+    assert_eq!(b.follow(at(4000)), None);
+    assert_eq!(b.follow(at(1000)), None);
+    assert_eq!(b.admit(at(3500), 8).0, wait(500));
+    // Failures while following change nothing of its own.
+    assert_eq!(b.record(at(3600), FAIL), None);
+    // No verdict by then: probe as if its own.
+    let (adm, t) = b.admit(at(4000), 8);
+    assert_eq!(
+        (adm, t),
+        (Admission::Receive(1), Some(Transition::HalfOpened))
+    );
+    assert_eq!(b.record(at(4100), OK), Some(Transition::Closed));
+}
+
+#[test]
+fn the_fleet_closing_releases_a_follower_which_ramps_up() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let mut b = Breaker::new(settings());
+    assert_eq!(
+        b.release(at(0)),
+        None,
+        "a closed breaker has nothing to release"
+    );
+    b.follow(at(10_000));
+    assert_eq!(b.release(at(1000)), Some(Transition::Released));
+    assert_eq!(b.state(), State::Closed);
+    // Concurrency ramps up after the close (issue 37): the jobs in
+    // flight are capped by the probe count, doubling every RAMP_STEP.
+    assert_eq!(b.allowance(at(1000)), Some(1));
+    assert_eq!(b.allowance(at(2000)), Some(2));
+    assert_eq!(b.allowance(at(4000)), Some(8));
+    assert_eq!(b.allowance(at(1000 + 10_000)), None, "the ramp ends");
+}
+
+#[test]
+fn an_own_open_breaker_does_not_follow() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let mut b = Breaker::new(settings());
+    for job in 1..=4 {
+        b.record(at(0), Attempt::FailedRetryable(job));
+    }
+    assert_eq!(b.state().name(), "open");
+    assert_eq!(b.follow(at(60_000)), None);
+    assert_eq!(b.release(at(100)), None);
+    assert_eq!(b.state().name(), "open");
+}
+
+#[test]
+fn a_failed_probe_reopens_with_a_doubled_cool_down_up_to_the_cap() {
+    run(&[
+        Record(0, FAIL, "closed", None),
+        Record(0, FAIL, "closed", None),
+        Record(0, FAIL, "closed", None),
+        Record(0, FAIL, "open", Some("open")),
+        Admit(2000, 8, Admission::Receive(1), "half-open"),
+        Record(2100, FAIL_AGAIN, "open", Some("open")),
+        Admit(2200, 8, wait(3900), "open"),
+        Admit(6200, 8, Admission::Receive(1), "half-open"),
+        Record(6200, FAIL, "open", Some("open")),
+        // 4 s doubled is 8 s, capped at 5 s.
+        Admit(6300, 8, wait(4900), "open"),
+    ]);
+}
+
+#[test]
+fn probes_without_a_verdict_are_replaced_after_a_cool_down() {
+    run(&[
+        Record(0, FAIL, "closed", None),
+        Record(0, FAIL, "closed", None),
+        Record(0, FAIL, "closed", None),
+        Record(0, FAIL, "open", Some("open")),
+        Admit(2000, 8, Admission::Receive(1), "half-open"),
+        Admit(3000, 8, Admission::Wait(PROBE_POLL), "half-open"),
+        Admit(4000, 8, Admission::Receive(1), "half-open"),
+    ]);
+}
+
+#[test]
+fn closing_resets_the_cool_down() {
+    let t0 = Instant::now();
+    let mut b = Breaker::new(settings());
+    for job in 1..=4 {
+        b.record(t0, Attempt::FailedRetryable(job));
+    }
+    b.admit(t0 + Duration::from_secs(2), 1);
+    b.record(t0 + Duration::from_secs(2), FAIL);
+    assert_eq!(b.cool_down(), Duration::from_secs(4));
+    b.admit(t0 + Duration::from_secs(7), 1);
+    b.record(t0 + Duration::from_secs(7), OK);
+    assert_eq!(b.cool_down(), Duration::from_secs(2));
+}
+
+/// Seed 668 of the simulation: after an outage the queue held only two
+/// keys failing alone; every probe picked one of them, failed, reopened
+/// the breaker and parked it as a fresh copy, so the breaker never closed
+/// and they never reached poison. Until `consecutiveFailures` distinct jobs
+/// failed the opening's probes, a job failing a probe again is no verdict:
+/// the breaker stays half-open (that failure is the job's own: retried,
+/// counted, poisoned at the cap), and a new job's failure still reopens
+/// it. Past that many, an outage stands and every failed probe reopens.
+#[test]
+fn a_few_jobs_failing_their_probes_again_do_not_hold_the_breaker() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let mut b = Breaker::new(BreakerSettings {
+        consecutive_failures: 3,
+        ..settings()
+    });
+    for job in 1..=4 {
+        b.record(at(0), Attempt::FailedRetryable(job));
+    }
+    assert_eq!(b.state().name(), "open");
+    // In flight at the trip, before any probe: not a probe's failure.
+    assert_eq!(b.record(at(100), Attempt::FailedRetryable(7)), None);
+    assert_eq!(b.admit(at(2000), 8).0, Admission::Receive(1));
+    let reopened = |s| {
+        Some(Transition::Reopened {
+            cool_down: Duration::from_secs(s),
+        })
+    };
+    assert_eq!(b.record(at(2100), Attempt::FailedRetryable(9)), reopened(4));
+    assert_eq!(b.admit(at(6100), 8).0, Admission::Receive(1));
+    // Job 9 again: no verdict, the breaker stays half-open (not holding).
+    assert_eq!(b.record(at(6200), Attempt::FailedRetryable(9)), None);
+    assert_eq!(b.state().name(), "half-open");
+    assert!(!b.holds());
+    // Job 7 failed only before the probing began: its probe is a verdict.
+    assert_eq!(b.admit(at(10_100), 8).0, Admission::Receive(1));
+    assert_eq!(
+        b.record(at(10_200), Attempt::FailedRetryable(7)),
+        reopened(5)
+    );
+    // Another probe's failure after that reopening counts too: 3 distinct.
+    assert_eq!(b.record(at(10_300), Attempt::FailedRetryable(8)), None);
+    // An outage on 3 distinct jobs: a repeat reopens again.
+    assert_eq!(b.admit(at(15_200), 8).0, Admission::Receive(1));
+    assert_eq!(
+        b.record(at(15_300), Attempt::FailedRetryable(9)),
+        reopened(5)
+    );
+    // A success closes it, and the next opening starts afresh.
+    assert_eq!(b.admit(at(20_300), 8).0, Admission::Receive(1));
+    assert_eq!(b.record(at(20_400), OK), Some(Transition::Closed));
+    for job in 1..=4 {
+        b.record(at(21_000), Attempt::FailedRetryable(job));
+    }
+    assert_eq!(b.admit(at(23_000), 8).0, Admission::Receive(1));
+    assert!(matches!(
+        b.record(at(23_100), Attempt::FailedRetryable(9)),
+        Some(Transition::Reopened { .. })
+    ));
+    assert_eq!(b.admit(at(27_100), 8).0, Admission::Receive(1));
+    assert_eq!(b.record(at(27_200), Attempt::FailedRetryable(9)), None);
+}
