@@ -560,13 +560,37 @@ impl KeyStore {
 
     /// Merge into a record this worker owns. A 412 is re-checked: our own
     /// retried write is success; anything else means the lease was lost.
+    /// Write `update` to the key we hold, trying a refused or lost answer
+    /// again (up to [`OWNED_WRITE_TRIES`] times): this write is what
+    /// settles the claim (a success, a failure, a claim given back by a
+    /// "later" or an "in progress"), and one left unwritten counts the
+    /// claim as a crashed attempt, spending the job's budget for a fault of
+    /// storage's (sim seeds 2139, 5453). A retried write whose first answer
+    /// was lost after it applied is recognised by `merge_owned_once`.
     async fn merge_owned(&self, claim: &ClaimedKey, update: Entity) -> Result<Etag, FinishError> {
+        let mut tries = 1;
+        loop {
+            match self.merge_owned_once(claim, &update).await {
+                Err(FinishError::Storage(e)) if tries < OWNED_WRITE_TRIES && transient(&e) => {
+                    tokio::time::sleep(Duration::from_millis(100 * u64::from(tries))).await;
+                    tries += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn merge_owned_once(
+        &self,
+        claim: &ClaimedKey,
+        update: &Entity,
+    ) -> Result<Etag, FinishError> {
         match self
             .table
             .merge(
                 &claim.partition_key,
                 &claim.row_key,
-                &update,
+                update,
                 Some(&claim.etag),
             )
             .await
@@ -586,7 +610,7 @@ impl KeyStore {
                     // Our record moved on (e.g. our own extend landed twice): apply again.
                     Ok(self
                         .table
-                        .merge(&claim.partition_key, &claim.row_key, &update, Some(&etag))
+                        .merge(&claim.partition_key, &claim.row_key, update, Some(&etag))
                         .await?)
                 } else {
                     Err(FinishError::LeaseLost)
@@ -594,6 +618,20 @@ impl KeyStore {
             }
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+/// How many times a write to a held key is tried on a refused or lost
+/// answer ([`KeyStore::merge_owned`]).
+const OWNED_WRITE_TRIES: u32 = 3;
+
+/// A storage answer worth trying again: the service refused for now (5xx,
+/// 408, 429) or the answer never came (transport).
+fn transient(e: &StorageError) -> bool {
+    match e {
+        StorageError::Http { status, .. } => *status >= 500 || matches!(status, 408 | 429),
+        StorageError::Transport(_) => true,
+        _ => false,
     }
 }
 

@@ -296,3 +296,161 @@ async fn a_copy_put_before_the_poisoning_does_not_run_again() {
     env.provider
         .assert_applied_once(std::slice::from_ref(&job.key));
 }
+
+/// What [`FaultyMerges`] does to the next merge.
+#[derive(Clone, Copy)]
+enum MergeFault {
+    /// Refused (HTTP 500), nothing written.
+    Refuse,
+    /// Written, its answer lost.
+    LoseAnswer,
+}
+
+/// A key table whose next merges meet the faults queued on it.
+struct FaultyMerges {
+    inner: std::sync::Arc<dyn aqw_core::storage::TableStore>,
+    faults: std::sync::Mutex<std::collections::VecDeque<MergeFault>>,
+}
+
+#[async_trait::async_trait]
+impl aqw_core::storage::TableStore for FaultyMerges {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    async fn create_if_missing(&self) -> aqw_core::storage::StorageResult<()> {
+        self.inner.create_if_missing().await
+    }
+    async fn insert(
+        &self,
+        pk: &str,
+        rk: &str,
+        entity: &aqw_core::storage::Entity,
+    ) -> aqw_core::storage::StorageResult<aqw_core::storage::Etag> {
+        self.inner.insert(pk, rk, entity).await
+    }
+    async fn get(
+        &self,
+        pk: &str,
+        rk: &str,
+    ) -> aqw_core::storage::StorageResult<
+        Option<(aqw_core::storage::Entity, aqw_core::storage::Etag)>,
+    > {
+        self.inner.get(pk, rk).await
+    }
+    async fn merge(
+        &self,
+        pk: &str,
+        rk: &str,
+        entity: &aqw_core::storage::Entity,
+        if_match: Option<&aqw_core::storage::Etag>,
+    ) -> aqw_core::storage::StorageResult<aqw_core::storage::Etag> {
+        use aqw_core::storage::StorageError;
+        let fault = self.faults.lock().unwrap().pop_front();
+        match fault {
+            None => self.inner.merge(pk, rk, entity, if_match).await,
+            Some(MergeFault::Refuse) => Err(StorageError::Http {
+                status: 500,
+                code: "InternalError".into(),
+            }),
+            Some(MergeFault::LoseAnswer) => {
+                self.inner.merge(pk, rk, entity, if_match).await?;
+                Err(StorageError::Transport("answer lost (test)".into()))
+            }
+        }
+    }
+    async fn delete(&self, pk: &str, rk: &str) -> aqw_core::storage::StorageResult<()> {
+        self.inner.delete(pk, rk).await
+    }
+    async fn query_where(
+        &self,
+        query: &aqw_core::storage::TableQuery<'_>,
+    ) -> aqw_core::storage::StorageResult<Vec<aqw_core::storage::Row>> {
+        self.inner.query_where(query).await
+    }
+    async fn transaction(
+        &self,
+        pk: &str,
+        ops: Vec<aqw_core::storage::TableOp>,
+    ) -> aqw_core::storage::StorageResult<()> {
+        self.inner.transaction(pk, ops).await
+    }
+    async fn delete_table(&self) -> aqw_core::storage::StorageResult<()> {
+        self.inner.delete_table().await
+    }
+}
+
+/// Sim seeds 2139 and 5453: the write that gives a "later"'s claim back
+/// (or records a success) refused or its answer lost must not leave the
+/// claim counted as a crashed attempt: a write to a held key is tried
+/// again, a bounded number of times.
+#[tokio::test(start_paused = true)]
+async fn a_refused_or_lost_give_back_is_written_again() {
+    use aqw_core::idempotency::{IdempotencyKey, KeyStore, NextAction};
+    use aqw_core::storage::Storage;
+    use MergeFault::{LoseAnswer, Refuse};
+    let env = Env::new(|_, _| Behave::Succeed);
+    let inner = env.storage.table(&env.keys_table);
+    inner.create_if_missing().await.unwrap();
+    let table = std::sync::Arc::new(FaultyMerges {
+        inner,
+        faults: Default::default(),
+    });
+    let keys = KeyStore::new(table.clone());
+    let key = IdempotencyKey::new("job:give-back-faults").unwrap();
+    let arm = |faults: &[MergeFault]| table.faults.lock().unwrap().extend(faults);
+    let claim = |owner: &'static str| {
+        let (keys, key) = (&keys, &key);
+        async move {
+            match keys
+                .claim_attempt(
+                    "F",
+                    key,
+                    owner,
+                    minutes(1),
+                    "m",
+                    1,
+                    aqw_core::clock::now_utc(),
+                )
+                .await
+                .unwrap()
+            {
+                NextAction::Run(c) => c,
+                other => panic!("not claimed: {other:?}"),
+            }
+        }
+    };
+    let first = claim("w/m/1").await;
+    keys.record_failure(&first, "HTTP 503", false)
+        .await
+        .unwrap();
+    let second = claim("w/m/2").await;
+    assert_eq!(second.run_attempts, 2);
+    arm(&[Refuse, Refuse]);
+    keys.record_failure_given_back(&second, "retried", "HTTP 429", false)
+        .await
+        .expect("a refused give-back is written again");
+    let third = claim("w/m/3").await;
+    assert_eq!(third.run_attempts, 2, "the refused give-back landed");
+    arm(&[LoseAnswer]);
+    keys.record_failure_given_back(&third, "in_progress", "HTTP 409", true)
+        .await
+        .expect("a give-back whose answer was lost is recognised as written");
+    let fourth = claim("w/m/4").await;
+    assert_eq!(fourth.run_attempts, 2, "the lost-answer give-back landed");
+    arm(&[Refuse, Refuse, Refuse]);
+    assert!(
+        keys.record_failure_given_back(&fourth, "retried", "HTTP 429", false)
+            .await
+            .is_err(),
+        "tried a bounded number of times"
+    );
+    table.faults.lock().unwrap().clear();
+    arm(&[Refuse]);
+    keys.complete(&fourth, Vec::new()).await.unwrap();
+    let rec = keys.get("F", &key).await.unwrap().unwrap();
+    assert_eq!(
+        rec.status,
+        KeyStatus::Done,
+        "a refused done-write is written again"
+    );
+}
