@@ -651,4 +651,37 @@ mod tests {
             "{s}"
         );
     }
+
+    #[test]
+    fn a_row_written_between_two_reads_is_placed_between_them_whatever_the_skew() {
+        let t0 = Instant::now();
+        let (prev, now) = (t0 + Duration::from_secs(10), t0 + Duration::from_secs(12));
+        let wall_ms = 1_000_000;
+        // Its writer's clock runs 8 s ahead (a time in the future) or 8 s
+        // behind: new since the last read, it was written within (prev, now].
+        assert_eq!(
+            row_written_at(Some((1, t0)), wall_ms + 8_000, (now, wall_ms), Some(prev)),
+            now
+        );
+        assert_eq!(
+            row_written_at(Some((1, t0)), wall_ms - 8_000, (now, wall_ms), Some(prev)),
+            prev
+        );
+        // Inside the interval the wall clocks decide.
+        assert_eq!(
+            row_written_at(None, wall_ms - 1_000, (now, wall_ms), Some(prev)),
+            now - Duration::from_secs(1)
+        );
+        // An unchanged version keeps where it was placed.
+        let placed = t0 + Duration::from_secs(3);
+        assert_eq!(
+            row_written_at(Some((7, placed)), 7, (now, wall_ms), Some(prev)),
+            placed
+        );
+        // At the first read only the wall clocks tell.
+        assert_eq!(
+            row_written_at(None, wall_ms - 8_000, (now, wall_ms), None),
+            now - Duration::from_secs(8)
+        );
+    }
 }
