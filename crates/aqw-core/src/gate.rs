@@ -50,6 +50,39 @@ struct BreakerState {
     evidence_row: bool,
     /// The learned rate last published on it, and when.
     published_rate: Option<(f64, Instant)>,
+    /// Each other replica's evidence row as last read: its `at_ms` and
+    /// when it was written on this replica's clock ([`row_written_at`]).
+    rows_seen: std::collections::BTreeMap<String, (i64, Instant)>,
+    /// This replica's previous evidence read.
+    last_read: Option<Instant>,
+}
+
+/// When another replica's evidence row (version `at_ms`, its writer's wall
+/// clock) was written, on this replica's clock. Its writer's clock may be
+/// off by seconds, which would move its times against this replica's by as
+/// much: a success on a replica running ahead would look later than the
+/// first failures of an outage on one running behind, and keep those jobs
+/// out of the quiet rule's streak for good (seeds 1307, 5550). A version
+/// not there at the previous read was written between the two: the
+/// wall-clock estimate is kept inside that interval, so the error is at
+/// most one watch interval (2 s), whatever the skew. An unchanged version
+/// keeps its estimate; at this replica's first read, only the wall clocks
+/// tell.
+fn row_written_at(
+    seen: Option<(i64, Instant)>,
+    at_ms: i64,
+    (now, wall_ms): (Instant, i64),
+    last_read: Option<Instant>,
+) -> Instant {
+    if let Some((_, written)) = seen.filter(|(was, _)| *was == at_ms) {
+        return written;
+    }
+    let ago = Duration::from_millis(u64::try_from(wall_ms - at_ms).unwrap_or(0));
+    let by_wall = now.checked_sub(ago).unwrap_or(now);
+    match last_read {
+        Some(prev) => by_wall.clamp(prev.min(now), now),
+        None => by_wall,
+    }
 }
 
 impl Gate {
@@ -86,6 +119,8 @@ impl Gate {
                     own_at: None,
                     evidence_row: false,
                     published_rate: None,
+                    rows_seen: Default::default(),
+                    last_read: None,
                 })
             }),
             adaptive: None,
@@ -377,10 +412,7 @@ impl Gate {
         // First in line to trip on the fleet's evidence: the lowest id of
         // the replicas reporting failures (this one, if it has any).
         let mut first_in_line = true;
-        let on_my_clock = |ms: i64| {
-            let ago = Duration::from_millis(u64::try_from(wall_ms - ms).unwrap_or(0));
-            now.checked_sub(ago).unwrap_or(now)
-        };
+        let written = self.rows_written_at(b, rows, &me, (now, wall_ms));
         for r in rows
             .iter()
             .filter(|r| r.function == self.function && r.replica != me)
@@ -389,6 +421,12 @@ impl Gate {
                 stale.push(r.replica.clone());
                 continue;
             }
+            // The row's times, from its writer's clock to this replica's.
+            let written = written.get(&r.replica).copied().unwrap_or(now);
+            let on_my_clock = |ms: i64| {
+                let before = Duration::from_millis(u64::try_from(r.at_ms - ms).unwrap_or(0));
+                written.checked_sub(before).unwrap_or(written)
+            };
             if !r.failing.is_empty() && r.replica < me {
                 first_in_line = false;
             }
@@ -417,6 +455,31 @@ impl Gate {
             self.announce(&t);
         }
         self.write_evidence(publish, &me, stale).await;
+    }
+
+    /// When each other replica's evidence row of this function was written,
+    /// on this replica's clock ([`row_written_at`]), remembered for the next read.
+    fn rows_written_at(
+        &self,
+        b: &Mutex<BreakerState>,
+        rows: &[EvidenceRow],
+        me: &str,
+        (now, wall_ms): (Instant, i64),
+    ) -> std::collections::BTreeMap<String, Instant> {
+        let mut b = b.lock().unwrap();
+        let last_read = b.last_read.replace(now);
+        let mut seen = std::collections::BTreeMap::new();
+        for r in rows
+            .iter()
+            .filter(|r| r.function == self.function && r.replica != me)
+        {
+            let was = b.rows_seen.get(&r.replica).copied();
+            let at = row_written_at(was, r.at_ms, (now, wall_ms), last_read);
+            seen.insert(r.replica.clone(), (r.at_ms, at));
+        }
+        let out = seen.iter().map(|(k, (_, at))| (k.clone(), *at)).collect();
+        b.rows_seen = seen;
+        out
     }
 
     /// What to write now: `Some(Some(row))` to publish, `Some(None)` to
@@ -586,6 +649,39 @@ mod tests {
         assert!(
             s.starts_with("GrantCredits paused: 95% of 40 attempts failed with HTTP 503"),
             "{s}"
+        );
+    }
+
+    #[test]
+    fn a_row_written_between_two_reads_is_placed_between_them_whatever_the_skew() {
+        let t0 = Instant::now();
+        let (prev, now) = (t0 + Duration::from_secs(10), t0 + Duration::from_secs(12));
+        let wall_ms = 1_000_000;
+        // Its writer's clock runs 8 s ahead (a time in the future) or 8 s
+        // behind: new since the last read, it was written within (prev, now].
+        assert_eq!(
+            row_written_at(Some((1, t0)), wall_ms + 8_000, (now, wall_ms), Some(prev)),
+            now
+        );
+        assert_eq!(
+            row_written_at(Some((1, t0)), wall_ms - 8_000, (now, wall_ms), Some(prev)),
+            prev
+        );
+        // Inside the interval the wall clocks decide.
+        assert_eq!(
+            row_written_at(None, wall_ms - 1_000, (now, wall_ms), Some(prev)),
+            now - Duration::from_secs(1)
+        );
+        // An unchanged version keeps where it was placed.
+        let placed = t0 + Duration::from_secs(3);
+        assert_eq!(
+            row_written_at(Some((7, placed)), 7, (now, wall_ms), Some(prev)),
+            placed
+        );
+        // At the first read only the wall clocks tell.
+        assert_eq!(
+            row_written_at(None, wall_ms - 8_000, (now, wall_ms), None),
+            now - Duration::from_secs(8)
         );
     }
 }
