@@ -56,8 +56,20 @@ impl Provider {
     }
 }
 
+/// Counts a call as ended when its handler ends, answered or not: under
+/// load the client's 5 s timeout can drop a slow call mid-sleep, and axum
+/// then drops the handler's future without running its last lines.
+struct Ended(Arc<AtomicUsize>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
 async fn answer(State(p): State<Provider>, body: String) -> StatusCode {
     p.started.fetch_add(1, Ordering::SeqCst);
+    let _ended = Ended(p.finished.clone());
     let delay = *p.delay.lock().unwrap();
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
@@ -78,7 +90,6 @@ async fn answer(State(p): State<Provider>, body: String) -> StatusCode {
         200
     };
     p.calls.lock().unwrap().push((id, status));
-    p.finished.fetch_add(1, Ordering::SeqCst);
     StatusCode::from_u16(status).unwrap()
 }
 
