@@ -455,8 +455,8 @@ def fleet_section(l, N):
               + " and ".join(map(str, FLEET_REPLICAS)) + "; 300 jobs arrive as the provider starts answering every "
               "call with 503 for 45–90 s while the autoscaler grows the fleet from a quarter of the replicas to all "
               "of them, and the figure counts the calls that met the outage (the test fails at one call per job). "
-              f"{l.get('runs') or 1} run(s) per size of seed 1: the schedule is seeded, but the engine's jitter "
-              "(`rand::thread_rng`) and its replicas' ids are not, so the counts move from run to run. Idle "
+              f"{l.get('runs') or 1} run(s) per size of seed 1: the schedule, the engine's randomness and its clock "
+              "are all seeded, so a run of the same seed gives the same counts, bit for bit. Idle "
               "requests after the run: every "
               f"storage request of the fleet over {hours} quiet simulated hour(s) after the queue drained, per "
               "replica and minute (`maxPollingInterval` 60 s). Idle requests with 1 and 20 functions: `" + IDLE_TEST
