@@ -109,7 +109,7 @@ async fn json_job_logs_carry_function_message_id_dequeue_count_and_key() {
     let w = spawn_worker(&app, Some(&log));
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();
-    eventually("ready", Duration::from_secs(30), || {
+    eventually("ready", Duration::from_secs(90), || {
         let c = client.clone();
         let u = format!("{base}/readyz");
         async move {
