@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
 use super::keys_args::KeysCmd;
-use super::render::Output;
+use super::output::Output;
 
 const EXIT_CODES: &str = "\
 Exit codes:

@@ -7,17 +7,19 @@ use super::args::{
 };
 use super::exit::{Exit, Failure};
 use super::keys_args::KeysCmd;
-use super::load::{connect, function_storage, load, parse_error_regex, parse_time, queue_ops};
-use super::render;
-use super::render::Output;
+use super::load::{
+    connect, function_storage, load, parse_error_regex, parse_time, parse_wait, queue_ops,
+    read_payload,
+};
+use super::output as render;
+use super::output::Output;
 use aqw::config::{self};
 use aqw_core::config::AppConfig;
 use aqw_core::ops::{self, Filter, FixAction, QueueOps, ReplayOptions};
 use clap::CommandFactory;
-use std::io::{IsTerminal, Read};
-use std::path::{Path, PathBuf};
+use std::io::IsTerminal;
+use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -505,18 +507,6 @@ fn progress_bar(output: Output) -> Option<indicatif::ProgressBar> {
     Some(b)
 }
 
-/// `--wait`: a timespan of at most a day (a replayed key is done within its
-/// retries, far sooner).
-fn parse_wait(wait: Option<&str>) -> Result<Option<Duration>, Failure> {
-    let Some(w) = wait else { return Ok(None) };
-    let d =
-        aqw_core::config::parse_timespan(w).map_err(|e| Failure::usage(format!("--wait: {e}")))?;
-    if d > Duration::from_secs(24 * 3600) {
-        return Err(Failure::usage("--wait must be at most 1.00:00:00 (a day)"));
-    }
-    Ok(Some(d))
-}
-
 /// `enqueue --delay/--at/--ttl` as a [`ops::Delivery`]: each value checked,
 /// and the pair against the service's rules, before anything is sent.
 fn parse_delivery(
@@ -551,31 +541,6 @@ fn parse_delivery(
         (None, None) => ops::Delivery::after(std::time::Duration::ZERO, ttl),
     };
     delivery.map_err(|e| Failure::usage(format!("--delay/--at/--ttl: {e}")))
-}
-
-/// The payload of `enqueue` and `poison fix`: exactly one of `--payload`,
-/// `--file` or `-` (stdin).
-fn read_payload(
-    payload: Option<String>,
-    file: Option<PathBuf>,
-    stdin: Option<&str>,
-) -> Result<String, Failure> {
-    match (payload, file, stdin) {
-        (Some(p), None, None) => Ok(p),
-        (None, Some(f), None) => {
-            std::fs::read_to_string(&f).map_err(|e| Failure::usage(format!("{}: {e}", f.display())))
-        }
-        (None, None, Some("-")) => {
-            let mut s = String::new();
-            std::io::stdin()
-                .read_to_string(&mut s)
-                .map_err(|e| Failure::usage(format!("stdin: {e}")))?;
-            Ok(s)
-        }
-        _ => Err(Failure::usage(
-            "give exactly one of --payload TEXT, --file PATH or -",
-        )),
-    }
 }
 
 fn spawn_signal_handler(shutdown: CancellationToken) {

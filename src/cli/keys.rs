@@ -4,8 +4,8 @@
 use super::exit::{Exit, Failure};
 use super::keys_args::{KeyStatusFilter, KeysCmd};
 use super::load::{connect, function_named, load, parse_time};
-use super::render;
-use super::render::Output;
+use super::output as render;
+use super::output::Output;
 use aqw_core::ops;
 use std::path::Path;
 

@@ -1,38 +1,6 @@
 //! The command line over the library: [`args`] (clap's types), [`commands`]
-//! (dispatch to `aqw_core::ops` and friends), [`render`] (text and JSON output),
+//! (dispatch to `aqw_core::ops` and friends), [`output`] (`outln!`, `--output`, text and JSON),
 //! `poison_list` (`poison list`, its redaction), `purge` (the two purge commands), `report` (`poison report`), [`triage`] (`aqw triage`), [`oncall`] (`aqw oncall`, the embedded runbook), [`ops`] (durable group operations) and [`exit`] (the exit codes, decided once).
-
-/// `println!` for the CLI's output: a closed pipe (`aqw poison list q |
-/// head`) ends the process quietly with exit 0, as ripgrep does, instead of
-/// `println!`'s panic; any other write error is reported, exit 74.
-macro_rules! outln {
-    ($($arg:tt)*) => {
-        $crate::cli::write_line(format_args!($($arg)*))
-    };
-}
-
-/// Write one line of output to stdout (see [`outln`]).
-/// Control characters (but newline and tab) and bidirectional overrides are
-/// written as `\uXXXX` (valid in JSON, visible in a terminal): free text
-/// from a record or a control row cannot recolour the terminal or reorder
-/// the line (issue 40).
-pub(crate) fn write_line(line: std::fmt::Arguments<'_>) {
-    use std::io::Write;
-    let text = line.to_string();
-    let text = aqw_core::scrub::json_safe(&text);
-    let mut out = std::io::stdout().lock();
-    let written = out
-        .write_all(text.as_bytes())
-        .and_then(|()| out.write_all(b"\n"))
-        .and_then(|()| out.flush());
-    if let Err(e) = written {
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(0);
-        }
-        eprintln!("aqw: cannot write the output: {e}");
-        std::process::exit(74);
-    }
-}
 
 /// Exit on a command line clap refused, as clap does (exit 2, or 0 for
 /// `--help`), naming `$USER` when it is the missing `--by`'s default.
@@ -50,6 +18,8 @@ pub fn parse_error(e: clap::Error) -> ! {
     e.exit()
 }
 
+#[macro_use]
+mod output;
 pub mod args;
 mod commands;
 pub mod exit;
@@ -60,7 +30,6 @@ pub mod oncall;
 pub mod ops;
 mod poison_list;
 mod purge;
-mod render;
 mod report;
 pub mod triage;
 

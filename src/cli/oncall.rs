@@ -4,8 +4,8 @@
 //! causes `aqw triage` names.
 
 use super::exit::{Exit, Failure};
-use super::render::print_json;
-use super::render::Output;
+use super::output::print_json;
+use super::output::Output;
 use aqw_core::ops::triage::Cause;
 use clap::Args;
 

@@ -8,8 +8,8 @@
 
 use super::exit::{Exit, Failure};
 use super::load::{load, parse_time, queue_ops};
-use super::render::print_json;
-use super::render::Output;
+use super::output::print_json;
+use super::output::Output;
 use aqw_core::config::AppConfig;
 use aqw_core::ops::operation::{
     self as operation, ExecuteOptions, NewOperation, OpKind, OpState, Operation, OperationStore,

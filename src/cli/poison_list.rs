@@ -5,7 +5,7 @@
 
 use super::exit::{Exit, Failure};
 use super::load::{parse_time, queue_ops};
-use super::render::{first_line, print_json, Listed, Output};
+use super::output::{first_line, print_json, Listed, Output};
 use aqw_core::config::AppConfig;
 use aqw_core::ops::{self, Filter, QueueOps};
 use aqw_core::poison::{PoisonRecord, RecordStatus};

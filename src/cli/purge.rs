@@ -2,8 +2,8 @@
 //! purges, one report per storage account or queue, text or JSON.
 
 use super::exit::{Exit, Failure};
-use super::render::print_json;
-use super::render::Output;
+use super::output::print_json;
+use super::output::Output;
 use aqw_core::config::AppConfig;
 use aqw_core::ops::{self, PurgeOptions, QueueOps};
 use aqw_core::retention::PurgeReport;

@@ -3,8 +3,8 @@
 
 use super::exit::{Exit, Failure};
 use super::load::{parse_time, queue_ops};
-use super::render::Output;
-use super::render::{first_line, print_json};
+use super::output::Output;
+use super::output::{first_line, print_json};
 use aqw_core::config::AppConfig;
 use aqw_core::ops::{IncidentReport, KeyOutcome, ReportRow};
 use aqw_core::scrub::one_line;

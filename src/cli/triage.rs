@@ -4,8 +4,8 @@
 
 use super::exit::{Exit, Failure};
 use super::load::{load, queue_ops};
-use super::render::print_json;
-use super::render::Output;
+use super::output::print_json;
+use super::output::Output;
 use aqw_core::ops::triage::{RecordFacts, StepKind, TriageGroup, TriagePlan};
 use clap::Args;
 use std::path::Path;

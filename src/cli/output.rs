@@ -1,4 +1,37 @@
-//! Everything a command prints: text for a person, JSON for a program.
+//! Everything a command prints: text for a person, JSON for a program;
+//! `outln!`, the one way a line reaches stdout.
+
+/// `println!` for the CLI's output: a closed pipe (`aqw poison list q |
+/// head`) ends the process quietly with exit 0, as ripgrep does, instead of
+/// `println!`'s panic; any other write error is reported, exit 74.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::cli::output::write_line(format_args!($($arg)*))
+    };
+}
+
+/// Write one line of output to stdout (see [`outln`]).
+/// Control characters (but newline and tab) and bidirectional overrides are
+/// written as `\uXXXX` (valid in JSON, visible in a terminal): free text
+/// from a record or a control row cannot recolour the terminal or reorder
+/// the line (issue 40).
+pub(crate) fn write_line(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let text = line.to_string();
+    let text = aqw_core::scrub::json_safe(&text);
+    let mut out = std::io::stdout().lock();
+    let written = out
+        .write_all(text.as_bytes())
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    if let Err(e) = written {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("aqw: cannot write the output: {e}");
+        std::process::exit(74);
+    }
+}
 
 use aqw::config::show::Setting;
 use aqw_core::config::MessageEncoding;
