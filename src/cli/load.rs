@@ -7,7 +7,7 @@
 
 use super::exit::Failure;
 use aqw_core::config::{AppConfig, FunctionConfig, StorageAccount};
-use aqw_core::ops::{self, QueueOps};
+use aqw_core::ops::{self, PurgeOptions, QueueOps};
 use aqw_core::storage::Storage;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -108,4 +108,21 @@ pub(super) fn read_payload(
             "give exactly one of --payload TEXT, --file PATH or -",
         )),
     }
+}
+
+/// `--older-than` and `--dry-run` of both purges (`keys purge`, `poison purge`).
+pub(super) fn purge_options(
+    older_than: Option<&str>,
+    dry_run: bool,
+) -> Result<PurgeOptions, Failure> {
+    let older_than = older_than
+        .map(|s| {
+            aqw_core::config::parse_timespan(s)
+                .map_err(|e| Failure::usage(format!("--older-than: {e}")))
+        })
+        .transpose()?;
+    Ok(PurgeOptions {
+        older_than,
+        dry_run,
+    })
 }

@@ -28,9 +28,8 @@ mod keys_args;
 mod load;
 pub mod oncall;
 pub mod ops;
-mod poison_list;
+mod poison;
 mod purge;
-mod report;
 pub mod triage;
 
 pub use args::Cli;

@@ -36,11 +36,8 @@ pub(crate) fn write_line(line: std::fmt::Arguments<'_>) {
 use aqw::config::show::Setting;
 use aqw_core::config::MessageEncoding;
 use aqw_core::idempotency::{fmt_time, Attempt, KeyRecord, KeyStatus, HISTORY_LEN};
-use aqw_core::ops::{
-    DiscardRehearsal, Enqueued, FixAction, FixRehearsal, FixReport, QueueStatus, ReplayReport,
-    ShowReport,
-};
-use aqw_core::poison::PoisonRecord;
+use aqw_core::ops::{Enqueued, QueueStatus};
+use aqw_core::retention::PurgeReport;
 use clap::ValueEnum;
 
 use aqw_core::schedule::ScheduleStatus;
@@ -233,297 +230,6 @@ pub fn control(function: &str, row: &aqw_core::control::Control, output: Output)
     }
 }
 
-/// `poison show`.
-pub fn poison_show(report: &ShowReport, pretty: bool, output: Output) {
-    if output == Output::Json {
-        print_json(&report);
-        return;
-    }
-    let r = &report.record;
-    outln!(
-        "record:        {} ({}, origin {})",
-        r.message_id,
-        r.status.as_str(),
-        r.origin
-    );
-    outln!("queue:         {} (function {})", r.queue, r.function);
-    outln!(
-        "error:         [{}] {}",
-        r.error.kind.as_str(),
-        r.error.message
-    );
-    outln!("attempts:      dequeued {} time(s)", r.dequeue_count);
-    outln!("inserted:      {}", r.inserted_at);
-    outln!("first attempt: {}", r.first_attempt_at);
-    outln!("poisoned:      {}", r.poisoned_at);
-    outln!("key:           {}", r.key.as_deref().unwrap_or("-"));
-    match &report.key_record {
-        Some(k) => {
-            outln!("key state:     {}", key_state_line(k));
-            print_history(&k.history, "               ");
-        }
-        None => outln!("key state:     no record"),
-    }
-    print_window_and_copy(report);
-    print_uncertain(report);
-    if let Some(note) = &report.redacted {
-        outln!("redacted:      {note}");
-    }
-    let exact = if report.redacted.is_some() {
-        "redacted"
-    } else {
-        "exact text"
-    };
-    match (&report.payload, &report.payload_text, &report.decode_error) {
-        (Some(v), _, _) if pretty => outln!(
-            "payload (indented with --pretty; the exact text is in --output json's payloadText):\n{}",
-            serde_json::to_string_pretty(v).unwrap_or_default()
-        ),
-        (Some(_), Some(t), _) => outln!("payload ({exact}):\n{t}"),
-        (None, Some(t), _) => outln!("payload (not JSON):\n{t}"),
-        (_, _, Some(e)) => outln!(
-            "payload:       undecodable: {e}\nraw text:      {}",
-            r.message
-        ),
-        _ => {}
-    }
-}
-
-/// Attempts that may have taken effect, and what the provider said of them.
-fn print_uncertain(report: &ShowReport) {
-    let r = &report.record;
-    if r.uncertain_attempts > 0 {
-        outln!(
-            "uncertain:     {} attempt(s) may have taken effect; the provider key {} keeps a retry from doubling it",
-            r.uncertain_attempts,
-            report.key_record.as_ref().map_or("-", |k| k.provider_key.as_str())
-        );
-    }
-    if let Some(check) = &report.provider_check {
-        outln!("provider says: {check}");
-    }
-    // Resolved: once the key is done, the uncertainty is answered.
-    if let Some(k) = report
-        .key_record
-        .as_ref()
-        .filter(|k| r.uncertain_attempts > 0 && k.status.is_settled())
-    {
-        let answer = k
-            .completed_answer()
-            .map(|a| format!(" ({})", a.summary()))
-            .unwrap_or_default();
-        outln!(
-            "resolved:      the key is {}{answer}: the effect happened once",
-            k.status.as_str()
-        );
-    }
-}
-
-/// The provider key against its window, how the record was closed, its
-/// encoding and its poison copy (id and format).
-fn print_window_and_copy(report: &ShowReport) {
-    let r = &report.record;
-    if let Some(w) = &report.provider_window {
-        outln!("provider key:  {}", w.summary());
-    }
-    print_closing(r, report.replacement_key_record.as_ref());
-    outln!(
-        "encoding:      {} ({} bytes of message text)",
-        r.encoding.as_str(),
-        r.message.len()
-    );
-    outln!(
-        "poison copy:   {} ({})",
-        r.poison_message_id.as_deref().unwrap_or("-"),
-        r.copy_format.as_str()
-    );
-}
-
-/// How a record was closed: replayed, replaced or discarded, by whom.
-fn print_closing(r: &PoisonRecord, replacement: Option<&KeyRecord>) {
-    if let Some(by) = &r.past_provider_window_by {
-        outln!(
-            "past window:   overridden by {by} at {}: {}",
-            r.past_provider_window_at.as_deref().unwrap_or("-"),
-            r.past_provider_window_note.as_deref().unwrap_or("")
-        );
-    }
-    if let Some(by) = &r.replayed_by {
-        outln!(
-            "replayed:      {} by {by} as {}",
-            r.replayed_at.as_deref().unwrap_or("-"),
-            r.replay_message_id.as_deref().unwrap_or("-")
-        );
-    }
-    if let Some(by) = &r.replaced_by {
-        outln!(
-            "replaced:      {} by {by} with {} (key {}, payload {:+} bytes)",
-            r.replaced_at.as_deref().unwrap_or("-"),
-            r.replacement_message_id.as_deref().unwrap_or("-"),
-            r.replacement_key.as_deref().unwrap_or("-"),
-            r.replacement_size_diff.unwrap_or(0)
-        );
-        outln!(
-            "new key:       {}",
-            replacement.map_or("not claimed yet".into(), key_state_line)
-        );
-    }
-    if let Some(by) = &r.discarded_by {
-        outln!(
-            "discarded:     {} by {}: {}",
-            r.discarded_at.as_deref().unwrap_or("-"),
-            one_line(by),
-            one_line(r.discard_reason.as_deref().unwrap_or("-"))
-        );
-    }
-}
-
-/// `poison fix`.
-pub fn poison_fix(id: &str, by: &str, report: &FixReport, output: Output) {
-    if output == Output::Json {
-        print_json(&report);
-        return;
-    }
-    match report.action {
-        FixAction::Replaced => outln!(
-            "replaced {id} by {} (key {} → {}, payload {:+} bytes, by {by}){}",
-            report.new_message_id.as_deref().unwrap_or("-"),
-            report.old_key.as_deref().unwrap_or("-"),
-            report.new_key.as_deref().unwrap_or("-"),
-            report.size_diff,
-            match report.confirmed {
-                Some(true) => "; the new key is done",
-                Some(false) => "; the new key is NOT done yet",
-                None => "",
-            }
-        ),
-        _ => outln!(
-            "{id}: {}: {}",
-            report.action.as_str(),
-            report.detail.as_deref().unwrap_or("-")
-        ),
-    }
-}
-
-/// A record as `--output json` prints it: the record, then what its
-/// function's `redact` masked in its message (absent when nothing was).
-#[derive(serde::Serialize)]
-pub struct Listed<'a> {
-    #[serde(flatten)]
-    pub record: &'a PoisonRecord,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub redacted: Option<&'a str>,
-}
-
-/// `poison discard`.
-pub fn poison_discard(
-    id: &str,
-    reason: &str,
-    by: &str,
-    close_key: bool,
-    (rec, redacted): (&PoisonRecord, Option<&str>),
-    output: Output,
-) {
-    if output == Output::Json {
-        print_json(&Listed {
-            record: rec,
-            redacted,
-        });
-        return;
-    }
-    let key_note = match (close_key, rec.key.as_deref()) {
-        (true, Some(k)) => format!("; key {k} closed: a resend is a duplicate"),
-        (false, Some(k)) => format!("; key {k} left poisoned: a resend runs"),
-        _ => String::new(),
-    };
-    outln!("discarded {id} ({reason}, by {by}){key_note}");
-}
-
-/// `poison replay`: a line per record, then the counts.
-pub fn poison_replay(report: &ReplayReport, waited: bool, output: Output) {
-    if output == Output::Json {
-        print_json(&report);
-        return;
-    }
-    for i in &report.items {
-        let extra = match (&i.new_message_id, &i.detail) {
-            (Some(n), _) => format!("as {n}"),
-            (None, Some(d)) => d.clone(),
-            _ => String::new(),
-        };
-        let conf = match (i.confirmed, &i.provider, &i.poisoned_again) {
-            (_, _, Some(p)) => format!(
-                " [POISONED AGAIN as {} ({}): {}]",
-                p.id,
-                p.kind,
-                one_line(&p.error)
-            ),
-            (Some(true), Some(p), _) => format!(" [completed ({p})]"),
-            (Some(true), None, _) => " [done]".into(),
-            (Some(false), _, _) => " [NOT done yet]".into(),
-            (None, _, _) => String::new(),
-        };
-        let key = match (&i.key, &i.key_state) {
-            (Some(k), Some(st)) if report.dry_run => format!("  key {k} ({st})"),
-            _ => String::new(),
-        };
-        outln!(
-            "{:<38} {:<26} {}{conf}{key}",
-            i.id,
-            i.action.as_str(),
-            extra
-        );
-        print_replay_notes(i, report);
-    }
-    outln!(
-        "{}: {} selected, {} replayed, {} already done, {} not replayed{}",
-        if report.dry_run { "dry run" } else { "replay" },
-        report.selected,
-        report.replayed,
-        report.already_done,
-        report.failed,
-        if waited {
-            format!(
-                ", {} poisoned again, {} not confirmed done",
-                report.poisoned_again, report.unconfirmed
-            )
-        } else {
-            String::new()
-        }
-    );
-}
-
-/// Beneath a replay row: the uncertain attempt (and whether the provider
-/// dedupes it), and a saving provider's warning with the way out.
-fn print_replay_notes(i: &aqw_core::ops::ReplayItem, report: &ReplayReport) {
-    if let Some(pk) = &i.uncertain_provider_key {
-        let dedupes = if i.provider_dedupes {
-            ": the provider honours Idempotency-Key (handler.idempotent), a same-key replay cannot double it; no --uncertain-checked needed"
-        } else {
-            ""
-        };
-        outln!("    ! an attempt may have taken effect (provider key {pk}){dedupes}");
-        if let Some(check) = &i.provider_check {
-            outln!("      the provider says: {check}");
-        }
-    }
-    if let Some(why) = &i.saved_failure {
-        let key = i.key.as_deref().map_or("KEY".into(), one_line);
-        let function = report
-            .function
-            .as_deref()
-            .map_or("FUNCTION".into(), one_line);
-        outln!("    ! the provider saves failures ({}): a same-key replay gets the saved failure back (replayed_failure)", one_line(why));
-        outln!("      the way out, once the cause is fixed: aqw keys check {function} {key}");
-        outln!("      if it says \"not applied\": aqw keys new-provider-key {function} {key} --reason \"…\" --dry-run, then without --dry-run");
-        outln!(
-            "      then: aqw poison replay {} --id {} --wait 00:02:00",
-            one_line(&report.queue),
-            one_line(&i.id)
-        );
-    }
-}
-
 /// `keys list`: one line per key (status, attempts, uncertain attempts,
 /// the key), or the records as JSON.
 pub fn key_list(keys: &[KeyRecord], output: Output) {
@@ -612,7 +318,7 @@ pub fn key_record(function: &str, key: &str, rec: Option<&KeyRecord>, output: Ou
 
 /// One line on a key's state. A done key's earlier errors are history, not
 /// a current error, so they are not repeated here.
-fn key_state_line(k: &KeyRecord) -> String {
+pub(super) fn key_state_line(k: &KeyRecord) -> String {
     let tries = format!("{} attempt(s)", k.attempts);
     match k.status {
         KeyStatus::Done => format!(
@@ -632,7 +338,7 @@ fn key_state_line(k: &KeyRecord) -> String {
 
 /// The key's attempt history, oldest first, flagging attempts that may have
 /// taken effect (their provider key is what keeps a retry from doubling).
-fn print_history(history: &[Attempt], indent: &str) {
+pub(super) fn print_history(history: &[Attempt], indent: &str) {
     if history.is_empty() {
         return;
     }
@@ -653,43 +359,6 @@ fn print_history(history: &[Attempt], indent: &str) {
             a.error.as_deref().unwrap_or("")
         );
     }
-}
-
-/// `poison fix --dry-run`.
-pub fn fix_rehearsal(r: &FixRehearsal, output: Output) {
-    if output == Output::Json {
-        print_json(&r);
-        return;
-    }
-    outln!("dry run: poison fix {} (nothing changed)", r.id);
-    outln!("old key:   {}", r.old_key.as_deref().unwrap_or("-"));
-    outln!("new key:   {}", r.new_key.as_deref().unwrap_or("-"));
-    outln!("key state: {}", r.key_state.as_deref().unwrap_or("-"));
-    match &r.refusal {
-        Some(why) => outln!("would:     refuse: {why}"),
-        None => outln!("would:     put the corrected message and close the record as replaced"),
-    }
-    outln!("payload:   {:+} bytes", r.size_diff);
-    for line in &r.diff {
-        outln!("  {line}");
-    }
-}
-
-/// `poison discard --dry-run`.
-pub fn discard_rehearsal(r: &DiscardRehearsal, output: Output) {
-    if output == Output::Json {
-        print_json(&r);
-        return;
-    }
-    outln!("dry run: poison discard {} (nothing changed)", r.id);
-    outln!("key:       {}", r.key.as_deref().unwrap_or("-"));
-    outln!("key state: {}", r.key_state.as_deref().unwrap_or("-"));
-    let what = match (&r.refusal, r.close_key) {
-        (Some(why), _) => format!("refuse: {why}"),
-        (None, true) => "close the record and the key (a resend is a duplicate)".into(),
-        (None, false) => "close the record; the key stays poisoned (a resend runs)".into(),
-    };
-    outln!("would:     {what}");
 }
 
 /// `config show`: one row per setting, with its source.
@@ -716,4 +385,20 @@ pub fn first_line(text: &str) -> (&str, String) {
         String::new()
     };
     (first, tail)
+}
+
+/// The purge reports of `keys purge` and `poison purge`.
+pub(super) fn print_purge_reports(reports: &[PurgeReport], output: Output) {
+    if output == Output::Json {
+        print_json(&reports);
+        return;
+    }
+    for r in reports {
+        let verb = if r.dry_run { "would delete" } else { "deleted" };
+        let c = &r.counts;
+        outln!(
+            "{} {}: scanned {} settled older than {} ({} s), {verb} {}; kept {} (open poison record), {} (changed since read); {} already gone; {} requests",
+            r.what, r.table, c.scanned, r.cutoff, r.older_than_seconds, c.deleted, c.kept_open_record, c.kept_changed, c.already_gone, r.requests
+        );
+    }
 }

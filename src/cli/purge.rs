@@ -1,12 +1,11 @@
-//! `aqw keys purge` and `aqw poison purge`: arguments → [`aqw_core::ops`]'s
-//! purges, one report per storage account or queue, text or JSON.
+//! `aqw keys purge`: arguments → [`aqw_core::ops`]'s key purge, one
+//! report per storage account, text or JSON.
 
 use super::exit::{Exit, Failure};
-use super::output::print_json;
-use super::output::Output;
+use super::load::purge_options;
+use super::output::{print_purge_reports, Output};
 use aqw_core::config::AppConfig;
-use aqw_core::ops::{self, PurgeOptions, QueueOps};
-use aqw_core::retention::PurgeReport;
+use aqw_core::ops;
 use clap::Args;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,22 +25,9 @@ pub struct PurgeArgs {
     pub dry_run: bool,
 }
 
-fn options(older_than: Option<&str>, dry_run: bool) -> Result<PurgeOptions, Failure> {
-    let older_than = older_than
-        .map(|s| {
-            aqw_core::config::parse_timespan(s)
-                .map_err(|e| Failure::usage(format!("--older-than: {e}")))
-        })
-        .transpose()?;
-    Ok(PurgeOptions {
-        older_than,
-        dry_run,
-    })
-}
-
 /// `aqw keys purge`: every function (or `--function`), one pass per account.
 pub async fn keys(app: &Arc<AppConfig>, a: PurgeArgs, output: Output) -> Result<Exit, Failure> {
-    let opts = options(a.older_than.as_deref(), a.dry_run)?;
+    let opts = purge_options(a.older_than.as_deref(), a.dry_run)?;
     let mut by_account: BTreeMap<String, (aqw_core::config::StorageAccount, Vec<String>)> =
         BTreeMap::new();
     for f in &app.functions {
@@ -64,34 +50,6 @@ pub async fn keys(app: &Arc<AppConfig>, a: PurgeArgs, output: Output) -> Result<
         let storage = super::load::connect(connection)?;
         reports.push(ops::purge_keys(app, storage.as_ref(), functions, opts).await?);
     }
-    render(&reports, output);
+    print_purge_reports(&reports, output);
     Ok(Exit::Ok)
-}
-
-/// `aqw poison purge QUEUE`.
-pub async fn records(
-    ops_of_queue: QueueOps,
-    older_than: Option<&str>,
-    dry_run: bool,
-    output: Output,
-) -> Result<Exit, Failure> {
-    let opts = options(older_than, dry_run)?;
-    let report = ops::purge_records(&ops_of_queue, opts).await?;
-    render(&[report], output);
-    Ok(Exit::Ok)
-}
-
-fn render(reports: &[PurgeReport], output: Output) {
-    if output == Output::Json {
-        print_json(&reports);
-        return;
-    }
-    for r in reports {
-        let verb = if r.dry_run { "would delete" } else { "deleted" };
-        let c = &r.counts;
-        outln!(
-            "{} {}: scanned {} settled older than {} ({} s), {verb} {}; kept {} (open poison record), {} (changed since read); {} already gone; {} requests",
-            r.what, r.table, c.scanned, r.cutoff, r.older_than_seconds, c.deleted, c.kept_open_record, c.kept_changed, c.already_gone, r.requests
-        );
-    }
 }
