@@ -6,7 +6,6 @@ use aqw::telemetry::LogFormat;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
-use super::keys_args::KeysCmd;
 use super::output::Output;
 
 const EXIT_CODES: &str = "\
@@ -91,7 +90,7 @@ pub enum Command {
     Poison(super::poison::PoisonCmd),
     /// Idempotency records.
     #[command(subcommand)]
-    Keys(KeysCmd),
+    Keys(super::keys::KeysCmd),
     /// Durable group operations: replay or discard a selection at a rate,
     /// surviving the process that started it; list, show, cancel, resume.
     #[command(subcommand)]

@@ -4,7 +4,6 @@
 
 use super::args::{Cli, Command, ConfigCmd, DashboardArgs, EnqueueArgs, PauseArgs, ResumeArgs};
 use super::exit::{Exit, Failure};
-use super::keys_args::KeysCmd;
 use super::load::{connect, function_storage, load, queue_ops, read_payload};
 use super::output as render;
 use super::output::Output;
@@ -39,19 +38,7 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Failure> {
             Ok(Exit::Ok)
         }
         Command::Config(ConfigCmd::Show) => config_show(&cli.app, output),
-        Command::Keys(KeysCmd::Show { function, key }) => {
-            super::keys::keys_show(&cli.app, &function, &key, output).await
-        }
-        Command::Keys(cmd @ KeysCmd::List { .. }) => {
-            super::keys::keys_list(&cli.app, cmd, output).await
-        }
-        Command::Keys(KeysCmd::Check { function, key }) => {
-            super::keys::keys_check(&cli.app, &function, &key, output).await
-        }
-        Command::Keys(cmd @ KeysCmd::NewProviderKey { .. }) => {
-            super::keys::new_provider_key(&cli.app, cmd, output).await
-        }
-        Command::Keys(KeysCmd::Purge(a)) => super::purge::keys(&load(&cli.app)?, a, output).await,
+        Command::Keys(cmd) => super::keys::run(&cli.app, cmd, output).await,
     }
 }
 

@@ -24,12 +24,10 @@ pub mod args;
 mod commands;
 pub mod exit;
 mod keys;
-mod keys_args;
 mod load;
 pub mod oncall;
 pub mod ops;
 mod poison;
-mod purge;
 pub mod triage;
 
 pub use args::Cli;

@@ -30,8 +30,9 @@ pub(super) async fn run(
     a: PurgeArgs,
     output: Output,
 ) -> Result<Exit, Failure> {
+    let ops_of_queue = queue_ops(app, &a.queue)?;
     let opts = purge_options(a.older_than.as_deref(), a.dry_run)?;
-    let report = aqw_core::ops::purge_records(&queue_ops(app, &a.queue)?, opts).await?;
+    let report = aqw_core::ops::purge_records(&ops_of_queue, opts).await?;
     print_purge_reports(&[report], output);
     Ok(Exit::Ok)
 }

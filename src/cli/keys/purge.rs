@@ -1,17 +1,20 @@
 //! `aqw keys purge`: arguments → [`aqw_core::ops`]'s key purge, one
 //! report per storage account, text or JSON.
 
-use super::exit::{Exit, Failure};
-use super::load::purge_options;
-use super::output::{print_purge_reports, Output};
-use aqw_core::config::AppConfig;
+use crate::cli::exit::{Exit, Failure};
+use crate::cli::load::{connect, load, purge_options};
+use crate::cli::output::{print_purge_reports, Output};
 use aqw_core::ops;
 use clap::Args;
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::path::Path;
 
-/// The options both purge commands share.
+/// Delete settled keys (done, cancelled) older than the keys retention;
+/// pending and poisoned keys, and keys of open poison records, are kept.
 #[derive(Args)]
+#[command(
+    after_help = "Exit codes: 0 purged (or counted), 2 bad arguments or an --older-than below the safety floor, 3 storage error.\n\nExamples:\n  aqw keys purge --dry-run\n  aqw keys purge --function SendReceipt --older-than 30.00:00:00 --output json"
+)]
 pub struct PurgeArgs {
     /// Only this function's keys (default: every function of the app).
     #[arg(long)]
@@ -26,7 +29,8 @@ pub struct PurgeArgs {
 }
 
 /// `aqw keys purge`: every function (or `--function`), one pass per account.
-pub async fn keys(app: &Arc<AppConfig>, a: PurgeArgs, output: Output) -> Result<Exit, Failure> {
+pub(super) async fn run(app_dir: &Path, a: PurgeArgs, output: Output) -> Result<Exit, Failure> {
+    let app = load(app_dir)?;
     let opts = purge_options(a.older_than.as_deref(), a.dry_run)?;
     let mut by_account: BTreeMap<String, (aqw_core::config::StorageAccount, Vec<String>)> =
         BTreeMap::new();
@@ -47,8 +51,8 @@ pub async fn keys(app: &Arc<AppConfig>, a: PurgeArgs, output: Output) -> Result<
     }
     let mut reports = Vec::new();
     for (connection, functions) in by_account.values() {
-        let storage = super::load::connect(connection)?;
-        reports.push(ops::purge_keys(app, storage.as_ref(), functions, opts).await?);
+        let storage = connect(connection)?;
+        reports.push(ops::purge_keys(&app, storage.as_ref(), functions, opts).await?);
     }
     print_purge_reports(&reports, output);
     Ok(Exit::Ok)
