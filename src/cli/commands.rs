@@ -28,7 +28,7 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Failure> {
         Command::Poison(cmd) => super::poison::run(&cli.app, cmd, output).await,
         Command::Pause(a) => pause(&cli.app, a, output).await,
         Command::Resume(a) => resume(&cli.app, a, output).await,
-        Command::Ops(cmd) => super::ops::dispatch(&cli.app, cmd, output).await,
+        Command::Ops(cmd) => super::ops::run(&cli.app, cmd, output).await,
         Command::Completions { shell } => {
             // Into a buffer, then out as one line: a closed pipe exits
             // quietly (clap_complete panics on a write error).

@@ -111,7 +111,7 @@ async fn replay_group(
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<ops::ReplayReport, Failure> {
     let store = aqw_core::ops::operation::OperationStore::new(ops.control.table().clone());
-    let exec = crate::cli::ops::executor(false);
+    let exec = crate::cli::ops::store::executor(false);
     let (op, report) =
         aqw_core::ops::operation::replay_group(ops, &store, opts, exec, progress).await?;
     if let (Output::Text, Some(op)) = (output, op) {
