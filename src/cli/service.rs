@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 #[command(
     after_help = "Examples:\n  AzureWebJobsStorage=UseDevelopmentStorage=true aqw run --app ./app\n  aqw run --app /app --log-format json"
 )]
+// No arguments but the global ones; `group(skip)`: no empty argument group.
 #[group(skip)]
 pub struct RunArgs {}
 
@@ -22,6 +23,7 @@ pub struct RunArgs {}
 #[command(
     after_help = "The Functions host starts it (host.json customHandler → aqw serve).\n\nExample, by hand:\n  FUNCTIONS_CUSTOMHANDLER_PORT=7071 aqw serve --app examples/functions-app"
 )]
+// No arguments but the global ones; `group(skip)`: no empty argument group.
 #[group(skip)]
 pub struct ServeArgs {}
 

@@ -16,6 +16,7 @@ use std::path::Path;
 #[command(
     after_help = "Exit codes: 0 nothing needs a person; 1 a poison record is open, a function is paused, or a breaker is open or half-open (its own or the fleet's); 2 bad arguments or configuration; 3 storage error.\n\nExamples:\n  aqw status\n  aqw status --output json"
 )]
+// No arguments but the global ones; `group(skip)`: no empty argument group.
 #[group(skip)]
 pub struct StatusArgs {}
 

@@ -14,6 +14,8 @@ use crate::cli::output::Output;
 use clap::Subcommand;
 use std::path::Path;
 
+/// `aqw keys`: one line a subcommand; its help and examples are on its
+/// `Args` struct, in its file.
 #[derive(Subcommand)]
 pub enum KeysCmd {
     List(list::ListArgs),

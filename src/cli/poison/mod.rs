@@ -16,6 +16,8 @@ use crate::cli::output::Output;
 use clap::Subcommand;
 use std::path::Path;
 
+/// `aqw poison`: one line a subcommand; its help and examples are on its
+/// `Args` struct, in its file.
 #[derive(Subcommand)]
 pub enum PoisonCmd {
     List(list::ListArgs),
