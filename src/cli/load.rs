@@ -7,10 +7,12 @@
 
 use super::exit::Failure;
 use aqw_core::config::{AppConfig, FunctionConfig, StorageAccount};
-use aqw_core::ops::{self, QueueOps};
+use aqw_core::ops::{self, PurgeOptions, QueueOps};
 use aqw_core::storage::Storage;
-use std::path::Path;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The app folder, loaded and validated.
 pub(super) fn load(app: &Path) -> Result<Arc<AppConfig>, Failure> {
@@ -69,4 +71,58 @@ pub(super) fn parse_error_regex(error: Option<&str>) -> Result<Option<regex::Reg
         .map(regex::Regex::new)
         .transpose()
         .map_err(|e| Failure::usage(format!("--error: {e}")))
+}
+
+/// `--wait`: a timespan of at most a day (a replayed key is done within its
+/// retries, far sooner).
+pub(super) fn parse_wait(wait: Option<&str>) -> Result<Option<Duration>, Failure> {
+    let Some(w) = wait else { return Ok(None) };
+    let d =
+        aqw_core::config::parse_timespan(w).map_err(|e| Failure::usage(format!("--wait: {e}")))?;
+    if d > Duration::from_secs(24 * 3600) {
+        return Err(Failure::usage("--wait must be at most 1.00:00:00 (a day)"));
+    }
+    Ok(Some(d))
+}
+
+/// The payload of `enqueue` and `poison fix`: exactly one of `--payload`,
+/// `--file` or `-` (stdin).
+pub(super) fn read_payload(
+    payload: Option<String>,
+    file: Option<PathBuf>,
+    stdin: Option<&str>,
+) -> Result<String, Failure> {
+    match (payload, file, stdin) {
+        (Some(p), None, None) => Ok(p),
+        (None, Some(f), None) => {
+            std::fs::read_to_string(&f).map_err(|e| Failure::usage(format!("{}: {e}", f.display())))
+        }
+        (None, None, Some("-")) => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .map_err(|e| Failure::usage(format!("stdin: {e}")))?;
+            Ok(s)
+        }
+        _ => Err(Failure::usage(
+            "give exactly one of --payload TEXT, --file PATH or -",
+        )),
+    }
+}
+
+/// `--older-than` and `--dry-run` of both purges (`keys purge`, `poison purge`).
+pub(super) fn purge_options(
+    older_than: Option<&str>,
+    dry_run: bool,
+) -> Result<PurgeOptions, Failure> {
+    let older_than = older_than
+        .map(|s| {
+            aqw_core::config::parse_timespan(s)
+                .map_err(|e| Failure::usage(format!("--older-than: {e}")))
+        })
+        .transpose()?;
+    Ok(PurgeOptions {
+        older_than,
+        dry_run,
+    })
 }

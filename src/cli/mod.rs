@@ -1,38 +1,19 @@
-//! The command line over the library: [`args`] (clap's types), [`commands`]
-//! (dispatch to `aqw_core::ops` and friends), [`render`] (text and JSON output),
-//! `poison_list` (`poison list`, its redaction), `purge` (the two purge commands), `report` (`poison report`), [`triage`] (`aqw triage`), [`oncall`] (`aqw oncall`, the embedded runbook), [`ops`] (durable group operations) and [`exit`] (the exit codes, decided once).
-
-/// `println!` for the CLI's output: a closed pipe (`aqw poison list q |
-/// head`) ends the process quietly with exit 0, as ripgrep does, instead of
-/// `println!`'s panic; any other write error is reported, exit 74.
-macro_rules! outln {
-    ($($arg:tt)*) => {
-        $crate::cli::write_line(format_args!($($arg)*))
-    };
-}
-
-/// Write one line of output to stdout (see [`outln`]).
-/// Control characters (but newline and tab) and bidirectional overrides are
-/// written as `\uXXXX` (valid in JSON, visible in a terminal): free text
-/// from a record or a control row cannot recolour the terminal or reorder
-/// the line (issue 40).
-pub(crate) fn write_line(line: std::fmt::Arguments<'_>) {
-    use std::io::Write;
-    let text = line.to_string();
-    let text = aqw_core::scrub::json_safe(&text);
-    let mut out = std::io::stdout().lock();
-    let written = out
-        .write_all(text.as_bytes())
-        .and_then(|()| out.write_all(b"\n"))
-        .and_then(|()| out.flush());
-    if let Err(e) = written {
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(0);
-        }
-        eprintln!("aqw: cannot write the output: {e}");
-        std::process::exit(74);
-    }
-}
+//! The command line over the library, one module per noun of the command
+//! tree, each holding its subcommands' clap arguments beside their commands
+//! and their output: [`poison`], [`keys`], [`ops`] (durable group
+//! operations), [`config`], [`control`] (`pause`, `resume`), [`status`],
+//! [`enqueue`], [`triage`], [`oncall`] (the embedded runbook) and
+//! [`service`] (`run`, `serve`, `dashboard`). Beneath them, imported by
+//! them and importing none of them: [`load`] (the one load-and-connect, and
+//! the option parsers several commands share), [`output`] (`outln!`,
+//! `--output`, the views two nouns share) and [`exit`] (the exit codes,
+//! decided once). [`args`] is the root command and the noun enum; this file
+//! turns a refused command line into its exit, builds the runtime and
+//! dispatches.
+//!
+//! A new subcommand of a noun is a file in the noun's folder and a line in
+//! its enum; a new noun is its module, a line in [`args::Command`] and one
+//! in `dispatch`.
 
 /// Exit on a command line clap refused, as clap does (exit 2, or 0 for
 /// `--help`), naming `$USER` when it is the missing `--by`'s default.
@@ -50,21 +31,27 @@ pub fn parse_error(e: clap::Error) -> ! {
     e.exit()
 }
 
-pub mod args;
-mod commands;
-pub mod exit;
+#[macro_use]
+mod output;
+mod args;
+mod config;
+mod control;
+mod enqueue;
+mod exit;
+#[cfg(test)]
+mod help_tests;
 mod keys;
-mod keys_args;
 mod load;
-pub mod oncall;
-pub mod ops;
-mod poison_list;
-mod purge;
-mod render;
-mod report;
-pub mod triage;
+mod oncall;
+mod ops;
+mod poison;
+mod service;
+mod status;
+mod triage;
 
 pub use args::Cli;
+use args::Command;
+use clap::CommandFactory;
 pub use exit::{Exit, Failure};
 
 /// The async runtime a command runs on.
@@ -103,8 +90,8 @@ const MAX_WORKER_THREADS: usize = 1024;
 
 /// Worker threads for `command` (`None`: tokio's default, one per core).
 /// A setting tokio would panic on is a usage error here.
-fn worker_threads(command: &args::Command, setting: Option<&str>) -> Result<Option<usize>, String> {
-    use args::Command as C;
+fn worker_threads(command: &Command, setting: Option<&str>) -> Result<Option<usize>, String> {
+    use Command as C;
     match (setting, command) {
         (Some(text), _) => match text.trim().parse::<usize>() {
             Ok(n) if (1..=MAX_WORKER_THREADS).contains(&n) => Ok(Some(n)),
@@ -113,14 +100,43 @@ fn worker_threads(command: &args::Command, setting: Option<&str>) -> Result<Opti
                 aqw_core::scrub::one_line(text)
             )),
         },
-        (None, C::Run | C::Serve) => Ok(Some(1)),
+        (None, C::Run(_) | C::Serve(_)) => Ok(Some(1)),
         (None, _) => Ok(None),
     }
 }
 
 /// Run one parsed command line.
 pub async fn run(cli: Cli) -> Result<Exit, Failure> {
-    commands::dispatch(cli).await
+    dispatch(cli).await
+}
+
+/// Dispatch: each noun's module turns its arguments into a call of the
+/// library, renders what it returns, and says which exit code that means.
+async fn dispatch(cli: Cli) -> Result<Exit, Failure> {
+    let output = cli.output;
+    match cli.command {
+        Command::Run(a) => service::run(&cli.app, a).await,
+        Command::Serve(a) => service::serve(&cli.app, a).await,
+        Command::Dashboard(a) => service::dashboard(&cli.app, a).await,
+        Command::Enqueue(a) => enqueue::run(&cli.app, a, output).await,
+        Command::Status(a) => status::run(&cli.app, a, output).await,
+        Command::Triage(a) => triage::run(&cli.app, a, output).await,
+        Command::Oncall(a) => oncall::run(a, output),
+        Command::Poison(cmd) => poison::run(&cli.app, cmd, output).await,
+        Command::Pause(a) => control::pause(&cli.app, a, output).await,
+        Command::Resume(a) => control::resume(&cli.app, a, output).await,
+        Command::Ops(cmd) => ops::run(&cli.app, cmd, output).await,
+        Command::Completions { shell } => {
+            // Into a buffer, then out as one line: a closed pipe exits
+            // quietly (clap_complete panics on a write error).
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "aqw", &mut script);
+            outln!("{}", String::from_utf8_lossy(&script).trim_end());
+            Ok(Exit::Ok)
+        }
+        Command::Config(cmd) => config::run(&cli.app, cmd, output),
+        Command::Keys(cmd) => keys::run(&cli.app, cmd, output).await,
+    }
 }
 
 #[cfg(test)]

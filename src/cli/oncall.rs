@@ -4,16 +4,19 @@
 //! causes `aqw triage` names.
 
 use super::exit::{Exit, Failure};
-use super::render::print_json;
-use super::render::Output;
+use super::output::print_json;
+use super::output::Output;
 use aqw_core::ops::triage::Cause;
 use clap::Args;
 
 /// The runbook, as this version of aqw was built with it.
 pub const RUNBOOK: &str = include_str!("../../docs/oncall.md");
 
-/// The arguments of `aqw oncall`.
+/// Print the on-call runbook embedded in this binary, whole or one incident kind's page.
 #[derive(Args)]
+#[command(
+    after_help = "Exit codes: 0 printed; 2 an unknown kind (the kinds are listed).\n\nExamples:\n  aqw oncall\n  aqw oncall outage"
+)]
 pub struct OncallArgs {
     /// One incident kind's page (outage, bad-producer, uncertain,
     /// saved-failure, refusal, claim-check, closed); all when omitted.

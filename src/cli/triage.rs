@@ -4,14 +4,18 @@
 
 use super::exit::{Exit, Failure};
 use super::load::{load, queue_ops};
-use super::render::print_json;
-use super::render::Output;
+use super::output::print_json;
+use super::output::Output;
 use aqw_core::ops::triage::{RecordFacts, StepKind, TriageGroup, TriagePlan};
 use clap::Args;
 use std::path::Path;
 
-/// The arguments of `aqw triage`.
+/// The open poison records grouped by cause, most urgent first, with what
+/// aqw knows, what it means and the exact next commands; exit 1 while any is open.
 #[derive(Args)]
+#[command(
+    after_help = "Exit codes: 0 nothing open; 1 records are open (the plan is printed); 2 bad arguments or configuration; 3 storage error.\n\nAsks the function's handler.lookup about each attempt that may have taken effect, and about a refusal of a provider that saves failures.\n\nExamples:\n  aqw triage payouts\n  aqw triage payouts --output json"
+)]
 pub struct TriageArgs {
     /// Source queue of the poisoned messages (not the -poison queue).
     pub queue: String,

@@ -1,121 +1,52 @@
-//! `aqw keys …`: show, list, check (the provider's lookup) and
-//! new-provider-key.
+//! `aqw keys new-provider-key`: a fresh provider key for a key not yet
+//! done (a provider that replays a saved failure under the old one); with
+//! `--dry-run`, what would change.
 
-use super::exit::{Exit, Failure};
-use super::keys_args::{KeyStatusFilter, KeysCmd};
-use super::load::{connect, function_named, load, parse_time};
-use super::render;
-use super::render::Output;
-use aqw_core::ops;
+use crate::cli::exit::{Exit, Failure};
+use crate::cli::load::{connect, function_named, load};
+use crate::cli::output::{print_json, Output};
+use clap::Args;
 use std::path::Path;
 
-pub(super) async fn keys_show(
-    app_dir: &Path,
-    function: &str,
-    key: &str,
-    output: Output,
-) -> Result<Exit, Failure> {
-    let app = load(app_dir)?;
-    let f = function_named(&app, function)?;
-    let storage = connect(&f.connection)?;
-    let rec = ops::key_record(&app, storage.as_ref(), function, key).await?;
-    render::key_record(function, key, rec.as_ref(), output);
-    // A key never claimed is worth a look: a typo, or a job not yet run.
-    Ok(Exit::needs_a_person_if(rec.is_none()))
-}
-
-/// `keys list`: the function's keys the filters select.
-pub(super) async fn keys_list(
-    app_dir: &Path,
-    cmd: KeysCmd,
-    output: Output,
-) -> Result<Exit, Failure> {
-    let KeysCmd::List {
-        function,
-        prefix,
-        status,
-        since,
-        until,
-        limit,
-    } = cmd
-    else {
-        unreachable!("keys_list is called with keys list only");
-    };
-    let app = load(app_dir)?;
-    let f = function_named(&app, &function)?;
-    let query = aqw_core::idempotency::KeyQuery {
-        prefix,
-        status: status.map(|s| match s {
-            KeyStatusFilter::Pending => aqw_core::idempotency::KeyStatus::Pending,
-            KeyStatusFilter::Done => aqw_core::idempotency::KeyStatus::Done,
-            KeyStatusFilter::Poisoned => aqw_core::idempotency::KeyStatus::Poisoned,
-            KeyStatusFilter::Cancelled => aqw_core::idempotency::KeyStatus::Cancelled,
-        }),
-        since: since.as_deref().map(parse_time).transpose()?,
-        until: until.as_deref().map(parse_time).transpose()?,
-        limit,
-    };
-    let storage = connect(&f.connection)?;
-    let keys = aqw_core::idempotency::KeyStore::new(aqw_core::storage::Storage::table(
-        storage.as_ref(),
-        &app.keys_table,
-    ));
-    let listed = keys
-        .list(&function, &query)
-        .await
-        .map_err(|e| Failure::runtime(format!("{e:#}")))?;
-    render::key_list(&listed, output);
-    let unsettled = listed.iter().any(|k| {
-        matches!(
-            k.status,
-            aqw_core::idempotency::KeyStatus::Pending | aqw_core::idempotency::KeyStatus::Poisoned
-        )
-    });
-    Ok(Exit::needs_a_person_if(unsettled))
-}
-
-/// `keys check`: the key's record, then the provider's answer for its
-/// provider key.
-pub(super) async fn keys_check(
-    app_dir: &Path,
-    function: &str,
-    key: &str,
-    output: Output,
-) -> Result<Exit, Failure> {
-    let app = load(app_dir)?;
-    let f = function_named(&app, function)?;
-    let storage = connect(&f.connection)?;
-    let Some(rec) = ops::key_record(&app, storage.as_ref(), function, key).await? else {
-        render::key_record(function, key, None, output);
-        return Ok(Exit::NeedsAPerson);
-    };
-    let lookup = aqw::handlers::lookup::of(&f.handler);
-    let answer = aqw::handlers::lookup::ask(lookup, &rec.provider_key).await;
-    render::key_check(&rec, &answer, output);
-    Ok(Exit::needs_a_person_if(!matches!(
-        answer,
-        aqw::handlers::lookup::LookupAnswer::Applied { .. }
-            | aqw::handlers::lookup::LookupAnswer::NotApplied { .. }
-    )))
+/// Give a key a new provider key, for a provider that replays a saved
+/// failure under the old one (replayed_failure). Only once the provider
+/// confirms the old key took no effect: a retry under a new key is a new
+/// request to it. Kept in the key's history with who and why.
+#[derive(Args)]
+#[command(
+    after_help = "Exit codes: 0 replaced (or, with --dry-run, would be), 1 refused (never claimed, done, or held by a running attempt), 2 bad arguments, 3 storage error.\n\nExamples:\n  aqw keys new-provider-key SendReceipt receipt:o-1 --reason \"ledger support: no charge\" --dry-run\n  aqw keys new-provider-key SendReceipt receipt:o-1 --reason \"ledger support: no charge under the old key (ticket 4411)\""
+)]
+pub struct NewProviderKeyArgs {
+    /// The function the key belongs to.
+    pub function: String,
+    /// The full key.
+    pub key: String,
+    /// Why, with the provider's confirmation (kept in the history).
+    #[arg(long)]
+    pub reason: String,
+    /// Who is doing it (default: $USER; needed).
+    #[arg(long, env = "USER")]
+    pub by: String,
+    /// Show what would change (the key, its state, the provider key
+    /// that would be replaced); change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// `keys new-provider-key`: a fresh provider key for a key not yet done;
 /// with `--dry-run`, what would change, nothing changed.
-pub(super) async fn new_provider_key(
+pub(super) async fn run(
     app_dir: &Path,
-    cmd: KeysCmd,
+    a: NewProviderKeyArgs,
     output: Output,
 ) -> Result<Exit, Failure> {
-    let KeysCmd::NewProviderKey {
+    let NewProviderKeyArgs {
         function,
         key,
         reason,
         by,
         dry_run,
-    } = cmd
-    else {
-        unreachable!("new_provider_key is called with KeysCmd::NewProviderKey only");
-    };
+    } = a;
     if reason.trim().is_empty() || by.trim().is_empty() {
         return Err(Failure::usage(
             "give --reason (the provider's confirmation) and --by (or set $USER)",
@@ -143,7 +74,7 @@ pub(super) async fn new_provider_key(
         replacement(&key, replaced)
     };
     if output == Output::Json {
-        render::print_json(&json);
+        print_json(&json);
     } else {
         outln!("{text}");
     }

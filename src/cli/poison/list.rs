@@ -3,9 +3,9 @@
 //! view masks a payload; `--unredacted` prints them exact, and says who
 //! asked in a warning event (`aqw.poison.unredacted`).
 
-use super::exit::{Exit, Failure};
-use super::load::{parse_time, queue_ops};
-use super::render::{first_line, print_json, Listed, Output};
+use crate::cli::exit::{Exit, Failure};
+use crate::cli::load::{parse_error_regex, parse_time, queue_ops};
+use crate::cli::output::{first_line, print_json, Output};
 use aqw_core::config::AppConfig;
 use aqw_core::ops::{self, Filter, QueueOps};
 use aqw_core::poison::{PoisonRecord, RecordStatus};
@@ -28,8 +28,11 @@ pub enum StatusFilter {
     All,
 }
 
-/// `aqw poison list`.
+/// List poison records, newest first; exit 1 while any listed record is open.
 #[derive(Args)]
+#[command(
+    after_help = "Examples:\n  aqw poison list receipts --status open\n  aqw poison list receipts --since 01:00:00 --error 'HTTP 503'\n  aqw poison list receipts --output json --unredacted --by alice"
+)]
 pub struct ListArgs {
     /// Source queue of the poisoned messages (not the -poison queue).
     pub queue: String,
@@ -55,6 +58,16 @@ pub struct ListArgs {
     /// Who asks for --unredacted, kept in its log event (default: $USER).
     #[arg(long, env = "USER")]
     pub by: Option<String>,
+}
+
+/// A record as `--output json` prints it: the record, then what its
+/// function's `redact` masked in its message (absent when nothing was).
+#[derive(serde::Serialize)]
+pub(super) struct Listed<'a> {
+    #[serde(flatten)]
+    pub record: &'a PoisonRecord,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redacted: Option<&'a str>,
 }
 
 /// The record status `poison list --status` selects (`None`: all).
@@ -87,7 +100,7 @@ pub(super) async fn run(
         since: a.since.as_deref().map(parse_time).transpose()?,
         until: a.until.as_deref().map(parse_time).transpose()?,
         function: a.function,
-        error: super::load::parse_error_regex(a.error.as_deref())?,
+        error: parse_error_regex(a.error.as_deref())?,
         ids: vec![],
     };
     let ops = queue_ops(app, &a.queue)?;

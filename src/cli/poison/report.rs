@@ -1,25 +1,40 @@
 //! `aqw poison report`: the incident as one table (the engine's
 //! `ops::report`), as aligned text or JSON.
 
-use super::exit::{Exit, Failure};
-use super::load::{parse_time, queue_ops};
-use super::render::Output;
-use super::render::{first_line, print_json};
+use crate::cli::exit::{Exit, Failure};
+use crate::cli::load::{parse_time, queue_ops};
+use crate::cli::output::{first_line, print_json, Output};
 use aqw_core::config::AppConfig;
 use aqw_core::ops::{IncidentReport, KeyOutcome, ReportRow};
 use aqw_core::scrub::one_line;
+use clap::Args;
 use std::sync::Arc;
+
+/// The incident as one table: per record what happened, the decision
+/// (open, replayed, fixed, discarded), who, when, why, its key's final
+/// state, the provider's answer to the attempt that completed it and any
+/// attempt still uncertain; a line per key a fix created; totals.
+#[derive(Args)]
+#[command(
+    after_help = "Cost: a scan of <queue>-poison (as poison list), one query of the queue's records (no payloads),\none read per distinct key.\n\nExit codes: 0 every record closed and no attempt uncertain, 1 a record is open or an attempt may have\ntaken effect and its key is not settled, 2 bad arguments, 3 storage error.\n\nExamples:\n  aqw poison report receipts --since 06:00:00\n  aqw poison report receipts --since 2026-12-06T09:00:00Z --output json"
+)]
+pub struct ReportArgs {
+    /// Source queue of the poisoned messages (not the -poison queue).
+    pub queue: String,
+    /// Poisoned at or after: RFC 3339 time or a duration ago (hh:mm:ss).
+    #[arg(long)]
+    pub since: Option<String>,
+}
 
 /// `poison report QUEUE [--since T]`: exit 1 while a record is open or an
 /// attempt is still uncertain.
-pub(super) async fn poison_report(
+pub(super) async fn run(
     app: &Arc<AppConfig>,
-    queue: &str,
-    since: Option<&str>,
+    a: ReportArgs,
     output: Output,
 ) -> Result<Exit, Failure> {
-    let since = since.map(parse_time).transpose()?;
-    let report = aqw_core::ops::report(&queue_ops(app, queue)?, since).await?;
+    let since = a.since.as_deref().map(parse_time).transpose()?;
+    let report = aqw_core::ops::report(&queue_ops(app, &a.queue)?, since).await?;
     if output == Output::Json {
         print_json(&report);
     } else {
