@@ -122,14 +122,14 @@ pub fn connect(connection: &Connection) -> Result<AzureStorage, StorageError> {
     };
     let tables_pipeline = pipeline(table_auth);
     // Blob requests sign as queue requests do (the same SharedKey string).
-    let blobs_pipeline = pipeline(blob_auth);
+    let blobs_options = client_options(&transport, Some(blob_auth));
     Url::parse(&connection.queue_endpoint)
         .map_err(|_| StorageError::Other(format!("{setting}: the queue endpoint is not a URL")))?;
     Ok(AzureStorage {
         queue_endpoint: connection.queue_endpoint.trim_end_matches('/').to_string(),
         queue_options,
         tables: TablesClient::new(&connection.table_endpoint, tables_pipeline),
-        blobs: BlobsClient::new(&connection.blob_endpoint, blobs_pipeline, setting),
+        blobs: BlobsClient::new(&connection.blob_endpoint, blobs_options, setting),
         counts,
     })
 }
