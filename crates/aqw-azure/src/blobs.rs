@@ -379,4 +379,167 @@ mod tests {
         assert_eq!(quoted("\"0x8D1\"".into()), "\"0x8D1\"");
         assert_eq!(quoted("W/\"x\"".into()), "W/\"x\"");
     }
+
+    /// What the mock service below saw of one request.
+    type Seen = Arc<std::sync::Mutex<Vec<(String, axum::http::HeaderMap)>>>;
+
+    /// A Blob service that answers by path: `big` a 1 MiB body whatever
+    /// the range (with its length), `chunked` the same without a length,
+    /// `busy` 503 ServerBusy, `stale` 412, `denied` 403, anything else 404.
+    async fn mock_service() -> (crate::AzureStorage, Seen) {
+        use axum::http::StatusCode;
+        use axum::response::IntoResponse;
+        let seen: Seen = Arc::default();
+        let log = seen.clone();
+        let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
+            let log = log.clone();
+            async move {
+                let path = req.uri().path().to_string();
+                log.lock()
+                    .unwrap()
+                    .push((path.clone(), req.headers().clone()));
+                let code = |s: StatusCode, c: &'static str| {
+                    (s, [("x-ms-error-code", c), ("retry-after", "0")]).into_response()
+                };
+                match path.rsplit('/').next().unwrap_or_default() {
+                    "big" => vec![7u8; 1 << 20].into_response(),
+                    "chunked" => {
+                        let chunks = (0..16).map(|_| Ok::<_, std::io::Error>(vec![7u8; 1 << 16]));
+                        axum::body::Body::from_stream(futures::stream::iter(chunks)).into_response()
+                    }
+                    "busy" => code(StatusCode::SERVICE_UNAVAILABLE, "ServerBusy"),
+                    "stale" => code(StatusCode::PRECONDITION_FAILED, "ConditionNotMet"),
+                    "denied" => code(StatusCode::FORBIDDEN, "AuthenticationFailed"),
+                    _ => code(StatusCode::NOT_FOUND, "BlobNotFound"),
+                }
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let endpoint = format!("http://127.0.0.1:{port}/{}", crate::DEV_ACCOUNT);
+        let conn = crate::Connection {
+            setting: "AzureWebJobsStorage".into(),
+            account: crate::DEV_ACCOUNT.into(),
+            queue_endpoint: endpoint.clone(),
+            table_endpoint: endpoint.clone(),
+            blob_endpoint: endpoint,
+            credentials: crate::Credentials::SharedKey {
+                account: crate::DEV_ACCOUNT.into(),
+                key: crate::Secret::new(crate::DEV_KEY),
+            },
+        };
+        (crate::connect(&conn).unwrap(), seen)
+    }
+
+    /// A blob is input: a service that answers a ranged read with more
+    /// than the bound (declared or not) gets a refusal, not the bytes, in
+    /// one request named `blob.get`; the internal headers never reach the
+    /// wire, the range and the SharedKey signature do.
+    #[tokio::test]
+    async fn a_read_over_its_bound_is_refused_in_one_request() {
+        let (storage, seen) = mock_service().await;
+        let c = storage.blobs("c");
+        let got = c.get("q/big", 10).await.unwrap();
+        assert_eq!(got, Some(BlobRead::TooLarge(Some(1 << 20))));
+        let got = c.get("q/chunked", 10).await.unwrap();
+        assert_eq!(got, Some(BlobRead::TooLarge(None)));
+        assert_eq!(c.get("q/gone", 10).await.unwrap(), None);
+        assert_eq!(storage.request_counts().get("blob.get"), Some(&3));
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen[0].0, format!("/{}/c/q/big", crate::DEV_ACCOUNT));
+        for (_, headers) in seen.iter() {
+            assert_eq!(headers["range"], "bytes=0-10");
+            assert!(headers["authorization"]
+                .to_str()
+                .unwrap()
+                .starts_with("SharedKey "));
+            assert!(headers.keys().all(|k| !k.as_str().starts_with("x-aqw-")));
+        }
+    }
+
+    /// The service's answers as the port's errors: 404 not found (or
+    /// "already gone" for a delete), 412 a failed precondition, 403 and a
+    /// 503 ServerBusy (after the pipeline's retries) as HTTP errors with
+    /// their codes.
+    #[tokio::test]
+    async fn answers_map_onto_the_ports_errors() {
+        let (storage, _) = mock_service().await;
+        let c = storage.blobs("c");
+        assert!(matches!(
+            c.put("q/x", b"x").await,
+            Err(StorageError::NotFound)
+        ));
+        assert!(matches!(c.touch("q/x").await, Err(StorageError::NotFound)));
+        c.delete("q/x", None).await.unwrap();
+        assert!(c.list("q/").await.unwrap().is_empty());
+        let stale = Etag("\"0x1\"".into());
+        let got = c.delete("q/stale", Some(&stale)).await;
+        assert!(
+            matches!(got, Err(StorageError::PreconditionFailed)),
+            "{got:?}"
+        );
+        let got = c.touch("q/denied").await;
+        assert!(
+            matches!(&got, Err(StorageError::Http { status: 403, code }) if code == "AuthenticationFailed"),
+            "{got:?}"
+        );
+        let got = c.get("q/busy", 10).await;
+        assert!(
+            matches!(&got, Err(StorageError::Http { status: 503, code }) if code == "ServerBusy"),
+            "{got:?}"
+        );
+        let counts = storage.request_counts();
+        assert_eq!(counts.get("blob.get"), Some(&4), "retried: {counts:?}");
+    }
+
+    /// The request headers the policy after [`BlobRequests`] saw.
+    #[derive(Debug, Default)]
+    struct Capture(std::sync::Mutex<Vec<(String, String)>>);
+
+    #[async_trait]
+    impl Policy for Capture {
+        async fn send(
+            &self,
+            _: &Context,
+            request: &mut Request,
+            _: &[Arc<dyn Policy>],
+        ) -> PolicyResult {
+            let headers = request.headers().iter();
+            *self.0.lock().unwrap() = headers
+                .map(|(k, v)| (k.as_str().to_string(), v.as_str().to_string()))
+                .collect();
+            let ok = azure_core::http::StatusCode::Ok;
+            Ok(azure_core::http::AsyncRawResponse::from_bytes(
+                ok,
+                Headers::new(),
+                Vec::new(),
+            ))
+        }
+    }
+
+    /// A bounded download's context becomes the transport's body limit on
+    /// its request; every blob request is marked, and only a read bounded.
+    #[tokio::test]
+    async fn a_bounded_reads_context_reaches_the_transport_as_its_limit() {
+        let capture = Arc::new(Capture::default());
+        let next: Vec<Arc<dyn Policy>> = vec![capture.clone()];
+        let url = Url::parse("http://h/a/c/q/x").unwrap();
+        let header = |name: &str| {
+            let seen = capture.0.lock().unwrap();
+            seen.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+        };
+        let read = bounded_download(10).method_options.context;
+        let mut request = Request::new(url.clone(), azure_core::http::Method::Get);
+        BlobRequests.send(&read, &mut request, &next).await.unwrap();
+        assert_eq!(header(BODY_LIMIT_HEADER).as_deref(), Some("10"));
+        assert_eq!(header(BLOB_REQUEST_HEADER).as_deref(), Some("1"));
+        let mut request = Request::new(url, azure_core::http::Method::Put);
+        BlobRequests
+            .send(&Context::new(), &mut request, &next)
+            .await
+            .unwrap();
+        assert_eq!(header(BODY_LIMIT_HEADER), None);
+        assert_eq!(header(BLOB_REQUEST_HEADER).as_deref(), Some("1"));
+    }
 }
