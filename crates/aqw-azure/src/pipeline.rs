@@ -1,12 +1,13 @@
-//! The `azure_core` 1.x pipeline aqw's queue and table clients share:
+//! The `azure_core` 1.x pipeline aqw's queue, table and blob clients share:
 //! transport, retry options and the account-key / SAS authorization policies.
 //!
 //! * [`CountingTransport`]: the pipeline's `HttpClient`, one pooled client
 //!   ([`super::transport`]: hyper, or reqwest behind a proxy; rustls on
 //!   ring, where `azure_core`'s own reqwest 0.13 transport would pull in
 //!   aws-lc) that counts every request by operation and status.
-//! * [`SharedKeyPolicy`] (in [`super::shared_key`]): `azure_storage_queue` 1.x takes only Entra ID tokens
-//!   or a SAS in the URL, and there is no 1.x Tables crate, so account keys are
+//! * [`SharedKeyPolicy`] (in [`super::shared_key`]): `azure_storage_queue` and
+//!   `azure_storage_blob` 1.x take only Entra ID tokens or a SAS in the URL,
+//!   and there is no 1.x Tables crate, so account keys are
 //!   signed here, per try (after the retry policy, so every retry carries a
 //!   fresh `x-ms-date`). The canonicalization is the one the 0.21 SDK used
 //!   against Azure and Azurite (azure-sdk-for-rust
