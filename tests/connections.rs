@@ -2,7 +2,9 @@
 //! key with explicit endpoints (SharedKey signing, queues and tables) and an
 //! account SAS, each through every queue and table operation aqw uses
 //! (including a query long enough to need continuation and a `$batch`).
-//! A wrong key or SAS fails with 403 and never shows the secret.
+//! A wrong key or SAS fails with 403 and never shows the secret. Claim-check
+//! blobs (`azure_storage_blob` on aqw's signing policies) keep the storage
+//! contract's blob checks with both.
 
 use crate::common;
 
@@ -17,7 +19,8 @@ fn key_conn(key: &str) -> String {
     format!(
         "DefaultEndpointsProtocol=http;AccountName={DEV_ACCOUNT};AccountKey={key};\
          QueueEndpoint=http://127.0.0.1:10001/{DEV_ACCOUNT};\
-         TableEndpoint=http://127.0.0.1:10002/{DEV_ACCOUNT};"
+         TableEndpoint=http://127.0.0.1:10002/{DEV_ACCOUNT};\
+         BlobEndpoint=http://127.0.0.1:10000/{DEV_ACCOUNT};"
     )
 }
 
@@ -31,7 +34,7 @@ fn account_sas(key_b64: &str) -> String {
             "[year]-[month]-[day]T[hour]:[minute]:[second]Z"
         ))
         .unwrap();
-    let (sp, ss, srt, spr, sv) = ("rwdlacup", "qt", "sco", "https,http", "2019-02-02");
+    let (sp, ss, srt, spr, sv) = ("rwdlacup", "bqt", "sco", "https,http", "2019-02-02");
     let to_sign = format!("{DEV_ACCOUNT}\n{sp}\n{ss}\n{srt}\n\n{se}\n\n{spr}\n{sv}\n");
     let key = base64::engine::general_purpose::STANDARD
         .decode(key_b64)
@@ -52,6 +55,7 @@ fn sas_conn(sas: &str) -> String {
     format!(
         "QueueEndpoint=http://127.0.0.1:10001/{DEV_ACCOUNT};\
          TableEndpoint=http://127.0.0.1:10002/{DEV_ACCOUNT};\
+         BlobEndpoint=http://127.0.0.1:10000/{DEV_ACCOUNT};\
          SharedAccessSignature={sas}"
     )
 }
@@ -241,6 +245,20 @@ async fn sas_connection_string_works_for_queues_and_tables() {
     let conn = parse_connection_string("AzureWebJobsStorage", &sas_conn(&sas)).unwrap();
     let storage = connect(&conn).unwrap();
     exercise(&storage).await;
+}
+
+#[tokio::test]
+async fn blobs_keep_the_contract_with_an_account_key_and_with_a_sas() {
+    common::azurite();
+    for (how, text) in [
+        ("account key", key_conn(DEV_KEY)),
+        ("SAS", sas_conn(&account_sas(DEV_KEY))),
+    ] {
+        let conn = parse_connection_string("AzureWebJobsStorage", &text).unwrap();
+        let storage = connect(&conn).unwrap();
+        let checked = aqw_core::contract::blob_put_get_delete(&storage).await;
+        assert_eq!(checked, Ok(()), "{how}");
+    }
 }
 
 #[tokio::test]

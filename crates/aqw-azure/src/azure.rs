@@ -1,5 +1,6 @@
 //! The maintained Azure SDK line (`azure_core` / `azure_identity` /
-//! `azure_storage_queue` 1.x) behind [`QueueStore`] and [`TableStore`].
+//! `azure_storage_queue` / `azure_storage_blob` 1.x) behind [`QueueStore`],
+//! [`TableStore`] and [`BlobStore`].
 //!
 //! * Queues: the official `azure_storage_queue` 1.x `QueueClient`. It has
 //!   every operation aqw calls (create, receive, peek, send with
@@ -20,7 +21,9 @@
 //!   `aqw` turns library backtraces off unless asked
 //!   ([`super::quiet_library_backtraces`]).
 //! * Tables: our own client, [`super::tables`] (no 1.x Tables crate exists).
-//! * Both share one transport ([`super::pipeline::CountingTransport`]: pooled
+//! * Blobs (claim-check bodies): the official `azure_storage_blob` 1.x
+//!   clients, [`super::blobs`].
+//! * All three share one transport ([`super::pipeline::CountingTransport`]: pooled
 //!   reqwest, timeouts, every request counted by operation and status), one
 //!   retry configuration, and one authorization policy per connection:
 //!   SharedKey (account key, also `UseDevelopmentStorage=true`), SAS, or an
@@ -44,7 +47,8 @@ use azure_storage_queue::{QueueClient, QueueClientOptions};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-/// Queues and tables of one account, sharing one pooled transport.
+/// Queues, tables and blob containers of one account, sharing one pooled
+/// transport.
 #[derive(Clone)]
 pub struct AzureStorage {
     queue_endpoint: String,
@@ -61,7 +65,7 @@ impl AzureStorage {
     }
 }
 
-/// Pipeline options shared by queues and tables: our transport and a few
+/// Pipeline options shared by queues, tables and blobs: our transport and a few
 /// quick retries (longer outages are the worker's business: it backs off).
 fn client_options(transport: &Transport, auth: Option<Arc<dyn Policy>>) -> ClientOptions {
     let mut o = ClientOptions {
@@ -122,14 +126,14 @@ pub fn connect(connection: &Connection) -> Result<AzureStorage, StorageError> {
     };
     let tables_pipeline = pipeline(table_auth);
     // Blob requests sign as queue requests do (the same SharedKey string).
-    let blobs_pipeline = pipeline(blob_auth);
+    let blobs_options = client_options(&transport, Some(blob_auth));
     Url::parse(&connection.queue_endpoint)
         .map_err(|_| StorageError::Other(format!("{setting}: the queue endpoint is not a URL")))?;
     Ok(AzureStorage {
         queue_endpoint: connection.queue_endpoint.trim_end_matches('/').to_string(),
         queue_options,
         tables: TablesClient::new(&connection.table_endpoint, tables_pipeline),
-        blobs: BlobsClient::new(&connection.blob_endpoint, blobs_pipeline, setting),
+        blobs: BlobsClient::new(&connection.blob_endpoint, blobs_options, setting),
         counts,
     })
 }

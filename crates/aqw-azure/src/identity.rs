@@ -39,7 +39,7 @@ use azure_identity::{
     UserAssignedId, WorkloadIdentityCredential, WorkloadIdentityCredentialOptions,
 };
 
-/// The scope of Azure Storage (queues and tables).
+/// The scope of Azure Storage (queues, tables and blobs).
 pub const STORAGE_SCOPE: &str = "https://storage.azure.com/.default";
 
 fn var(n: &str) -> Option<String> {

@@ -12,8 +12,8 @@
 //!
 //! * [`azure`]: [`open`] and [`connect`], queues on `azure_storage_queue` 1.x;
 //! * [`tables`]: our own typed Tables client (no 1.x Tables crate exists);
-//! * [`blobs`]: our own Blob client for claim-check bodies (the same
-//!   pipeline, no SDK blob crate);
+//! * [`blobs`]: claim-check bodies on `azure_storage_blob` 1.x (the same
+//!   transport, retries and authorization as queues);
 //! * [`pipeline`]: the shared `azure_core` 1.x transport, retry options, and
 //!   the SAS authorization policy;
 //! * [`shared_key`]: the SharedKey authorization policy (account keys);
@@ -26,7 +26,7 @@
 //!   a proxy), which the binary's `http` handler shares;
 //! * [`tls`]: the one rustls configuration every HTTP client of aqw uses.
 //!
-//! Queue and table behaviour is proven against Azurite in the binary's
+//! Queue, table and blob behaviour is proven against Azurite in the binary's
 //! `tests/`; the contract suite (`aqw_core::contract`) runs the same checks
 //! there on this adapter and in `aqw-core` on the in-memory store.
 //!
@@ -38,8 +38,8 @@
 //! | connection strings and identity-based settings → a `Connection` (queue, table and blob endpoints) | `crates/aqw-azure/src/connection.rs` |
 //! | queues on `azure_storage_queue` 1.x; `connect`, the `AzureStorage` the port is implemented on | `crates/aqw-azure/src/azure.rs` |
 //! | our Tables client on the `azure_core` 1.x pipeline; the typed query written as OData | `crates/aqw-azure/src/tables.rs` |
-//! | our Blob client on the same pipeline (claim-check bodies: put, get, touch, conditional delete, list by prefix) | `crates/aqw-azure/src/blobs.rs` |
-//! | SharedKey / SAS / bearer signing, retries and timeouts in the pipeline; requests named by operation (blob requests by their `x-ms-version`) | `crates/aqw-azure/src/pipeline.rs` |
+//! | claim-check bodies on `azure_storage_blob` 1.x (put, bounded get, touch, conditional delete, list by prefix); blob requests marked for naming and a read's bound handed to the transport | `crates/aqw-azure/src/blobs.rs` |
+//! | SharedKey / SAS / bearer signing, retries and timeouts in the pipeline; requests named by operation (blob requests by the blob clients' mark) | `crates/aqw-azure/src/pipeline.rs` |
 //! | how a storage request reaches the wire: hyper directly, reqwest behind a proxy; pool and request timeouts | `crates/aqw-azure/src/transport.rs` |
 //! | SharedKey signing of each try (string to sign, HMAC) | `crates/aqw-azure/src/shared_key.rs` |
 //! | which identity signs (workload, managed, developer tools) | `crates/aqw-azure/src/identity.rs` |

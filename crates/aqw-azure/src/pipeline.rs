@@ -1,12 +1,13 @@
-//! The `azure_core` 1.x pipeline aqw's queue and table clients share:
+//! The `azure_core` 1.x pipeline aqw's queue, table and blob clients share:
 //! transport, retry options and the account-key / SAS authorization policies.
 //!
 //! * [`CountingTransport`]: the pipeline's `HttpClient`, one pooled client
 //!   ([`super::transport`]: hyper, or reqwest behind a proxy; rustls on
 //!   ring, where `azure_core`'s own reqwest 0.13 transport would pull in
 //!   aws-lc) that counts every request by operation and status.
-//! * [`SharedKeyPolicy`] (in [`super::shared_key`]): `azure_storage_queue` 1.x takes only Entra ID tokens
-//!   or a SAS in the URL, and there is no 1.x Tables crate, so account keys are
+//! * [`SharedKeyPolicy`] (in [`super::shared_key`]): `azure_storage_queue` and
+//!   `azure_storage_blob` 1.x take only Entra ID tokens or a SAS in the URL,
+//!   and there is no 1.x Tables crate, so account keys are
 //!   signed here, per try (after the retry policy, so every retry carries a
 //!   fresh `x-ms-date`). The canonicalization is the one the 0.21 SDK used
 //!   against Azure and Azurite (azure-sdk-for-rust
@@ -73,21 +74,16 @@ impl CountingTransport {
     }
 }
 
-/// Blob service version aqw speaks (single-request Put Blob up to 5,000 MiB).
-pub const BLOB_VERSION: &str = "2021-08-06";
+/// The request header by which the blob clients mark their requests
+/// (`blobs::BlobRequests`), for the counting transport to name them: the
+/// blob and queue crates send the same `x-ms-version`. Taken off the
+/// request before the wire, like [`BODY_LIMIT_HEADER`].
+pub(crate) const BLOB_REQUEST_HEADER: &str = "x-aqw-blob";
 
-/// The request's name for the counting transport, when it is a blob
-/// request (it carries [`BLOB_VERSION`]).
-pub(crate) fn blob_operation(
-    method: Method,
-    url: &url::Url,
-    version: &str,
-) -> Option<&'static str> {
-    if version != BLOB_VERSION {
-        return None;
-    }
+/// A blob request's name for the counting transport.
+pub(crate) fn blob_operation(method: Method, url: &url::Url) -> &'static str {
     let query = url.query().unwrap_or("");
-    Some(match method {
+    match method {
         _ if query.contains("restype=container") && !query.contains("comp=list") => "blob.admin",
         Method::Get if query.contains("comp=list") => "blob.list",
         Method::Put if query.contains("comp=metadata") => "blob.update",
@@ -95,7 +91,7 @@ pub(crate) fn blob_operation(
         Method::Get => "blob.get",
         Method::Delete => "blob.delete",
         _ => "blob.other",
-    })
+    }
 }
 
 pub(crate) fn operation_name(method: Method, url: &url::Url) -> &'static str {
@@ -185,9 +181,10 @@ fn http_method(m: Method) -> http::Method {
 #[async_trait]
 impl HttpClient for CountingTransport {
     async fn execute_request(&self, request: &Request) -> azure_core::Result<AsyncRawResponse> {
-        let version = find_header(request.headers(), "x-ms-version").unwrap_or_default();
-        let op = blob_operation(request.method(), request.url(), version)
-            .unwrap_or_else(|| operation_name(request.method(), request.url()));
+        let op = match find_header(request.headers(), BLOB_REQUEST_HEADER) {
+            Some(_) => blob_operation(request.method(), request.url()),
+            None => operation_name(request.method(), request.url()),
+        };
         let body_limit =
             find_header(request.headers(), BODY_LIMIT_HEADER).and_then(|v| v.parse::<u64>().ok());
         let outgoing = outgoing(request)?;
@@ -221,7 +218,7 @@ impl HttpClient for CountingTransport {
 fn outgoing(request: &Request) -> azure_core::Result<Outgoing<'_>> {
     let mut headers = http::HeaderMap::with_capacity(16);
     for (name, value) in request.headers().iter() {
-        if name.as_str() == BODY_LIMIT_HEADER {
+        if matches!(name.as_str(), BODY_LIMIT_HEADER | BLOB_REQUEST_HEADER) {
             continue; // for the transport, not the service
         }
         let invalid = || {
@@ -461,7 +458,7 @@ pub(crate) fn map_err(e: azure_core::Error) -> StorageError {
 
 /// Send `request` through `pipeline` with its status checks skipped, and
 /// turn a non-2xx answer into a [`StorageError`] carrying the service's
-/// error code: the one send of our Tables and Blob clients.
+/// error code: the one send of our Tables client.
 pub(crate) async fn send_checked(
     pipeline: &azure_core::http::Pipeline,
     request: &mut Request,
@@ -543,27 +540,27 @@ mod tests {
     }
 
     #[test]
-    fn blob_requests_are_named_by_their_version() {
+    fn blob_requests_are_named_by_operation() {
         let u = |s: &str| url::Url::parse(s).unwrap();
-        let op = |m, s| blob_operation(m, &u(s), BLOB_VERSION);
-        assert_eq!(op(Method::Put, "http://h/a/c/q/x"), Some("blob.put"));
-        assert_eq!(op(Method::Get, "http://h/a/c/q/x"), Some("blob.get"));
+        let op = |m, s| blob_operation(m, &u(s));
+        assert_eq!(op(Method::Put, "http://h/a/c/q/x"), "blob.put");
+        assert_eq!(op(Method::Get, "http://h/a/c/q/x"), "blob.get");
         assert_eq!(
             op(Method::Put, "http://h/a/c/q/x?comp=metadata"),
-            Some("blob.update")
+            "blob.update"
         );
-        assert_eq!(op(Method::Delete, "http://h/a/c/q/x"), Some("blob.delete"));
+        assert_eq!(op(Method::Delete, "http://h/a/c/q/x"), "blob.delete");
         assert_eq!(
-            op(Method::Get, "http://h/a/c?restype=container&comp=list"),
-            Some("blob.list")
+            op(Method::Get, "http://h/a/c?comp=list&restype=container"),
+            "blob.list"
         );
         assert_eq!(
             op(Method::Put, "http://h/a/c?restype=container"),
-            Some("blob.admin")
+            "blob.admin"
         );
         assert_eq!(
-            blob_operation(Method::Put, &u("http://h/a/q"), "2019-02-02"),
-            None
+            op(Method::Delete, "http://h/a/c?restype=container"),
+            "blob.admin"
         );
     }
 }

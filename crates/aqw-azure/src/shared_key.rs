@@ -1,7 +1,7 @@
 //! SharedKey signing of storage requests (account keys, also
 //! `UseDevelopmentStorage=true`), as a per-try policy of the `azure_core` 1.x
-//! pipeline: `azure_storage_queue` 1.x takes only Entra ID tokens or a SAS in
-//! the URL, and there is no 1.x Tables crate. Signed per try (after the retry
+//! pipeline: `azure_storage_queue` and `azure_storage_blob` 1.x take only
+//! Entra ID tokens or a SAS in the URL, and there is no 1.x Tables crate. Signed per try (after the retry
 //! policy) so every retry carries a fresh `x-ms-date`; the canonicalization
 //! is the one described in [`super::pipeline`]'s module doc.
 //!
