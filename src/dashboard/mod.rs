@@ -44,6 +44,8 @@ mod auth;
 mod bulk;
 mod chart;
 mod control;
+mod error;
+mod forms;
 mod guard;
 mod handlers;
 mod listener;
@@ -58,6 +60,8 @@ mod throttle;
 mod triage;
 mod views;
 
+pub use error::DashboardError;
+pub use forms::MAX_FIELD_CHARS;
 pub use guard::{public_hosts, PROXY_SECRET_HEADER};
 pub use listener::{
     serve, ConnectionLimits, BODY_READ_TIMEOUT, HEADER_READ_TIMEOUT, MAX_BODY, MAX_CONNECTIONS,
@@ -263,6 +267,11 @@ pub fn app(state: Arc<Dashboard>) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             listener::read_body_in_time,
+        ))
+        // Every refusal of a route or of the body reader, drawn as a page.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            error::render,
         ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
