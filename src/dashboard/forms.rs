@@ -332,7 +332,10 @@ mod tests {
         );
         assert!(!f.past_provider_window.is_set());
         let one: ReplayForm = form("id=a&csrf=x").unwrap();
-        assert_eq!((one.csrf(), one.ids.as_slice()), ("x", &["a".to_string()][..]));
+        assert_eq!(
+            (one.csrf(), one.ids.as_slice()),
+            ("x", &["a".to_string()][..])
+        );
         let e = form::<DiscardForm>("id=a&id=b").unwrap_err();
         assert!(e.contains("id") && e.contains("more than once"), "{e}");
         let e = form::<GroupForm>("mode=sideways").unwrap_err();

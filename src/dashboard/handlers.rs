@@ -6,7 +6,8 @@ use super::auth::{self, Principal, Via};
 use super::chart;
 use super::error::{DashboardError, Form, Path, Query};
 use super::forms::{
-    CsrfForm, DiscardForm, Filters, FixForm, LoginForm, Mode, PageQuery, RecordQuery, ReplayForm,
+    CsrfForm, DiscardForm, Filters, FixForm, LoginForm, Mode, One, PageQuery, RecordQuery,
+    ReplayForm,
 };
 use super::payload::PayloadView;
 use super::progress::{plausible_id, progress_url};
@@ -99,6 +100,20 @@ fn no_such_record(id: &str) -> Result<(), DashboardError> {
         "No such record",
         "No such record: record ids never contain /, \\, #, ? or control characters.",
     ))
+}
+
+/// The record id and the field an action on one record needs with it:
+/// 400 (`why`: title, message) without either, 404 for an id no record can have.
+fn record_and<'a>(
+    id: &'a One,
+    needed: &'a One,
+    why: (&'static str, &'static str),
+) -> Result<(&'a str, &'a str), DashboardError> {
+    let (Some(id), Some(value)) = (id.get(), needed.get()) else {
+        return Err(DashboardError::bad_input(why.0, why.1));
+    };
+    no_such_record(id)?;
+    Ok((id, value))
 }
 
 pub async fn status(State(d): S, Reader(v): Reader) -> Answer {
@@ -311,13 +326,8 @@ pub async fn discard(
     Act { p, form, .. }: Act<DiscardForm>,
 ) -> Answer {
     let ops = d.queue_ops(&queue)?;
-    let (Some(id), Some(reason)) = (form.id.get(), form.reason.get()) else {
-        return Err(DashboardError::bad_input(
-            "Not discarded",
-            "A discard needs a reason.",
-        ));
-    };
-    no_such_record(id)?;
+    let why = ("Not discarded", "A discard needs a reason.");
+    let (id, reason) = record_and(&form.id, &form.reason, why)?;
     let close_key = form.close_key.is_set();
     ops::discard(ops, id, reason.trim(), &p.name, close_key).await?;
     tracing::info!(event = "aqw.dashboard.discard", queue = %queue, id = %id, by = %p.name, close_key, "discarded from the dashboard");
@@ -330,13 +340,8 @@ pub async fn fix(
     Act { p, form, .. }: Act<FixForm>,
 ) -> Answer {
     let ops = d.queue_ops(&queue)?;
-    let (Some(id), Some(payload)) = (form.id.get(), form.payload.get()) else {
-        return Err(DashboardError::bad_input(
-            "Not fixed",
-            "A fix needs a payload.",
-        ));
-    };
-    no_such_record(id)?;
+    let why = ("Not fixed", "A fix needs a payload.");
+    let (id, payload) = record_and(&form.id, &form.payload, why)?;
     let past_window = form.past_provider_window.is_set();
     let report = ops::fix(ops, id, payload, &p.name, None, past_window).await?;
     if report.action != FixAction::Replaced {

@@ -25,7 +25,11 @@
 //! - connections are capped per client and in total, and a request body is
 //!   read only after the `Host`, principal and bearer checks, at most 4 KiB
 //!   before sign-in (`listener.rs`);
-//! - every POST carries a CSRF token bound to its principal;
+//! - every POST carries a CSRF token bound to its principal, checked before
+//!   any field of the form is used (`request.rs`'s `Act`);
+//! - a refused request is a page saying why with its status, one error type
+//!   for every route (`error.rs`); a form or query that cannot be read, or
+//!   a field past its bound (`forms.rs`), is a 400 page naming the field;
 //! - "by" is the authenticated principal, never a form field;
 //! - payloads are attacker-controlled: maud escapes everything, invalid
 //!   UTF-8 is shown lossily with a hex dump (`payload.rs`); every other
