@@ -25,6 +25,7 @@ mod connections;
 mod contract;
 mod dashboard;
 mod dashboard_browser;
+mod dashboard_forms;
 mod dashboard_hardening;
 mod dashboard_probes;
 mod delayed;

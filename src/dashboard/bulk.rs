@@ -24,41 +24,34 @@
 //!   and stops naming the query and the fingerprint.
 
 use super::auth::Principal;
-use super::handlers::refusal;
-use super::operations::{bad_request, op_id_field, op_id_of, rate_field, rate_of, selection_of};
-use super::request::{get, page, pairs, see_other, tri, Pairs, Refused, S};
-use super::selection::{self, SelectError};
+use super::error::{DashboardError, Path};
+use super::forms::{Filters, GroupForm};
+use super::operations::{op_id_field, op_id_of, rate_field, rate_of, selection_of};
+use super::request::{page, Act, Answer, S};
+use super::selection;
 use super::text::{or_dash, Text};
 use super::views::{self, csrf_field, enc, record_url, Viewer};
 use super::Dashboard;
 use aqw_core::ops::operation::{self, NewOperation, OpKind};
 use aqw_core::ops::{self, Filter, QueueOps, ReplayOptions, ReplayReport};
 use aqw_core::poison::PoisonRecord;
-use axum::body::Bytes;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::extract::State;
+use axum::http::StatusCode;
 use maud::{html, Markup};
 use tokio::sync::MutexGuard;
 
-/// The query fields a group action carries from the list page to the real action.
-const QUERY_FIELDS: [&str; 6] = ["since", "until", "function", "error", "search", "group"];
-
-/// The query of a group action's form, forced to open records.
-fn open_query(form: &Pairs) -> Pairs {
-    let mut q: Pairs = QUERY_FIELDS
-        .iter()
-        .filter_map(|k| get(form, k).map(|v| (k.to_string(), v.to_string())))
-        .collect();
-    q.push(("status".into(), "open".into()));
-    q
+/// The fields of a query a review carries to the real action (status is
+/// always open).
+fn carried_pairs(query: &Filters) -> Vec<(&'static str, &str)> {
+    let mut pairs = query.pairs();
+    pairs.retain(|(k, _)| *k != "status");
+    pairs
 }
 
 /// A readable summary of a query, for the audit log and the pages.
-fn describe(query: &Pairs) -> String {
-    let parts: Vec<String> = query
+fn describe(query: &Filters) -> String {
+    let parts: Vec<String> = carried_pairs(query)
         .iter()
-        .filter(|(k, _)| k != "status")
         .map(|(k, v)| format!("{k}={v:?}"))
         .collect();
     if parts.is_empty() {
@@ -73,31 +66,23 @@ impl Dashboard {
     /// real action, the very set the dry run showed.
     async fn bulk_selection(
         &self,
-        v: &Viewer,
         ops: &QueueOps,
-        form: &Pairs,
-    ) -> Result<(Pairs, Vec<PoisonRecord>), Refused> {
-        let no = |status, title, m: &str| Box::new(refusal(status, title, v, m));
-        let query = open_query(form);
-        let chosen = match selection::select(ops, &query).await {
-            Ok(s) => s.into_chosen(),
-            Err(SelectError::BadFilter(m)) => {
-                return Err(no(StatusCode::BAD_REQUEST, "Bad filter", &m))
-            }
-            Err(SelectError::Ops(e)) => return Err(Box::new(self.ops_error(v, e))),
-        };
+        form: &GroupForm,
+    ) -> Result<(Filters, Vec<PoisonRecord>), DashboardError> {
+        let query = form.filters();
+        let chosen = selection::select(ops, &query).await?.into_chosen();
         let (n, what) = (chosen.len(), describe(&query));
         if n == 0 {
             let m = format!("No open record matches ({what}). Nothing was changed.");
-            return Err(no(StatusCode::CONFLICT, "Nothing matches", &m));
+            return Err(DashboardError::conflict("Nothing matches", m));
         }
         let ids: Vec<String> = chosen.iter().map(|r| r.message_id.clone()).collect();
-        let reviewed = self.review.ids_ok(&ops.queue, &ids, get(form, "reviewed"));
-        if get(form, "mode") == Some("real") && !reviewed {
+        let reviewed = (self.review).ids_ok(&ops.queue, &ids, form.reviewed.get());
+        if form.real() && !reviewed {
             let m = format!(
                 "The records this query selects changed since your review ({n} now match: {what}). Nothing was changed: go back to the list and review again."
             );
-            return Err(no(StatusCode::CONFLICT, "Changed since the review", &m));
+            return Err(DashboardError::conflict("Changed since the review", m));
         }
         Ok((query, chosen))
     }
@@ -106,46 +91,36 @@ impl Dashboard {
 /// A group action that may go ahead: who asks, on which queue, and the
 /// records its query selects.
 struct Begun<'a> {
-    form: Pairs,
+    form: GroupForm,
     v: Viewer,
     p: Principal,
     ops: &'a QueueOps,
-    query: Pairs,
+    query: Filters,
     chosen: Vec<PoisonRecord>,
     ids: Vec<String>,
 }
 
 impl Dashboard {
-    /// What both group actions check first: an actor with its CSRF token,
-    /// a queue of this app, the one group-action slot (held until the
-    /// returned guard drops), and a selection that may be acted on.
+    /// What every group action checks after its asker and form ([`Act`]):
+    /// a queue of this app, a real action not submitted before, the one
+    /// group-action slot (held until the returned guard drops), and a
+    /// selection that may be acted on.
     async fn begin<'a>(
         &'a self,
         queue: &str,
-        headers: &HeaderMap,
-        body: &[u8],
-    ) -> Result<(Begun<'a>, MutexGuard<'a, ()>), Refused> {
-        let form = pairs(body);
-        let (v, p) = self.actor(headers, &form)?;
+        Act { v, p, form }: Act<GroupForm>,
+    ) -> Result<(Begun<'a>, MutexGuard<'a, ()>), DashboardError> {
         let ops = self.queue_ops(queue)?;
-        if get(&form, "mode") == Some("real") {
+        if form.real() {
             // Submitted before: show what that submission created.
-            match self.submitted_before(&form).await {
-                Ok(Some(op)) => return Err(Box::new(see_other(&format!("/ops/{}", enc(&op.id))))),
-                Ok(None) => {}
-                Err(e) => return Err(Box::new(self.ops_error(&v, e))),
+            if let Some(op) = self.submitted_before(&form.op).await? {
+                return Err(DashboardError::SubmittedBefore(op.id));
             }
         }
         let Ok(slot) = self.bulk.try_lock() else {
-            let m = "Another group action is running on this dashboard; try again when it has finished. Nothing was changed.";
-            return Err(Box::new(refusal(
-                StatusCode::TOO_MANY_REQUESTS,
-                "Busy",
-                &v,
-                m,
-            )));
+            return Err(DashboardError::Busy("Another group action is running on this dashboard; try again when it has finished. Nothing was changed."));
         };
-        let (query, chosen) = self.bulk_selection(&v, ops, &form).await?;
+        let (query, chosen) = self.bulk_selection(ops, &form).await?;
         let ids = chosen.iter().map(|r| r.message_id.clone()).collect();
         let begun = Begun {
             form,
@@ -160,126 +135,101 @@ impl Dashboard {
     }
 }
 
-pub async fn replay(
-    State(d): S,
-    Path(queue): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let (b, _slot) = tri!(d.begin(&queue, &headers, &body).await);
-    let Begun {
-        form,
-        v,
-        p,
-        ops,
-        query,
-        ids,
-        ..
-    } = b;
-    if get(&form, "mode") == Some("real") {
+pub async fn replay(State(d): S, Path(queue): Path<String>, act: Act<GroupForm>) -> Answer {
+    let (b, _slot) = d.begin(&queue, act).await?;
+    let past_provider_window = b.form.past_provider_window.is_set();
+    if b.form.real() {
         let kind = OpKind::Replay {
-            past_provider_window: get(&form, "past_provider_window").is_some(),
+            past_provider_window,
             // The review page's "may have taken effect" mark is the check.
             uncertain_checked: true,
         };
-        return d
-            .start_group((&v, &p), &queue, &query, &form, &ids, kind)
-            .await;
+        return d.start_group(&b, &queue, kind).await;
     }
     let opts = ReplayOptions {
         filter: Filter {
-            ids: ids.clone(),
+            ids: b.ids.clone(),
             ..Filter::default()
         },
         dry_run: true,
-        by: p.name.clone(),
+        by: b.p.name.clone(),
         concurrency: ops::DEFAULT_REPLAY_CONCURRENCY,
-        past_provider_window: get(&form, "past_provider_window").is_some(),
+        past_provider_window,
         uncertain_checked: true,
         ..ReplayOptions::default()
     };
-    let report = match ops::replay(ops, &opts, &|_, _| {}).await {
-        Ok(r) => r,
-        Err(e) => return d.ops_error(&v, e),
-    };
-    let reviewed = d.review.ids(&queue, &ids);
-    let body = replay_review(&queue, &report, &query, &reviewed, &v);
-    page(StatusCode::OK, "Group replay: dry run", &v, None, body)
+    let report = ops::replay(b.ops, &opts, &|_, _| {}).await?;
+    let reviewed = d.review.ids(&queue, &b.ids);
+    let body = replay_review(&queue, &report, &b.query, &reviewed, &b.v);
+    Ok(page(
+        StatusCode::OK,
+        "Group replay: dry run",
+        &b.v,
+        None,
+        body,
+    ))
 }
 
 impl Dashboard {
     /// The real group action: an operation row for the reviewed selection,
     /// carried out in the background; the answer is its page.
-    async fn start_group(
-        &self,
-        (v, p): (&Viewer, &Principal),
-        queue: &str,
-        query: &Pairs,
-        form: &Pairs,
-        ids: &[String],
-        kind: OpKind,
-    ) -> Response {
-        let (selection, rate, id) = match (selection_of(query), rate_of(form), op_id_of(form)) {
-            (Ok(s), Ok(r), Ok(id)) => (s, r, id),
-            (Err(m), _, _) | (_, Err(m), _) | (_, _, Err(m)) => return *bad_request(v, &m),
-        };
+    async fn start_group(&self, b: &Begun<'_>, queue: &str, kind: OpKind) -> Answer {
+        let bad = |m: String| DashboardError::bad_input("Bad request", m);
+        let selection = selection_of(&b.query).map_err(bad)?;
+        let rate = rate_of(&b.form.rate).map_err(bad)?;
+        let id = op_id_of(&b.form.op).map_err(bad)?;
         let new = NewOperation {
             queue: queue.to_string(),
             kind,
-            by: p.name.clone(),
+            by: b.p.name.clone(),
             selection,
             // The unkeyed fingerprint, as the CLI's: comparable anywhere.
-            fingerprint: operation::fingerprint(ids),
-            selected: ids.len() as u64,
+            fingerprint: operation::fingerprint(&b.ids),
+            selected: b.ids.len() as u64,
             rate,
             halt_after: operation::DEFAULT_HALT_AFTER,
         };
-        match self.start_operation(new, &id).await {
-            Ok((op, _)) => see_other(&format!("/ops/{}", enc(&op.id))),
-            Err(e) => self.ops_error(v, e),
-        }
+        let (op, _) = self.start_operation(new, &id).await?;
+        Ok(super::request::see_other(&format!("/ops/{}", enc(&op.id))))
     }
 }
 
-pub async fn discard(
-    State(d): S,
-    Path(queue): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let (b, _slot) = tri!(d.begin(&queue, &headers, &body).await);
-    let Begun {
-        form,
-        v,
-        p,
-        query,
-        chosen,
-        ids,
-        ..
-    } = b;
-    let reason = get(&form, "reason").map(str::trim);
-    let close_key = get(&form, "close_key").is_some();
-    let Some(reason) = reason.filter(|_| get(&form, "mode") == Some("real")) else {
-        let reviewed = d.review.ids(&queue, &ids);
-        let body = discard_review(&queue, &chosen, &query, &reviewed, &v);
-        return page(StatusCode::OK, "Group discard: review", &v, None, body);
+pub async fn discard(State(d): S, Path(queue): Path<String>, act: Act<GroupForm>) -> Answer {
+    let (b, _slot) = d.begin(&queue, act).await?;
+    let reason = b.form.reason.get().map(str::trim);
+    let Some(reason) = reason.filter(|_| b.form.real()) else {
+        let reviewed = d.review.ids(&queue, &b.ids);
+        let body = discard_review(&queue, &b.chosen, &b.query, &reviewed, &b.v);
+        return Ok(page(
+            StatusCode::OK,
+            "Group discard: review",
+            &b.v,
+            None,
+            body,
+        ));
     };
     let kind = OpKind::Discard {
         reason: reason.to_string(),
-        close_key,
+        close_key: b.form.close_key.is_set(),
     };
-    d.start_group((&v, &p), &queue, &query, &form, &ids, kind)
-        .await
+    d.start_group(&b, &queue, kind).await
 }
 
 /// The hidden fields that carry a reviewed query to the real action.
-fn carried(query: &Pairs, reviewed: &str, v: &Viewer) -> Markup {
+fn carried(query: &Filters, reviewed: &str, v: &Viewer) -> Markup {
     html! {
         (csrf_field(v))
         input type="hidden" name="mode" value="real";
         input type="hidden" name="reviewed" value=(reviewed);
         (op_id_field())
-        @for (k, val) in query.iter().filter(|(k, _)| k != "status") {
+        (query_fields(query))
+    }
+}
+
+/// A query's fields as hidden inputs (status aside: always open).
+fn query_fields(query: &Filters) -> Markup {
+    html! {
+        @for (k, val) in carried_pairs(query) {
             input type="hidden" name=(k) value=(val);
         }
     }
@@ -288,7 +238,7 @@ fn carried(query: &Pairs, reviewed: &str, v: &Viewer) -> Markup {
 fn replay_review(
     queue: &str,
     r: &ReplayReport,
-    query: &Pairs,
+    query: &Filters,
     reviewed: &str,
     v: &Viewer,
 ) -> Markup {
@@ -310,7 +260,7 @@ fn replay_review(
 fn discard_review(
     queue: &str,
     records: &[PoisonRecord],
-    query: &Pairs,
+    query: &Filters,
     reviewed: &str,
     v: &Viewer,
 ) -> Markup {
@@ -342,47 +292,35 @@ const FIX_PREVIEW_ROWS: usize = 100;
 
 /// A group fix: the review asks for a patch, the preview applies it to each
 /// record (nothing changes), the real action is an operation of kind fix.
-pub async fn fix(
-    State(d): S,
-    Path(queue): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let (b, _slot) = tri!(d.begin(&queue, &headers, &body).await);
-    let (form, v) = (&b.form, &b.v);
-    let patch_text = get(form, "patch").map(str::trim).unwrap_or_default();
+pub async fn fix(State(d): S, Path(queue): Path<String>, act: Act<GroupForm>) -> Answer {
+    let (b, _slot) = d.begin(&queue, act).await?;
+    let patch_text = b.form.patch.get().map(str::trim).unwrap_or_default();
     if patch_text.is_empty() {
         let reviewed = d.review.ids(&queue, &b.ids);
-        let body = fix_review(&queue, &b.chosen, &b.query, &reviewed, "", v, None);
-        return page(StatusCode::OK, "Group fix: patch", v, None, body);
+        let body = fix_review(&queue, &b.chosen, &b.query, &reviewed, "", &b.v, None);
+        return Ok(page(StatusCode::OK, "Group fix: patch", &b.v, None, body));
     }
     if let Some(why) = operation::fix_refused(b.ops) {
-        return *bad_request(v, &why);
+        return Err(DashboardError::bad_input("Bad request", why));
     }
     let none = aqw_core::redact::Redaction::default();
     let redact = b.ops.function.as_ref().map_or(&none, |f| &f.redact);
-    let patch = match operation::parse_patch_for(patch_text, redact) {
-        Ok(p) => p,
-        Err(m) => return *bad_request(v, &format!("patch: {m}")),
-    };
-    if get(form, "mode") != Some("real") {
+    let patch = operation::parse_patch_for(patch_text, redact)
+        .map_err(|m| DashboardError::bad_input("Bad request", format!("patch: {m}")))?;
+    if !b.form.real() {
         return d.fix_preview_page(&queue, &b, patch_text, &patch).await;
     }
     // The ids were reviewed (begin checked); the patch must be the one
     // previewed, not one edited after the preview.
-    if !d
-        .review
-        .patch_ok(&queue, patch_text, get(form, "patch_reviewed"))
-    {
+    if !(d.review).patch_ok(&queue, patch_text, b.form.patch_reviewed.get()) {
         let m = "The patch is not the one previewed (it was edited after its preview, or never previewed). Nothing was changed: preview it, then fix.";
-        return refusal(StatusCode::CONFLICT, "Preview this patch first", v, m);
+        return Err(DashboardError::conflict("Preview this patch first", m));
     }
     let kind = OpKind::Fix {
         patch: patch_text.to_string(),
-        past_provider_window: get(form, "past_provider_window").is_some(),
+        past_provider_window: b.form.past_provider_window.is_set(),
     };
-    d.start_group((v, &b.p), &queue, &b.query, form, &b.ids, kind)
-        .await
+    d.start_group(&b, &queue, kind).await
 }
 
 impl Dashboard {
@@ -395,11 +333,10 @@ impl Dashboard {
         b: &Begun<'_>,
         patch_text: &str,
         patch: &operation::Patch,
-    ) -> Response {
-        let preview = match fix_preview(b.ops, &b.chosen, patch).await {
-            Ok(rows) => rows,
-            Err(m) => return *bad_request(&b.v, &format!("patch: {m}. Nothing was changed.")),
-        };
+    ) -> Answer {
+        let preview = fix_preview(b.ops, &b.chosen, patch).await.map_err(|m| {
+            DashboardError::bad_input("Bad request", format!("patch: {m}. Nothing was changed."))
+        })?;
         let reviewed = self.review.ids(queue, &b.ids);
         let patch_reviewed = self.review.patch(queue, patch_text);
         let body = fix_review(
@@ -411,7 +348,7 @@ impl Dashboard {
             &b.v,
             Some((&preview, &patch_reviewed)),
         );
-        page(StatusCode::OK, "Group fix: preview", &b.v, None, body)
+        Ok(page(StatusCode::OK, "Group fix: preview", &b.v, None, body))
     }
 }
 
@@ -458,7 +395,7 @@ async fn fix_preview(
 fn fix_review(
     queue: &str,
     records: &[PoisonRecord],
-    query: &Pairs,
+    query: &Filters,
     reviewed: &str,
     patch: &str,
     v: &Viewer,
@@ -487,9 +424,7 @@ fn fix_review(
                 (csrf_field(v))
                 input type="hidden" name="reviewed" value=(reviewed);
                 (op_id_field())
-                @for (k, val) in query.iter().filter(|(k, _)| k != "status") {
-                    input type="hidden" name=(k) value=(val);
-                }
+                (query_fields(query))
                 label { "JSON Patch " textarea #group-fix-patch name="patch" rows="4" cols="80" required { (patch) } }
                 @if let Some((_, patch_reviewed)) = preview {
                     input type="hidden" name="patch_reviewed" value=(patch_reviewed);

@@ -4,27 +4,24 @@
 
 use super::auth::{self, Principal, Via};
 use super::chart;
+use super::error::{DashboardError, Form, Path, Query};
+use super::forms::{
+    CsrfForm, DiscardForm, Filters, FixForm, LoginForm, Mode, One, PageQuery, RecordQuery,
+    ReplayForm,
+};
 use super::payload::PayloadView;
 use super::progress::{plausible_id, progress_url};
-use super::request::{all, get, page, pairs, see_other, tri, Pairs, Refused, S};
-use super::selection::{self, cause, SelectError};
+use super::request::{page, see_other, Act, Answer, Reader, S};
+use super::selection::{self, cause};
 use super::views::{self, ListPage, RecordPage, StatusRow, Viewer};
 use super::{Dashboard, MAX_SELECTION, PAGE_SIZE};
 use aqw_core::ops::{self, Filter, FixAction, OpsError, QueueOps, ReplayAction, ReplayOptions};
 use aqw_core::schedule::ScheduleStatus;
-use aqw_core::scrub::scrub;
-use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::Response;
-
-/// A page that only says why the request was not carried out.
-pub(super) fn refusal(status: StatusCode, title: &str, v: &Viewer, message: &str) -> Response {
-    page(status, title, v, None, views::message(message))
-}
 
 impl Dashboard {
-    fn viewer(&self, p: Option<&Principal>) -> Viewer {
+    pub(super) fn viewer(&self, p: Option<&Principal>) -> Viewer {
         Viewer {
             name: p.map(|p| p.name.clone()),
             csrf: p.map(|p| self.auth.csrf_for(p)),
@@ -36,24 +33,9 @@ impl Dashboard {
         }
     }
 
-    pub(super) fn refuse(&self, status: StatusCode, why: &str) -> Response {
-        let mut r = page(
-            status,
-            &status.to_string(),
-            &self.viewer(None),
-            None,
-            views::message(why),
-        );
-        if status == StatusCode::UNAUTHORIZED {
-            r.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, "Bearer".parse().expect("static"));
-        }
-        r
-    }
-
     /// Who may read: anyone when no authentication is configured (a
     /// read-only dashboard on loopback), else an authenticated principal.
-    pub(super) fn gate(&self, headers: &HeaderMap) -> Result<Viewer, Refused> {
+    pub(super) fn gate(&self, headers: &HeaderMap) -> Result<Viewer, DashboardError> {
         let p = self.auth.identify(headers);
         let cfg = self.auth.config();
         if p.is_none() && cfg.configured() {
@@ -61,88 +43,80 @@ impl Dashboard {
             {
                 // Signed out, expired, or from before a restart: say so
                 // rather than quietly asking again.
-                return Err(Box::new(self.refuse(
-                    StatusCode::UNAUTHORIZED,
+                return Err(DashboardError::Unauthenticated(
                     "Your session has ended (signed out, expired, or the dashboard restarted): sign in again at /login.",
-                )));
+                ));
             }
             if cfg.token.is_some() && !headers.contains_key(header::AUTHORIZATION) {
-                return Err(Box::new(see_other("/login")));
+                return Err(DashboardError::SignInFirst);
             }
-            return Err(Box::new(
-                self.refuse(StatusCode::UNAUTHORIZED, "Sign in first."),
-            ));
+            return Err(DashboardError::Unauthenticated("Sign in first."));
         }
         Ok(self.viewer(p.as_ref()))
     }
 
-    /// Who may act: an authenticated principal whose form carries its own
-    /// CSRF token, on a dashboard that is not read-only.
-    pub(super) fn actor(
-        &self,
-        headers: &HeaderMap,
-        form: &Pairs,
-    ) -> Result<(Viewer, Principal), Refused> {
+    /// Who may act, before their form is read: an authenticated principal,
+    /// on a dashboard that is not read-only.
+    pub(super) fn acting(&self, headers: &HeaderMap) -> Result<Principal, DashboardError> {
         if self.read_only {
-            return Err(Box::new(
-                self.refuse(StatusCode::FORBIDDEN, "This dashboard is read-only."),
-            ));
+            return Err(DashboardError::Forbidden("This dashboard is read-only."));
         }
-        let Some(p) = self.auth.identify(headers) else {
-            return Err(Box::new(self.refuse(
-                StatusCode::UNAUTHORIZED,
-                "Actions need authentication: sign in (or send the bearer token) and try again. Nothing was changed.",
-            )));
-        };
-        if !self.auth.csrf_ok(&p, get(form, "csrf").unwrap_or("")) {
-            return Err(Box::new(self.refuse(
-                StatusCode::FORBIDDEN,
-                "The form's CSRF token is not yours (forged or stale): reload the page. Nothing was changed.",
-            )));
-        }
-        Ok((self.viewer(Some(&p)), p))
+        self.auth.identify(headers).ok_or(DashboardError::Unauthenticated(
+            "Actions need authentication: sign in (or send the bearer token) and try again. Nothing was changed.",
+        ))
     }
 
-    pub(super) fn queue_ops(&self, name: &str) -> Result<&QueueOps, Refused> {
+    /// `p`'s viewer, if `csrf` (from their form) is their own CSRF token.
+    pub(super) fn csrf_checked(&self, p: &Principal, csrf: &str) -> Result<Viewer, DashboardError> {
+        if !self.auth.csrf_ok(p, csrf) {
+            return Err(DashboardError::Forbidden(
+                "The form's CSRF token is not yours (forged or stale): reload the page. Nothing was changed.",
+            ));
+        }
+        Ok(self.viewer(Some(p)))
+    }
+
+    pub(super) fn queue_ops(&self, name: &str) -> Result<&QueueOps, DashboardError> {
         self.queues
             .iter()
             .find(|q| q.queue == name)
             .map(|q| q.as_ref())
             .ok_or_else(|| {
-                Box::new(self.refuse(
-                    StatusCode::NOT_FOUND,
+                DashboardError::not_found(
+                    "404 Not Found",
                     "No function of this app consumes that queue.",
-                ))
+                )
             })
-    }
-
-    pub(super) fn ops_error(&self, v: &Viewer, e: OpsError) -> Response {
-        let status = match e {
-            OpsError::Usage(_) => StatusCode::CONFLICT,
-            OpsError::Storage(_) => StatusCode::SERVICE_UNAVAILABLE,
-        };
-        let text = scrub(&format!("{:#}", anyhow::Error::from(e)));
-        page(status, "Not done", v, None, views::message(&text))
     }
 }
 
 /// 404 for an id no record can have (`/`, `\`, `#`, `?` or control
 /// characters are not allowed in a table key, so storage would only fail).
-fn no_such_record(v: &Viewer, id: &str) -> Result<(), Refused> {
+fn no_such_record(id: &str) -> Result<(), DashboardError> {
     if plausible_id(id) {
         return Ok(());
     }
-    let m = "No such record: record ids never contain /, \\, #, ? or control characters.";
-    Err(Box::new(refusal(
-        StatusCode::NOT_FOUND,
+    Err(DashboardError::not_found(
         "No such record",
-        v,
-        m,
-    )))
+        "No such record: record ids never contain /, \\, #, ? or control characters.",
+    ))
 }
 
-pub async fn status(State(d): S, headers: HeaderMap) -> Response {
-    let v = tri!(d.gate(&headers));
+/// The record id and the field an action on one record needs with it:
+/// 400 (`why`: title, message) without either, 404 for an id no record can have.
+fn record_and<'a>(
+    id: &'a One,
+    needed: &'a One,
+    why: (&'static str, &'static str),
+) -> Result<(&'a str, &'a str), DashboardError> {
+    let (Some(id), Some(value)) = (id.get(), needed.get()) else {
+        return Err(DashboardError::bad_input(why.0, why.1));
+    };
+    no_such_record(id)?;
+    Ok((id, value))
+}
+
+pub async fn status(State(d): S, Reader(v): Reader) -> Answer {
     let lines = futures::future::join_all(d.queues.iter().map(|q| ops::status(q))).await;
     let rows: Vec<StatusRow> = d
         .queues
@@ -173,7 +147,7 @@ pub async fn status(State(d): S, headers: HeaderMap) -> Response {
         (views::status_page(&rows, d.app.alert_webhook.is_some(), &v))
         (views::schedules_table(&schedules))
     };
-    page(StatusCode::OK, "Status", &v, Some(30), body)
+    Ok(page(StatusCode::OK, "Status", &v, Some(30), body))
 }
 
 /// Each schedule's next tick and its newest tick's outcome, as `aqw
@@ -199,30 +173,24 @@ async fn schedule_rows(d: &super::Dashboard) -> Vec<(String, Result<ScheduleStat
 pub async fn list(
     State(d): S,
     Path(queue): Path<String>,
-    RawQuery(q): RawQuery,
-    headers: HeaderMap,
-) -> Response {
-    let v = tri!(d.gate(&headers));
-    let ops = tri!(d.queue_ops(&queue));
-    let params = pairs(q.unwrap_or_default().as_bytes());
-    let selected = match selection::select(ops, &params).await {
-        Ok(s) => s,
-        Err(SelectError::BadFilter(m)) => {
-            return refusal(StatusCode::BAD_REQUEST, "Bad filter", &v, &m)
-        }
-        Err(SelectError::Ops(e)) => return d.ops_error(&v, e),
-    };
+    Reader(v): Reader,
+    Query(filters): Query<Filters>,
+    Query(at): Query<PageQuery>,
+) -> Answer {
+    let ops = d.queue_ops(&queue)?;
+    filters.check()?;
+    let selected = selection::select(ops, &filters).await?;
     let chosen = selected.chosen();
     let matching = &selected.matching;
     let groups = selection::groups(&queue, matching);
     let chart = chart::poisons_chart(matching, time::OffsetDateTime::now_utc(), &|r| cause(r).1);
     let pages = chosen.len().div_ceil(PAGE_SIZE).max(1);
-    let n = get(&params, "page")
+    let n = (at.page.get())
         .and_then(|p| p.parse::<usize>().ok())
         .unwrap_or(1)
         .clamp(1, pages);
     let shown = &chosen[((n - 1) * PAGE_SIZE).min(chosen.len())..(n * PAGE_SIZE).min(chosen.len())];
-    let form = selection::filter_form(&params);
+    let form = selection::filter_form(&filters);
     let query = url::form_urlencoded::Serializer::new(String::new())
         .extend_pairs(form.iter().filter(|(k, v)| !v.is_empty() && *k != "group"))
         .finish();
@@ -238,32 +206,28 @@ pub async fn list(
         chart,
     };
     let body = views::list_page(&p, &v, |r| cause(r).1);
-    page(
-        StatusCode::OK,
-        &format!("Poison records of {queue}"),
-        &v,
-        None,
-        body,
-    )
+    let title = format!("Poison records of {queue}");
+    Ok(page(StatusCode::OK, &title, &v, None, body))
 }
 
 pub async fn record(
     State(d): S,
     Path(queue): Path<String>,
-    RawQuery(q): RawQuery,
-    headers: HeaderMap,
-) -> Response {
-    let v = tri!(d.gate(&headers));
-    let ops = tri!(d.queue_ops(&queue));
-    let params = pairs(q.unwrap_or_default().as_bytes());
-    let Some(id) = get(&params, "id") else {
-        return d.refuse(StatusCode::BAD_REQUEST, "Which record? (?id=…)");
+    Reader(v): Reader,
+    Query(q): Query<RecordQuery>,
+) -> Answer {
+    let ops = d.queue_ops(&queue)?;
+    let Some(id) = q.id.get() else {
+        return Err(DashboardError::bad_input(
+            "400 Bad Request",
+            "Which record? (?id=…)",
+        ));
     };
-    tri!(no_such_record(&v, id));
+    no_such_record(id)?;
     let mut report = match ops::show(ops, id).await {
         Ok(r) => r,
-        Err(OpsError::Usage(m)) => return refusal(StatusCode::NOT_FOUND, "No such record", &v, &m),
-        Err(e) => return d.ops_error(&v, e),
+        Err(OpsError::Usage(m)) => return Err(DashboardError::not_found("No such record", m)),
+        Err(e) => return Err(e.into()),
     };
     if let Some(pk) = report.uncertain_provider_key() {
         let lookup = ops
@@ -283,13 +247,14 @@ pub async fn record(
         redacted: report.redacted.as_deref(),
         provider_check: report.provider_check.as_deref(),
     };
-    page(
+    let body = views::record_page(&p, &v);
+    Ok(page(
         StatusCode::OK,
         &format!("Record {id}"),
         &v,
         None,
-        views::record_page(&p, &v),
-    )
+        body,
+    ))
 }
 
 /// The provider's answer for each item whose key may have taken effect.
@@ -308,21 +273,18 @@ async fn ask_about_uncertain(ops: &ops::QueueOps, report: &mut ops::ReplayReport
 pub async fn replay(
     State(d): S,
     Path(queue): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let form = pairs(&body);
-    let (v, p) = tri!(d.actor(&headers, &form));
-    let ops = tri!(d.queue_ops(&queue));
-    let ids = all(&form, "id");
+    Act { v, p, form }: Act<ReplayForm>,
+) -> Answer {
+    let ops = d.queue_ops(&queue)?;
+    let ids: Vec<String> = form.ids.into_iter().filter(|i| !i.is_empty()).collect();
     if ids.is_empty() || ids.len() > MAX_SELECTION {
         let m = format!("Select between 1 and {MAX_SELECTION} open records.");
-        return refusal(StatusCode::BAD_REQUEST, "Nothing selected", &v, &m);
+        return Err(DashboardError::bad_input("Nothing selected", m));
     }
     for id in &ids {
-        tri!(no_such_record(&v, id));
+        no_such_record(id)?;
     }
-    let dry_run = get(&form, "mode") != Some("real");
+    let dry_run = form.mode != Some(Mode::Real);
     let opts = ReplayOptions {
         filter: Filter {
             ids: ids.clone(),
@@ -331,15 +293,12 @@ pub async fn replay(
         dry_run,
         by: p.name.clone(),
         concurrency: ops::DEFAULT_REPLAY_CONCURRENCY,
-        past_provider_window: get(&form, "past_provider_window").is_some(),
+        past_provider_window: form.past_provider_window.is_set(),
         // The review page's "may have taken effect" mark is the check.
         uncertain_checked: true,
         ..ReplayOptions::default()
     };
-    let mut report = match ops::replay(ops, &opts, &|_, _| {}).await {
-        Ok(r) => r,
-        Err(e) => return d.ops_error(&v, e),
-    };
+    let mut report = ops::replay(ops, &opts, &|_, _| {}).await?;
     ask_about_uncertain(ops, &mut report).await;
     let trouble = (report.items.iter())
         .any(|i| matches!(i.action, ReplayAction::Failed | ReplayAction::Skipped));
@@ -354,91 +313,55 @@ pub async fn replay(
         } else {
             StatusCode::OK
         };
-        return page(
-            status,
-            title,
-            &v,
-            None,
-            views::dry_run_page(&queue, &report, &v),
-        );
+        let body = views::dry_run_page(&queue, &report, &v);
+        return Ok(page(status, title, &v, None, body));
     }
     tracing::info!(event = "aqw.dashboard.replay", queue = %queue, by = %p.name, count = report.replayed + report.already_done, "replayed from the dashboard");
-    see_other(&progress_url(&queue, &ids))
+    Ok(see_other(&progress_url(&queue, &ids)))
 }
 
 pub async fn discard(
     State(d): S,
     Path(queue): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let form = pairs(&body);
-    let (v, p) = tri!(d.actor(&headers, &form));
-    let ops = tri!(d.queue_ops(&queue));
-    let (Some(id), Some(reason)) = (get(&form, "id"), get(&form, "reason")) else {
-        return refusal(
-            StatusCode::BAD_REQUEST,
-            "Not discarded",
-            &v,
-            "A discard needs a reason.",
-        );
-    };
-    tri!(no_such_record(&v, id));
-    let close_key = get(&form, "close_key").is_some();
-    if let Err(e) = ops::discard(ops, id, reason.trim(), &p.name, close_key).await {
-        return d.ops_error(&v, e);
-    }
+    Act { p, form, .. }: Act<DiscardForm>,
+) -> Answer {
+    let ops = d.queue_ops(&queue)?;
+    let why = ("Not discarded", "A discard needs a reason.");
+    let (id, reason) = record_and(&form.id, &form.reason, why)?;
+    let close_key = form.close_key.is_set();
+    ops::discard(ops, id, reason.trim(), &p.name, close_key).await?;
     tracing::info!(event = "aqw.dashboard.discard", queue = %queue, id = %id, by = %p.name, close_key, "discarded from the dashboard");
-    see_other(&views::record_url(&queue, id))
+    Ok(see_other(&views::record_url(&queue, id)))
 }
 
 pub async fn fix(
     State(d): S,
     Path(queue): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let form = pairs(&body);
-    let (v, p) = tri!(d.actor(&headers, &form));
-    let ops = tri!(d.queue_ops(&queue));
-    let (Some(id), Some(payload)) = (get(&form, "id"), get(&form, "payload")) else {
-        return refusal(
-            StatusCode::BAD_REQUEST,
-            "Not fixed",
-            &v,
-            "A fix needs a payload.",
-        );
-    };
-    tri!(no_such_record(&v, id));
-    let past_window = get(&form, "past_provider_window").is_some();
-    let report = match ops::fix(ops, id, payload, &p.name, None, past_window).await {
-        Ok(r) => r,
-        Err(e) => return d.ops_error(&v, e),
-    };
+    Act { p, form, .. }: Act<FixForm>,
+) -> Answer {
+    let ops = d.queue_ops(&queue)?;
+    let why = ("Not fixed", "A fix needs a payload.");
+    let (id, payload) = record_and(&form.id, &form.payload, why)?;
+    let past_window = form.past_provider_window.is_set();
+    let report = ops::fix(ops, id, payload, &p.name, None, past_window).await?;
     if report.action != FixAction::Replaced {
         let m = format!(
             "{}: {}",
             report.action,
             report.detail.as_deref().unwrap_or("")
         );
-        return page(
-            StatusCode::CONFLICT,
-            "Not fixed",
-            &v,
-            None,
-            views::message(&m),
-        );
+        return Err(DashboardError::conflict("Not fixed", m));
     }
     tracing::info!(event = "aqw.dashboard.fix", queue = %queue, id = %id, by = %p.name, "payload fixed from the dashboard");
-    see_other(&progress_url(&queue, &[id.to_string()]))
+    Ok(see_other(&progress_url(&queue, &[id.to_string()])))
 }
 
-pub async fn login_form(State(d): S, headers: HeaderMap) -> Response {
+pub async fn login_form(State(d): S, headers: HeaderMap) -> Answer {
     if d.auth.config().token.is_none() {
-        return d.refuse(
-            StatusCode::NOT_FOUND,
+        return Err(DashboardError::not_found(
+            "404 Not Found",
             "No token is configured: sign in through the platform.",
-        );
+        ));
     }
     let nonce = auth::random_hex(16);
     let mut r = page(
@@ -451,28 +374,21 @@ pub async fn login_form(State(d): S, headers: HeaderMap) -> Response {
     let c = auth::set_cookie(&headers, auth::LOGIN_COOKIE, &nonce, 3600);
     r.headers_mut()
         .append(header::SET_COOKIE, c.parse().expect("hex cookie"));
-    r
+    Ok(r)
 }
 
-pub async fn login(State(d): S, headers: HeaderMap, body: Bytes) -> Response {
-    let form = pairs(&body);
-    let csrf = get(&form, "csrf").unwrap_or("");
+pub async fn login(State(d): S, headers: HeaderMap, Form(form): Form<LoginForm>) -> Answer {
+    let csrf = form.csrf.or_empty();
     if !d.auth.login_csrf_ok(&headers, csrf) {
-        return d.refuse(
-            StatusCode::FORBIDDEN,
+        return Err(DashboardError::Forbidden(
             "The sign-in form is stale or forged: reload it.",
-        );
+        ));
     }
-    let Some(session) = d.auth.login(get(&form, "token").unwrap_or("")) else {
+    let Some(session) = d.auth.login(form.token.or_empty()) else {
         // Counted and logged (rate-limited) by the throttle, which sees the 401.
         let body = views::login_page(csrf, Some("Wrong token."));
-        return page(
-            StatusCode::UNAUTHORIZED,
-            "Sign in",
-            &d.viewer(None),
-            None,
-            body,
-        );
+        let v = d.viewer(None);
+        return Ok(page(StatusCode::UNAUTHORIZED, "Sign in", &v, None, body));
     };
     let mut r = see_other("/");
     let h = r.headers_mut();
@@ -489,21 +405,26 @@ pub async fn login(State(d): S, headers: HeaderMap, body: Bytes) -> Response {
             .parse()
             .expect("static"),
     );
-    r
+    Ok(r)
 }
 
-pub async fn logout(State(d): S, headers: HeaderMap, body: Bytes) -> Response {
-    let form = pairs(&body);
+/// Sign out: nobody is sent to the sign-in page before the form is read.
+pub async fn logout(
+    State(d): S,
+    headers: HeaderMap,
+    form: Result<Form<CsrfForm>, DashboardError>,
+) -> Answer {
     let Some(p) = d.auth.identify(&headers) else {
-        return see_other("/login");
+        return Ok(see_other("/login"));
     };
-    if !d.auth.csrf_ok(&p, get(&form, "csrf").unwrap_or("")) {
-        return d.refuse(StatusCode::FORBIDDEN, "Stale form: reload the page.");
+    let Form(form) = form?;
+    if !d.auth.csrf_ok(&p, form.csrf.or_empty()) {
+        return Err(DashboardError::Forbidden("Stale form: reload the page."));
     }
     d.auth.logout(&p);
     let mut r = see_other("/login");
     let c = auth::set_cookie(&headers, auth::SESSION_COOKIE, "", 0);
     r.headers_mut()
         .append(header::SET_COOKIE, c.parse().expect("static"));
-    r
+    Ok(r)
 }

@@ -15,9 +15,10 @@
 //!   [`MAX_UNAUTHENTICATED_BODY`]: a larger declared length is refused 413
 //!   before a byte of it is read.
 
+use super::error::DashboardError;
 use super::Dashboard;
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -214,14 +215,11 @@ pub async fn serve(
 
 fn too_large(limit: usize, signed_in: bool) -> Response {
     let who = if signed_in { "" } else { " before signing in" };
-    let mut r = (
-        StatusCode::PAYLOAD_TOO_LARGE,
-        format!("request body too large: at most {limit} bytes{who}"),
-    )
-        .into_response();
-    r.headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    r
+    DashboardError::Unreadable {
+        status: StatusCode::PAYLOAD_TOO_LARGE,
+        message: format!("request body too large: at most {limit} bytes{who}"),
+    }
+    .into_response()
 }
 
 /// Read the whole body within [`BODY_READ_TIMEOUT`] and the caller's limit
@@ -254,11 +252,11 @@ pub(super) async fn read_body_in_time(
                 .await
         }
         Ok(Err(_)) => too_large(limit, signed_in),
-        Err(_) => (
-            StatusCode::REQUEST_TIMEOUT,
-            "request body not received in time",
-        )
-            .into_response(),
+        Err(_) => DashboardError::Unreadable {
+            status: StatusCode::REQUEST_TIMEOUT,
+            message: "request body not received in time".into(),
+        }
+        .into_response(),
     }
 }
 

@@ -25,7 +25,11 @@
 //! - connections are capped per client and in total, and a request body is
 //!   read only after the `Host`, principal and bearer checks, at most 4 KiB
 //!   before sign-in (`listener.rs`);
-//! - every POST carries a CSRF token bound to its principal;
+//! - every POST carries a CSRF token bound to its principal, checked before
+//!   any field of the form is used (`request.rs`'s `Act`);
+//! - a refused request is a page saying why with its status, one error type
+//!   for every route (`error.rs`); a form or query that cannot be read, or
+//!   a field past its bound (`forms.rs`), is a 400 page naming the field;
 //! - "by" is the authenticated principal, never a form field;
 //! - payloads are attacker-controlled: maud escapes everything, invalid
 //!   UTF-8 is shown lossily with a hex dump (`payload.rs`); every other
@@ -44,6 +48,8 @@ mod auth;
 mod bulk;
 mod chart;
 mod control;
+mod error;
+mod forms;
 mod guard;
 mod handlers;
 mod listener;
@@ -58,6 +64,8 @@ mod throttle;
 mod triage;
 mod views;
 
+pub use error::DashboardError;
+pub use forms::MAX_FIELD_CHARS;
 pub use guard::{public_hosts, PROXY_SECRET_HEADER};
 pub use listener::{
     serve, ConnectionLimits, BODY_READ_TIMEOUT, HEADER_READ_TIMEOUT, MAX_BODY, MAX_CONNECTIONS,
@@ -263,6 +271,11 @@ pub fn app(state: Arc<Dashboard>) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             listener::read_body_in_time,
+        ))
+        // Every refusal of a route or of the body reader, drawn as a page.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            error::render,
         ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

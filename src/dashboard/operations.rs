@@ -5,7 +5,9 @@
 //! its lease expires). `/ops` lists the operations, `/ops/{id}` watches
 //! one (refreshing itself while it runs) and cancels it.
 
-use super::request::{get, page, pairs, see_other, tri, Pairs, Refused, S};
+use super::error::{DashboardError, Path};
+use super::forms::{CsrfForm, Filters, One};
+use super::request::{page, see_other, Act, Answer, Reader, S};
 use super::text::{or_dash, Text};
 use super::views::{csrf_field, enc, Viewer};
 use super::Dashboard;
@@ -13,10 +15,8 @@ use aqw_core::ops::operation::{
     self as operation, ExecuteOptions, NewOperation, OpKind, Operation, OperationStore, Selection,
 };
 use aqw_core::ops::{OpsError, QueueOps};
-use axum::body::Bytes;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::extract::State;
+use axum::http::StatusCode;
 use maud::{html, Markup};
 use std::sync::Arc;
 
@@ -25,20 +25,21 @@ const REFRESH_SECS: u32 = 2;
 
 /// The operation selection a group action's query is: the list page's
 /// filter (its error box is a case-insensitive substring), search and group.
-pub(super) fn selection_of(query: &Pairs) -> Result<Selection, String> {
-    let time = |k: &str| {
-        get(query, k)
+pub(super) fn selection_of(query: &Filters) -> Result<Selection, String> {
+    let time = |k: &str, v: &One| {
+        v.get()
             .map(|s| aqw_core::ops::parse_time(s).map(aqw_core::idempotency::fmt_time))
             .transpose()
             .map_err(|e| format!("{k}: {e}"))
     };
+    let text = |v: &One| v.get().map(str::to_string);
     Ok(Selection {
-        function: get(query, "function").map(str::to_string),
-        error: get(query, "error").map(|e| format!("(?i){}", regex::escape(e))),
-        since: time("since")?,
-        until: time("until")?,
-        group: get(query, "group").map(str::to_string),
-        search: get(query, "search").map(str::to_string),
+        function: text(&query.function),
+        error: (query.error.get()).map(|e| format!("(?i){}", regex::escape(e))),
+        since: time("since", &query.since)?,
+        until: time("until", &query.until)?,
+        group: text(&query.group),
+        search: text(&query.search),
         limit: None,
         cutoff: String::new(),
     })
@@ -47,8 +48,8 @@ pub(super) fn selection_of(query: &Pairs) -> Result<Selection, String> {
 /// The id a reviewed form carries for the operation it creates (made when
 /// the review was shown: a second submission finds the first's row); a
 /// fresh one for a form without it.
-pub(super) fn op_id_of(form: &Pairs) -> Result<String, String> {
-    match get(form, "op") {
+pub(super) fn op_id_of(op: &One) -> Result<String, String> {
+    match op.get() {
         Some(id) if OperationStore::is_id(id) => Ok(id.to_string()),
         Some(_) => Err(
             "the form's operation id is not one: reload the review. Nothing was changed.".into(),
@@ -63,8 +64,8 @@ pub(super) fn op_id_field() -> Markup {
 }
 
 /// The rate a review form asked for (records per second), checked.
-pub(super) fn rate_of(form: &Pairs) -> Result<f64, String> {
-    let Some(text) = get(form, "rate") else {
+pub(super) fn rate_of(rate: &One) -> Result<f64, String> {
+    let Some(text) = rate.get() else {
         return Ok(operation::DEFAULT_RATE);
     };
     match text.trim().parse::<f64>() {
@@ -143,11 +144,8 @@ impl Dashboard {
     /// The operation a reviewed form's `op` names, when a submission of
     /// that form already created it (issue 48: the same form posted twice
     /// made two operations).
-    pub(super) async fn submitted_before(
-        &self,
-        form: &Pairs,
-    ) -> Result<Option<Operation>, OpsError> {
-        match get(form, "op").filter(|id| OperationStore::is_id(id)) {
+    pub(super) async fn submitted_before(&self, op: &One) -> Result<Option<Operation>, OpsError> {
+        match op.get().filter(|id| OperationStore::is_id(id)) {
             Some(id) => self.find_op(id).await,
             None => Ok(None),
         }
@@ -163,14 +161,10 @@ impl Dashboard {
     }
 }
 
-pub async fn list(State(d): S, headers: HeaderMap) -> Response {
-    let v = tri!(d.gate(&headers));
+pub async fn list(State(d): S, Reader(v): Reader) -> Answer {
     let mut all = vec![];
     for store in d.op_stores() {
-        match store.list().await {
-            Ok(ops) => all.extend(ops),
-            Err(e) => return d.ops_error(&v, e.into()),
-        }
+        all.extend(store.list().await?);
     }
     all.sort_by(|a, b| b.id.cmp(&a.id));
     let running = all.iter().any(|o| !o.state.is_final());
@@ -185,55 +179,36 @@ pub async fn list(State(d): S, headers: HeaderMap) -> Response {
             } } }
         } }
     };
-    page(
-        StatusCode::OK,
-        "Group operations",
-        &v,
-        running.then_some(REFRESH_SECS),
-        body,
-    )
+    let refresh = running.then_some(REFRESH_SECS);
+    Ok(page(StatusCode::OK, "Group operations", &v, refresh, body))
 }
 
 /// 404 for an id no operation can have, before any storage call.
-fn no_such_operation(v: &Viewer, id: &str) -> Result<(), Refused> {
+fn no_such_operation(id: &str) -> Result<(), DashboardError> {
     if OperationStore::is_id(id) {
         return Ok(());
     }
-    Err(Box::new(super::handlers::refusal(
-        StatusCode::NOT_FOUND,
+    Err(DashboardError::not_found(
         "No such operation",
-        v,
         "No group operation has that id: ids are letters, digits and dashes.",
-    )))
+    ))
 }
 
-pub async fn show(State(d): S, Path(id): Path<String>, headers: HeaderMap) -> Response {
-    let v = tri!(d.gate(&headers));
-    tri!(no_such_operation(&v, &id));
-    let op = match d.find_op(&id).await {
-        Ok(Some(op)) => op,
-        Ok(None) => {
-            return super::handlers::refusal(
-                StatusCode::NOT_FOUND,
-                "No such operation",
-                &v,
-                "No group operation has that id.",
-            )
-        }
-        Err(e) => return d.ops_error(&v, e),
-    };
+/// The 404 of an id no operation has.
+fn unknown_operation() -> DashboardError {
+    DashboardError::not_found("No such operation", "No group operation has that id.")
+}
+
+pub async fn show(State(d): S, Path(id): Path<String>, Reader(v): Reader) -> Answer {
+    no_such_operation(&id)?;
+    let op = d.find_op(&id).await?.ok_or_else(unknown_operation)?;
     let refresh = (!op.state.is_final()).then_some(REFRESH_SECS);
     let patch = match &op.kind {
         OpKind::Fix { patch, .. } => Some(d.patch_shown(&op.queue, patch, v.can_act)),
         _ => None,
     };
-    page(
-        StatusCode::OK,
-        "Group operation",
-        &v,
-        refresh,
-        op_view(&op, patch.as_deref(), &v),
-    )
+    let body = op_view(&op, patch.as_deref(), &v);
+    Ok(page(StatusCode::OK, "Group operation", &v, refresh, body))
 }
 
 impl Dashboard {
@@ -285,39 +260,14 @@ fn op_view(op: &Operation, patch: Option<&str>, v: &Viewer) -> Markup {
     }
 }
 
-pub async fn cancel(
-    State(d): S,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let form = pairs(&body);
-    let (v, p) = tri!(d.actor(&headers, &form));
-    tri!(no_such_operation(&v, &id));
+pub async fn cancel(State(d): S, Path(id): Path<String>, Act { p, .. }: Act<CsrfForm>) -> Answer {
+    no_such_operation(&id)?;
     for store in d.op_stores() {
-        match store.cancel(&id, &p.name).await {
-            Ok(Ok(_)) => return see_other(&format!("/ops/{}", enc(&id))),
-            Ok(Err(why)) if why.starts_with("no operation") => continue,
-            Ok(Err(why)) => {
-                return super::handlers::refusal(StatusCode::CONFLICT, "Not cancelled", &v, &why)
-            }
-            Err(e) => return d.ops_error(&v, e.into()),
+        match store.cancel(&id, &p.name).await? {
+            Ok(_) => return Ok(see_other(&format!("/ops/{}", enc(&id)))),
+            Err(why) if why.starts_with("no operation") => continue,
+            Err(why) => return Err(DashboardError::conflict("Not cancelled", why)),
         }
     }
-    super::handlers::refusal(
-        StatusCode::NOT_FOUND,
-        "No such operation",
-        &v,
-        "No group operation has that id.",
-    )
-}
-
-/// A refusal page for a group action's bad rate or selection.
-pub(super) fn bad_request(v: &Viewer, m: &str) -> Refused {
-    Box::new(super::handlers::refusal(
-        StatusCode::BAD_REQUEST,
-        "Bad request",
-        v,
-        m,
-    ))
+    Err(unknown_operation())
 }

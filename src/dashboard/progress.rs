@@ -4,14 +4,15 @@
 //! [`PROGRESS_DEADLINE`] has passed since the action, so a tab left open
 //! does not poll storage every second forever.
 
-use super::request::{all, page, pairs, see_other, tri, S};
+use super::error::{Path, Query};
+use super::forms::ProgressQuery;
+use super::request::{page, see_other, Answer, Reader, S};
 use super::views::{self, enc, Progress};
 use super::MAX_SELECTION;
 use aqw_core::ops::{OpsError, QueueOps};
 use aqw_core::poison::RecordStatus;
-use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::extract::State;
+use axum::http::StatusCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// How long after the action the page keeps refreshing itself.
@@ -95,36 +96,27 @@ fn stopped(rows: &[Progress], since: u64) -> Option<String> {
 pub async fn progress(
     State(d): S,
     Path(queue): Path<String>,
-    RawQuery(q): RawQuery,
-    headers: HeaderMap,
-) -> Response {
-    let v = tri!(d.gate(&headers));
-    let ops = tri!(d.queue_ops(&queue));
-    let params = pairs(q.unwrap_or_default().as_bytes());
-    let ids: Vec<String> = all(&params, "id").into_iter().take(MAX_SELECTION).collect();
-    let since = all(&params, "since")
-        .first()
-        .and_then(|s| s.parse::<u64>().ok());
-    let Some(since) = since else {
+    Reader(v): Reader,
+    Query(q): Query<ProgressQuery>,
+) -> Answer {
+    let ops = d.queue_ops(&queue)?;
+    let ids: Vec<String> = (q.ids.into_iter())
+        .filter(|i| !i.is_empty())
+        .take(MAX_SELECTION)
+        .collect();
+    let Some(since) = q.since.get().and_then(|s| s.parse::<u64>().ok()) else {
         // An old link: start the deadline now, in the URL the page reloads.
-        return see_other(&progress_url(&queue, &ids));
+        return Ok(see_other(&progress_url(&queue, &ids)));
     };
     let mut rows = Vec::new();
     for id in &ids {
-        match progress_of(ops, id).await {
-            Ok(p) => rows.push(p),
-            Err(e) => return d.ops_error(&v, e),
-        }
+        rows.push(progress_of(ops, id).await?);
     }
     let note = stopped(&rows, since);
     let waiting = rows.iter().any(|r| r.record.is_some() && !r.settled);
-    page(
-        StatusCode::OK,
-        "Replay progress",
-        &v,
-        (waiting && note.is_none()).then_some(1),
-        views::progress_page(&queue, &rows, note.as_deref()),
-    )
+    let refresh = (waiting && note.is_none()).then_some(1);
+    let body = views::progress_page(&queue, &rows, note.as_deref());
+    Ok(page(StatusCode::OK, "Replay progress", &v, refresh, body))
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! form's fields, the search, and the alert's grouping. Both go through
 //! [`select`], so a group action covers exactly the records its page listed.
 
-use super::request::{get, Pairs};
+use super::error::DashboardError;
+use super::forms::Filters;
 use super::views::Group;
 use crate::telemetry::alert_body;
 use aqw_core::alert::{error_group, PoisonAlert};
@@ -44,13 +45,22 @@ pub(super) enum SelectError {
     Ops(OpsError),
 }
 
+impl From<SelectError> for DashboardError {
+    fn from(e: SelectError) -> Self {
+        match e {
+            SelectError::BadFilter(m) => DashboardError::bad_input("Bad filter", m),
+            SelectError::Ops(e) => e.into(),
+        }
+    }
+}
+
 /// The records `params` selects, newest first. Without a search no payload
 /// is read (the list shows none, and must stay fast at 10,000 records); a
 /// search reads the payloads of the records the filter leaves, since it
 /// looks inside them.
-pub(super) async fn select(ops: &QueueOps, params: &Pairs) -> Result<Selection, SelectError> {
+pub(super) async fn select(ops: &QueueOps, params: &Filters) -> Result<Selection, SelectError> {
     let filter = list_filter(params).map_err(SelectError::BadFilter)?;
-    let text = get(params, "search");
+    let text = params.search.get();
     let records = match text {
         Some(_) => ops::list(ops, &filter).await,
         None => ops::list_summaries(ops, &filter).await,
@@ -60,7 +70,7 @@ pub(super) async fn select(ops: &QueueOps, params: &Pairs) -> Result<Selection, 
     let redact = ops.function.as_ref().map_or(&none, |f| &f.redact);
     Ok(Selection {
         matching: search(records, text, redact),
-        group: get(params, "group").map(str::to_string),
+        group: params.group.get().map(str::to_string),
     })
 }
 
@@ -137,17 +147,17 @@ fn sorted(ids: &[String]) -> Vec<&str> {
 }
 
 /// The list filter from the query string (status open by default).
-fn list_filter(p: &Pairs) -> Result<Filter, String> {
-    let status = match get(p, "status").unwrap_or("open") {
+fn list_filter(p: &Filters) -> Result<Filter, String> {
+    let status = match p.status.get().unwrap_or("open") {
         "all" => None,
         s => Some(RecordStatus::parse(s).ok_or_else(|| format!("unknown status {s:?}"))?),
     };
-    let time = |k: &str| {
-        get(p, k)
+    let time = |k: &str, v: &super::forms::One| {
+        v.get()
             .map(|s| ops::parse_time(s).map_err(|e| format!("{k}: {e}")))
             .transpose()
     };
-    let error = get(p, "error")
+    let error = (p.error.get())
         .map(|e| {
             regex::RegexBuilder::new(&regex::escape(e))
                 .case_insensitive(true)
@@ -157,9 +167,9 @@ fn list_filter(p: &Pairs) -> Result<Filter, String> {
         .transpose()?;
     Ok(Filter {
         status,
-        since: time("since")?,
-        until: time("until")?,
-        function: get(p, "function").map(str::to_string),
+        since: time("since", &p.since)?,
+        until: time("until", &p.until)?,
+        function: p.function.get().map(str::to_string),
         error,
         ids: vec![],
     })
@@ -212,13 +222,15 @@ pub(super) fn groups(queue: &str, records: &[PoisonRecord]) -> Vec<Group> {
 }
 
 /// The filter form's fields as asked (status open by default).
-pub(super) fn filter_form(params: &Pairs) -> Vec<(&'static str, String)> {
+pub(super) fn filter_form(params: &Filters) -> Vec<(&'static str, String)> {
+    let set = params.pairs();
     let keep = [
         "status", "since", "until", "function", "error", "search", "group",
     ];
     let default = |k: &str| if k == "status" { "open" } else { "" };
+    let value = |k: &str| set.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
     keep.iter()
-        .map(|k| (*k, get(params, k).unwrap_or(default(k)).to_string()))
+        .map(|k| (*k, value(k).unwrap_or(default(k)).to_string()))
         .collect()
 }
 

@@ -14,6 +14,7 @@
 //! failures so far, never what was presented), at most one line a second;
 //! the lines held back are counted in the next one.
 
+use super::error::DashboardError;
 use axum::http::{header, HeaderValue, Method, Request, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -231,7 +232,7 @@ pub async fn limit(
     }
     if matches!(attempt, Attempt::Bearer) && d.auth.bearer_rejected(req.headers()) {
         d.throttle.failed(peer, attempt);
-        return d.refuse(StatusCode::UNAUTHORIZED, "Wrong bearer token.");
+        return d.refusal_page(DashboardError::Unauthenticated("Wrong bearer token."));
     }
     let r = next.run(req).await;
     if matches!(attempt, Attempt::SignIn) && r.status() == StatusCode::UNAUTHORIZED {
