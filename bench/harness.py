@@ -60,6 +60,7 @@ class Bench:
         self.mode = mode
         self.reps = reps
         self.smoke = mode == "smoke"
+        self.restarted_once = False
         self.state = os.path.join(root, ".bench")
         self.work = work or os.path.join(self.state, f"{mode}-{time.strftime('%Y%m%d-%H%M%S')}")
         self.sizes = sizes(self.smoke)
@@ -137,8 +138,11 @@ class Bench:
     def fresh(self, restart=True):
         """Fresh names for one run, on a freshly restarted Azurite: every run
         starts from the same empty emulator, and none inherits the garbage of the
-        ones before (see scripts/azurite.sh: Azurite's queue GC is quadratic)."""
-        if restart:
+        ones before (see scripts/azurite.sh: Azurite's queue GC is quadratic).
+        A smoke run restarts and warms up once, on its first run: it proves
+        the benchmark works at tiny sizes, where no garbage builds up."""
+        if restart and not (self.smoke and self.restarted_once):
+            self.restarted_once = True
             self.azurite("restart")
             # Warm the new Node.js process up (JIT) with the calls the runs make,
             # so no contender pays for Azurite's cold start.

@@ -47,8 +47,12 @@ case " $* " in
     # The smoke run proves the benchmark works, not how fast: it reuses the
     # test build's profile and features (no second, release build).
     export AQW_BENCH_PROFILE=debug
-    say "building (cargo build --features failpoints --examples --bin aqw)"
-    cargo build --quiet --features failpoints --examples --bin aqw ;;
+    # scripts/test.sh has built them (AQW_BENCH_BUILT=1) before its test
+    # build, which would hold cargo's lock on the target directory.
+    if [ -z "${AQW_BENCH_BUILT:-}" ]; then
+      say "building (cargo build --features failpoints --examples --bin aqw)"
+      cargo build --quiet --features failpoints --examples --bin aqw
+    fi ;;
   *)
     say "building (cargo build --release --examples --bin aqw)"
     cargo build --release --quiet --examples --bin aqw ;;
