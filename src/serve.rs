@@ -199,6 +199,9 @@ pub enum Shape {
 #[derive(Debug, Clone)]
 pub struct Invocation {
     pub message: ReceivedMessage,
+    /// The payload, decoded once here: the job reads it, not the text
+    /// (which is re-encoded only for a poison copy or a parked copy).
+    pub payload: aqw_core::message::Payload,
     pub shape: Shape,
     /// Metadata fields the payload's own top-level properties replaced (the
     /// host's binding-data merge); aqw did not use their values.
@@ -250,6 +253,10 @@ pub fn parse_invocation(
         payload_fields: payload_fields(payload.as_deref()),
     };
     let shadowed = meta.shadowed();
+    let decoded = match payload {
+        Some(p) => aqw_core::message::Payload::decoded(p),
+        None => aqw_core::message::Payload::decode(&text, encoding),
+    };
     let insertion = meta.time("InsertionTime")?;
     let id = match meta.id()? {
         Some(id) => id,
@@ -266,6 +273,7 @@ pub fn parse_invocation(
             next_visible: meta.time("NextVisibleTime")?.unwrap_or(now),
             text,
         },
+        payload: decoded,
         shape,
         shadowed,
     })
@@ -496,7 +504,7 @@ async fn invoke(
     let span =
         aqw_core::traces::job_span(&function, &rt.function.queue, &msg.id, msg.dequeue_count);
     span.record("invocation_id", invocation_id.as_str());
-    let trace = start_trace(&span, &headers, producer_context(&rt, &msg));
+    let trace = start_trace(&span, &headers, producer_context(&rt, &inv.payload));
     if !inv.shadowed.is_empty() {
         span.in_scope(|| {
             warn!(event = "aqw.serve.metadata_shadowed", fields = ?inv.shadowed,
@@ -505,9 +513,16 @@ async fn invoke(
         });
     }
     let started = std::time::Instant::now();
-    let outcome = process(&rt, &msg, &HostSettle, &trace, &state.hard_stop)
-        .instrument(span.clone())
-        .await;
+    let outcome = process(
+        &rt,
+        &msg,
+        &inv.payload,
+        &HostSettle,
+        &trace,
+        &state.hard_stop,
+    )
+    .instrument(span.clone())
+    .await;
     span.in_scope(|| record_outcome(&function, &outcome, started.elapsed(), &trace));
     let log = format!(
         "aqw: {} message {} (dequeue count {})",

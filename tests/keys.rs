@@ -358,6 +358,7 @@ async fn a_keyed_message_costs_three_storage_requests_besides_the_receive() {
             aqw_core::job::process(
                 &rt,
                 m,
+                &aqw_core::message::Payload::decode(&m.text, rt.app.message_encoding),
                 &settle,
                 &aqw_core::traces::start_job(&tracing::Span::none(), None),
                 &stop

@@ -46,6 +46,52 @@ pub enum DecodeError {
     Utf8(usize),
 }
 
+/// A delivery's payload, decoded from its text once: the poll loop (or, in
+/// serve mode, the host's invocation) makes it, and the producer's trace
+/// context, the claim check and the job read the same copy. Parsed as JSON
+/// at most once, when first asked ([`Payload::json`]); the text is bounded
+/// by a message's size (64 KiB) or by serve's invocation body limit.
+#[derive(Debug)]
+pub struct Payload {
+    decoded: Result<String, DecodeError>,
+    json: std::sync::OnceLock<Option<serde_json::Value>>,
+}
+
+impl Payload {
+    /// Decode a message's text under the queue's `messageEncoding`.
+    pub fn decode(text: &str, encoding: MessageEncoding) -> Self {
+        Self::from_result(decode(text, encoding))
+    }
+
+    /// A payload already decoded (serve mode reads it from the invocation).
+    pub fn decoded(payload: String) -> Self {
+        Self::from_result(Ok(payload))
+    }
+
+    fn from_result(decoded: Result<String, DecodeError>) -> Self {
+        Self {
+            decoded,
+            json: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The payload, or why the text could not be decoded.
+    pub fn text(&self) -> Result<&str, &DecodeError> {
+        self.decoded.as_deref()
+    }
+
+    /// The payload as JSON: `None` when it could not be decoded or is not
+    /// JSON. Parsed on the first call only.
+    pub fn json(&self) -> Option<&serde_json::Value> {
+        self.json
+            .get_or_init(|| {
+                let text = self.decoded.as_deref().ok()?;
+                serde_json::from_str(text).ok()
+            })
+            .as_ref()
+    }
+}
+
 /// Decode message text into the payload string.
 pub fn decode(text: &str, encoding: MessageEncoding) -> Result<String, DecodeError> {
     let bytes = match encoding {

@@ -145,6 +145,11 @@ impl TraceContext {
 /// context never fails a job, the attempt then starts a trace of its own.
 pub fn context_in_payload(pointer: &str, payload: &str) -> Option<TraceContext> {
     let doc: serde_json::Value = serde_json::from_str(payload).ok()?;
+    context_in_json(pointer, &doc)
+}
+
+/// [`context_in_payload`] over a payload already parsed.
+pub fn context_in_json(pointer: &str, doc: &serde_json::Value) -> Option<TraceContext> {
     match doc.pointer(pointer)? {
         serde_json::Value::String(tp) => TraceContext::parse(tp, None),
         serde_json::Value::Object(o) => TraceContext::parse(

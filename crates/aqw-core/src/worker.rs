@@ -464,7 +464,9 @@ fn spawn_job(
         &msg.id,
         msg.dequeue_count,
     );
-    let trace = crate::traces::start_job(&span, producer_context(&rt, &msg).as_ref());
+    // Decoded once: the trace context and the job read the same payload.
+    let payload = crate::message::Payload::decode(&msg.text, rt.app.message_encoding);
+    let trace = crate::traces::start_job(&span, producer_context(&rt, &payload).as_ref());
     tracker.spawn(crate::clock::carry(
         async move {
             // A call reserved under the rate limit starts at its slot.
@@ -473,7 +475,7 @@ fn spawn_job(
             }
             let settle = QueueSettle::new(rt.source.clone(), &msg);
             let started = Instant::now();
-            let outcome = process(&rt, &msg, &settle, &trace, &hard_stop).await;
+            let outcome = process(&rt, &msg, &payload, &settle, &trace, &hard_stop).await;
             record_outcome(&rt.function.name, &outcome, started.elapsed(), &trace);
             drop((permit, ticket));
         }

@@ -27,7 +27,7 @@ use crate::decide::{
 use crate::failpoint;
 use crate::handler::HandlerError;
 use crate::idempotency::{derive_key, IdempotencyKey, KeyRecord};
-use crate::message::{decode, ErrorKind};
+use crate::message::{ErrorKind, Payload};
 use crate::runtime::FunctionRuntime;
 use crate::storage::{ReceivedMessage, StorageError};
 use crate::traces::JobTrace;
@@ -43,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 pub async fn process(
     rt: &FunctionRuntime,
     msg: &ReceivedMessage,
+    delivered: &Payload,
     settle: &dyn Settle,
     trace: &JobTrace,
     hard_stop: &CancellationToken,
@@ -52,7 +53,7 @@ pub async fn process(
         ..rt.policy
     };
     // Decode (fetching a claim-checked body), then the key: over the cap its record decides.
-    let (decoded, claim_failure) = match body_of(rt, msg).await {
+    let (decoded, claim_failure) = match body_of(rt, delivered).await {
         Ok(body) => body,
         Err(e) => return abandoned(e),
     };
@@ -105,10 +106,13 @@ pub async fn process(
 /// after its lease).
 async fn body_of(
     rt: &FunctionRuntime,
-    msg: &ReceivedMessage,
+    payload: &Payload,
 ) -> Result<(Result<String, String>, Option<crate::decide::PoisonCase>), StorageError> {
     use crate::claim::FetchError;
-    let decoded = decode(&msg.text, rt.app.message_encoding).map_err(|e| e.to_string());
+    let decoded = payload
+        .text()
+        .map(str::to_string)
+        .map_err(|e| e.to_string());
     let scope = rt.app.claim_check.scope(&rt.function.queue);
     let fetched = match decoded
         .as_ref()
@@ -643,11 +647,10 @@ fn failed_attempt(e: &HandlerError) -> AttemptResult<'_> {
 /// payload carries it (nothing is read otherwise).
 pub fn producer_context(
     rt: &FunctionRuntime,
-    msg: &ReceivedMessage,
+    payload: &Payload,
 ) -> Option<crate::traces::TraceContext> {
     let pointer = rt.app.trace_parent.as_deref()?;
-    let payload = decode(&msg.text, rt.app.message_encoding).ok()?;
-    crate::traces::context_in_payload(pointer, &payload)
+    crate::traces::context_in_json(pointer, payload.json()?)
 }
 
 /// A window for a person: `24h`, `90m`, `45s`.
