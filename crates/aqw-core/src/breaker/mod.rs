@@ -231,6 +231,12 @@ pub struct Breaker {
     /// The jobs that failed since this opening let probes through: a
     /// failed probe of one of them again is no verdict ([`Breaker::record`]).
     probed: BTreeSet<u64>,
+    /// Openings so far (a trip or a follow starts one; reopenings and
+    /// probes are the same one's).
+    openings: u64,
+    /// The fleet's last probe close as the previous control read showed
+    /// it, and the opening in force at that read ([`Breaker::observe_probe_close`]).
+    close_seen: (Option<String>, Option<u64>),
 }
 
 impl Breaker {
@@ -248,6 +254,8 @@ impl Breaker {
             closed_at: None,
             probing: false,
             probed: BTreeSet::new(),
+            openings: 0,
+            close_seen: (None, None),
         }
     }
 
@@ -300,6 +308,31 @@ impl Breaker {
                 Some(Transition::Released)
             }
         }
+    }
+
+    /// At each read of the control row: `mark`, when a probe anywhere in
+    /// the fleet last closed the breaker (kept on the row apart from its
+    /// state, which the next writer overwrites). A mark that changed since
+    /// the previous read while this opening was already in force then is a
+    /// success of the provider after this opening began, whatever the
+    /// replicas' clocks: an open, probing or following breaker closes, as
+    /// if its own probe had succeeded. Without it a replica that published
+    /// over a close it never read, and that sees no success of its own
+    /// (only jobs failing alone left, once enough distinct jobs failed its
+    /// probes during the outage), reopened on every failed probe and parked
+    /// those jobs for ever (seed 6936). Compared by reads, not by times:
+    /// a close just before this opening on a clock running ahead must not
+    /// end it.
+    pub fn observe_probe_close(&mut self, now: Instant, mark: Option<&str>) -> Option<Transition> {
+        let changed = mark.is_some() && mark != self.close_seen.0.as_deref();
+        let opening = (self.state != State::Closed).then_some(self.openings);
+        let before = std::mem::replace(&mut self.close_seen, (mark.map(str::to_string), opening));
+        if changed && opening.is_some() && before.1 == opening {
+            self.close(now);
+            self.close_seen.1 = None;
+            return Some(Transition::Released);
+        }
+        None
     }
 
     /// The fleet's breaker closed: a following breaker closes too, and
@@ -490,6 +523,7 @@ impl Breaker {
 
     /// A new opening: no probe let through, none failed.
     fn new_opening(&mut self) {
+        self.openings += 1;
         self.probing = false;
         self.probed.clear();
     }

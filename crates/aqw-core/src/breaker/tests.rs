@@ -285,3 +285,32 @@ fn a_few_jobs_failing_their_probes_again_do_not_hold_the_breaker() {
     assert_eq!(b.admit(at(27_100), 8).0, Admission::Receive(1));
     assert_eq!(b.record(at(27_200), Attempt::FailedRetryable(9)), None);
 }
+
+/// A probe's close is taken from the control row by reads, not by times:
+/// only a mark that changed between two reads of one opening closes it
+/// (seed 6936); one already there at the first read, one that appeared
+/// while the breaker was closed, and one this opening began after, do not.
+#[test]
+fn a_probe_close_seen_appearing_during_the_opening_closes_it() {
+    let t0 = Instant::now();
+    let t = |ms: u64| t0 + Duration::from_millis(ms);
+    let mut b = Breaker::new(settings());
+    // Already there at the first read: an old close.
+    assert_eq!(b.observe_probe_close(t(0), Some("c1")), None);
+    for i in 0..4 {
+        b.record(t(100 + i), distinct(FAIL, i as usize));
+    }
+    assert_eq!(b.state().name(), "open");
+    // A close that appeared in the read that first saw this opening: it
+    // may be older than the opening.
+    assert_eq!(b.observe_probe_close(t(200), Some("c2")), None);
+    assert_eq!(b.observe_probe_close(t(300), Some("c2")), None);
+    // One appearing between two reads of this opening: after it began.
+    assert_eq!(
+        b.observe_probe_close(t(400), Some("c3")),
+        Some(Transition::Released)
+    );
+    assert_eq!(b.state(), State::Closed);
+    // Closed: a change is nobody's news.
+    assert_eq!(b.observe_probe_close(t(500), Some("c4")), None);
+}
