@@ -20,6 +20,7 @@
 //!   Azure's limits, to see which its failure needs).
 
 mod check;
+mod operator;
 mod plan;
 mod world;
 
@@ -77,6 +78,8 @@ struct Sim {
     stopping: Vec<JoinHandle<()>>,
     next_replica: usize,
     clocks: plan::Clocks,
+    /// The schedule every replica runs, when the plan ticks.
+    ticks: Option<operator::Ticks>,
 }
 
 impl Sim {
@@ -84,9 +87,15 @@ impl Sim {
         let index = self.next_replica;
         self.next_replica += 1;
         let storage = self.world.storage(&self.env.storage, index);
-        let worker = self
-            .env
-            .builder_on(storage, |_| {})
+        let mut builder = self.env.builder_on(storage.clone(), |_| {});
+        if let Some(t) = &self.ticks {
+            let handler = self.env.provider.handler();
+            let schedule = t.schedule.clone();
+            builder = builder
+                .function_on(t.function_config(), storage, handler)
+                .configure(|app| app.schedules = vec![schedule]);
+        }
+        let worker = builder
             // The retry `aqw run` starts with (exponential from 1 s).
             .retry(aqw_core::retry::RetryStrategy::Exponential {
                 initial_delay: Duration::from_secs(1),
@@ -213,11 +222,17 @@ fn provider_rule(
 
 /// Whether every job has settled: the queue empty, every job done or with
 /// a record (the checker judges which it should be).
-async fn settled(env: &Env, jobs: &BTreeMap<String, Class>) -> bool {
+async fn settled(env: &Env, jobs: &BTreeMap<String, Class>, ticks: &[String]) -> bool {
     if env.source_depth().await != 0 {
         return false;
     }
     let keys = env.key_rows().await;
+    if !ticks
+        .iter()
+        .all(|k| keys.get(k).is_some_and(|s| s == "done"))
+    {
+        return false;
+    }
     let records = env.records().await;
     let poisoned = |key: &str| {
         records
@@ -266,6 +281,11 @@ async fn stage(plan: &Plan, sim: &mut Sim, arrivals: &[(Duration, crate::common:
             sim.env.storage.set_unavailable(down);
         }
         sim.env.provider.set_delay(plan.delay(now));
+        if let Some((from, len)) = plan.pause {
+            if now == from || now == from + len {
+                operator::set_pause(&sim.env, &sim.world, now == from).await;
+            }
+        }
         tokio::time::sleep_until(t0 + now + Duration::from_secs(1)).await;
     }
     sim.env.storage.set_unavailable(false);
@@ -302,6 +322,7 @@ async fn run(plan: &Plan) -> Outcome {
         .iter()
         .map(|(_, j, c)| (j.key.clone(), *c))
         .collect();
+    let ticks = plan.ticks.map(|every| operator::Ticks::new(&env, every));
     let mut sim = Sim {
         env,
         world,
@@ -309,6 +330,7 @@ async fn run(plan: &Plan) -> Outcome {
         stopping: vec![],
         next_replica: 0,
         clocks: plan.clocks.clone(),
+        ticks,
     };
     for _ in 0..plan.replicas {
         sim.add_replica();
@@ -323,7 +345,13 @@ async fn run(plan: &Plan) -> Outcome {
         sim.add_replica();
     }
     let deadline = tokio::time::Instant::now() + SETTLE;
-    while !settled(&sim.env, &jobs).await && tokio::time::Instant::now() < deadline {
+    let ticks_due = |sim: &Sim| match &sim.ticks {
+        Some(t) => t.due(&sim.world.log(), WALL),
+        None => vec![],
+    };
+    while !settled(&sim.env, &jobs, &ticks_due(&sim)).await
+        && tokio::time::Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     sim.world.note("settled".into());
@@ -336,7 +364,17 @@ async fn run(plan: &Plan) -> Outcome {
             sim.world.note(format!("a replica ended with {e}"));
         }
     }
-    let mut violations = check::check(plan, &sim.env, &jobs).await;
+    let log = sim.world.log();
+    let mut violations = check::check(plan, &sim.env, &jobs, sim.ticks.as_ref()).await;
+    violations.extend(operator::check_pause(
+        &log,
+        &sim.env.control_table,
+        &sim.env.queue,
+    ));
+    if let Some(t) = &sim.ticks {
+        let keys = sim.env.key_rows().await;
+        violations.extend(t.check(&t.due(&log, WALL), &sim.env.provider.effects(), &keys));
+    }
     if !aqw_core::entropy::seeded() {
         violations.push("the engine's randomness was unseeded during the run".into());
     }
