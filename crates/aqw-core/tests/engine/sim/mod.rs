@@ -80,6 +80,8 @@ struct Sim {
     clocks: plan::Clocks,
     /// The schedule every replica runs, when the plan ticks.
     ticks: Option<operator::Ticks>,
+    /// The operator's group discard's id, once created.
+    discard: Option<std::sync::Arc<Mutex<Option<String>>>>,
 }
 
 impl Sim {
@@ -88,6 +90,7 @@ impl Sim {
         self.next_replica += 1;
         let storage = self.world.storage(&self.env.storage, index);
         let mut builder = self.env.builder_on(storage.clone(), |_| {});
+        let storage_for_ops = storage.clone();
         if let Some(t) = &self.ticks {
             let handler = self.env.provider.handler();
             let schedule = t.schedule.clone();
@@ -112,7 +115,19 @@ impl Sim {
         let shutdown = CancellationToken::new();
         let offset = self.clocks.offset_ms(index);
         let clock = aqw_core::clock::Skew::new(time::Duration::milliseconds(offset));
-        let run = aqw_core::clock::with_skew(clock.clone(), worker.run(shutdown.clone()));
+        // Each replica also carries out unfinished operations, as `aqw
+        // run` does (a killed one's lease taken over once it expires).
+        let watch = aqw_core::ops::operation::watch(
+            worker.config().clone(),
+            storage_for_ops,
+            aqw_core::ops::operation::ExecuteOptions::new(format!("r{index}")),
+            shutdown.clone(),
+        );
+        let run_until = shutdown.clone();
+        let both = async move {
+            tokio::join!(worker.run(run_until), watch);
+        };
+        let run = aqw_core::clock::with_skew(clock.clone(), both);
         let handle = tokio::spawn(run);
         self.world
             .note(format!("fleet add r{index} clock {offset:+} ms"));
@@ -245,6 +260,19 @@ async fn settled(env: &Env, jobs: &BTreeMap<String, Class>, ticks: &[String]) ->
     })
 }
 
+/// Whether the run's operation, if any, has ended.
+async fn op_ended(sim: &Sim) -> bool {
+    match discard_id(sim) {
+        Some(id) => operator::ended(&sim.env, &id).await,
+        None => true,
+    }
+}
+
+/// The run's group discard, once created.
+fn discard_id(sim: &Sim) -> Option<String> {
+    sim.discard.as_ref()?.lock().unwrap().clone()
+}
+
 /// The faults' span: arrivals, fleet events, storage outage, provider
 /// slowness, one simulated second at a time.
 async fn stage(plan: &Plan, sim: &mut Sim, arrivals: &[(Duration, crate::common::JobSpec, Class)]) {
@@ -256,6 +284,15 @@ async fn stage(plan: &Plan, sim: &mut Sim, arrivals: &[(Duration, crate::common:
         sim.env.storage.set_azure_limits(Some(limits));
     }
     let (mut next_job, mut next_event) = (0, 0);
+    // The operator's requests on tasks of their own (a refused one is
+    // tried again while the faults go on).
+    let operator = operator::Operator::new(&sim.env, &sim.world);
+    if let Some((from, len)) = plan.pause {
+        operator.spawn_pause(from, len);
+    }
+    if let Some((at, cancel)) = plan.discard {
+        sim.discard = Some(operator.spawn_discard(at, cancel));
+    }
     for second in 0..FAULT_SPAN.as_secs() {
         let now = Duration::from_secs(second);
         // The producer retries a put the store refused the next second.
@@ -281,11 +318,6 @@ async fn stage(plan: &Plan, sim: &mut Sim, arrivals: &[(Duration, crate::common:
             sim.env.storage.set_unavailable(down);
         }
         sim.env.provider.set_delay(plan.delay(now));
-        if let Some((from, len)) = plan.pause {
-            if now == from || now == from + len {
-                operator::set_pause(&sim.env, &sim.world, now == from).await;
-            }
-        }
         tokio::time::sleep_until(t0 + now + Duration::from_secs(1)).await;
     }
     sim.env.storage.set_unavailable(false);
@@ -331,6 +363,7 @@ async fn run(plan: &Plan) -> Outcome {
         next_replica: 0,
         clocks: plan.clocks.clone(),
         ticks,
+        discard: None,
     };
     for _ in 0..plan.replicas {
         sim.add_replica();
@@ -349,7 +382,7 @@ async fn run(plan: &Plan) -> Outcome {
         Some(t) => t.due(&sim.world.log(), WALL),
         None => vec![],
     };
-    while !settled(&sim.env, &jobs, &ticks_due(&sim)).await
+    while !(settled(&sim.env, &jobs, &ticks_due(&sim)).await && op_ended(&sim).await)
         && tokio::time::Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -371,6 +404,9 @@ async fn run(plan: &Plan) -> Outcome {
         &sim.env.control_table,
         &sim.env.queue,
     ));
+    if let Some(id) = discard_id(&sim) {
+        violations.extend(operator::check_discard(&sim.env, &id).await);
+    }
     if let Some(t) = &sim.ticks {
         let keys = sim.env.key_rows().await;
         violations.extend(t.check(&t.due(&log, WALL), &sim.env.provider.effects(), &keys));

@@ -8,38 +8,118 @@
 //!   after the resume (calls of messages it held before go on); that
 //!   everything still completes after the resume is the run's own check;
 //! - each tick due while a replica ran has its effect exactly once (its
-//!   key done), and no tick more than once.
+//!   key done), and no tick more than once;
+//! - a group discard of the refused jobs' records ([`start_discard`],
+//!   cancelled in a share of seeds) ends, closes each record it takes
+//!   once, and, done, leaves none of its own open ([`check_discard`]).
 
 use crate::common::Env;
 use aqw_core::config::{FunctionConfig, KeySpec};
 use aqw_core::control::ControlStore;
 use aqw_core::idempotency::KeyTemplate;
+use aqw_core::ops::operation::{NewOperation, OpKind, OpState, OperationStore, Selection};
+use aqw_core::poison::RecordStatus;
 use aqw_core::schedule::{tick_text, CatchUp, Schedule, When, PARTITION};
 use aqw_core::storage::Storage;
 use std::collections::BTreeMap;
 use std::time::Duration;
+use time::format_description::well_known::Rfc3339;
+
+/// What the operator's tasks reach: the store (unwrapped: no replica's
+/// faults) and the run's names. Its requests run on tasks of their own, so
+/// the faults' timeline goes on while a request is refused.
+#[derive(Clone)]
+pub struct Operator {
+    pub storage: aqw_core::storage::memory::MemoryStorage,
+    pub control_table: String,
+    pub function: String,
+    pub queue: String,
+    pub world: super::world::World,
+}
+
+impl Operator {
+    pub fn new(env: &Env, world: &super::world::World) -> Self {
+        Self {
+            storage: env.storage.clone(),
+            control_table: env.control_table.clone(),
+            function: env.function.clone(),
+            queue: env.queue.clone(),
+            world: world.clone(),
+        }
+    }
+
+    fn control(&self) -> ControlStore {
+        ControlStore::new(self.storage.table(&self.control_table))
+    }
+
+    fn operations(&self) -> OperationStore {
+        OperationStore::new(self.storage.table(&self.control_table))
+    }
+
+    /// Pause the function `after` from now, and resume it `len` later.
+    pub fn spawn_pause(&self, after: Duration, len: Duration) {
+        let op = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let paused = tokio::time::Instant::now();
+            op.set_pause(true).await;
+            tokio::time::sleep_until(paused + len).await;
+            op.set_pause(false).await;
+        });
+    }
+
+    /// Start the group discard `after` from now, and cancel it `cancel`
+    /// later if drawn; the operation's id, once created.
+    pub fn spawn_discard(
+        &self,
+        after: Duration,
+        cancel: Option<Duration>,
+    ) -> std::sync::Arc<std::sync::Mutex<Option<String>>> {
+        let (op, id) = (
+            self.clone(),
+            std::sync::Arc::new(std::sync::Mutex::new(None)),
+        );
+        let created = id.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let started = tokio::time::Instant::now();
+            let Some(new) = op.start_discard().await else {
+                return;
+            };
+            *created.lock().unwrap() = Some(new.clone());
+            if let Some(c) = cancel {
+                tokio::time::sleep_until(started + c).await;
+                op.cancel(&new).await;
+            }
+        });
+        id
+    }
+}
 
 /// The log's event for an operator's pause or resume, once applied.
 pub const PAUSE_ON: &str = "operator pause on";
 pub const PAUSE_OFF: &str = "operator pause off";
 
 /// Pause (`on`) or resume the run's function as `aqw pause` / `aqw resume`
-/// do, trying again a refused write (Azure's limits may refuse it), and
-/// log it once applied.
-pub async fn set_pause(env: &Env, world: &super::world::World, on: bool) {
-    let control = ControlStore::new(env.storage.table(&env.control_table));
-    for _ in 0..50 {
-        let done = match on {
-            true => control.pause(&env.function, "sim", "staged pause").await,
-            false => control.resume(&env.function, "sim").await,
-        };
-        if done.is_ok() {
-            world.note(if on { PAUSE_ON } else { PAUSE_OFF }.into());
-            return;
+/// do, trying again a refused write until it applies (Azure's limits may
+/// refuse many: seed 398's resume met the account's target 50 times in a
+/// row), and log it once applied. Gives up after 10 simulated minutes.
+impl Operator {
+    async fn set_pause(&self, on: bool) {
+        let (control, world) = (self.control(), &self.world);
+        for _ in 0..3_000 {
+            let done = match on {
+                true => control.pause(&self.function, "sim", "staged pause").await,
+                false => control.resume(&self.function, "sim").await,
+            };
+            if done.is_ok() {
+                world.note(if on { PAUSE_ON } else { PAUSE_OFF }.into());
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        world.note(format!("operator pause {on}: refused for 10 minutes"));
     }
-    world.note(format!("operator pause {on} refused 50 times"));
 }
 
 /// Whether `line` is replica `r`'s answered read of the control rows.
@@ -194,6 +274,134 @@ impl Ticks {
         }
         out
     }
+}
+
+impl Operator {
+    /// The operator's group discard of the refused jobs' records: created at
+    /// a seed's chosen time (any replica's operations watch carries it out, a
+    /// killed executor's lease taken over after it expires), and in a share
+    /// cancelled a few seconds later.
+    async fn start_discard(&self) -> Option<String> {
+        let (store, world) = (self.operations(), &self.world);
+        let new = NewOperation {
+            queue: self.queue.clone(),
+            kind: OpKind::Discard {
+                reason: "refused for good (sim)".into(),
+                close_key: false,
+            },
+            by: "sim".into(),
+            selection: Selection {
+                error: Some("refused".into()),
+                ..Selection::default()
+            },
+            fingerprint: "sim".into(),
+            selected: 0,
+            rate: 2.0,
+            halt_after: 3,
+        };
+        for _ in 0..3_000 {
+            if let Ok(op) = store.create(&new).await {
+                world.note(format!(
+                    "operation {} created (cutoff {})",
+                    op.id, op.selection.cutoff
+                ));
+                return Some(op.id);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        world.note("operation refused for 10 minutes".into());
+        None
+    }
+
+    /// Cancel operation `id` as `aqw operation cancel` does.
+    async fn cancel(&self, id: &str) {
+        let (store, world) = (self.operations(), &self.world);
+        for _ in 0..3_000 {
+            if let Ok(r) = store.cancel(id, "sim").await {
+                let state = r
+                    .map(|op| op.state.as_str().to_string())
+                    .unwrap_or_else(|e| e);
+                world.note(format!("operation {id} cancel: {state}"));
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// Whether operation `id` has ended (done, cancelled, halted, failed).
+pub async fn ended(env: &Env, id: &str) -> bool {
+    let store = OperationStore::new(env.storage.table(&env.control_table));
+    matches!(store.get(id).await, Ok(Some((op, _))) if op.state.is_final())
+}
+
+/// How far apart two replicas' clocks (and the operator's) may be: a
+/// record poisoned this close to the operation's cutoff may fall either side.
+const CLOCKS_APART: Duration =
+    Duration::from_millis((2 * super::plan::MAX_SKEW_MS + super::plan::MAX_JUMP_MS) as u64 + 2_000);
+
+/// The operation ended, not failed; each record it closed is discarded and
+/// counted once (its `done` never more than the records naming it, at most
+/// one short per executor lost mid-record); done, it closed every refused
+/// record poisoned well before its cutoff and none poisoned well after.
+pub async fn check_discard(env: &Env, id: &str) -> Vec<String> {
+    let store = OperationStore::new(env.storage.table(&env.control_table));
+    let Ok(Some((op, _))) = store.get(id).await else {
+        return vec![format!("operation {id}: its row is gone")];
+    };
+    let mut out = vec![];
+    if !op.state.is_final() || op.state == OpState::Failed {
+        out.push(format!(
+            "operation {id} ended {}: {:?}",
+            op.state.as_str(),
+            op.stop_reason
+        ));
+    }
+    let time = |t: &str| time::OffsetDateTime::parse(t, &Rfc3339).ok();
+    let cutoff = time(&op.selection.cutoff);
+    let records = env.records().await;
+    let named: Vec<_> = records
+        .iter()
+        .filter(|r| r.discarded_by.as_deref().is_some_and(|b| b.contains(id)))
+        .collect();
+    for r in &named {
+        if r.status != RecordStatus::Discarded {
+            out.push(format!(
+                "record {} names operation {id} but is {:?}",
+                r.message_id, r.status
+            ));
+        }
+    }
+    let n = named.len() as u64;
+    if op.done > n || n - op.done > u64::from(op.takeovers) + 1 {
+        out.push(format!(
+            "operation {id}: {} records counted done, {n} closed by it ({} takeovers)",
+            op.done, op.takeovers
+        ));
+    }
+    for r in records
+        .iter()
+        .filter(|r| r.error.message.contains("refused"))
+    {
+        let (Some(at), Some(cutoff)) = (time(&r.poisoned_at), cutoff) else {
+            continue;
+        };
+        let by_op = named.iter().any(|n| n.message_id == r.message_id);
+        if at > cutoff + CLOCKS_APART && by_op {
+            out.push(format!(
+                "record {} poisoned after operation {id}'s cutoff, closed by it",
+                r.message_id
+            ));
+        }
+        if op.state == OpState::Done && at + CLOCKS_APART < cutoff && r.status == RecordStatus::Open
+        {
+            out.push(format!(
+                "record {} left open by operation {id}, which is done",
+                r.message_id
+            ));
+        }
+    }
+    out
 }
 
 /// The checks themselves, on logs written by hand: each can fail.

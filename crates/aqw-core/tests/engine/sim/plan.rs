@@ -7,7 +7,8 @@
 //! replica's clock jumping ([`Clocks`]), and in another share Azure's
 //! throughput targets in the store, scaled down ([`Plan::azure_limits`]),
 //! in a third an operator's pause and resume of the function
-//! ([`Plan::pause`]), in a third a schedule ticking ([`Plan::ticks`]).
+//! ([`Plan::pause`]), in a third a schedule ticking ([`Plan::ticks`]), in
+//! a third a group discard, maybe cancelled ([`Plan::discard`]).
 //! Every figure is drawn from the seed, bounded so a run stays short.
 
 use super::world::StorageFaults;
@@ -143,7 +144,17 @@ pub struct Plan {
     /// of a function of their own (`catchUp: all`): a third of the seeds,
     /// drawn apart.
     pub ticks: Option<Duration>,
+    /// An operator's group discard of the refused jobs' records at `.0`,
+    /// cancelled `.1` later if drawn: a third of the seeds, drawn apart.
+    pub discard: Option<(Duration, Option<Duration>)>,
 }
+
+/// What an operator and a schedule add to a plan ([`operator_from_seed`]).
+type Operator = (
+    Option<(Duration, Duration)>,
+    Option<Duration>,
+    Option<(Duration, Option<Duration>)>,
+);
 
 /// Faults are staged in the first `FAULT_SPAN` of a run; the rest settles.
 pub const FAULT_SPAN: Duration = Duration::from_secs(6 * 60);
@@ -218,10 +229,10 @@ fn clocks_and_limits(seed: u64, replicas: usize) -> (Clocks, Option<AzureLimits>
     }
 }
 
-/// The seed's operator pause and schedule, drawn apart from the rest (so
-/// seeds drawn before they existed keep their schedules), less what
-/// `AQW_SIM_WITHOUT=pause,ticks` drops.
-fn pause_and_ticks(seed: u64) -> (Option<(Duration, Duration)>, Option<Duration>) {
+/// The seed's operator pause, schedule and group discard, drawn apart from
+/// the rest (so seeds drawn before they existed keep their schedules),
+/// less what `AQW_SIM_WITHOUT=pause,ticks,discard` drops.
+fn operator_from_seed(seed: u64) -> Operator {
     let mut r = StdRng::seed_from_u64(seed ^ 0x9A05_E71C_0000_0003);
     let without = std::env::var("AQW_SIM_WITHOUT").unwrap_or_default();
     let pause = r
@@ -230,9 +241,14 @@ fn pause_and_ticks(seed: u64) -> (Option<(Duration, Duration)>, Option<Duration>
     let ticks = r
         .gen_bool(1.0 / 3.0)
         .then(|| Duration::from_secs([20, 30, 60][r.gen_range(0..3)]));
+    let discard = r.gen_bool(1.0 / 3.0).then(|| {
+        let cancel = r.gen_bool(0.5).then(|| secs(&mut r, 1, 20));
+        (secs(&mut r, 30, 300), cancel)
+    });
     (
         pause.filter(|_| !without.contains("pause")),
         ticks.filter(|_| !without.contains("ticks")),
+        discard.filter(|_| !without.contains("discard")),
     )
 }
 
@@ -281,7 +297,7 @@ impl Plan {
         let good = r.gen_range(5..=40);
         let replicas = r.gen_range(1..=4);
         let (clocks, azure_limits) = clocks_and_limits(seed, replicas);
-        let (pause, ticks) = pause_and_ticks(seed);
+        let (pause, ticks, discard) = operator_from_seed(seed);
         Self {
             seed,
             replicas,
@@ -298,6 +314,7 @@ impl Plan {
             azure_limits,
             pause,
             ticks,
+            discard,
         }
     }
 
