@@ -378,11 +378,13 @@ async fn run(plan: &Plan) -> Outcome {
         sim.add_replica();
     }
     let deadline = tokio::time::Instant::now() + SETTLE;
-    let ticks_due = |sim: &Sim| match &sim.ticks {
+    // The ticks due: known once the faults are over (the schedule's row
+    // was written by then).
+    let ticks_due = match &sim.ticks {
         Some(t) => t.due(&sim.world.log(), WALL),
         None => vec![],
     };
-    while !(settled(&sim.env, &jobs, &ticks_due(&sim)).await && op_ended(&sim).await)
+    while !(settled(&sim.env, &jobs, &ticks_due).await && op_ended(&sim).await)
         && tokio::time::Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_secs(2)).await;
