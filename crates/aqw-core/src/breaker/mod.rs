@@ -237,6 +237,8 @@ pub struct Breaker {
     /// The fleet's last probe close as the previous control read showed
     /// it, and the opening in force at that read ([`Breaker::observe_probe_close`]).
     close_seen: (Option<String>, Option<u64>),
+    /// The fleet's latest success this breaker took in while open.
+    fleet_success_seen: Option<Instant>,
 }
 
 impl Breaker {
@@ -256,6 +258,7 @@ impl Breaker {
             probed: BTreeSet::new(),
             openings: 0,
             close_seen: (None, None),
+            fleet_success_seen: None,
         }
     }
 
@@ -476,7 +479,32 @@ impl Breaker {
         self.deferred = deferred;
         match self.state {
             State::Closed => self.trip_if_due(now),
-            _ => None,
+            State::Open { .. } | State::HalfOpen { .. } => {
+                self.forget_probes_after_fleet_success();
+                None
+            }
+            State::Following { .. } => None,
+        }
+    }
+
+    /// Another replica succeeded after this opening began (and after the
+    /// last success taken in): the provider answers, so the distinct jobs
+    /// that failed this opening's probes are no outage's evidence any more.
+    /// Forgotten, a job failing a probe again is no verdict and its failure
+    /// its own, so it reaches poison; a new job failing one still reopens.
+    /// Without it a replica that opened in an outage and saw no success of
+    /// its own (the rest of the fleet ran the good jobs with closed
+    /// breakers) reopened on every failed probe of a job failing alone and
+    /// parked it for ever (seed 3458). An outage brings no success: the
+    /// probes' evidence stands however long it lasts.
+    fn forget_probes_after_fleet_success(&mut self) {
+        let Some(success) = self.fleet.last_success else {
+            return;
+        };
+        let after = self.since.max(self.fleet_success_seen);
+        if after.is_none_or(|t| success > t) {
+            self.fleet_success_seen = Some(success);
+            self.probed.clear();
         }
     }
 

@@ -404,6 +404,7 @@ async fn run(plan: &Plan) -> Outcome {
     violations.extend(operator::check_pause(
         &log,
         &sim.env.control_table,
+        &sim.env.function,
         &sim.env.queue,
     ));
     if let Some(id) = discard_id(&sim) {

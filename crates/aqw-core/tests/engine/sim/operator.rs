@@ -122,18 +122,31 @@ impl Operator {
     }
 }
 
-/// Whether `line` is replica `r`'s answered read of the control rows.
-fn control_read(line: &str, r: &str, control_table: &str) -> bool {
-    line.contains(&format!(" {r} table.query {control_table} -> ok"))
-        || line.contains(&format!(" {r} table.get "))
-            && line.contains(&format!(" {control_table} -> ok"))
+/// Whether `line` is replica `r`'s answered read of its functions' control
+/// rows (the watch's query of their partition, or the start's read of the
+/// function's row), not another read of the table (the operations' watch,
+/// a schedule: seed 2738).
+fn control_read(line: &str, r: &str, control_table: &str, function: &str) -> bool {
+    let p = CONTROL_PARTITION;
+    line.ends_with(&format!(" {r} table.query {p} {control_table} -> ok"))
+        || line.ends_with(&format!(
+            " {r} table.get {p}/{function} {control_table} -> ok"
+        ))
 }
+
+/// The partition of the functions' control rows.
+const CONTROL_PARTITION: &str = "function";
 
 /// The pause check over the log (see the module's doc). A receive's line
 /// names the log's length when it was sent (`sent#N`): a receive sent
 /// after the replica's read that showed the pause, and before its read
 /// that showed the resume, broke the pause.
-pub fn check_pause(log: &[String], control_table: &str, queue: &str) -> Vec<String> {
+pub fn check_pause(
+    log: &[String],
+    control_table: &str,
+    function: &str,
+    queue: &str,
+) -> Vec<String> {
     let at = |what: &str| log.iter().position(|l| l.ends_with(what));
     let (Some(on), off) = (at(PAUSE_ON), at(PAUSE_OFF)) else {
         return vec![];
@@ -150,7 +163,7 @@ pub fn check_pause(log: &[String], control_table: &str, queue: &str) -> Vec<Stri
             continue;
         };
         let e = seen.entry(r.to_string()).or_default();
-        if control_read(line, r, control_table) {
+        if control_read(line, r, control_table, function) {
             if i > on && e.0.is_none() {
                 e.0 = Some(i);
             }
@@ -416,21 +429,21 @@ pub async fn check_discard(env: &Env, id: &str) -> Vec<String> {
 #[test]
 fn the_pause_check_flags_a_receive_sent_after_the_pause_was_seen() {
     let log: Vec<String> = [
-        "100 r0 table.query ctl -> ok",
+        "100 r0 table.query function ctl -> ok",
         "200 operator pause on",
         "300 r1 received q m1#1 sent#2",
-        "400 r0 table.query ctl -> ok",
-        "500 r1 table.query ctl -> ok",
+        "400 r0 table.query function ctl -> ok",
+        "500 r1 table.query function ctl -> ok",
         "600 r0 received q m2#1 sent#3",
         "700 r1 received q m3#1 sent#5",
         "800 operator pause off",
-        "900 r0 table.query ctl -> ok",
+        "900 r0 table.query function ctl -> ok",
         "950 r0 received q m4#1 sent#9",
         "990 r1 received q m5#1 sent#7",
     ]
     .map(String::from)
     .to_vec();
-    let found = check_pause(&log, "ctl", "q");
+    let found = check_pause(&log, "ctl", "F", "q");
     // r1's first receive came before it read the pause, r0's m2 was sent
     // before its read showed the pause was applied (event 3 itself), r0's
     // m4 after its read showed the resume; r1's m3 and m5 broke it.

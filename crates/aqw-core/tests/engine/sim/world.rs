@@ -324,7 +324,10 @@ impl TableStore for SimTable {
         self.req(&format!("delete {pk}/{rk}"), f).await
     }
     async fn query_where(&self, query: &TableQuery<'_>) -> StorageResult<Vec<Row>> {
-        self.req("query", self.inner.query_where(query)).await
+        // Its partition named: the pause check tells the gate's reads of the
+        // control rows from the operations' and the schedules'.
+        let op = format!("query {}", query.partition.unwrap_or("*"));
+        self.req(&op, self.inner.query_where(query)).await
     }
     async fn transaction(&self, pk: &str, ops: Vec<TableOp>) -> StorageResult<()> {
         let f = self.inner.transaction(pk, ops);
