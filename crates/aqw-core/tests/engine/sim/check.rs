@@ -209,7 +209,7 @@ pub async fn check(
 /// envelope names the record's source message (a crash between the put
 /// and the record's update leaves the copy unnamed until an operator's
 /// scan adopts it).
-async fn copies_match_records(
+pub async fn copies_match_records(
     env: &Env,
     records: &[aqw_core::poison::PoisonRecord],
 ) -> Vec<String> {
