@@ -37,6 +37,7 @@ mod col {
     pub(super) const BREAKER_REASON: &str = "BreakerReason";
     pub(super) const BREAKER_WORKER: &str = "BreakerWorker";
     pub(super) const BREAKER_COOL_DOWN: &str = "BreakerCoolDownSeconds";
+    pub(super) const BREAKER_PROBE_CLOSED_AT: &str = "BreakerProbeClosedAt";
     pub(super) const EV_AT: &str = "EvidenceAtMs";
     pub(super) const EV_SUCCESSES: &str = "Successes";
     pub(super) const EV_LAST_SUCCESS: &str = "LastSuccessMs";
@@ -170,6 +171,11 @@ pub struct PublishedBreaker {
     /// the replicas following it wait as long.
     #[serde(skip)]
     pub cool_down: Option<Duration>,
+    /// When a worker's probe last closed it (RFC 3339): a column of its
+    /// own, which later states' writes leave alone, so a replica that
+    /// published over a close it never read still learns of it.
+    #[serde(skip)]
+    pub probe_closed_at: Option<String>,
 }
 
 /// One function's control row, read.
@@ -205,6 +211,11 @@ impl Control {
                 .and_then(|v| v.as_f64())
                 .filter(|s| s.is_finite() && *s >= 0.0 && *s <= 7.0 * 86_400.0)
                 .map(Duration::from_secs_f64),
+            probe_closed_at: e
+                .get(col::BREAKER_PROBE_CLOSED_AT)
+                .and_then(|v| v.as_str())
+                .filter(|t| t.len() <= 64)
+                .map(str::to_string),
         });
         Self { pause, breaker }
     }
@@ -290,7 +301,13 @@ impl ControlStore {
         if let Some(d) = cool_down {
             u.insert(col::BREAKER_COOL_DOWN.into(), json!(d.as_secs_f64()));
         }
-        u.insert(col::BREAKER_AT.into(), json!(now_rfc3339()));
+        let now = now_rfc3339();
+        // A probe's success: kept apart from the state, which the next
+        // writer overwrites (seed 6936).
+        if state == "closed" {
+            u.insert(col::BREAKER_PROBE_CLOSED_AT.into(), json!(now));
+        }
+        u.insert(col::BREAKER_AT.into(), json!(now));
         u.insert(col::BREAKER_REASON.into(), json!(reason));
         u.insert(col::BREAKER_WORKER.into(), json!(worker));
         self.upsert(function, u).await

@@ -336,9 +336,21 @@ impl Gate {
     /// open or probing one, release on a close. A row left by a replica
     /// that fell silent longer than the longest cool-down is ignored.
     fn follow_fleet(&self, c: &Control) {
-        let (Some(b), Some(p)) = (&self.breaker, &c.breaker) else {
-            return;
-        };
+        let Some(b) = &self.breaker else { return };
+        // A probe's close since the last read, whoever wrote the row since.
+        let mark = c
+            .breaker
+            .as_ref()
+            .and_then(|p| p.probe_closed_at.as_deref());
+        let closed = b
+            .lock()
+            .unwrap()
+            .breaker
+            .observe_probe_close(Instant::now(), mark);
+        if let Some(t) = closed {
+            return self.announce(&t);
+        }
+        let Some(p) = &c.breaker else { return };
         if p.worker == self.worker_id {
             return;
         }

@@ -231,6 +231,14 @@ pub struct Breaker {
     /// The jobs that failed since this opening let probes through: a
     /// failed probe of one of them again is no verdict ([`Breaker::record`]).
     probed: BTreeSet<u64>,
+    /// Openings so far (a trip or a follow starts one; reopenings and
+    /// probes are the same one's).
+    openings: u64,
+    /// The fleet's last probe close as the previous control read showed
+    /// it, and the opening in force at that read ([`Breaker::observe_probe_close`]).
+    close_seen: (Option<String>, Option<u64>),
+    /// The fleet's latest success this breaker took in while open.
+    fleet_success_seen: Option<Instant>,
 }
 
 impl Breaker {
@@ -248,6 +256,9 @@ impl Breaker {
             closed_at: None,
             probing: false,
             probed: BTreeSet::new(),
+            openings: 0,
+            close_seen: (None, None),
+            fleet_success_seen: None,
         }
     }
 
@@ -300,6 +311,31 @@ impl Breaker {
                 Some(Transition::Released)
             }
         }
+    }
+
+    /// At each read of the control row: `mark`, when a probe anywhere in
+    /// the fleet last closed the breaker (kept on the row apart from its
+    /// state, which the next writer overwrites). A mark that changed since
+    /// the previous read while this opening was already in force then is a
+    /// success of the provider after this opening began, whatever the
+    /// replicas' clocks: an open, probing or following breaker closes, as
+    /// if its own probe had succeeded. Without it a replica that published
+    /// over a close it never read, and that sees no success of its own
+    /// (only jobs failing alone left, once enough distinct jobs failed its
+    /// probes during the outage), reopened on every failed probe and parked
+    /// those jobs for ever (seed 6936). Compared by reads, not by times:
+    /// a close just before this opening on a clock running ahead must not
+    /// end it.
+    pub fn observe_probe_close(&mut self, now: Instant, mark: Option<&str>) -> Option<Transition> {
+        let changed = mark.is_some() && mark != self.close_seen.0.as_deref();
+        let opening = (self.state != State::Closed).then_some(self.openings);
+        let before = std::mem::replace(&mut self.close_seen, (mark.map(str::to_string), opening));
+        if changed && opening.is_some() && before.1 == opening {
+            self.close(now);
+            self.close_seen.1 = None;
+            return Some(Transition::Released);
+        }
+        None
     }
 
     /// The fleet's breaker closed: a following breaker closes too, and
@@ -443,7 +479,32 @@ impl Breaker {
         self.deferred = deferred;
         match self.state {
             State::Closed => self.trip_if_due(now),
-            _ => None,
+            State::Open { .. } | State::HalfOpen { .. } => {
+                self.forget_probes_after_fleet_success();
+                None
+            }
+            State::Following { .. } => None,
+        }
+    }
+
+    /// Another replica succeeded after this opening began (and after the
+    /// last success taken in): the provider answers, so the distinct jobs
+    /// that failed this opening's probes are no outage's evidence any more.
+    /// Forgotten, a job failing a probe again is no verdict and its failure
+    /// its own, so it reaches poison; a new job failing one still reopens.
+    /// Without it a replica that opened in an outage and saw no success of
+    /// its own (the rest of the fleet ran the good jobs with closed
+    /// breakers) reopened on every failed probe of a job failing alone and
+    /// parked it for ever (seed 3458). An outage brings no success: the
+    /// probes' evidence stands however long it lasts.
+    fn forget_probes_after_fleet_success(&mut self) {
+        let Some(success) = self.fleet.last_success else {
+            return;
+        };
+        let after = self.since.max(self.fleet_success_seen);
+        if after.is_none_or(|t| success > t) {
+            self.fleet_success_seen = Some(success);
+            self.probed.clear();
         }
     }
 
@@ -490,6 +551,7 @@ impl Breaker {
 
     /// A new opening: no probe let through, none failed.
     fn new_opening(&mut self) {
+        self.openings += 1;
         self.probing = false;
         self.probed.clear();
     }

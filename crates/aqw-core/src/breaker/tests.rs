@@ -285,3 +285,91 @@ fn a_few_jobs_failing_their_probes_again_do_not_hold_the_breaker() {
     assert_eq!(b.admit(at(27_100), 8).0, Admission::Receive(1));
     assert_eq!(b.record(at(27_200), Attempt::FailedRetryable(9)), None);
 }
+
+/// A probe's close is taken from the control row by reads, not by times:
+/// only a mark that changed between two reads of one opening closes it
+/// (seed 6936); one already there at the first read, one that appeared
+/// while the breaker was closed, and one this opening began after, do not.
+#[test]
+fn a_probe_close_seen_appearing_during_the_opening_closes_it() {
+    let t0 = Instant::now();
+    let t = |ms: u64| t0 + Duration::from_millis(ms);
+    let mut b = Breaker::new(settings());
+    // Already there at the first read: an old close.
+    assert_eq!(b.observe_probe_close(t(0), Some("c1")), None);
+    for i in 0..4 {
+        b.record(t(100 + i), distinct(FAIL, i as usize));
+    }
+    assert_eq!(b.state().name(), "open");
+    // A close that appeared in the read that first saw this opening: it
+    // may be older than the opening.
+    assert_eq!(b.observe_probe_close(t(200), Some("c2")), None);
+    assert_eq!(b.observe_probe_close(t(300), Some("c2")), None);
+    // One appearing between two reads of this opening: after it began.
+    assert_eq!(
+        b.observe_probe_close(t(400), Some("c3")),
+        Some(Transition::Released)
+    );
+    assert_eq!(b.state(), State::Closed);
+    // Closed: a change is nobody's news.
+    assert_eq!(b.observe_probe_close(t(500), Some("c4")), None);
+}
+
+/// Seed 3458: an opening whose probes saw five distinct jobs fail keeps
+/// reopening on a job failing alone, until another replica's success after
+/// the opening is read: then that job failing a probe again is no verdict
+/// (its failure its own) and the breaker stays half-open; a new job
+/// failing still reopens. No success read, nothing is forgotten.
+#[test]
+fn a_fleet_success_after_the_opening_forgets_the_probes_evidence() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let mut b = Breaker::new(BreakerSettings {
+        consecutive_failures: 5,
+        ..settings()
+    });
+    for i in 0..4 {
+        b.record(at(i), distinct(FAIL, i as usize));
+    }
+    assert_eq!(b.state().name(), "open");
+    // Five distinct jobs fail the probes, then the lone one.
+    let clock = std::cell::Cell::new(0);
+    let probe = |b: &mut Breaker, job: u64| {
+        clock.set(clock.get() + 6_000);
+        assert_eq!(b.admit(at(clock.get()), 1).0, Admission::Receive(1));
+        b.record(at(clock.get()), Attempt::FailedRetryable(job))
+    };
+    for job in 10..15 {
+        assert!(matches!(
+            probe(&mut b, job),
+            Some(Transition::Reopened { .. })
+        ));
+    }
+    assert!(matches!(
+        probe(&mut b, AGAIN),
+        Some(Transition::Reopened { .. })
+    ));
+    assert!(
+        matches!(probe(&mut b, AGAIN), Some(Transition::Reopened { .. })),
+        "no success read: it stands"
+    );
+    // Another replica succeeded after the opening.
+    let fleet = FleetView {
+        successes: 1,
+        last_success: Some(at(clock.get() + 1)),
+        ..FleetView::default()
+    };
+    assert_eq!(
+        b.observe_fleet(at(clock.get() + 2), fleet.clone(), false),
+        None
+    );
+    assert!(
+        matches!(probe(&mut b, AGAIN), Some(Transition::Reopened { .. })),
+        "once new again"
+    );
+    assert_eq!(probe(&mut b, AGAIN), None, "then its failure is its own");
+    assert_eq!(b.state().name(), "half-open");
+    // The same success read again forgets nothing more.
+    assert_eq!(b.observe_fleet(at(clock.get() + 3), fleet, false), None);
+    assert_eq!(b.record(at(clock.get() + 4), FAIL_AGAIN), None);
+}

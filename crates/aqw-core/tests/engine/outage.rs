@@ -320,3 +320,125 @@ async fn a_storage_outage_loses_nothing_and_doubles_nothing() {
     assert_eq!(env.poison_depth().await, 0);
     assert_eq!(env.key_rows().await.len(), jobs.len());
 }
+
+/// Seed 6936 of the simulation, staged on two replicas' gates: r1's
+/// breaker opened in a full outage and enough distinct outage jobs failed
+/// its probes that each failed probe reopens it. r2's probe succeeds and
+/// publishes `closed`; r1's next half-open publish overwrites that state
+/// before r1 ever read it, and r1 sees no success of its own (only a job
+/// failing alone is left). r1's next read still learns of the close (the
+/// row keeps the probe's close apart from its state) and closes, so that
+/// job's failures are its own again (counted, not parked) and it can reach
+/// poison.
+#[tokio::test(start_paused = true)]
+async fn a_probe_close_overwritten_before_it_was_read_still_closes_the_fleet() {
+    use aqw_core::alert::Alerts;
+    use aqw_core::breaker::{job_id, Admission, Attempt};
+    use aqw_core::control::ControlStore;
+    use aqw_core::gate::Gate;
+    use aqw_core::storage::Storage;
+    let env = Env::new(|_, _| Behave::Succeed);
+    let control = ControlStore::new(env.storage.table(&env.control_table));
+    control.create_if_missing().await.unwrap();
+    let settings = Some(BreakerSettings::default());
+    let gate = |w: &str| {
+        Gate::new(
+            &env.function,
+            w,
+            settings,
+            control.clone(),
+            Alerts::disabled(),
+        )
+    };
+    let (r1, r2) = (gate("w-1"), gate("w-2"));
+    let down = |i: usize| Attempt::FailedRetryable(job_id(&format!("outage-{i}")));
+    let step = Duration::from_secs(1);
+    // The outage trips r1 (the quiet rule: five distinct jobs failing).
+    let mut i = 0;
+    while r1.holds().is_none() {
+        assert!(i < 60, "five distinct jobs failing trip the breaker");
+        r1.record(down(i), Some(UNAVAILABLE));
+        i += 1;
+        tokio::time::advance(step).await;
+    }
+    // Three openings' probes, two each, fail on distinct outage jobs.
+    for _ in 0..3 {
+        let mut waited = 0;
+        while !matches!(r1.admit(2), Admission::Receive(2)) {
+            assert!(waited < 400, "the cool-down ends");
+            waited += 1;
+            tokio::time::advance(step).await;
+        }
+        for _ in 0..2 {
+            r1.record(down(i), Some(UNAVAILABLE));
+            i += 1;
+        }
+        assert!(r1.holds().is_some(), "a failed probe of a new job reopens");
+    }
+    let row = |state: &'static str, worker: &'static str| {
+        let env = &env;
+        move || async move {
+            let c = env.control().await;
+            c.breaker
+                .is_some_and(|b| b.state == state && b.worker == worker)
+        }
+    };
+    env.wait_until(
+        "r1's opening published",
+        Duration::from_secs(5),
+        row("open", "w-1"),
+    )
+    .await;
+    // r2 follows r1's row, probes once it hears no verdict, and succeeds.
+    r2.refresh().await;
+    r1.refresh().await;
+    let mut waited = 0;
+    while !matches!(r2.admit(2), Admission::Receive(n) if n > 0) {
+        assert!(waited < 700, "a follower probes once it hears no verdict");
+        waited += 1;
+        tokio::time::advance(step).await;
+    }
+    r2.record(Attempt::Succeeded(job_id("good")), None);
+    assert_eq!(r2.holds(), None, "r2's probe closed its breaker");
+    env.wait_until(
+        "r2's close published",
+        Duration::from_secs(5),
+        row("closed", "w-2"),
+    )
+    .await;
+    // r1's cool-down ends before its next read: its half-open state
+    // overwrites r2's `closed`.
+    let mut waited = 0;
+    while !matches!(r1.admit(2), Admission::Receive(_)) {
+        assert!(waited < 400, "r1's cool-down ends");
+        waited += 1;
+        tokio::time::advance(step).await;
+    }
+    env.wait_until(
+        "r1's probing published",
+        Duration::from_secs(5),
+        row("half-open", "w-1"),
+    )
+    .await;
+    eprintln!(
+        "DBG before {:?} {:?} {:?}",
+        r1.holds(),
+        r1.allowance(),
+        env.control().await
+    );
+    r1.refresh().await;
+    eprintln!("DBG after {:?} {:?}", r1.holds(), r1.allowance());
+    assert_eq!(r1.holds(), None, "the fleet's close reached r1");
+    assert_eq!(
+        r1.allowance(),
+        Some(2),
+        "closed, ramping up from the probes"
+    );
+    // A job failing alone is now its own: counted, never parked.
+    let alone = Attempt::FailedRetryable(job_id("failing-alone"));
+    for _ in 0..4 {
+        r1.record(alone, Some("HTTP 500 fails alone"));
+        assert_eq!(r1.holds(), None, "one key failing alone trips nothing");
+        tokio::time::advance(step).await;
+    }
+}

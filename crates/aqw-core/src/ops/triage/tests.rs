@@ -421,6 +421,7 @@ fn an_open_breaker_says_the_provider_is_not_answering_and_waits_first() {
         reason: "95% of 40 attempts failed".into(),
         worker: "w".into(),
         cool_down: None,
+        probe_closed_at: None,
     });
     w.records
         .push(rec("o-1", ErrorKind::Retryable, "HTTP 503", Some("k:1"), 1));

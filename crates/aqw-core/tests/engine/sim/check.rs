@@ -114,7 +114,12 @@ pub enum Class {
 }
 
 /// The violations found, one line each (empty: the run passed).
-pub async fn check(plan: &Plan, env: &Env, jobs: &BTreeMap<String, Class>) -> Vec<String> {
+pub async fn check(
+    plan: &Plan,
+    env: &Env,
+    jobs: &BTreeMap<String, Class>,
+    ticks: Option<&super::operator::Ticks>,
+) -> Vec<String> {
     let mut out = Vec::new();
     let effects = env.provider.effects();
     let records = env.records().await;
@@ -183,7 +188,11 @@ pub async fn check(plan: &Plan, env: &Env, jobs: &BTreeMap<String, Class>) -> Ve
             ));
         }
     }
-    let strays: BTreeSet<&String> = effects.keys().filter(|k| !jobs.contains_key(*k)).collect();
+    // A schedule's ticks are checked apart ([`super::operator::Ticks::check`]).
+    let strays: BTreeSet<&String> = effects
+        .keys()
+        .filter(|k| !jobs.contains_key(*k) && !ticks.is_some_and(|t| t.owns(k)))
+        .collect();
     if !strays.is_empty() {
         out.push(format!("effects for keys nobody sent: {strays:?}"));
     }
@@ -200,7 +209,7 @@ pub async fn check(plan: &Plan, env: &Env, jobs: &BTreeMap<String, Class>) -> Ve
 /// envelope names the record's source message (a crash between the put
 /// and the record's update leaves the copy unnamed until an operator's
 /// scan adopts it).
-async fn copies_match_records(
+pub async fn copies_match_records(
     env: &Env,
     records: &[aqw_core::poison::PoisonRecord],
 ) -> Vec<String> {

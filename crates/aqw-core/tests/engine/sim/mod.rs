@@ -20,6 +20,7 @@
 //!   Azure's limits, to see which its failure needs).
 
 mod check;
+mod operator;
 mod plan;
 mod world;
 
@@ -77,6 +78,10 @@ struct Sim {
     stopping: Vec<JoinHandle<()>>,
     next_replica: usize,
     clocks: plan::Clocks,
+    /// The schedule every replica runs, when the plan ticks.
+    ticks: Option<operator::Ticks>,
+    /// The operator's group discard's id, once created.
+    discard: Option<std::sync::Arc<Mutex<Option<String>>>>,
 }
 
 impl Sim {
@@ -84,9 +89,16 @@ impl Sim {
         let index = self.next_replica;
         self.next_replica += 1;
         let storage = self.world.storage(&self.env.storage, index);
-        let worker = self
-            .env
-            .builder_on(storage, |_| {})
+        let mut builder = self.env.builder_on(storage.clone(), |_| {});
+        let storage_for_ops = storage.clone();
+        if let Some(t) = &self.ticks {
+            let handler = self.env.provider.handler();
+            let schedule = t.schedule.clone();
+            builder = builder
+                .function_on(t.function_config(), storage, handler)
+                .configure(|app| app.schedules = vec![schedule]);
+        }
+        let worker = builder
             // The retry `aqw run` starts with (exponential from 1 s).
             .retry(aqw_core::retry::RetryStrategy::Exponential {
                 initial_delay: Duration::from_secs(1),
@@ -103,7 +115,19 @@ impl Sim {
         let shutdown = CancellationToken::new();
         let offset = self.clocks.offset_ms(index);
         let clock = aqw_core::clock::Skew::new(time::Duration::milliseconds(offset));
-        let run = aqw_core::clock::with_skew(clock.clone(), worker.run(shutdown.clone()));
+        // Each replica also carries out unfinished operations, as `aqw
+        // run` does (a killed one's lease taken over once it expires).
+        let watch = aqw_core::ops::operation::watch(
+            worker.config().clone(),
+            storage_for_ops,
+            aqw_core::ops::operation::ExecuteOptions::new(format!("r{index}")),
+            shutdown.clone(),
+        );
+        let run_until = shutdown.clone();
+        let both = async move {
+            tokio::join!(worker.run(run_until), watch);
+        };
+        let run = aqw_core::clock::with_skew(clock.clone(), both);
         let handle = tokio::spawn(run);
         self.world
             .note(format!("fleet add r{index} clock {offset:+} ms"));
@@ -213,21 +237,44 @@ fn provider_rule(
 
 /// Whether every job has settled: the queue empty, every job done or with
 /// a record (the checker judges which it should be).
-async fn settled(env: &Env, jobs: &BTreeMap<String, Class>) -> bool {
+async fn settled(env: &Env, jobs: &BTreeMap<String, Class>, ticks: &[String]) -> bool {
     if env.source_depth().await != 0 {
         return false;
     }
     let keys = env.key_rows().await;
+    if !ticks
+        .iter()
+        .all(|k| keys.get(k).is_some_and(|s| s == "done"))
+    {
+        return false;
+    }
     let records = env.records().await;
     let poisoned = |key: &str| {
         records
             .iter()
             .any(|r| r.key.as_ref().is_some_and(|k| k.as_str() == key))
     };
-    jobs.iter().all(|(key, class)| match class {
+    let all = jobs.iter().all(|(key, class)| match class {
         Class::Good => keys.get(key).is_some_and(|s| s == "done") || poisoned(key),
         _ => poisoned(key),
-    })
+    });
+    // Every open record's copy visible again: a scan that held the poison
+    // queue and could not release a copy leaves it invisible for its hold
+    // (2 minutes), not lost (seed 3878).
+    all && check::copies_match_records(env, &records).await.is_empty()
+}
+
+/// Whether the run's operation, if any, has ended.
+async fn op_ended(sim: &Sim) -> bool {
+    match discard_id(sim) {
+        Some(id) => operator::ended(&sim.env, &id).await,
+        None => true,
+    }
+}
+
+/// The run's group discard, once created.
+fn discard_id(sim: &Sim) -> Option<String> {
+    sim.discard.as_ref()?.lock().unwrap().clone()
 }
 
 /// The faults' span: arrivals, fleet events, storage outage, provider
@@ -241,6 +288,15 @@ async fn stage(plan: &Plan, sim: &mut Sim, arrivals: &[(Duration, crate::common:
         sim.env.storage.set_azure_limits(Some(limits));
     }
     let (mut next_job, mut next_event) = (0, 0);
+    // The operator's requests on tasks of their own (a refused one is
+    // tried again while the faults go on).
+    let operator = operator::Operator::new(&sim.env, &sim.world);
+    if let Some((from, len)) = plan.pause {
+        operator.spawn_pause(from, len);
+    }
+    if let Some((at, cancel)) = plan.discard {
+        sim.discard = Some(operator.spawn_discard(at, cancel));
+    }
     for second in 0..FAULT_SPAN.as_secs() {
         let now = Duration::from_secs(second);
         // The producer retries a put the store refused the next second.
@@ -302,6 +358,7 @@ async fn run(plan: &Plan) -> Outcome {
         .iter()
         .map(|(_, j, c)| (j.key.clone(), *c))
         .collect();
+    let ticks = plan.ticks.map(|every| operator::Ticks::new(&env, every));
     let mut sim = Sim {
         env,
         world,
@@ -309,6 +366,8 @@ async fn run(plan: &Plan) -> Outcome {
         stopping: vec![],
         next_replica: 0,
         clocks: plan.clocks.clone(),
+        ticks,
+        discard: None,
     };
     for _ in 0..plan.replicas {
         sim.add_replica();
@@ -323,7 +382,15 @@ async fn run(plan: &Plan) -> Outcome {
         sim.add_replica();
     }
     let deadline = tokio::time::Instant::now() + SETTLE;
-    while !settled(&sim.env, &jobs).await && tokio::time::Instant::now() < deadline {
+    // The ticks due: known once the faults are over (the schedule's row
+    // was written by then).
+    let ticks_due = match &sim.ticks {
+        Some(t) => t.due(&sim.world.log(), WALL),
+        None => vec![],
+    };
+    while !(settled(&sim.env, &jobs, &ticks_due).await && op_ended(&sim).await)
+        && tokio::time::Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     sim.world.note("settled".into());
@@ -336,7 +403,21 @@ async fn run(plan: &Plan) -> Outcome {
             sim.world.note(format!("a replica ended with {e}"));
         }
     }
-    let mut violations = check::check(plan, &sim.env, &jobs).await;
+    let log = sim.world.log();
+    let mut violations = check::check(plan, &sim.env, &jobs, sim.ticks.as_ref()).await;
+    violations.extend(operator::check_pause(
+        &log,
+        &sim.env.control_table,
+        &sim.env.function,
+        &sim.env.queue,
+    ));
+    if let Some(id) = discard_id(&sim) {
+        violations.extend(operator::check_discard(&sim.env, &id).await);
+    }
+    if let Some(t) = &sim.ticks {
+        let keys = sim.env.key_rows().await;
+        violations.extend(t.check(&t.due(&log, WALL), &sim.env.provider.effects(), &keys));
+    }
     if !aqw_core::entropy::seeded() {
         violations.push("the engine's randomness was unseeded during the run".into());
     }

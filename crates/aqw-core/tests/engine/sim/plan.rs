@@ -5,8 +5,11 @@
 //! (replicas added, stopped, killed; jobs crashing at failpoints), in a
 //! share of seeds each replica's wall clock off by up to 5 s and one
 //! replica's clock jumping ([`Clocks`]), and in another share Azure's
-//! throughput targets in the store, scaled down ([`Plan::azure_limits`]). Every figure is
-//! drawn from the seed, bounded so a run stays short.
+//! throughput targets in the store, scaled down ([`Plan::azure_limits`]),
+//! in a third an operator's pause and resume of the function
+//! ([`Plan::pause`]), in a third a schedule ticking ([`Plan::ticks`]), in
+//! a third a group discard, maybe cancelled ([`Plan::discard`]).
+//! Every figure is drawn from the seed, bounded so a run stays short.
 
 use super::world::StorageFaults;
 use crate::common::Behave;
@@ -134,7 +137,24 @@ pub struct Plan {
     /// run's size so they are met: a quarter of the seeds, drawn apart
     /// from the rest of the plan.
     pub azure_limits: Option<AzureLimits>,
+    /// An operator pauses the function at `.0` and resumes it `.1` later
+    /// (within the faults' span): a third of the seeds, drawn apart.
+    pub pause: Option<(Duration, Duration)>,
+    /// A schedule ticks every this long for the whole run, its ticks jobs
+    /// of a function of their own (`catchUp: all`): a third of the seeds,
+    /// drawn apart.
+    pub ticks: Option<Duration>,
+    /// An operator's group discard of the refused jobs' records at `.0`,
+    /// cancelled `.1` later if drawn: a third of the seeds, drawn apart.
+    pub discard: Option<(Duration, Option<Duration>)>,
 }
+
+/// What an operator and a schedule add to a plan ([`operator_from_seed`]).
+type Operator = (
+    Option<(Duration, Duration)>,
+    Option<Duration>,
+    Option<(Duration, Option<Duration>)>,
+);
 
 /// Faults are staged in the first `FAULT_SPAN` of a run; the rest settles.
 pub const FAULT_SPAN: Duration = Duration::from_secs(6 * 60);
@@ -209,6 +229,29 @@ fn clocks_and_limits(seed: u64, replicas: usize) -> (Clocks, Option<AzureLimits>
     }
 }
 
+/// The seed's operator pause, schedule and group discard, drawn apart from
+/// the rest (so seeds drawn before they existed keep their schedules),
+/// less what `AQW_SIM_WITHOUT=pause,ticks,discard` drops.
+fn operator_from_seed(seed: u64) -> Operator {
+    let mut r = StdRng::seed_from_u64(seed ^ 0x9A05_E71C_0000_0003);
+    let without = std::env::var("AQW_SIM_WITHOUT").unwrap_or_default();
+    let pause = r
+        .gen_bool(1.0 / 3.0)
+        .then(|| (secs(&mut r, 5, 240), secs(&mut r, 5, 90)));
+    let ticks = r
+        .gen_bool(1.0 / 3.0)
+        .then(|| Duration::from_secs([20, 30, 60][r.gen_range(0..3)]));
+    let discard = r.gen_bool(1.0 / 3.0).then(|| {
+        let cancel = r.gen_bool(0.5).then(|| secs(&mut r, 1, 20));
+        (secs(&mut r, 30, 300), cancel)
+    });
+    (
+        pause.filter(|_| !without.contains("pause")),
+        ticks.filter(|_| !without.contains("ticks")),
+        discard.filter(|_| !without.contains("discard")),
+    )
+}
+
 impl Plan {
     pub fn from_seed(seed: u64) -> Self {
         let mut r = StdRng::seed_from_u64(seed);
@@ -254,6 +297,7 @@ impl Plan {
         let good = r.gen_range(5..=40);
         let replicas = r.gen_range(1..=4);
         let (clocks, azure_limits) = clocks_and_limits(seed, replicas);
+        let (pause, ticks, discard) = operator_from_seed(seed);
         Self {
             seed,
             replicas,
@@ -268,6 +312,9 @@ impl Plan {
             fleet,
             clocks,
             azure_limits,
+            pause,
+            ticks,
+            discard,
         }
     }
 
@@ -275,6 +322,11 @@ impl Plan {
     /// a job's own failure first, then the windows in force.
     pub fn behave(&self, job: &Job, at: Duration, calls_this_second: u32) -> Behave {
         let payload: Value = serde_json::from_str(&job.payload).unwrap_or(Value::Null);
+        // A schedule's tick: the provider takes it (the ticks check that
+        // each runs once through the storage's and the fleet's faults).
+        if payload.get("schedule").is_some() {
+            return Behave::Succeed;
+        }
         match payload["class"].as_str() {
             Some("bad") => return Behave::Fail("HTTP 422 refused (bad job)".into()),
             Some("failing") => return Behave::Retry("HTTP 500 fails alone".into()),

@@ -79,6 +79,11 @@ impl World {
         self.lock().log.push(format!("{ms:>9} {event}"));
     }
 
+    /// How many events the log holds now.
+    pub fn mark(&self) -> usize {
+        self.lock().log.len()
+    }
+
     pub fn log(&self) -> Vec<String> {
         self.lock().log.clone()
     }
@@ -221,15 +226,24 @@ impl QueueStore for SimQueue {
         self.req("create", self.inner.create_if_missing()).await
     }
     async fn receive(&self, max: u8, visibility: Duration) -> StorageResult<Vec<ReceivedMessage>> {
+        // When it was sent, as the log's length then (the pause check).
+        let sent = self.world.mark();
         let got = self
             .req("receive", self.inner.receive(max, visibility))
             .await?;
+        if got.is_empty() {
+            return Ok(got);
+        }
         let ids: Vec<String> = got
             .iter()
             .map(|m| format!("{}#{}", m.id, m.dequeue_count))
             .collect();
-        self.world
-            .note(format!("r{} received {}", self.replica, ids.join(",")));
+        self.world.note(format!(
+            "r{} received {} {} sent#{sent}",
+            self.replica,
+            self.inner.name(),
+            ids.join(",")
+        ));
         Ok(got)
     }
     async fn peek(&self, max: u8) -> StorageResult<Vec<PeekedMessage>> {
@@ -310,7 +324,10 @@ impl TableStore for SimTable {
         self.req(&format!("delete {pk}/{rk}"), f).await
     }
     async fn query_where(&self, query: &TableQuery<'_>) -> StorageResult<Vec<Row>> {
-        self.req("query", self.inner.query_where(query)).await
+        // Its partition named: the pause check tells the gate's reads of the
+        // control rows from the operations' and the schedules'.
+        let op = format!("query {}", query.partition.unwrap_or("*"));
+        self.req(&op, self.inner.query_where(query)).await
     }
     async fn transaction(&self, pk: &str, ops: Vec<TableOp>) -> StorageResult<()> {
         let f = self.inner.transaction(pk, ops);
