@@ -51,7 +51,7 @@ pub enum DecodeError {
 /// context, the claim check and the job read the same copy. Parsed as JSON
 /// at most once, when first asked ([`Payload::json`]); the text is bounded
 /// by a message's size (64 KiB) or by serve's invocation body limit.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Payload {
     decoded: Result<String, DecodeError>,
     json: std::sync::OnceLock<Option<serde_json::Value>>,
