@@ -638,8 +638,10 @@ fn transient(e: &StorageError) -> bool {
 /// Whether a message put at `inserted` predates its poisoned key's
 /// poisoning (the newest `poisoned` attempt of the history): it belongs to
 /// the run that was poisoned, and running it would start a second attempt
-/// budget and a second poison record without anyone asking.
-fn put_before_poisoning(rec: &KeyRecord, inserted: OffsetDateTime) -> bool {
+/// budget and a second poison record without anyone asking. Read by the
+/// claim and, over a message's delivery bound, by the job before any claim
+/// (`job::key_state_of`), so both settle such a copy alike.
+pub(crate) fn put_before_poisoning(rec: &KeyRecord, inserted: OffsetDateTime) -> bool {
     if rec.status != KeyStatus::Poisoned {
         return false;
     }

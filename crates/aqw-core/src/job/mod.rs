@@ -26,6 +26,7 @@ use crate::decide::{
 };
 use crate::failpoint;
 use crate::handler::HandlerError;
+use crate::idempotency::store::put_before_poisoning;
 use crate::idempotency::{derive_key, IdempotencyKey, KeyRecord};
 use crate::message::{ErrorKind, Payload};
 use crate::runtime::FunctionRuntime;
@@ -279,7 +280,7 @@ fn initial_key_state<'r>(
         (Some(_), None) => KeyState::Free { last_error: None },
         (Some(_), Some(rec)) => {
             ctx.first_attempt = rec.first_seen.clone();
-            key_state_of(rec)
+            key_state_of(rec, ctx.msg.insertion_time)
         }
     }
 }
@@ -582,9 +583,14 @@ fn key_of<E>(
     }
 }
 
-/// What a key record read over the cap says.
-fn key_state_of(rec: &KeyRecord) -> KeyState<'_> {
-    if rec.status.is_settled() {
+/// What a key record read over the cap says of a message put at
+/// `inserted`. A copy put before its key was poisoned is a leftover of the
+/// poisoned run, settled as a duplicate as the claim settles it
+/// ([`put_before_poisoning`]): over the bound no claim is made, and
+/// without this a copy that waited behind the key's crashed poisoning was
+/// poisoned as `crashed`, a second record for one job (seed 8343).
+fn key_state_of(rec: &KeyRecord, inserted: time::OffsetDateTime) -> KeyState<'_> {
+    if rec.status.is_settled() || put_before_poisoning(rec, inserted) {
         KeyState::Settled
     } else if let Some(until) = rec.lease_live(crate::clock::now_utc()) {
         KeyState::Held { until }

@@ -13,6 +13,7 @@ use aqw_core::failpoint;
 use aqw_core::idempotency::KeyStatus;
 use aqw_core::message::ErrorKind;
 use aqw_core::poison::RecordStatus;
+use aqw_core::storage::Storage;
 use serde_json::json;
 use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
@@ -248,6 +249,80 @@ async fn crash_after_poison_put() {
 #[tokio::test(start_paused = true)]
 async fn crash_after_poison_mark() {
     crash_point("poison.after_mark").await;
+}
+
+/// Seed 8343 of the simulation: two live copies of one failing job. The
+/// first copy's poisoning crashes after its record; its next delivery
+/// finishes it and marks the key poisoned. The second copy, put before that
+/// poisoning, spent its deliveries waiting behind the key (staged here by
+/// receiving it past the delivery bound, 3 x maxDequeueCount, before the
+/// worker starts) and is read over the bound once the key is poisoned: a
+/// leftover of the poisoned run, settled as a duplicate as its claim would
+/// settle it, not poisoned as `crashed` into a second record for the job.
+#[tokio::test(start_paused = true)]
+async fn a_copy_over_its_bound_of_a_key_poisoned_after_a_crash_is_a_duplicate() {
+    let env = Env::new(|_, _| Behave::Retry(DOWN.into()));
+    let job = env.job("failing");
+    let second = env.enqueue(&job).await;
+    let q = env.storage.queue(&env.queue);
+    for i in 0..16 {
+        let got = q
+            .receive(1, minutes(1))
+            .await
+            .expect("receive the second copy");
+        assert_eq!(got.len(), 1, "the second copy is visible");
+        let m = &got[0];
+        assert_eq!(m.id, second);
+        // Given back at once; the last delivery hides it until the first
+        // copy is poisoned.
+        let hide = if i == 15 { minutes(30) } else { Duration::ZERO };
+        q.update_visibility(&m.id, &m.pop_receipt, &m.text, hide)
+            .await
+            .expect("give the second copy back");
+    }
+    let first = env.enqueue(&job).await;
+
+    failpoint::arm("poison.after_record");
+    let w = start(env.worker());
+    env.wait_until(
+        "the first copy's poisoning crashed after its record",
+        minutes(10),
+        || async { failpoint::armed().is_none() },
+    )
+    .await;
+    env.wait_until(
+        "the first copy's poisoning finished, the key poisoned",
+        minutes(20),
+        || async {
+            let poisoned = env
+                .key(&job.key)
+                .await
+                .is_some_and(|k| k.status == KeyStatus::Poisoned);
+            let named = env
+                .records()
+                .await
+                .iter()
+                .any(|r| r.message_id == first && r.poison_message_id.is_some());
+            poisoned && named
+        },
+    )
+    .await;
+    env.wait_until("the second copy settled", minutes(60), || async {
+        env.source_depth().await == 0
+    })
+    .await;
+    w.stop().await;
+
+    let records = env.records().await;
+    assert_eq!(
+        records.len(),
+        1,
+        "one poison record for the job\n{}",
+        env.dump().await
+    );
+    assert_eq!(records[0].message_id, first);
+    assert_eq!(records[0].status, RecordStatus::Open);
+    assert_eq!(env.poison_depth().await, 1, "one poison copy for the job");
 }
 
 /// Three jobs poisoned while the provider refused them; the provider fixed;
