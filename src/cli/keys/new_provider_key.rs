@@ -54,7 +54,8 @@ pub(super) async fn run(
     }
     let app = load(app_dir)?;
     let f = function_named(&app, &function)?;
-    let key = aqw_core::idempotency::IdempotencyKey::new(key).map_err(Failure::usage)?;
+    let key = aqw_core::idempotency::IdempotencyKey::new(key)
+        .map_err(|e| Failure::usage(e.to_string()))?;
     let storage = connect(&f.connection)?;
     let keys = aqw_core::idempotency::KeyStore::new(aqw_core::storage::Storage::table(
         storage.as_ref(),

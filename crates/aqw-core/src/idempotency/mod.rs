@@ -14,7 +14,7 @@ pub mod purge;
 pub mod record;
 pub mod store;
 
-pub use key::{derive_key, IdempotencyKey, KeySpec, KeyTemplate};
+pub use key::{derive_key, IdempotencyKey, KeyError, KeySpec, KeyTemplate};
 pub use operator::{KeyQuery, PROVIDER_KEY_REPLACED};
 pub use purge::PurgeCandidate;
 pub use record::*;

@@ -65,6 +65,9 @@ pub enum OpsError {
     /// Bad arguments or config (exit 2).
     #[error("{0}")]
     Usage(String),
+    /// An idempotency key given or derived is invalid (exit 2).
+    #[error(transparent)]
+    Key(#[from] crate::idempotency::KeyError),
     /// Storage failed (exit 3).
     #[error(transparent)]
     Storage(#[from] StorageError),
@@ -164,7 +167,7 @@ impl QueueOps {
     /// body fetched through a reference checked for this queue
     /// ([`crate::claim::decode_body`]); else why not (show, a fix's
     /// redaction restore, a group fix and its preview).
-    pub async fn body_of(&self, rec: &PoisonRecord) -> Result<String, String> {
+    pub async fn body_of(&self, rec: &PoisonRecord) -> Result<String, crate::claim::BodyError> {
         let scope = self.claim_scope();
         crate::claim::decode_body(self.blobs.as_ref(), &rec.message, rec.encoding, scope).await
     }
@@ -179,7 +182,7 @@ impl QueueOps {
         let (Some(f), Some(k)) = (self.function.as_ref(), k) else {
             return Ok(None);
         };
-        let key = IdempotencyKey::new(k).map_err(OpsError::Usage)?;
+        let key = IdempotencyKey::new(k)?;
         match self.keys.get(&f.name, &key).await {
             Ok(r) => Ok(r),
             Err(StorageError::NotFound) => Ok(None),

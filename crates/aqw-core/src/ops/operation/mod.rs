@@ -376,7 +376,7 @@ pub async fn preview_fix(
     patch: &json_patch::Patch,
 ) -> Result<String, PatchError> {
     let left = PatchError::NotApplied;
-    let body = ops.body_of(rec).await.map_err(left)?;
+    let body = ops.body_of(rec).await.map_err(|e| left(e.to_string()))?;
     let corrected = apply_patch(patch, &body)?;
     let f = ops.function.as_ref();
     let f = f.ok_or_else(|| left("no function consumes this queue".into()))?;
