@@ -22,7 +22,7 @@ pub use interactive::replay_group;
 /// A parsed JSON Patch (RFC 6902), as [`parse_patch`] gives it.
 pub use json_patch::Patch;
 pub use patch::{size_bound, PatchError, GROWTH_FACTOR, MAX_PATCH_OPS, MIN_SIZE_BOUND};
-pub use row::{Claim, OperationStore, Refresh};
+pub use row::{CancelRefusal, Claim, OperationStore, Refresh};
 pub use run::{execute, resume_idle, watch, ExecuteOptions, IDLE_SCAN_INTERVAL, LEASE};
 
 use super::{Filter, OpsError, OpsResult, QueueOps};
@@ -113,26 +113,63 @@ pub const MAX_PATCH_BYTES: usize = 16 * 1024;
 /// `text` as a JSON Patch (RFC 6902): a non-empty array of at most
 /// [`MAX_PATCH_OPS`] operations, at most [`MAX_PATCH_BYTES`]. The error
 /// says what is wrong, for exit 2 or a 400.
-pub fn parse_patch(text: &str) -> Result<json_patch::Patch, String> {
+pub fn parse_patch(text: &str) -> Result<json_patch::Patch, PatchRefusal> {
     if text.len() > MAX_PATCH_BYTES {
-        return Err(format!(
-            "the patch is {} bytes; at most {MAX_PATCH_BYTES}",
-            text.len()
-        ));
+        return Err(PatchRefusal::TooLarge {
+            bytes: text.len(),
+            max: MAX_PATCH_BYTES,
+        });
     }
-    let patch: json_patch::Patch = serde_json::from_str(text).map_err(|e| {
-        format!("not a JSON Patch (RFC 6902: an array of {{\"op\",\"path\",…}}): {e}")
-    })?;
+    let patch: json_patch::Patch =
+        serde_json::from_str(text).map_err(|e| PatchRefusal::NotAPatch {
+            reason: e.to_string(),
+        })?;
     if patch.0.is_empty() {
-        return Err("the patch has no operations".into());
+        return Err(PatchRefusal::NoOperations);
     }
     if patch.0.len() > MAX_PATCH_OPS {
-        return Err(format!(
-            "the patch has {} operations; at most {MAX_PATCH_OPS}",
-            patch.0.len()
-        ));
+        return Err(PatchRefusal::TooManyOperations {
+            count: patch.0.len(),
+            max: MAX_PATCH_OPS,
+        });
     }
     Ok(patch)
+}
+
+/// Why a group fix's JSON Patch is refused before it touches a record.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PatchRefusal {
+    /// Over [`MAX_PATCH_BYTES`].
+    #[error("the patch is {bytes} bytes; at most {max}")]
+    TooLarge {
+        /// The patch's length.
+        bytes: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Not an RFC 6902 array of operations.
+    #[error("not a JSON Patch (RFC 6902: an array of {{\"op\",\"path\",…}}): {reason}")]
+    NotAPatch {
+        /// The JSON reader's reason.
+        reason: String,
+    },
+    /// An empty array.
+    #[error("the patch has no operations")]
+    NoOperations,
+    /// Over [`MAX_PATCH_OPS`] operations.
+    #[error("the patch has {count} operations; at most {max}")]
+    TooManyOperations {
+        /// The operations given.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A `move`, `copy` or `test` reading a redacted field.
+    #[error("the patch reads {pointer:?}, a redacted field (or above or below one): a group fix may replace or remove a redacted field, never move, copy or test one")]
+    ReadsRedacted {
+        /// The pointer read (from the patch, not the payload).
+        pointer: String,
+    },
 }
 
 /// [`parse_patch`], refused when it reads a field `redact` masks: a `move`
@@ -140,7 +177,7 @@ pub fn parse_patch(text: &str) -> Result<json_patch::Patch, String> {
 /// one; a rule's `*` matches any segment) would carry its value into a key,
 /// a preview or a field shown unmasked, or answer a guess. Writing or
 /// removing one is fine.
-pub fn parse_patch_for(text: &str, redact: &Redaction) -> Result<json_patch::Patch, String> {
+pub fn parse_patch_for(text: &str, redact: &Redaction) -> Result<json_patch::Patch, PatchRefusal> {
     use json_patch::PatchOperation as Op;
     let patch = parse_patch(text)?;
     for op in &patch.0 {
@@ -151,9 +188,7 @@ pub fn parse_patch_for(text: &str, redact: &Redaction) -> Result<json_patch::Pat
             _ => None,
         };
         if let Some(p) = read.filter(|p| redact.touches(p)) {
-            return Err(format!(
-                "the patch reads {p:?}, a redacted field (or above or below one): a group fix may replace or remove a redacted field, never move, copy or test one"
-            ));
+            return Err(PatchRefusal::ReadsRedacted { pointer: p });
         }
     }
     Ok(patch)
