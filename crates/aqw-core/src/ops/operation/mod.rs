@@ -297,16 +297,26 @@ pub struct Selection {
 
 impl Selection {
     /// The filter of `poison list` this selection is, forced to open records.
-    pub fn filter(&self) -> Result<Filter, String> {
+    pub fn filter(&self) -> Result<Filter, SelectionError> {
         let time = |s: &Option<String>| {
             s.as_deref()
-                .map(|t| OffsetDateTime::parse(t, &Rfc3339).map_err(|e| format!("{t:?}: {e}")))
+                .map(|t| {
+                    OffsetDateTime::parse(t, &Rfc3339).map_err(|e| SelectionError::Time {
+                        text: t.to_string(),
+                        reason: e.to_string(),
+                    })
+                })
                 .transpose()
         };
         let error = self
             .error
             .as_deref()
-            .map(|re| regex::Regex::new(re).map_err(|e| format!("error pattern {re:?}: {e}")))
+            .map(|re| {
+                regex::Regex::new(re).map_err(|e| SelectionError::ErrorPattern {
+                    pattern: re.to_string(),
+                    reason: e.to_string(),
+                })
+            })
             .transpose()?;
         let cutoff = Some(self.cutoff.clone());
         let until = match (time(&self.until)?, time(&cutoff)?) {
@@ -381,7 +391,7 @@ pub async fn select_open(
     ops: &QueueOps,
     sel: &Selection,
 ) -> OpsResult<Vec<(PoisonRecord, Option<Etag>)>> {
-    let filter = sel.filter().map_err(OpsError::Usage)?;
+    let filter = sel.filter().map_err(|e| OpsError::Usage(e.to_string()))?;
     let none = Redaction::default();
     let redact = ops.function.as_ref().map_or(&none, |f| &f.redact);
     let mut all = super::replay::select(ops, &filter).await?;
@@ -420,6 +430,28 @@ pub async fn preview_fix(
         Ok(None) => Ok("keyless".into()),
         Err(e) => Err(left(format!("would be poisoned at once: {e}"))),
     }
+}
+
+/// Why a stored selection gives no filter (a row written by hand or by an
+/// older version: the CLI and dashboard check both before creating one).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectionError {
+    /// A time bound that is not RFC 3339.
+    #[error("{text:?}: {reason}")]
+    Time {
+        /// The bound as stored.
+        text: String,
+        /// The parser's reason.
+        reason: String,
+    },
+    /// An error pattern that is not a regular expression.
+    #[error("error pattern {pattern:?}: {reason}")]
+    ErrorPattern {
+        /// The pattern as stored.
+        pattern: String,
+        /// The regex compiler's reason.
+        reason: String,
+    },
 }
 
 /// What an operator asks for; [`OperationStore::create`] makes it a row.
