@@ -62,6 +62,7 @@ impl From<OpsError> for Failure {
     fn from(e: OpsError) -> Self {
         match e {
             OpsError::Usage(m) => Failure::usage(m),
+            OpsError::Key(e) => Failure::usage(e.to_string()),
             OpsError::Storage(e) => Failure::runtime(format!("storage: {e}")),
         }
     }

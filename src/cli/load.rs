@@ -62,7 +62,7 @@ pub(super) fn queue_ops(app: &Arc<AppConfig>, queue: &str) -> Result<QueueOps, F
 
 /// A `--since` / `--until` time (RFC 3339).
 pub(super) fn parse_time(s: &str) -> Result<time::OffsetDateTime, Failure> {
-    ops::parse_time(s).map_err(Failure::usage)
+    ops::parse_time(s).map_err(|e| Failure::usage(e.to_string()))
 }
 
 /// An `--error` pattern (a regular expression).

@@ -192,9 +192,9 @@ fn function_config(
 ) -> Result<FunctionConfig, ConfigError> {
     let f = |field: &str, msg: String| ConfigError::new(host_file, field, msg);
     let path = format!("aqw.functions.{name}");
-    validate_function_name(&name).map_err(|m| f(&path, m))?;
+    validate_function_name(&name).map_err(|m| f(&path, m.to_string()))?;
     let binding = queue_binding(&name, raw, folder, host_file, env)?;
-    validate_queue_name(&binding.queue).map_err(|m| f(&format!("{path}.queue"), m))?;
+    validate_queue_name(&binding.queue).map_err(|m| f(&format!("{path}.queue"), m.to_string()))?;
     let connection_name = raw
         .connection
         .clone()
@@ -205,9 +205,9 @@ fn function_config(
     let key = match raw.key.as_deref() {
         None => KeySpec::PayloadField,
         Some("none") => KeySpec::None,
-        Some(t) => {
-            KeySpec::Template(KeyTemplate::parse(t).map_err(|m| f(&format!("{path}.key"), m))?)
-        }
+        Some(t) => KeySpec::Template(
+            KeyTemplate::parse(t).map_err(|m| f(&format!("{path}.key"), m.to_string()))?,
+        ),
     };
     let handler = handler_spec(raw.handler.as_ref(), host_file, &path)?;
     let provider_key_window = provider_key_window(raw, host_file, &path)?;
@@ -224,7 +224,7 @@ fn function_config(
         }
     };
     let redact = aqw_core::redact::Redaction::parse(raw.redact.as_deref().unwrap_or_default())
-        .map_err(|m| f(&format!("{path}.redact"), m))?;
+        .map_err(|m| f(&format!("{path}.redact"), m.to_string()))?;
     Ok(FunctionConfig {
         name,
         queue: binding.queue,

@@ -50,7 +50,7 @@ pub(super) fn limits(
     let per_key = match &raw.per_key {
         None => None,
         Some(p) => Some(PerKeyLimit {
-            key: KeyTemplate::parse(&p.key).map_err(|m| err("perKey.key", m))?,
+            key: KeyTemplate::parse(&p.key).map_err(|m| err("perKey.key", m.to_string()))?,
             in_flight: in_flight("perKey.inFlight", p.in_flight)?,
         }),
     };

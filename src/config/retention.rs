@@ -55,7 +55,8 @@ pub(super) fn validate(file: &str, raw: Option<&RawRetention>) -> Result<Retenti
     let unsafe_short = raw.unsafe_short_retention.unwrap_or(false);
     r.unsafe_short = unsafe_short;
     if let (Some(k), false) = (r.keys, unsafe_short) {
-        check_key_retention(k, r.source_message_ttl).map_err(|m| f("aqw.retention.keys", m))?;
+        check_key_retention(k, r.source_message_ttl)
+            .map_err(|m| f("aqw.retention.keys", m.to_string()))?;
     }
     if let Some(c) = never_or_span(file, "aqw.retention.closedRecords", &raw.closed_records)? {
         r.closed_records = c;

@@ -73,8 +73,9 @@ fn schedule(
         };
         ConfigError::new(host_file, at, msg)
     };
+    let bad = |field: &str, e: &dyn std::fmt::Display| err(field, e.to_string());
     let when = match (&raw.cron, &raw.every) {
-        (Some(c), None) => When::cron(c, raw.time_zone.as_deref()).map_err(|m| err("cron", m))?,
+        (Some(c), None) => When::cron(c, raw.time_zone.as_deref()).map_err(|m| bad("cron", &m))?,
         (None, Some(e)) => {
             if raw.time_zone.is_some() {
                 return Err(err(
@@ -82,14 +83,14 @@ fn schedule(
                     "applies to cron only (an interval has no wall clock)".into(),
                 ));
             }
-            let d = aqw_core::config::parse_timespan(e).map_err(|m| err("every", m))?;
-            When::every(d).map_err(|m| err("every", m))?
+            let d = aqw_core::config::parse_timespan(e).map_err(|m| bad("every", &m))?;
+            When::every(d).map_err(|m| bad("every", &m))?
         }
         _ => return Err(err("", "give exactly one of cron or every".into())),
     };
     let catch_up = match &raw.catch_up {
         None => CatchUp::default(),
-        Some(c) => CatchUp::parse(c).map_err(|m| err("catchUp", m))?,
+        Some(c) => CatchUp::parse(c).map_err(|m| bad("catchUp", &m))?,
     };
     let payload = match &raw.payload {
         None => serde_json::Map::new(),

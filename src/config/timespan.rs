@@ -6,7 +6,7 @@ use std::time::Duration;
 use aqw_core::config::parse_timespan;
 
 pub(super) fn timespan(file: &str, field: &str, s: &str) -> Result<Duration, ConfigError> {
-    parse_timespan(s).map_err(|m| ConfigError::new(file, field, m))
+    parse_timespan(s).map_err(|m| ConfigError::new(file, field, m.to_string()))
 }
 
 pub(super) fn opt_timespan(

@@ -228,13 +228,13 @@ fn tables(host_file: &str, raw_aqw: &RawAqw) -> Result<(String, String), ConfigE
         .keys
         .clone()
         .unwrap_or_else(|| "aqwkeys".into());
-    validate_table_name(&keys_table).map_err(|m| f("aqw.tables.keys", m))?;
+    validate_table_name(&keys_table).map_err(|m| f("aqw.tables.keys", m.to_string()))?;
     let poison_table = raw_aqw
         .tables
         .poison
         .clone()
         .unwrap_or_else(|| "aqwpoison".into());
-    validate_table_name(&poison_table).map_err(|m| f("aqw.tables.poison", m))?;
+    validate_table_name(&poison_table).map_err(|m| f("aqw.tables.poison", m.to_string()))?;
     if keys_table.eq_ignore_ascii_case(&poison_table) {
         return Err(f("aqw.tables", "keys and poison tables must differ".into()));
     }
@@ -254,7 +254,7 @@ fn control_table(
         .clone()
         .unwrap_or_else(|| "aqwcontrol".into());
     let f = |msg: String| ConfigError::new(host_file, "aqw.tables.control", msg);
-    validate_table_name(&name).map_err(f)?;
+    validate_table_name(&name).map_err(|m| f(m.to_string()))?;
     if others.iter().any(|o| o.eq_ignore_ascii_case(&name)) {
         return Err(f("must differ from the keys and poison tables".into()));
     }
@@ -273,7 +273,7 @@ fn heartbeat_table(
         .heartbeats
         .clone()
         .unwrap_or_else(|| "aqwheartbeats".into());
-    validate_table_name(&name).map_err(f)?;
+    validate_table_name(&name).map_err(|m| f(m.to_string()))?;
     if others.iter().any(|o| o.eq_ignore_ascii_case(&name)) {
         return Err(f("must differ from the keys and poison tables".into()));
     }
@@ -463,6 +463,7 @@ mod tests {
         assert!(validate_queue_name(&"a".repeat(56)).is_ok());
         assert!(validate_queue_name(&"a".repeat(57))
             .unwrap_err()
+            .to_string()
             .contains("-poison"));
     }
 

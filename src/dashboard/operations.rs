@@ -12,7 +12,8 @@ use super::text::{or_dash, Text};
 use super::views::{csrf_field, enc, Viewer};
 use super::Dashboard;
 use aqw_core::ops::operation::{
-    self as operation, ExecuteOptions, NewOperation, OpKind, Operation, OperationStore, Selection,
+    self as operation, CancelRefusal, ExecuteOptions, NewOperation, OpKind, Operation,
+    OperationStore, Selection,
 };
 use aqw_core::ops::{OpsError, QueueOps};
 use axum::extract::State;
@@ -265,8 +266,8 @@ pub async fn cancel(State(d): S, Path(id): Path<String>, Act { p, .. }: Act<Csrf
     for store in d.op_stores() {
         match store.cancel(&id, &p.name).await? {
             Ok(_) => return Ok(see_other(&format!("/ops/{}", enc(&id)))),
-            Err(why) if why.starts_with("no operation") => continue,
-            Err(why) => return Err(DashboardError::conflict("Not cancelled", why)),
+            Err(CancelRefusal::Unknown { .. }) => continue,
+            Err(why) => return Err(DashboardError::conflict("Not cancelled", why.to_string())),
         }
     }
     Err(unknown_operation())

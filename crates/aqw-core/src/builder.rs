@@ -171,10 +171,10 @@ impl WorkerBuilder {
                 ));
             }
             if let Err(m) = crate::config::validate_function_name(&f.name) {
-                return Err(err(&format!("functions.{}", f.name), &m));
+                return Err(err(&format!("functions.{}", f.name), &m.to_string()));
             }
             if let Err(m) = crate::config::validate_queue_name(&f.queue) {
-                return Err(err(&format!("functions.{}.queue", f.name), &m));
+                return Err(err(&format!("functions.{}.queue", f.name), &m.to_string()));
             }
             let Some(storage) = storage.or_else(|| self.storage.clone()) else {
                 return Err(err(

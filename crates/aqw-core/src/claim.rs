@@ -97,13 +97,12 @@ impl ClaimCheck {
 
     /// A producer's refusal of a body of `len` bytes bound for a blob that
     /// no worker would fetch (over [`ClaimCheck::max_bytes`]).
-    pub fn refuse_oversize(&self, len: usize) -> Result<(), String> {
+    pub fn refuse_oversize(&self, len: usize) -> Result<(), Oversize> {
         match len as u64 > self.max_bytes {
-            true => Err(format!(
-                "payload is {len} bytes; aqw.claimCheck.maxBytes allows at most {} (a worker \
-                 would poison a larger claim-checked job at once)",
-                self.max_bytes
-            )),
+            true => Err(Oversize {
+                len,
+                max_bytes: self.max_bytes,
+            }),
             false => Ok(()),
         }
     }
@@ -272,6 +271,30 @@ pub fn parse(payload: &str, scope: Scope<'_>) -> Option<Result<Checked, Invalid>
     )
 }
 
+/// A body over [`ClaimCheck::max_bytes`], refused before it is written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "payload is {len} bytes; aqw.claimCheck.maxBytes allows at most {max_bytes} (a worker \
+     would poison a larger claim-checked job at once)"
+)]
+pub struct Oversize {
+    /// The body's length in bytes.
+    pub len: usize,
+    /// The configured limit.
+    pub max_bytes: u64,
+}
+
+/// Why a message's payload, claim-checked or not, could not be had.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BodyError {
+    /// The message text does not decode.
+    #[error(transparent)]
+    Decode(#[from] crate::message::DecodeError),
+    /// The reference is refused or its blob could not be fetched.
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+}
+
 /// Why a referenced body could not be had.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum FetchError {
@@ -385,12 +408,12 @@ pub async fn decode_body(
     text: &str,
     encoding: MessageEncoding,
     scope: Scope<'_>,
-) -> Result<String, String> {
-    let payload = crate::message::decode(text, encoding).map_err(|e| e.to_string())?;
+) -> Result<String, BodyError> {
+    let payload = crate::message::decode(text, encoding)?;
     match parse(&payload, scope) {
         None => Ok(payload),
-        Some(Err(e)) => Err(e.to_string()),
-        Some(Ok(r)) => fetch(blobs, &r).await.map_err(|e| e.to_string()),
+        Some(Err(e)) => Err(FetchError::Invalid(e).into()),
+        Some(Ok(r)) => Ok(fetch(blobs, &r).await?),
     }
 }
 
@@ -584,7 +607,13 @@ mod tests {
             "capped at what fits"
         );
         assert!(c.refuse_oversize(DEFAULT_MAX_BYTES as usize).is_ok());
-        assert!(c.refuse_oversize(DEFAULT_MAX_BYTES as usize + 1).is_err());
+        assert_eq!(
+            c.refuse_oversize(DEFAULT_MAX_BYTES as usize + 1),
+            Err(Oversize {
+                len: DEFAULT_MAX_BYTES as usize + 1,
+                max_bytes: DEFAULT_MAX_BYTES
+            })
+        );
         let off = ClaimCheck {
             enabled: false,
             ..c

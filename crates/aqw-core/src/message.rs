@@ -113,17 +113,36 @@ pub fn encode(payload: &str, encoding: MessageEncoding) -> String {
     }
 }
 
+/// Why a payload cannot be put as one message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EncodeError {
+    /// The encoded payload is over the service's message size.
+    #[error(
+        "payload is {payload_len} bytes; with messageEncoding {} a message holds at most {max_payload} bytes of payload ({max_text} bytes of text)",
+        .encoding.as_str()
+    )]
+    TooLarge {
+        /// The payload's length in bytes.
+        payload_len: usize,
+        /// The app's message encoding.
+        encoding: MessageEncoding,
+        /// The largest payload that fits with this encoding.
+        max_payload: usize,
+        /// The largest message text the service takes.
+        max_text: usize,
+    },
+}
+
 /// Encode a payload, refusing what would not fit in one message (before any I/O).
-pub fn encode_checked(payload: &str, encoding: MessageEncoding) -> Result<String, String> {
+pub fn encode_checked(payload: &str, encoding: MessageEncoding) -> Result<String, EncodeError> {
     let text = encode(payload, encoding);
     if text.len() > MAX_MESSAGE_TEXT {
-        return Err(format!(
-            "payload is {} bytes; with messageEncoding {} a message holds at most {} bytes of payload ({} bytes of text)",
-            payload.len(),
-            encoding.as_str(),
-            max_payload(encoding),
-            MAX_MESSAGE_TEXT
-        ));
+        return Err(EncodeError::TooLarge {
+            payload_len: payload.len(),
+            encoding,
+            max_payload: max_payload(encoding),
+            max_text: MAX_MESSAGE_TEXT,
+        });
     }
     Ok(text)
 }
@@ -246,9 +265,16 @@ mod tests {
         assert!(encode_checked(&"a".repeat(49_152), MessageEncoding::Base64).is_ok());
         assert!(encode_checked(&"a".repeat(49_153), MessageEncoding::Base64).is_err());
         assert!(encode_checked(&"a".repeat(65_536), MessageEncoding::None).is_ok());
-        assert!(encode_checked(&"a".repeat(65_537), MessageEncoding::None)
-            .unwrap_err()
-            .contains("65536"));
+        let e = encode_checked(&"a".repeat(65_537), MessageEncoding::None).unwrap_err();
+        assert!(matches!(
+            e,
+            EncodeError::TooLarge {
+                payload_len: 65_537,
+                max_payload: 65_536,
+                ..
+            }
+        ));
+        assert!(e.to_string().contains("65536"));
     }
 
     proptest! {

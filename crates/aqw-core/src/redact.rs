@@ -28,6 +28,36 @@ pub const MASK: &str = "[redacted]";
 /// The pointer segment that matches every array element and object member.
 pub const WILDCARD: &str = "*";
 
+/// Why a configured redaction pointer is refused; each names the pointer's
+/// position in the list and the pointer (configuration, not payload).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RedactError {
+    /// Not starting with `/` (the empty pointer, the whole payload, included).
+    #[error("[{index}] {pointer:?}: a JSON pointer starts with / (e.g. \"/card/number\")")]
+    NoLeadingSlash {
+        /// The pointer's position in the list.
+        index: usize,
+        /// The pointer as configured.
+        pointer: String,
+    },
+    /// A `~` not written as `~0` or `~1`.
+    #[error("[{index}] {pointer:?}: ~ must be written ~0, and / inside a name ~1")]
+    BadEscape {
+        /// The pointer's position in the list.
+        index: usize,
+        /// The pointer as configured.
+        pointer: String,
+    },
+    /// A `*` inside a segment rather than a whole segment.
+    #[error("[{index}] {pointer:?}: * is a wildcard and stands alone as a whole segment (\"/items/*/pan\"); a name with * in it cannot be redacted")]
+    PartialWildcard {
+        /// The pointer's position in the list.
+        index: usize,
+        /// The pointer as configured.
+        pointer: String,
+    },
+}
+
 /// The pointers of one function; empty when it declares none.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Redaction {
@@ -38,20 +68,20 @@ impl Redaction {
     /// Check each pointer (RFC 6901: empty is the whole document, which
     /// would hide every payload, so it is refused; otherwise `/`-separated,
     /// `~` only as `~0` or `~1`; `*` only as a whole segment, the wildcard).
-    pub fn parse(pointers: &[String]) -> Result<Self, String> {
-        for (i, p) in pointers.iter().enumerate() {
-            let bad = |why: &str| Err(format!("[{i}] {p:?}: {why}"));
+    pub fn parse(pointers: &[String]) -> Result<Self, RedactError> {
+        for (index, p) in pointers.iter().enumerate() {
+            let pointer = p.clone();
             if !p.starts_with('/') {
-                return bad("a JSON pointer starts with / (e.g. \"/card/number\")");
+                return Err(RedactError::NoLeadingSlash { index, pointer });
             }
             let mut chars = p.chars();
             while let Some(c) = chars.next() {
                 if c == '~' && !matches!(chars.next(), Some('0' | '1')) {
-                    return bad("~ must be written ~0, and / inside a name ~1");
+                    return Err(RedactError::BadEscape { index, pointer });
                 }
             }
             if segments(p).any(|s| s.contains('*') && s != WILDCARD) {
-                return bad("* is a wildcard and stands alone as a whole segment (\"/items/*/pan\"); a name with * in it cannot be redacted");
+                return Err(RedactError::PartialWildcard { index, pointer });
             }
         }
         Ok(Self {
@@ -412,17 +442,27 @@ mod tests {
     fn pointers_are_checked() {
         assert!(Redaction::parse(&["/card/number".into(), "/a~1b".into()]).is_ok());
         let e = Redaction::parse(&["card".into()]).unwrap_err();
+        assert_eq!(
+            e,
+            RedactError::NoLeadingSlash {
+                index: 0,
+                pointer: "card".into()
+            }
+        );
+        let e = e.to_string();
         assert!(e.contains("[0]") && e.contains("starts with /"), "{e}");
         assert!(
             Redaction::parse(&["".into()]).is_err(),
             "not the whole payload"
         );
-        assert!(Redaction::parse(&["/a~2".into()])
-            .unwrap_err()
-            .contains("~0"));
+        let e = Redaction::parse(&["/a~2".into()]).unwrap_err();
+        assert!(matches!(e, RedactError::BadEscape { index: 0, .. }));
+        assert!(e.to_string().contains("~0"));
         assert!(Redaction::parse(&["/items/*/pan".into(), "/*".into(), "/a/*".into()]).is_ok());
         for bad in ["/items/*x/pan", "/a*", "/**", "/a/b*c"] {
             let e = Redaction::parse(&["/ok".into(), bad.into()]).unwrap_err();
+            assert!(matches!(e, RedactError::PartialWildcard { index: 1, .. }));
+            let e = e.to_string();
             assert!(
                 e.contains("[1]") && e.contains("whole segment"),
                 "{bad}: {e}"

@@ -54,7 +54,8 @@ pub(super) async fn run(
     }
     let app = load(app_dir)?;
     let f = function_named(&app, &function)?;
-    let key = aqw_core::idempotency::IdempotencyKey::new(key).map_err(Failure::usage)?;
+    let key = aqw_core::idempotency::IdempotencyKey::new(key)
+        .map_err(|e| Failure::usage(e.to_string()))?;
     let storage = connect(&f.connection)?;
     let keys = aqw_core::idempotency::KeyStore::new(aqw_core::storage::Storage::table(
         storage.as_ref(),
@@ -86,7 +87,7 @@ type Said = (Exit, serde_json::Value, String);
 /// What a replacement did: the new provider key, or why none.
 fn replacement(
     key: &aqw_core::idempotency::IdempotencyKey,
-    replaced: Result<String, String>,
+    replaced: Result<String, aqw_core::idempotency::KeyRefusal>,
 ) -> Said {
     match replaced {
         Ok(new) => (
@@ -97,7 +98,7 @@ fn replacement(
                 key.as_str()
             ),
         ),
-        Err(why) => refused(key, why, false),
+        Err(why) => refused(key, why.to_string(), false),
     }
 }
 
@@ -107,7 +108,7 @@ fn rehearsal(
     key: &aqw_core::idempotency::IdempotencyKey,
     reason: &str,
     by: &str,
-    rehearsed: Result<aqw_core::idempotency::KeyRecord, String>,
+    rehearsed: Result<aqw_core::idempotency::KeyRecord, aqw_core::idempotency::KeyRefusal>,
 ) -> Said {
     match rehearsed {
         Ok(rec) => (
@@ -125,7 +126,7 @@ fn rehearsal(
                 rec.provider_key
             ),
         ),
-        Err(why) => refused(key, why, true),
+        Err(why) => refused(key, why.to_string(), true),
     }
 }
 

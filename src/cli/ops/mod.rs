@@ -175,7 +175,8 @@ pub(super) async fn run(app_dir: &Path, cmd: OpsCmd, output: Output) -> Result<E
         OpsCmd::Cancel { id, by, queue } => {
             let (_, store) = stores(&app, queue.as_deref())?;
             let op = store.cancel(&id, &by).await.map_err(storage)?;
-            render_one(&app, &op.map_err(Failure::usage)?, output);
+            let op = op.map_err(|e| Failure::usage(e.to_string()))?;
+            render_one(&app, &op, output);
             Ok(Exit::Ok)
         }
         OpsCmd::Resume {

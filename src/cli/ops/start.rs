@@ -226,7 +226,7 @@ async fn preview_fix(
     show: bool,
 ) -> Result<(), Failure> {
     let show = show && output == Output::Text;
-    let patch = operation::parse_patch(patch).map_err(Failure::usage)?;
+    let patch = operation::parse_patch(patch).map_err(|e| Failure::usage(e.to_string()))?;
     let mut fits = 0;
     for (rec, _) in open {
         match operation::preview_fix(ops, rec, &patch).await {

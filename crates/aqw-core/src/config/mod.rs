@@ -18,10 +18,10 @@ pub use crate::idempotency::KeySpec;
 pub use crate::handler::{HandlerSpec, ProviderAnswers};
 pub use connection::StorageAccount;
 pub use retention::{
-    check_key_retention, key_retention_floor, Retention, SweepSettings, DEFAULT_KEYS,
-    SERVICE_DEFAULT_MESSAGE_TTL,
+    check_key_retention, key_retention_floor, Retention, RetentionError, SweepSettings,
+    DEFAULT_KEYS, SERVICE_DEFAULT_MESSAGE_TTL,
 };
-pub use timespan::parse_timespan;
+pub use timespan::{parse_timespan, TimespanError};
 
 /// One function: a queue, a key rule and a handler.
 #[derive(Debug, Clone)]
@@ -345,34 +345,74 @@ impl AppConfig {
     }
 }
 
+/// Why a queue, table or function name is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    /// Not 3-63 lowercase letters, digits and dashes.
+    #[error("\"{name}\" is not a valid queue name (3-63 lowercase letters, digits and dashes)")]
+    QueueCharacters {
+        /// The name as given.
+        name: String,
+    },
+    /// A leading, trailing or double dash.
+    #[error("\"{name}\" is not a valid queue name (no leading, trailing or double dash)")]
+    QueueDashes {
+        /// The name as given.
+        name: String,
+    },
+    /// A `-poison` queue, which is replayed rather than consumed.
+    #[error(
+        "\"{name}\" is a poison queue; replay it with `aqw poison replay` instead of consuming it"
+    )]
+    PoisonQueue {
+        /// The name as given.
+        name: String,
+    },
+    /// No room for the `-poison` twin within 63 characters.
+    #[error("\"{name}\" is too long for its -poison twin (at most 56 characters)")]
+    QueueTooLongForPoisonTwin {
+        /// The name as given.
+        name: String,
+    },
+    /// Not a table name Azure takes.
+    #[error(
+        "\"{name}\" is not a valid table name (3-63 letters and digits, starting with a letter)"
+    )]
+    Table {
+        /// The name as given.
+        name: String,
+    },
+    /// Not a function name Functions takes.
+    #[error("\"{name}\" is not a valid function name (letters, digits, _ and -, starting with a letter)")]
+    Function {
+        /// The name as given.
+        name: String,
+    },
+}
+
 /// Azure queue name rules, plus room for the `-poison` twin.
-pub fn validate_queue_name(name: &str) -> Result<(), String> {
+pub fn validate_queue_name(name: &str) -> Result<(), NameError> {
+    let name_ = || name.to_string();
     let ok_chars = name
         .bytes()
         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
     if name.len() < 3 || name.len() > 63 || !ok_chars {
-        return Err(format!(
-            "\"{name}\" is not a valid queue name (3-63 lowercase letters, digits and dashes)"
-        ));
+        return Err(NameError::QueueCharacters { name: name_() });
     }
     if name.starts_with('-') || name.ends_with('-') || name.contains("--") {
-        return Err(format!(
-            "\"{name}\" is not a valid queue name (no leading, trailing or double dash)"
-        ));
+        return Err(NameError::QueueDashes { name: name_() });
     }
     if name.ends_with(crate::poison::POISON_SUFFIX) {
-        return Err(format!("\"{name}\" is a poison queue; replay it with `aqw poison replay` instead of consuming it"));
+        return Err(NameError::PoisonQueue { name: name_() });
     }
     if name.len() + crate::poison::POISON_SUFFIX.len() > 63 {
-        return Err(format!(
-            "\"{name}\" is too long for its -poison twin (at most 56 characters)"
-        ));
+        return Err(NameError::QueueTooLongForPoisonTwin { name: name_() });
     }
     Ok(())
 }
 
 /// A table name Azure takes (3-63 letters and digits, starting with a letter).
-pub fn validate_table_name(name: &str) -> Result<(), String> {
+pub fn validate_table_name(name: &str) -> Result<(), NameError> {
     let ok = name.len() >= 3
         && name.len() <= 63
         && name.bytes().all(|b| b.is_ascii_alphanumeric())
@@ -380,13 +420,15 @@ pub fn validate_table_name(name: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("\"{name}\" is not a valid table name (3-63 letters and digits, starting with a letter)"))
+        Err(NameError::Table {
+            name: name.to_string(),
+        })
     }
 }
 
 /// A function name as Functions takes it (letters, digits, `_` and `-`,
 /// starting with a letter, at most 128).
-pub fn validate_function_name(name: &str) -> Result<(), String> {
+pub fn validate_function_name(name: &str) -> Result<(), NameError> {
     let ok = !name.is_empty()
         && name.len() <= 128
         && name
@@ -396,6 +438,8 @@ pub fn validate_function_name(name: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("\"{name}\" is not a valid function name (letters, digits, _ and -, starting with a letter)"))
+        Err(NameError::Function {
+            name: name.to_string(),
+        })
     }
 }

@@ -89,16 +89,38 @@ fn days(d: Duration) -> String {
 pub fn check_key_retention(
     keys: Duration,
     source_message_ttl: Option<Duration>,
-) -> Result<(), String> {
+) -> Result<(), RetentionError> {
     match key_retention_floor(source_message_ttl) {
-        None => Err("must be \"never\" while aqw.retention.sourceMessageTtl is \"never\" (-1): a message that never expires can always bring its key back".into()),
-        Some(floor) if keys < floor => Err(format!(
-            "{} is shorter than the source messages' TTL {} plus aqw's longest visibility delay {} (= {}); a delivery could still reach a purged key",
-            days(keys),
-            days(source_message_ttl.unwrap_or_default()),
-            days(MAX_VISIBILITY_TIMEOUT),
-            days(floor)
-        )),
+        None => Err(RetentionError::MessagesNeverExpire),
+        Some(floor) if keys < floor => Err(RetentionError::ShorterThanMessageLife {
+            keys,
+            source_message_ttl: source_message_ttl.unwrap_or_default(),
+            floor,
+        }),
         Some(_) => Ok(()),
     }
+}
+
+/// Why a keys retention is unsafe for the source messages' life.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RetentionError {
+    /// Messages never expire, so only keys kept for good are safe.
+    #[error("must be \"never\" while aqw.retention.sourceMessageTtl is \"never\" (-1): a message that never expires can always bring its key back")]
+    MessagesNeverExpire,
+    /// Keys would be purged while a message could still bring them back.
+    #[error(
+        "{} is shorter than the source messages' TTL {} plus aqw's longest visibility delay {} (= {}); a delivery could still reach a purged key",
+        days(*.keys),
+        days(*.source_message_ttl),
+        days(MAX_VISIBILITY_TIMEOUT),
+        days(*.floor)
+    )]
+    ShorterThanMessageLife {
+        /// The retention asked for.
+        keys: Duration,
+        /// The source messages' TTL.
+        source_message_ttl: Duration,
+        /// The shortest safe retention (TTL plus the longest visibility delay).
+        floor: Duration,
+    },
 }

@@ -12,9 +12,91 @@ use sha2::{Digest, Sha256};
 #[serde(try_from = "String", into = "String")]
 pub struct IdempotencyKey(String);
 
+/// Why a key template is refused or a key cannot be derived from a payload.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// The key text is empty.
+    #[error("the idempotency key is empty")]
+    Empty,
+    /// A `{` with no closing `}` in the template.
+    #[error("unclosed '{{' in key template \"{template}\"")]
+    UnclosedBrace {
+        /// The template as written.
+        template: String,
+    },
+    /// A `}` with no opening `{` in the template.
+    #[error("unmatched '}}' in key template \"{template}\"")]
+    UnmatchedBrace {
+        /// The template as written.
+        template: String,
+    },
+    /// A placeholder naming something that changes per attempt (`{messageId}`, `{now}`).
+    #[error(
+        "{{{name}}} changes with every attempt or message, so retries would never match; \
+         derive the key from business facts in the payload, e.g. {{/orderId}}"
+    )]
+    PerAttemptPlaceholder {
+        /// The placeholder's name, without braces.
+        name: String,
+    },
+    /// A placeholder that is not a JSON pointer (`{orderId}` for `{/orderId}`).
+    #[error("{{{name}}} is not a JSON pointer into the payload (write {{/{name}}})")]
+    NotAPointer {
+        /// The placeholder's name, without braces.
+        name: String,
+    },
+    /// A template with no placeholder: every job would share one key.
+    #[error(
+        "key template \"{template}\" has no {{/field}} placeholder: every job would share one key \
+         (use \"none\" to opt out of keys)"
+    )]
+    NoPlaceholder {
+        /// The template as written.
+        template: String,
+    },
+    /// A pointed field holds an empty string.
+    #[error("key field {field} is empty")]
+    EmptyField {
+        /// The JSON pointer.
+        field: String,
+    },
+    /// A pointed field is absent or null.
+    #[error("key field {field} is missing from the payload")]
+    MissingField {
+        /// The JSON pointer.
+        field: String,
+    },
+    /// A pointed field is an object or an array.
+    #[error("key field {field} is an object or array, not a value")]
+    NotAScalar {
+        /// The JSON pointer.
+        field: String,
+    },
+    /// The payload is not JSON but the key template reads it.
+    #[error("payload is not valid JSON ({reason}); the key template {template} needs JSON")]
+    TemplatePayloadNotJson {
+        /// The parser's reason (a position, never payload text).
+        reason: String,
+        /// The template as written.
+        template: String,
+    },
+    /// The payload is not JSON but the key comes from its `idempotencyKey` field.
+    #[error("payload is not valid JSON ({reason}); the key comes from its idempotencyKey field")]
+    FieldPayloadNotJson {
+        /// The parser's reason (a position, never payload text).
+        reason: String,
+    },
+    /// No key template and no usable `idempotencyKey` field in the payload.
+    #[error(
+        "payload has no idempotencyKey field and the function has no key template \
+         (set aqw.functions.<name>.key, or \"none\" for naturally idempotent jobs)"
+    )]
+    NoPayloadKey,
+}
+
 impl TryFrom<String> for IdempotencyKey {
-    type Error = String;
-    fn try_from(text: String) -> Result<Self, String> {
+    type Error = KeyError;
+    fn try_from(text: String) -> Result<Self, KeyError> {
         Self::new(text)
     }
 }
@@ -34,10 +116,10 @@ impl std::ops::Deref for IdempotencyKey {
 
 impl IdempotencyKey {
     /// A key of `text`; an error when it is empty.
-    pub fn new(text: impl Into<String>) -> Result<Self, String> {
+    pub fn new(text: impl Into<String>) -> Result<Self, KeyError> {
         let text = text.into();
         if text.is_empty() {
-            return Err("the idempotency key is empty".into());
+            return Err(KeyError::Empty);
         }
         Ok(Self(text))
     }
@@ -81,7 +163,7 @@ pub struct KeyTemplate {
 }
 
 /// Why `{name}` (not a JSON pointer) cannot be a key placeholder.
-fn not_a_pointer(name: &str) -> String {
+fn not_a_pointer(name: &str) -> KeyError {
     const PER_ATTEMPT: [&str; 13] = [
         "messageid",
         "id",
@@ -98,13 +180,11 @@ fn not_a_pointer(name: &str) -> String {
         "insertiontime",
     ];
     let lower = name.to_ascii_lowercase().replace(['_', '-', '.'], "");
+    let name = name.to_string();
     if PER_ATTEMPT.contains(&lower.as_str()) {
-        format!(
-            "{{{name}}} changes with every attempt or message, so retries would never match; \
-             derive the key from business facts in the payload, e.g. {{/orderId}}"
-        )
+        KeyError::PerAttemptPlaceholder { name }
     } else {
-        format!("{{{name}}} is not a JSON pointer into the payload (write {{/{name}}})")
+        KeyError::NotAPointer { name }
     }
 }
 
@@ -113,7 +193,8 @@ impl KeyTemplate {
     /// and `{/pointer}` placeholders (`{{` and `}}` for braces). An error
     /// names what is wrong: an unclosed brace, a placeholder that is not a
     /// JSON pointer, no placeholder at all.
-    pub fn parse(source: &str) -> Result<Self, String> {
+    pub fn parse(source: &str) -> Result<Self, KeyError> {
+        let template = || source.to_string();
         let mut parts = Vec::new();
         let mut lit = String::new();
         let mut chars = source.chars().peekable();
@@ -138,7 +219,9 @@ impl KeyTemplate {
                         name.push(c);
                     }
                     if !closed {
-                        return Err(format!("unclosed '{{' in key template \"{source}\""));
+                        return Err(KeyError::UnclosedBrace {
+                            template: template(),
+                        });
                     }
                     if !name.starts_with('/') {
                         return Err(not_a_pointer(&name));
@@ -148,7 +231,11 @@ impl KeyTemplate {
                     }
                     parts.push(Part::Pointer(name));
                 }
-                '}' => return Err(format!("unmatched '}}' in key template \"{source}\"")),
+                '}' => {
+                    return Err(KeyError::UnmatchedBrace {
+                        template: template(),
+                    })
+                }
                 c => lit.push(c),
             }
         }
@@ -156,10 +243,9 @@ impl KeyTemplate {
             parts.push(Part::Literal(lit));
         }
         if !parts.iter().any(|p| matches!(p, Part::Pointer(_))) {
-            return Err(format!(
-                "key template \"{source}\" has no {{/field}} placeholder: every job would share one key \
-                 (use \"none\" to opt out of keys)"
-            ));
+            return Err(KeyError::NoPlaceholder {
+                template: template(),
+            });
         }
         Ok(Self {
             source: source.to_string(),
@@ -173,7 +259,8 @@ impl KeyTemplate {
     }
 
     /// Render the key from a payload. Reads the payload and nothing else.
-    pub fn render(&self, payload: &Value) -> Result<IdempotencyKey, String> {
+    pub fn render(&self, payload: &Value) -> Result<IdempotencyKey, KeyError> {
+        let field = |p: &str| p.to_string();
         let mut out = String::new();
         for part in &self.parts {
             match part {
@@ -182,13 +269,11 @@ impl KeyTemplate {
                     Some(Value::String(s)) if !s.is_empty() => out.push_str(s),
                     Some(Value::Number(n)) => out.push_str(&n.to_string()),
                     Some(Value::Bool(b)) => out.push_str(&b.to_string()),
-                    Some(Value::String(_)) => return Err(format!("key field {p} is empty")),
+                    Some(Value::String(_)) => return Err(KeyError::EmptyField { field: field(p) }),
                     Some(Value::Null) | None => {
-                        return Err(format!("key field {p} is missing from the payload"))
+                        return Err(KeyError::MissingField { field: field(p) })
                     }
-                    Some(_) => {
-                        return Err(format!("key field {p} is an object or array, not a value"))
-                    }
+                    Some(_) => return Err(KeyError::NotAScalar { field: field(p) }),
                 },
             }
         }
@@ -208,29 +293,27 @@ pub enum KeySpec {
 }
 
 /// Derive a job's idempotency key from its payload per the function's rule.
-pub fn derive_key(spec: &KeySpec, payload: &str) -> Result<Option<IdempotencyKey>, String> {
+pub fn derive_key(spec: &KeySpec, payload: &str) -> Result<Option<IdempotencyKey>, KeyError> {
     match spec {
         KeySpec::None => Ok(None),
         KeySpec::Template(t) => {
-            let json: serde_json::Value = serde_json::from_str(payload).map_err(|e| {
-                format!(
-                    "payload is not valid JSON ({e}); the key template {} needs JSON",
-                    t.source()
-                )
-            })?;
+            let json: serde_json::Value =
+                serde_json::from_str(payload).map_err(|e| KeyError::TemplatePayloadNotJson {
+                    reason: e.to_string(),
+                    template: t.source().to_string(),
+                })?;
             t.render(&json).map(Some)
         }
         KeySpec::PayloadField => {
-            let json: serde_json::Value = serde_json::from_str(payload).map_err(|e| {
-                format!(
-                    "payload is not valid JSON ({e}); the key comes from its idempotencyKey field"
-                )
-            })?;
+            let json: serde_json::Value =
+                serde_json::from_str(payload).map_err(|e| KeyError::FieldPayloadNotJson {
+                    reason: e.to_string(),
+                })?;
             match json.get("idempotencyKey") {
-                Some(serde_json::Value::String(s)) if !s.is_empty() => IdempotencyKey::new(s.clone()).map(Some),
-                _ => Err("payload has no idempotencyKey field and the function has no key template \
-                          (set aqw.functions.<name>.key, or \"none\" for naturally idempotent jobs)"
-                    .into()),
+                Some(serde_json::Value::String(s)) if !s.is_empty() => {
+                    IdempotencyKey::new(s.clone()).map(Some)
+                }
+                _ => Err(KeyError::NoPayloadKey),
             }
         }
     }
@@ -260,10 +343,29 @@ mod tests {
     fn template_names_the_missing_field() {
         let t = KeyTemplate::parse("receipt:{/orderId}").unwrap();
         let e = t.render(&json!({"other": 1})).unwrap_err();
-        assert!(e.contains("/orderId"), "{e}");
-        assert!(t.render(&json!({"orderId": ""})).is_err());
-        assert!(t.render(&json!({"orderId": null})).is_err());
-        assert!(t.render(&json!({"orderId": {"x": 1}})).is_err());
+        assert_eq!(
+            e,
+            KeyError::MissingField {
+                field: "/orderId".into()
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "key field /orderId is missing from the payload"
+        );
+        let field = || "/orderId".to_string();
+        assert_eq!(
+            t.render(&json!({"orderId": ""})),
+            Err(KeyError::EmptyField { field: field() })
+        );
+        assert_eq!(
+            t.render(&json!({"orderId": null})),
+            Err(KeyError::MissingField { field: field() })
+        );
+        assert_eq!(
+            t.render(&json!({"orderId": {"x": 1}})),
+            Err(KeyError::NotAScalar { field: field() })
+        );
     }
 
     #[test]
@@ -278,11 +380,27 @@ mod tests {
         ] {
             assert!(KeyTemplate::parse(bad).is_err(), "{bad}");
         }
-        assert!(KeyTemplate::parse("constant")
-            .unwrap_err()
-            .contains("share one key"));
-        assert!(KeyTemplate::parse("r:{/a").is_err());
-        assert!(KeyTemplate::parse("r:/a}").is_err());
+        assert!(matches!(
+            KeyTemplate::parse("r:{now}"),
+            Err(KeyError::PerAttemptPlaceholder { name }) if name == "now"
+        ));
+        assert!(matches!(
+            KeyTemplate::parse("r:{orderId}"),
+            Err(KeyError::NotAPointer { name }) if name == "orderId"
+        ));
+        let constant = KeyTemplate::parse("constant").unwrap_err();
+        assert!(
+            matches!(&constant, KeyError::NoPlaceholder { template } if template == "constant")
+        );
+        assert!(constant.to_string().contains("share one key"));
+        assert!(matches!(
+            KeyTemplate::parse("r:{/a"),
+            Err(KeyError::UnclosedBrace { .. })
+        ));
+        assert!(matches!(
+            KeyTemplate::parse("r:/a}"),
+            Err(KeyError::UnmatchedBrace { .. })
+        ));
     }
 
     #[test]

@@ -14,8 +14,8 @@ pub mod purge;
 pub mod record;
 pub mod store;
 
-pub use key::{derive_key, IdempotencyKey, KeySpec, KeyTemplate};
-pub use operator::{KeyQuery, PROVIDER_KEY_REPLACED};
+pub use key::{derive_key, IdempotencyKey, KeyError, KeySpec, KeyTemplate};
+pub use operator::{KeyQuery, KeyRefusal, PROVIDER_KEY_REPLACED};
 pub use purge::PurgeCandidate;
 pub use record::*;
 pub use store::*;

@@ -87,7 +87,7 @@ impl KeyStore {
         key: &IdempotencyKey,
         by: &str,
         reason: &str,
-    ) -> StorageResult<Result<String, String>> {
+    ) -> StorageResult<Result<String, KeyRefusal>> {
         let (pk, rk) = (key.partition_key(function), key.row_key());
         for _ in 0..5 {
             let Some((e, etag)) = self.table.get(&pk, &rk).await? else {
@@ -116,7 +116,7 @@ impl KeyStore {
         &self,
         function: &str,
         key: &IdempotencyKey,
-    ) -> StorageResult<Result<KeyRecord, String>> {
+    ) -> StorageResult<Result<KeyRecord, KeyRefusal>> {
         let (pk, rk) = (key.partition_key(function), key.row_key());
         let Some((e, _)) = self.table.get(&pk, &rk).await? else {
             return Ok(Err(never_claimed(key)));
@@ -129,29 +129,65 @@ impl KeyStore {
     }
 }
 
-fn never_claimed(key: &IdempotencyKey) -> String {
-    format!(
-        "key {} was never claimed: its first attempt mints a provider key",
-        key.as_str()
-    )
+/// Why an operator's change to a key (a new provider key, a close) is
+/// refused now; each names the key, as the operator gave it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyRefusal {
+    /// No record: its first attempt will mint a provider key.
+    #[error("key {key} was never claimed: its first attempt mints a provider key")]
+    NeverClaimed {
+        /// The key.
+        key: IdempotencyKey,
+    },
+    /// Done or cancelled: nothing is left to run.
+    #[error("key {key} is {}: nothing is left to run", .status.as_str())]
+    Settled {
+        /// The key.
+        key: IdempotencyKey,
+        /// Its settled status.
+        status: KeyStatus,
+    },
+    /// A live lease: an attempt is running right now.
+    #[error("key {key} is held by a running attempt; try again when it ends")]
+    Running {
+        /// The key.
+        key: IdempotencyKey,
+    },
+    /// A live lease of a named worker, while closing the key.
+    #[error("key {key} is held by a running attempt ({owner}); try again when it ends")]
+    RunningOn {
+        /// The key.
+        key: IdempotencyKey,
+        /// The lease owner (`-` when unnamed).
+        owner: String,
+    },
+    /// The record kept changing under the close; a retry may pass.
+    #[error("key {key} kept changing while closing it; try again")]
+    KeptChanging {
+        /// The key.
+        key: IdempotencyKey,
+    },
+}
+
+fn never_claimed(key: &IdempotencyKey) -> KeyRefusal {
+    KeyRefusal::NeverClaimed { key: key.clone() }
 }
 
 /// Why a key's provider key may not be replaced now: settled, or held by a
 /// running attempt.
-fn replace_refusal(rec: &KeyRecord, key: &IdempotencyKey, now: OffsetDateTime) -> Option<String> {
+fn replace_refusal(
+    rec: &KeyRecord,
+    key: &IdempotencyKey,
+    now: OffsetDateTime,
+) -> Option<KeyRefusal> {
+    let key = key.clone();
     if rec.status.is_settled() {
-        return Some(format!(
-            "key {} is {}: nothing is left to run",
-            key.as_str(),
-            rec.status.as_str()
-        ));
+        return Some(KeyRefusal::Settled {
+            key,
+            status: rec.status,
+        });
     }
-    rec.lease_live(now).map(|_| {
-        format!(
-            "key {} is held by a running attempt; try again when it ends",
-            key.as_str()
-        )
-    })
+    rec.lease_live(now).map(|_| KeyRefusal::Running { key })
 }
 
 /// The merge that gives `rec` the provider key `fresh`: the key, its new
@@ -204,7 +240,7 @@ impl KeyStore {
         key: &IdempotencyKey,
         by: &str,
         reason: &str,
-    ) -> StorageResult<Result<KeyStatus, String>> {
+    ) -> StorageResult<Result<KeyStatus, KeyRefusal>> {
         let (pk, rk) = (key.partition_key(function), key.row_key());
         let now = crate::clock::now_utc();
         let mut update = Entity::new();
@@ -224,11 +260,10 @@ impl KeyStore {
                         return Ok(Ok(rec.status));
                     }
                     if rec.lease_live(now).is_some() {
-                        return Ok(Err(format!(
-                            "key {} is held by a running attempt ({}); try again when it ends",
-                            key.as_str(),
-                            rec.lease_owner.as_deref().unwrap_or("-")
-                        )));
+                        return Ok(Err(KeyRefusal::RunningOn {
+                            key: key.clone(),
+                            owner: rec.lease_owner.as_deref().unwrap_or("-").to_string(),
+                        }));
                     }
                     match self.table.merge(&pk, &rk, &update, Some(&etag)).await {
                         Ok(_) => return Ok(Ok(KeyStatus::Cancelled)),
@@ -249,10 +284,7 @@ impl KeyStore {
                 Err(e) => return Err(e),
             }
         }
-        Ok(Err(format!(
-            "key {} kept changing while closing it; try again",
-            key.as_str()
-        )))
+        Ok(Err(KeyRefusal::KeptChanging { key: key.clone() }))
     }
 
     /// Count a replay on the key's record (best effort, no lease needed).

@@ -577,7 +577,7 @@ fn key_of<E>(
     match payload {
         Ok(p) => match derive_key(spec, p) {
             Ok(k) => (k, None),
-            Err(e) => (None, Some(e)),
+            Err(e) => (None, Some(e.to_string())),
         },
         Err(_) => (None, None),
     }

@@ -63,9 +63,9 @@ pub(super) async fn close_discarded(
                     "record {id} has no key (keyless job, or its key could not be derived); discard it without --close-key"
                 ))
             })
-            .and_then(|k| IdempotencyKey::new(k).map_err(OpsError::Usage))?;
+            .and_then(|k| IdempotencyKey::new(k).map_err(OpsError::Key))?;
         if let Err(refused) = ops.keys.cancel(&rec.function, &key, by, reason).await? {
-            return Err(OpsError::Usage(refused));
+            return Err(OpsError::Usage(refused.to_string()));
         }
     }
     ops.poison.close_discarded(&rec, by, reason, etag).await?;

@@ -49,30 +49,68 @@ impl Default for Delivery {
     }
 }
 
+/// Why a delay, time or time-to-live of an enqueue is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeliveryError {
+    /// A time-to-live under one second.
+    #[error("the time-to-live must be at least 1 second (or never)")]
+    TtlUnderASecond,
+    /// A time-to-live over the 7 days a message is sent with.
+    #[error(
+        "a time-to-live of {} is over the 7 days a message is sent with here; give never for a job that must not expire",
+        crate::span::fmt_span(*.ttl)
+    )]
+    TtlOverSevenDays {
+        /// The time-to-live asked for (whole seconds).
+        ttl: Duration,
+    },
+    /// A delay over the service's 7 days of invisibility.
+    #[error(
+        "a delay of {} is beyond the 7 days Queue Storage holds a message invisible; \
+         keep the job elsewhere and enqueue it later",
+        crate::span::fmt_span(*.delay)
+    )]
+    DelayOverSevenDays {
+        /// The delay asked for (whole seconds).
+        delay: Duration,
+    },
+    /// The job would expire before it becomes visible.
+    #[error(
+        "the job would expire before it is delivered: a delay of {} is not shorter \
+         than its time-to-live of {} (give a longer time-to-live, or never)",
+        crate::span::fmt_span(*.delay),
+        crate::span::fmt_span(*.lifetime)
+    )]
+    ExpiresFirst {
+        /// The delay (whole seconds).
+        delay: Duration,
+        /// The message's lifetime.
+        lifetime: Duration,
+    },
+    /// A delivery time not after now.
+    #[error("{when} is not in the future; leave the time out to enqueue now")]
+    NotInTheFuture {
+        /// The time asked for.
+        when: OffsetDateTime,
+    },
+}
+
 impl Delivery {
     /// Visible `delay` after the put, expiring per `ttl` (counted from the put).
-    pub fn after(delay: Duration, ttl: Ttl) -> Result<Self, String> {
-        let span = crate::span::fmt_span;
+    pub fn after(delay: Duration, ttl: Ttl) -> Result<Self, DeliveryError> {
         // The service counts whole seconds, rounded up here as the adapters
         // round them, so the checks below compare what is really sent.
         let (delay, ttl) = (whole_seconds(delay), whole_ttl(ttl));
         if let Ttl::After(t) = ttl {
             if t < Duration::from_secs(1) {
-                return Err("the time-to-live must be at least 1 second (or never)".into());
+                return Err(DeliveryError::TtlUnderASecond);
             }
             if t > SERVICE_DEFAULT_TTL {
-                return Err(format!(
-                    "a time-to-live of {} is over the 7 days a message is sent with here; give never for a job that must not expire",
-                    span(t)
-                ));
+                return Err(DeliveryError::TtlOverSevenDays { ttl: t });
             }
         }
         if delay > MAX_VISIBILITY_TIMEOUT {
-            return Err(format!(
-                "a delay of {} is beyond the 7 days Queue Storage holds a message invisible; \
-                 keep the job elsewhere and enqueue it later",
-                span(delay)
-            ));
+            return Err(DeliveryError::DelayOverSevenDays { delay });
         }
         let lifetime = match ttl {
             Ttl::Default => Some(SERVICE_DEFAULT_TTL),
@@ -80,23 +118,16 @@ impl Delivery {
             Ttl::After(t) => Some(t),
         };
         if let Some(lifetime) = lifetime.filter(|l| delay >= *l) {
-            return Err(format!(
-                "the job would expire before it is delivered: a delay of {} is not shorter \
-                 than its time-to-live of {} (give a longer time-to-live, or never)",
-                span(delay),
-                span(lifetime)
-            ));
+            return Err(DeliveryError::ExpiresFirst { delay, lifetime });
         }
         Ok(Self { delay, ttl })
     }
 
     /// Visible at `when` (after `now`), expiring per `ttl`.
-    pub fn at(when: OffsetDateTime, now: OffsetDateTime, ttl: Ttl) -> Result<Self, String> {
+    pub fn at(when: OffsetDateTime, now: OffsetDateTime, ttl: Ttl) -> Result<Self, DeliveryError> {
         let ahead = when - now;
         if !ahead.is_positive() {
-            return Err(format!(
-                "{when} is not in the future; leave the time out to enqueue now"
-            ));
+            return Err(DeliveryError::NotInTheFuture { when });
         }
         Self::after(Duration::try_from(ahead).unwrap_or(Duration::MAX), ttl)
     }
@@ -184,7 +215,7 @@ pub fn prepare_enqueue(
     let (text, claim_check) = if app.claim_check.applies_to(payload, app.message_encoding) {
         app.claim_check
             .refuse_oversize(payload.len())
-            .map_err(OpsError::Usage)?;
+            .map_err(|e| OpsError::Usage(e.to_string()))?;
         let body = ClaimCheckBody {
             container: app.claim_check.container.clone(),
             body: payload.to_string(),
@@ -192,7 +223,7 @@ pub fn prepare_enqueue(
         (String::new(), Some(body))
     } else {
         let text = crate::message::encode_checked(payload, app.message_encoding)
-            .map_err(OpsError::Usage)?;
+            .map_err(|e| OpsError::Usage(e.to_string()))?;
         (text, None)
     };
     Ok(PreparedEnqueue {
@@ -317,5 +348,5 @@ pub(crate) async fn corrected_text(ops: &super::QueueOps, payload: &str) -> OpsR
         let blobs = ops.blobs.as_ref();
         return Ok(crate::claim::put_as_reference(blobs, &ops.queue, payload, enc).await?);
     }
-    crate::message::encode_checked(payload, enc).map_err(OpsError::Usage)
+    crate::message::encode_checked(payload, enc).map_err(|e| OpsError::Usage(e.to_string()))
 }

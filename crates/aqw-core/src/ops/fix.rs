@@ -188,11 +188,11 @@ fn corrected(ops: &QueueOps, payload: &str) -> OpsResult<(FunctionConfig, Option
     let claim_check = &ops.app.claim_check;
     if !claim_check.applies_to(payload, ops.app.message_encoding) {
         crate::message::encode_checked(payload, ops.app.message_encoding)
-            .map_err(OpsError::Usage)?;
+            .map_err(|e| OpsError::Usage(e.to_string()))?;
     } else {
         claim_check
             .refuse_oversize(payload.len())
-            .map_err(OpsError::Usage)?;
+            .map_err(|e| OpsError::Usage(e.to_string()))?;
     }
     Ok((f, key))
 }

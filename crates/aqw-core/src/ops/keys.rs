@@ -1,6 +1,6 @@
 //! `aqw keys show`: the idempotency record of one key.
 
-use super::{OpsError, OpsResult};
+use super::OpsResult;
 use crate::config::AppConfig;
 use crate::idempotency::{IdempotencyKey, KeyRecord, KeyStore};
 use crate::storage::{Storage, StorageError};
@@ -12,7 +12,7 @@ pub async fn key_record(
     function: &str,
     key: &str,
 ) -> OpsResult<Option<KeyRecord>> {
-    let k = IdempotencyKey::new(key).map_err(OpsError::Usage)?;
+    let k = IdempotencyKey::new(key)?;
     let keys = KeyStore::new(storage.table(&app.keys_table));
     match keys.get(function, &k).await {
         Ok(r) => Ok(r),

@@ -33,7 +33,8 @@ mod window;
 pub use control::{control_store, pause, resume};
 pub use discard::discard;
 pub use enqueue::{
-    enqueue, enqueue_with, prepare_enqueue, with_trace_context, Delivery, Enqueued, PreparedEnqueue,
+    enqueue, enqueue_with, prepare_enqueue, with_trace_context, Delivery, DeliveryError, Enqueued,
+    PreparedEnqueue,
 };
 pub use fix::{fix, FixAction, FixReport};
 pub use keys::key_record;
@@ -65,6 +66,9 @@ pub enum OpsError {
     /// Bad arguments or config (exit 2).
     #[error("{0}")]
     Usage(String),
+    /// An idempotency key given or derived is invalid (exit 2).
+    #[error(transparent)]
+    Key(#[from] crate::idempotency::KeyError),
     /// Storage failed (exit 3).
     #[error(transparent)]
     Storage(#[from] StorageError),
@@ -164,7 +168,7 @@ impl QueueOps {
     /// body fetched through a reference checked for this queue
     /// ([`crate::claim::decode_body`]); else why not (show, a fix's
     /// redaction restore, a group fix and its preview).
-    pub async fn body_of(&self, rec: &PoisonRecord) -> Result<String, String> {
+    pub async fn body_of(&self, rec: &PoisonRecord) -> Result<String, crate::claim::BodyError> {
         let scope = self.claim_scope();
         crate::claim::decode_body(self.blobs.as_ref(), &rec.message, rec.encoding, scope).await
     }
@@ -179,7 +183,7 @@ impl QueueOps {
         let (Some(f), Some(k)) = (self.function.as_ref(), k) else {
             return Ok(None);
         };
-        let key = IdempotencyKey::new(k).map_err(OpsError::Usage)?;
+        let key = IdempotencyKey::new(k)?;
         match self.keys.get(&f.name, &key).await {
             Ok(r) => Ok(r),
             Err(StorageError::NotFound) => Ok(None),
@@ -190,38 +194,70 @@ impl QueueOps {
 
 /// A time bound of a filter: an RFC 3339 time, or a duration ago
 /// (`hh:mm:ss`), as `poison list --since` and the dashboard take it.
-pub fn parse_time(s: &str) -> Result<OffsetDateTime, String> {
+pub fn parse_time(s: &str) -> Result<OffsetDateTime, TimeBoundError> {
+    let text = || s.to_string();
     if let Ok(t) = OffsetDateTime::parse(s, &Rfc3339) {
         // In UTC, as the service compares it: a time at the edge of the
         // date type with a far offset (9999-12-31T23:59:59-23:59) has no
         // UTC form and is refused rather than panicking later.
-        return t.checked_to_offset(time::UtcOffset::UTC).ok_or_else(|| {
-            format!("\"{s}\" is out of range: give a time between the years -9999 and 9999 in UTC")
-        });
+        return t
+            .checked_to_offset(time::UtcOffset::UTC)
+            .ok_or_else(|| TimeBoundError::OutOfRange { text: text() });
     }
-    let ago = crate::config::parse_timespan(s).map_err(|_| {
-        format!("\"{s}\" is neither an RFC 3339 time nor a duration ago (hh:mm:ss)")
-    })?;
+    let ago =
+        crate::config::parse_timespan(s).map_err(|_| TimeBoundError::NotATime { text: text() })?;
     // A far-past bound (10000000.00:00:00 is some 27,000 years) is refused
     // rather than overflowing the date type.
     time::Duration::try_from(ago)
         .ok()
         .and_then(|ago| crate::clock::now_utc().checked_sub(ago))
-        .ok_or_else(|| format!("\"{s}\" reaches back before the year -9999: give a shorter duration ago or an RFC 3339 time"))
+        .ok_or_else(|| TimeBoundError::TooFarBack { text: text() })
+}
+
+/// Why a filter's time bound is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TimeBoundError {
+    /// An RFC 3339 time with no UTC form in the date type.
+    #[error("\"{text}\" is out of range: give a time between the years -9999 and 9999 in UTC")]
+    OutOfRange {
+        /// The bound as given.
+        text: String,
+    },
+    /// Neither an RFC 3339 time nor a timespan.
+    #[error("\"{text}\" is neither an RFC 3339 time nor a duration ago (hh:mm:ss)")]
+    NotATime {
+        /// The bound as given.
+        text: String,
+    },
+    /// A duration ago reaching before the date type's first year.
+    #[error("\"{text}\" reaches back before the year -9999: give a shorter duration ago or an RFC 3339 time")]
+    TooFarBack {
+        /// The bound as given.
+        text: String,
+    },
 }
 
 #[cfg(test)]
 mod parse_time_tests {
-    use super::parse_time;
+    use super::{parse_time, TimeBoundError};
 
     #[test]
     fn a_far_past_duration_is_an_error_not_a_panic() {
         let e = parse_time("10000000.00:00:00").unwrap_err();
+        assert!(matches!(e, TimeBoundError::TooFarBack { .. }));
+        let e = e.to_string();
         assert!(e.contains("10000000.00:00:00"), "{e}");
         assert!(parse_time("01:00:00").is_ok());
         assert!(parse_time("2026-12-01T00:00:00Z").is_ok());
-        assert!(parse_time("yesterday").is_err());
+        assert_eq!(
+            parse_time("yesterday"),
+            Err(TimeBoundError::NotATime {
+                text: "yesterday".into()
+            })
+        );
         let e = parse_time("9999-12-31T23:59:59-23:59").unwrap_err();
+        assert!(matches!(e, TimeBoundError::OutOfRange { .. }));
+        let e = e.to_string();
         assert!(e.contains("out of range"), "{e}");
         let t = parse_time("2026-12-01T01:00:00+01:00").unwrap();
         assert_eq!((t.offset(), t.hour()), (time::UtcOffset::UTC, 0));

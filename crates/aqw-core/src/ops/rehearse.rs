@@ -81,7 +81,7 @@ pub async fn rehearse_fix(ops: &QueueOps, id: &str, payload: &str) -> OpsResult<
         Ok(k) => report.new_key = k,
     }
     if let Err(e) = crate::message::encode_checked(payload, ops.app.message_encoding) {
-        report.refusal = Some(e);
+        report.refusal = Some(e.to_string());
         return Ok(report);
     }
     if let Some(k) = report.new_key.clone() {

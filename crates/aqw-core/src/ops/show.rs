@@ -68,7 +68,7 @@ pub async fn show(ops: &QueueOps, id: &str) -> OpsResult<ShowReport> {
         .as_ref()
         .and_then(|k| ProviderWindow::of(window, k, crate::clock::now_utc()));
     let mut record = record;
-    let body = ops.body_of(&record).await;
+    let body = ops.body_of(&record).await.map_err(|e| e.to_string());
     let redaction = ops.function.as_ref().map(|f| &f.redact);
     let (payload, payload_text, decode_error, redacted) = shown(&mut record, body, redaction);
     Ok(ShowReport {

@@ -58,16 +58,44 @@ impl CatchUp {
     }
 
     /// From the host.json spelling.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, ScheduleError> {
         match s {
             "latest" => Ok(CatchUp::Latest),
             "all" => Ok(CatchUp::All),
             "none" => Ok(CatchUp::None),
-            other => Err(format!(
-                "\"{other}\" is not a catch-up policy (latest, all or none)"
-            )),
+            other => Err(ScheduleError::UnknownCatchUp {
+                value: other.to_string(),
+            }),
         }
     }
+}
+
+/// Why a schedule's timing cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScheduleError {
+    /// A catch-up policy other than latest, all or none.
+    #[error("\"{value}\" is not a catch-up policy (latest, all or none)")]
+    UnknownCatchUp {
+        /// The policy as given.
+        value: String,
+    },
+    /// A pattern the cron parser refuses.
+    #[error("\"{pattern}\" is not a cron pattern: {reason}")]
+    BadCron {
+        /// The pattern as given.
+        pattern: String,
+        /// The parser's reason.
+        reason: String,
+    },
+    /// A zone that is not an IANA name.
+    #[error("\"{zone}\" is not an IANA time zone (e.g. Europe/Amsterdam)")]
+    UnknownTimeZone {
+        /// The zone as given.
+        zone: String,
+    },
+    /// An interval under one second.
+    #[error("the interval must be at least 1 second")]
+    IntervalUnderASecond,
 }
 
 /// When a schedule ticks.
@@ -88,17 +116,22 @@ pub enum When {
 
 impl When {
     /// A cron pattern in `zone` (IANA name; UTC when absent).
-    pub fn cron(pattern: &str, zone: Option<&str>) -> Result<Self, String> {
+    pub fn cron(pattern: &str, zone: Option<&str>) -> Result<Self, ScheduleError> {
         let cron = croner::parser::CronParser::builder()
             .seconds(croner::parser::Seconds::Optional)
             .build()
             .parse(pattern)
-            .map_err(|e| format!("\"{pattern}\" is not a cron pattern: {e}"))?;
+            .map_err(|e| ScheduleError::BadCron {
+                pattern: pattern.to_string(),
+                reason: e.to_string(),
+            })?;
         let zone = match zone {
             None => chrono_tz::UTC,
             Some(z) => z
                 .parse::<chrono_tz::Tz>()
-                .map_err(|_| format!("\"{z}\" is not an IANA time zone (e.g. Europe/Amsterdam)"))?,
+                .map_err(|_| ScheduleError::UnknownTimeZone {
+                    zone: z.to_string(),
+                })?,
         };
         Ok(When::Cron {
             pattern: pattern.to_string(),
@@ -109,9 +142,9 @@ impl When {
 
     /// Every `interval` (at least a second; no upper bound: a tick is a
     /// job put at its time, not a message held invisible until then).
-    pub fn every(interval: Duration) -> Result<Self, String> {
+    pub fn every(interval: Duration) -> Result<Self, ScheduleError> {
         if interval < Duration::from_secs(1) {
-            return Err("the interval must be at least 1 second".into());
+            return Err(ScheduleError::IntervalUnderASecond);
         }
         Ok(When::Every(interval))
     }
@@ -267,9 +300,24 @@ mod tests {
         // Five fields: minutes first.
         let w = When::cron("*/15 * * * *", None).unwrap();
         assert_eq!(w.next_after(t), Some(datetime!(2026-12-06 20:15:00 UTC)));
-        assert!(When::cron("not a cron", None).is_err());
-        assert!(When::cron("* * * * *", Some("Mars/Olympus")).is_err());
-        assert!(When::every(Duration::from_millis(10)).is_err());
+        assert!(matches!(
+            When::cron("not a cron", None),
+            Err(ScheduleError::BadCron { pattern, .. }) if pattern == "not a cron"
+        ));
+        assert!(matches!(
+            When::cron("* * * * *", Some("Mars/Olympus")),
+            Err(ScheduleError::UnknownTimeZone { zone }) if zone == "Mars/Olympus"
+        ));
+        assert!(matches!(
+            When::every(Duration::from_millis(10)),
+            Err(ScheduleError::IntervalUnderASecond)
+        ));
+        assert_eq!(
+            CatchUp::parse("some"),
+            Err(ScheduleError::UnknownCatchUp {
+                value: "some".into()
+            })
+        );
     }
 
     #[test]

@@ -204,7 +204,15 @@ async fn a_cancel_from_another_process_stops_it_before_the_next_record() {
         "at most the record in flight after the cancel: {closed_at_cancel} then {closed}"
     );
     let again = other.cancel(&op.id, "bob").await.unwrap();
-    assert!(again.unwrap_err().contains("already cancelled"));
+    let refused = again.unwrap_err();
+    assert!(matches!(
+        refused,
+        aqw_core::ops::operation::CancelRefusal::Finished {
+            state: aqw_core::ops::operation::OpState::Cancelled,
+            ..
+        }
+    ));
+    assert!(refused.to_string().contains("already cancelled"));
     let ops = env.ops();
     let rerun = execute(&ops, &other, &op.id, &executor("worker-b")).await;
     assert_eq!(

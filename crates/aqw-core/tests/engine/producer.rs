@@ -6,7 +6,7 @@
 
 use crate::common::*;
 use aqw_core::idempotency::KeyStatus;
-use aqw_core::ops::Delivery;
+use aqw_core::ops::{Delivery, DeliveryError};
 use aqw_core::producer::Producer;
 use aqw_core::storage::Ttl;
 use serde_json::json;
@@ -66,18 +66,32 @@ async fn a_delayed_job_waits_for_its_time_then_runs_once() {
 fn delivery_rules_refuse_what_the_service_would_or_what_would_expire_first() {
     // Beyond 7 days invisible: the service's limit, whatever the ttl.
     let e = Delivery::after(7 * DAY + Duration::from_secs(1), Ttl::Never).unwrap_err();
+    assert!(matches!(e, DeliveryError::DelayOverSevenDays { .. }));
+    let e = e.to_string();
     assert!(e.contains("7 days"), "{e}");
     // Not shorter than the time-to-live: it would expire undelivered.
-    let e = Delivery::after(7 * DAY, Ttl::Default).unwrap_err();
+    let e = Delivery::after(7 * DAY, Ttl::Default)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("expire before it is delivered"), "{e}");
     let e = Delivery::after(HOUR, Ttl::After(HOUR)).unwrap_err();
+    assert_eq!(
+        e,
+        DeliveryError::ExpiresFirst {
+            delay: HOUR,
+            lifetime: HOUR
+        }
+    );
+    let e = e.to_string();
     assert!(e.contains("expire before it is delivered"), "{e}");
     // A time-to-live of no time is refused; never is fine.
     assert!(Delivery::after(Duration::ZERO, Ttl::After(Duration::ZERO)).is_err());
     assert!(Delivery::after(7 * DAY, Ttl::Never).is_ok());
     assert!(Delivery::after(HOUR, Ttl::After(2 * HOUR)).is_ok());
     // Over 7 days the adapters would cut it short: refused, never is the way.
-    let e = Delivery::after(6 * DAY, Ttl::After(30 * DAY)).unwrap_err();
+    let e = Delivery::after(6 * DAY, Ttl::After(30 * DAY))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("give never"), "{e}");
     // Compared in the whole seconds the service takes: 1.5 s delay vs 2 s.
     assert!(Delivery::after(

@@ -22,7 +22,7 @@ pub use interactive::replay_group;
 /// A parsed JSON Patch (RFC 6902), as [`parse_patch`] gives it.
 pub use json_patch::Patch;
 pub use patch::{size_bound, PatchError, GROWTH_FACTOR, MAX_PATCH_OPS, MIN_SIZE_BOUND};
-pub use row::{Claim, OperationStore, Refresh};
+pub use row::{CancelRefusal, Claim, OperationStore, Refresh};
 pub use run::{execute, resume_idle, watch, ExecuteOptions, IDLE_SCAN_INTERVAL, LEASE};
 
 use super::{Filter, OpsError, OpsResult, QueueOps};
@@ -113,26 +113,63 @@ pub const MAX_PATCH_BYTES: usize = 16 * 1024;
 /// `text` as a JSON Patch (RFC 6902): a non-empty array of at most
 /// [`MAX_PATCH_OPS`] operations, at most [`MAX_PATCH_BYTES`]. The error
 /// says what is wrong, for exit 2 or a 400.
-pub fn parse_patch(text: &str) -> Result<json_patch::Patch, String> {
+pub fn parse_patch(text: &str) -> Result<json_patch::Patch, PatchRefusal> {
     if text.len() > MAX_PATCH_BYTES {
-        return Err(format!(
-            "the patch is {} bytes; at most {MAX_PATCH_BYTES}",
-            text.len()
-        ));
+        return Err(PatchRefusal::TooLarge {
+            bytes: text.len(),
+            max: MAX_PATCH_BYTES,
+        });
     }
-    let patch: json_patch::Patch = serde_json::from_str(text).map_err(|e| {
-        format!("not a JSON Patch (RFC 6902: an array of {{\"op\",\"path\",…}}): {e}")
-    })?;
+    let patch: json_patch::Patch =
+        serde_json::from_str(text).map_err(|e| PatchRefusal::NotAPatch {
+            reason: e.to_string(),
+        })?;
     if patch.0.is_empty() {
-        return Err("the patch has no operations".into());
+        return Err(PatchRefusal::NoOperations);
     }
     if patch.0.len() > MAX_PATCH_OPS {
-        return Err(format!(
-            "the patch has {} operations; at most {MAX_PATCH_OPS}",
-            patch.0.len()
-        ));
+        return Err(PatchRefusal::TooManyOperations {
+            count: patch.0.len(),
+            max: MAX_PATCH_OPS,
+        });
     }
     Ok(patch)
+}
+
+/// Why a group fix's JSON Patch is refused before it touches a record.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PatchRefusal {
+    /// Over [`MAX_PATCH_BYTES`].
+    #[error("the patch is {bytes} bytes; at most {max}")]
+    TooLarge {
+        /// The patch's length.
+        bytes: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Not an RFC 6902 array of operations.
+    #[error("not a JSON Patch (RFC 6902: an array of {{\"op\",\"path\",…}}): {reason}")]
+    NotAPatch {
+        /// The JSON reader's reason.
+        reason: String,
+    },
+    /// An empty array.
+    #[error("the patch has no operations")]
+    NoOperations,
+    /// Over [`MAX_PATCH_OPS`] operations.
+    #[error("the patch has {count} operations; at most {max}")]
+    TooManyOperations {
+        /// The operations given.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A `move`, `copy` or `test` reading a redacted field.
+    #[error("the patch reads {pointer:?}, a redacted field (or above or below one): a group fix may replace or remove a redacted field, never move, copy or test one")]
+    ReadsRedacted {
+        /// The pointer read (from the patch, not the payload).
+        pointer: String,
+    },
 }
 
 /// [`parse_patch`], refused when it reads a field `redact` masks: a `move`
@@ -140,7 +177,7 @@ pub fn parse_patch(text: &str) -> Result<json_patch::Patch, String> {
 /// one; a rule's `*` matches any segment) would carry its value into a key,
 /// a preview or a field shown unmasked, or answer a guess. Writing or
 /// removing one is fine.
-pub fn parse_patch_for(text: &str, redact: &Redaction) -> Result<json_patch::Patch, String> {
+pub fn parse_patch_for(text: &str, redact: &Redaction) -> Result<json_patch::Patch, PatchRefusal> {
     use json_patch::PatchOperation as Op;
     let patch = parse_patch(text)?;
     for op in &patch.0 {
@@ -151,9 +188,7 @@ pub fn parse_patch_for(text: &str, redact: &Redaction) -> Result<json_patch::Pat
             _ => None,
         };
         if let Some(p) = read.filter(|p| redact.touches(p)) {
-            return Err(format!(
-                "the patch reads {p:?}, a redacted field (or above or below one): a group fix may replace or remove a redacted field, never move, copy or test one"
-            ));
+            return Err(PatchRefusal::ReadsRedacted { pointer: p });
         }
     }
     Ok(patch)
@@ -262,16 +297,26 @@ pub struct Selection {
 
 impl Selection {
     /// The filter of `poison list` this selection is, forced to open records.
-    pub fn filter(&self) -> Result<Filter, String> {
+    pub fn filter(&self) -> Result<Filter, SelectionError> {
         let time = |s: &Option<String>| {
             s.as_deref()
-                .map(|t| OffsetDateTime::parse(t, &Rfc3339).map_err(|e| format!("{t:?}: {e}")))
+                .map(|t| {
+                    OffsetDateTime::parse(t, &Rfc3339).map_err(|e| SelectionError::Time {
+                        text: t.to_string(),
+                        reason: e.to_string(),
+                    })
+                })
                 .transpose()
         };
         let error = self
             .error
             .as_deref()
-            .map(|re| regex::Regex::new(re).map_err(|e| format!("error pattern {re:?}: {e}")))
+            .map(|re| {
+                regex::Regex::new(re).map_err(|e| SelectionError::ErrorPattern {
+                    pattern: re.to_string(),
+                    reason: e.to_string(),
+                })
+            })
             .transpose()?;
         let cutoff = Some(self.cutoff.clone());
         let until = match (time(&self.until)?, time(&cutoff)?) {
@@ -346,7 +391,7 @@ pub async fn select_open(
     ops: &QueueOps,
     sel: &Selection,
 ) -> OpsResult<Vec<(PoisonRecord, Option<Etag>)>> {
-    let filter = sel.filter().map_err(OpsError::Usage)?;
+    let filter = sel.filter().map_err(|e| OpsError::Usage(e.to_string()))?;
     let none = Redaction::default();
     let redact = ops.function.as_ref().map_or(&none, |f| &f.redact);
     let mut all = super::replay::select(ops, &filter).await?;
@@ -376,7 +421,7 @@ pub async fn preview_fix(
     patch: &json_patch::Patch,
 ) -> Result<String, PatchError> {
     let left = PatchError::NotApplied;
-    let body = ops.body_of(rec).await.map_err(left)?;
+    let body = ops.body_of(rec).await.map_err(|e| left(e.to_string()))?;
     let corrected = apply_patch(patch, &body)?;
     let f = ops.function.as_ref();
     let f = f.ok_or_else(|| left("no function consumes this queue".into()))?;
@@ -385,6 +430,28 @@ pub async fn preview_fix(
         Ok(None) => Ok("keyless".into()),
         Err(e) => Err(left(format!("would be poisoned at once: {e}"))),
     }
+}
+
+/// Why a stored selection gives no filter (a row written by hand or by an
+/// older version: the CLI and dashboard check both before creating one).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectionError {
+    /// A time bound that is not RFC 3339.
+    #[error("{text:?}: {reason}")]
+    Time {
+        /// The bound as stored.
+        text: String,
+        /// The parser's reason.
+        reason: String,
+    },
+    /// An error pattern that is not a regular expression.
+    #[error("error pattern {pattern:?}: {reason}")]
+    ErrorPattern {
+        /// The pattern as stored.
+        pattern: String,
+        /// The regex compiler's reason.
+        reason: String,
+    },
 }
 
 /// What an operator asks for; [`OperationStore::create`] makes it a row.

@@ -248,23 +248,28 @@ impl OperationStore {
 
     /// Cancel `id` on behalf of `by`: the executor sees it before its next
     /// record. `Err` with why when it is unknown or already finished.
-    pub async fn cancel(&self, id: &str, by: &str) -> StorageResult<Result<Operation, String>> {
+    pub async fn cancel(
+        &self,
+        id: &str,
+        by: &str,
+    ) -> StorageResult<Result<Operation, CancelRefusal>> {
+        let id_ = || id.to_string();
         loop {
             let Some((op, etag)) = self.get(id).await? else {
-                return Ok(Err(format!("no operation {id}")));
+                return Ok(Err(CancelRefusal::Unknown { id: id_() }));
             };
             if op.state.is_final() {
-                return Ok(Err(format!(
-                    "operation {id} is already {}",
-                    op.state.as_str()
-                )));
+                return Ok(Err(CancelRefusal::Finished {
+                    id: id_(),
+                    state: op.state,
+                }));
             }
             let why = format!("cancelled by {}", one_line(by));
             let update = stop_update(OpState::Cancelled, &why);
             match self.table.merge(PARTITION, id, &update, Some(&etag)).await {
                 Ok(_) => {
                     let now = self.get(id).await?.map(|(o, _)| o);
-                    return Ok(now.ok_or_else(|| format!("operation {id} vanished")));
+                    return Ok(now.ok_or_else(|| CancelRefusal::Vanished { id: id_() }));
                 }
                 Err(StorageError::PreconditionFailed) => continue,
                 Err(e) => return Err(e),
@@ -594,4 +599,29 @@ fn kind_of(e: &Entity) -> OpKind {
             name: other.unwrap_or_default().to_string(),
         },
     }
+}
+
+/// Why an operation was not cancelled.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CancelRefusal {
+    /// No operation has this id.
+    #[error("no operation {id}")]
+    Unknown {
+        /// The id asked for.
+        id: String,
+    },
+    /// It has already finished (done, failed or cancelled).
+    #[error("operation {id} is already {}", .state.as_str())]
+    Finished {
+        /// The id.
+        id: String,
+        /// Its final state.
+        state: super::OpState,
+    },
+    /// Its row went away during the cancel.
+    #[error("operation {id} vanished")]
+    Vanished {
+        /// The id.
+        id: String,
+    },
 }

@@ -558,7 +558,7 @@ impl Hands<'_> {
         let redact = self.ops.function.as_ref().map_or(&none, |f| &f.redact);
         let checked = match super::fix_refused(self.ops) {
             Some(why) => Err(why),
-            None => super::parse_patch_for(patch, redact),
+            None => super::parse_patch_for(patch, redact).map_err(|e| e.to_string()),
         };
         let patch = match checked {
             Ok(p) => p,
