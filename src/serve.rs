@@ -199,8 +199,7 @@ pub enum Shape {
 #[derive(Debug, Clone)]
 pub struct Invocation {
     pub message: ReceivedMessage,
-    /// The payload, decoded once here: the job reads it, not the text
-    /// (which is re-encoded only for a poison copy or a parked copy).
+    /// The payload decoded once: the job reads it; the text is for copies.
     pub payload: aqw_core::message::Payload,
     pub shape: Shape,
     /// Metadata fields the payload's own top-level properties replaced (the
@@ -253,15 +252,12 @@ pub fn parse_invocation(
         payload_fields: payload_fields(payload.as_deref()),
     };
     let shadowed = meta.shadowed();
-    let decoded = match payload {
-        Some(p) => aqw_core::message::Payload::decoded(p),
-        None => aqw_core::message::Payload::decode(&text, encoding),
-    };
+    let decoded = payload.map_or_else(
+        || aqw_core::message::Payload::decode(&text, encoding),
+        aqw_core::message::Payload::decoded,
+    );
     let insertion = meta.time("InsertionTime")?;
-    let id = match meta.id()? {
-        Some(id) => id,
-        None => derived_id(insertion, &text),
-    };
+    let id = meta.id()?.unwrap_or_else(|| derived_id(insertion, &text));
     let now = OffsetDateTime::now_utc();
     Ok(Invocation {
         message: ReceivedMessage {
