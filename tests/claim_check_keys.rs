@@ -83,12 +83,24 @@ fn open(app: &TestApp) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
+/// The `n` open records, once each one's key says poisoned too: a worker
+/// writes the record and its copy, then marks the key (`job/settle.rs`), so
+/// a record can be listed before its key says so (CI saw `pending`).
 async fn poisoned(app: &TestApp, n: usize) -> Vec<(String, String)> {
-    eventually(&format!("{n} open record(s)"), DEADLINE, || async {
+    let records = eventually(&format!("{n} open record(s)"), DEADLINE, || async {
         let got = open(app);
         (got.len() == n).then_some(got)
     })
-    .await
+    .await;
+    for (_, key) in &records {
+        let key = aqw_core::idempotency::IdempotencyKey::new(key.clone()).unwrap();
+        eventually(&format!("key {key:?} poisoned"), DEADLINE, || async {
+            let rec = app.keys().get("Job", &key).await.ok()??;
+            (rec.status == aqw_core::idempotency::KeyStatus::Poisoned).then_some(())
+        })
+        .await;
+    }
+    records
 }
 
 /// The dry run's row of record `id`, with the lines beneath it.

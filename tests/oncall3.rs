@@ -123,6 +123,13 @@ async fn a_timed_out_payment_is_proved_once_by_the_providers_replay() {
         text(&out).contains(&id).then_some(())
     })
     .await;
+    // The worker marks the key poisoned after writing the record.
+    let key = aqw_core::idempotency::IdempotencyKey::new("pay:o-77".to_string()).unwrap();
+    eventually("the payment's key poisoned", DEADLINE, || async {
+        let rec = app.keys().get("Job", &key).await.ok()??;
+        (rec.status == aqw_core::idempotency::KeyStatus::Poisoned).then_some(())
+    })
+    .await;
     let status = text(&aqw(app.path(), &["status"]));
     assert!(status.contains("(1 worker(s) polling)"), "{status}");
     the_uncertain_attempt_stands_out(&app, &id);
