@@ -333,7 +333,7 @@ impl Operator {
             if let Ok(r) = store.cancel(id, "sim").await {
                 let state = r
                     .map(|op| op.state.as_str().to_string())
-                    .unwrap_or_else(|e| e);
+                    .unwrap_or_else(|e| e.to_string());
                 world.note(format!("operation {id} cancel: {state}"));
                 return;
             }
