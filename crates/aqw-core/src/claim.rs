@@ -43,7 +43,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// The reserved member of a reference.
-pub const MARKER: &str = "aqw.claimCheck";
+#[cfg(test)]
+const MARKER: &str = "aqw.claimCheck";
 /// How every reference aqw writes begins: the worker looks no further into
 /// a payload that does not begin so (a cheap test on every message).
 const PREFIX: &str = "{\"aqw.claimCheck\":";
@@ -97,7 +98,7 @@ impl ClaimCheck {
 
     /// A producer's refusal of a body of `len` bytes bound for a blob that
     /// no worker would fetch (over [`ClaimCheck::max_bytes`]).
-    pub fn refuse_oversize(&self, len: usize) -> Result<(), Oversize> {
+    pub(crate) fn refuse_oversize(&self, len: usize) -> Result<(), Oversize> {
         match len as u64 > self.max_bytes {
             true => Err(Oversize {
                 len,
@@ -109,7 +110,7 @@ impl ClaimCheck {
 
     /// Whether `payload` goes to a blob under these settings when messages
     /// are encoded per `encoding` (never above what a message holds).
-    pub fn applies_to(&self, payload: &str, encoding: MessageEncoding) -> bool {
+    pub(crate) fn applies_to(&self, payload: &str, encoding: MessageEncoding) -> bool {
         self.enabled && payload.len() > self.threshold.min(max_payload(encoding))
     }
 }
@@ -203,7 +204,7 @@ pub enum Invalid {
 }
 
 /// A reference that passed [`Reference::check`] for the queue it was read
-/// from: the only kind [`fetch`] and [`refresh_text`] ask storage about.
+/// from: the only kind [`fetch`] and `refresh_text` ask storage about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checked(Reference);
 
@@ -316,7 +317,7 @@ pub enum FetchError {
 impl FetchError {
     /// The kind a job is poisoned with, or `None` for a storage failure
     /// (retried).
-    pub fn poison_kind(&self) -> Option<ErrorKind> {
+    pub(crate) fn poison_kind(&self) -> Option<ErrorKind> {
         match self {
             FetchError::Invalid(_) => Some(ErrorKind::ClaimCheckInvalid),
             FetchError::Missing(_) => Some(ErrorKind::ClaimCheckMissing),
@@ -335,7 +336,11 @@ fn shown(name: &str) -> String {
 
 /// Write `body` as the blob of its reference on `queue` (creating the
 /// container when it is missing) and return the reference.
-pub async fn put_body(blobs: &dyn BlobStore, queue: &str, body: &str) -> StorageResult<Reference> {
+pub(crate) async fn put_body(
+    blobs: &dyn BlobStore,
+    queue: &str,
+    body: &str,
+) -> StorageResult<Reference> {
     let reference = Reference::of(queue, body);
     match blobs.put(&reference.blob, body.as_bytes()).await {
         Err(StorageError::NotFound) => {
@@ -403,7 +408,7 @@ pub async fn resolve(
 /// body fetched and checked: the payload the handler gets (`poison show`,
 /// a fix's redaction restore, a group fix and its preview). The error is a
 /// decode or fetch error's text.
-pub async fn decode_body(
+pub(crate) async fn decode_body(
     blobs: &dyn BlobStore,
     text: &str,
     encoding: MessageEncoding,
@@ -434,7 +439,7 @@ pub async fn put_as_reference(
 /// [`FetchError::Missing`] (the job cannot be replayed: its body is gone).
 /// A reference that fails [`Reference::check`] is [`FetchError::Invalid`]
 /// and touches nothing: only a queue's own blobs are ever written.
-pub async fn refresh_text(
+pub(crate) async fn refresh_text(
     blobs: &dyn BlobStore,
     text: &str,
     encoding: MessageEncoding,
@@ -462,7 +467,7 @@ pub async fn refresh_text(
 /// `claim_check_missing` when it runs, visibly; an invalid reference as
 /// `claim_check_invalid`, and nothing is touched for it); one request, and
 /// only for a valid reference.
-pub async fn refresh_before_reput(
+pub(crate) async fn refresh_before_reput(
     blobs: &dyn BlobStore,
     text: &str,
     encoding: MessageEncoding,

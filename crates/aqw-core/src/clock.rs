@@ -1,5 +1,5 @@
 //! The engine's wall clock: [`now_utc`] is the system's UTC time, unless a
-//! simulation turned on [`simulate`], in which case it follows tokio's
+//! simulation turned on `simulate`, in which case it follows tokio's
 //! clock, so a `#[tokio::test(start_paused = true)]` moves records, key
 //! ages and retention cutoffs days ahead in milliseconds, together with the
 //! in-memory store's own timestamps.
@@ -50,7 +50,7 @@ fn anchor() -> &'static (OffsetDateTime, std::time::Instant) {
 /// Follow tokio's clock from now on, in this process (simulations and
 /// tests only: a real deployment keeps the system clock, which NTP
 /// corrects and a monotonic clock would drift from over months).
-pub fn simulate() {
+pub(crate) fn simulate() {
     anchor();
     SIMULATED.store(true, Ordering::Relaxed);
 }
@@ -59,7 +59,7 @@ pub fn simulate() {
 /// (call it inside the runtime): a seeded simulation's clock starts at the
 /// same instant whatever the real time, so whole-second boundaries, record
 /// times and schedule ticks fall alike on every run of a seed. Other
-/// threads keep [`simulate`]'s clock.
+/// threads keep `simulate`'s clock.
 pub fn simulate_from(wall: OffsetDateTime) {
     simulate();
     PINNED.with(|p| p.set(Some((wall, tokio::time::Instant::now()))));
@@ -123,7 +123,7 @@ where
     tokio::spawn(carry(fut))
 }
 
-/// Whether [`simulate`] was called.
+/// Whether `simulate` was called.
 pub fn simulated() -> bool {
     SIMULATED.load(Ordering::Relaxed)
 }

@@ -47,7 +47,7 @@ mod col {
 
 /// The highest rate an evidence row may carry (calls/s): anything above is input
 /// gone wrong, ignored.
-pub const MAX_SHARED_RATE: f64 = 1_000_000.0;
+const MAX_SHARED_RATE: f64 = 1_000_000.0;
 
 /// One replica's breaker evidence for one function, as published. Times
 /// are Unix milliseconds on the publisher's clock.
@@ -58,7 +58,7 @@ pub struct EvidenceRow {
     /// The publishing replica (a hash of its worker id).
     pub replica: String,
     /// When it was written.
-    pub at_ms: i64,
+    pub(crate) at_ms: i64,
     /// Its successes in the breaker's window.
     pub successes: u32,
     /// Its last success.
@@ -175,7 +175,7 @@ pub struct PublishedBreaker {
     /// own, which later states' writes leave alone, so a replica that
     /// published over a close it never read still learns of it.
     #[serde(skip)]
-    pub probe_closed_at: Option<String>,
+    pub(crate) probe_closed_at: Option<String>,
 }
 
 /// One function's control row, read.
@@ -340,7 +340,7 @@ impl ControlStore {
     }
 
     /// Publish this replica's evidence for a function (one upsert).
-    pub async fn publish_evidence(&self, row: &EvidenceRow) -> StorageResult<()> {
+    pub(crate) async fn publish_evidence(&self, row: &EvidenceRow) -> StorageResult<()> {
         self.upsert(
             &EvidenceRow::row_key(&row.function, &row.replica),
             row.to_entity(),
@@ -350,7 +350,7 @@ impl ControlStore {
 
     /// Remove a replica's evidence row (it has nothing to say any more, or
     /// its replica is long gone); a row already gone is fine.
-    pub async fn delete_evidence(&self, function: &str, replica: &str) -> StorageResult<()> {
+    pub(crate) async fn delete_evidence(&self, function: &str, replica: &str) -> StorageResult<()> {
         let rk = EvidenceRow::row_key(function, replica);
         match self.table.delete(PARTITION, &rk).await {
             Ok(_) | Err(StorageError::NotFound) => Ok(()),

@@ -128,14 +128,14 @@ impl Gate {
     }
 
     /// Share the function's adaptive rate with the fleet through this gate.
-    pub fn with_adaptive(mut self, adaptive: std::sync::Arc<AdaptiveRate>) -> Self {
+    pub(crate) fn with_adaptive(mut self, adaptive: std::sync::Arc<AdaptiveRate>) -> Self {
         self.adaptive = Some(adaptive);
         self
     }
 
     /// Name the storage account its control table is in (the connection
     /// setting), so gates on one table share one watch query.
-    pub fn on_account(mut self, account: &str) -> Self {
+    pub(crate) fn on_account(mut self, account: &str) -> Self {
         self.control_account = account.to_string();
         self
     }

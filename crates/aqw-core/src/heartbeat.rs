@@ -12,11 +12,11 @@ use time::OffsetDateTime;
 use tokio::time::Instant;
 
 /// How often a worker writes its heartbeat for one queue.
-pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(60);
+pub(crate) const HEARTBEAT_EVERY: Duration = Duration::from_secs(60);
 
 /// A worker whose last poll is older than this is reported as not polling
 /// (three missed heartbeats: a slow poll or a storage blip is not an alarm).
-pub const HEARTBEAT_STALE: Duration = Duration::from_secs(180);
+const HEARTBEAT_STALE: Duration = Duration::from_secs(180);
 
 /// One worker's last poll of a queue.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -102,7 +102,7 @@ impl Pacer {
 }
 
 /// Whether `last_poll` (RFC 3339) is within [`HEARTBEAT_STALE`] of `now`.
-pub fn is_recent(last_poll: &str, now: OffsetDateTime) -> bool {
+pub(crate) fn is_recent(last_poll: &str, now: OffsetDateTime) -> bool {
     let format = time::format_description::well_known::Rfc3339;
     OffsetDateTime::parse(last_poll, &format)
         .is_ok_and(|t| now - t <= time::Duration::try_from(HEARTBEAT_STALE).unwrap_or_default())

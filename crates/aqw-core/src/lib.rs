@@ -156,7 +156,7 @@ pub mod retry;
 pub mod runtime;
 pub mod schedule;
 pub mod scrub;
-pub mod span;
+pub(crate) mod span;
 pub mod storage;
 pub mod traces;
 pub mod worker;

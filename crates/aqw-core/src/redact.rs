@@ -26,7 +26,7 @@ use std::borrow::Cow;
 pub const MASK: &str = "[redacted]";
 
 /// The pointer segment that matches every array element and object member.
-pub const WILDCARD: &str = "*";
+const WILDCARD: &str = "*";
 
 /// Why a configured redaction pointer is refused; each names the pointer's
 /// position in the list and the pointer (configuration, not payload).
@@ -170,7 +170,7 @@ impl Redaction {
     /// Whether the concrete pointer `path` (a JSON Patch operation's) is at,
     /// under or above a redacted field; a `*` of a rule matches any one
     /// segment, and the empty path (the whole document) is above them all.
-    pub fn touches(&self, path: &str) -> bool {
+    pub(crate) fn touches(&self, path: &str) -> bool {
         self.pointers.iter().any(|r| prefix_related(r, path))
     }
 
@@ -297,7 +297,7 @@ fn reached(value: &Value, segs: &[&str]) -> Vec<String> {
 }
 
 /// The first key found twice in one object of the JSON `text`, if any.
-pub fn duplicate_key(text: &str) -> Option<String> {
+fn duplicate_key(text: &str) -> Option<String> {
     let err = serde_json::from_str::<Unique>(text).err()?;
     // The marker (a NUL, which no serde_json message holds) sets our error
     // apart from a syntax error, which is not a duplicate.

@@ -36,7 +36,7 @@ pub const SETTLE: Duration = Duration::from_secs(6);
 /// The most failing jobs one replica tracks (and publishes): memory and the
 /// row stay bounded whatever the outage; past it the oldest are dropped,
 /// which only under-counts a streak already far over any sensible trip.
-pub const MAX_TRACKED: usize = 64;
+pub(crate) const MAX_TRACKED: usize = 64;
 
 /// Success slices per window.
 const SLICES: u32 = 20;
@@ -76,7 +76,7 @@ impl Evidence {
     }
 
     /// A job failed retryably.
-    pub fn failure(&mut self, now: Instant, job: u64) {
+    pub(crate) fn failure(&mut self, now: Instant, job: u64) {
         let f = self.failing.entry(job).or_insert(Failing {
             first: now,
             last: now,
@@ -96,7 +96,7 @@ impl Evidence {
     }
 
     /// Drop what is older than both rules look back.
-    pub fn prune(&mut self, now: Instant, s: &BreakerSettings) {
+    pub(crate) fn prune(&mut self, now: Instant, s: &BreakerSettings) {
         let keep = s.window.max(s.quiet_window);
         self.failing
             .retain(|_, f| now.saturating_duration_since(f.last) < keep);
@@ -123,7 +123,7 @@ impl Evidence {
     }
 
     /// Whether it changed since [`Evidence::published`].
-    pub fn changed(&self) -> bool {
+    pub(crate) fn changed(&self) -> bool {
         self.changed
     }
 
@@ -138,7 +138,7 @@ impl Evidence {
     }
 
     /// Successes in the window.
-    pub fn success_count(&self) -> u32 {
+    pub(crate) fn success_count(&self) -> u32 {
         self.successes.iter().map(|(_, n)| n).sum()
     }
 
@@ -181,7 +181,7 @@ pub struct FleetView {
 
 impl FleetView {
     /// Whether any other replica reports a failing job.
-    pub fn has_failures(&self) -> bool {
+    pub(crate) fn has_failures(&self) -> bool {
         !self.failing.is_empty()
     }
 }
@@ -196,7 +196,7 @@ pub struct Tally {
     /// Distinct jobs failing since the fleet's last success, within the quiet window.
     pub streak: u32,
     /// When the oldest of the streak failed.
-    pub streak_since: Option<Instant>,
+    streak_since: Option<Instant>,
 }
 
 /// Which rule tripped.

@@ -20,7 +20,7 @@
 //! receives nothing and parks what it holds, until the row says closed
 //! ([`Breaker::release`]) or the publisher falls silent, and only then
 //! probes itself (so the fleet probes through one or two replicas, not all).
-//! After a close, concurrency ramps up from the probe count, doubling every [`RAMP_STEP`].
+//! After a close, concurrency ramps up from the probe count, doubling every `RAMP_STEP`.
 //!
 //! Half-open, the breaker does not stay open on the evidence of a few
 //! jobs: until `consecutiveFailures` distinct jobs failed its probes, the
@@ -30,7 +30,8 @@
 
 pub mod evidence;
 
-pub use evidence::{job_id, Evidence, Failing, FleetView, Rule, Tally};
+pub use evidence::{job_id, Failing, Rule};
+pub(crate) use evidence::{Evidence, FleetView, Tally};
 use std::collections::BTreeSet;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -171,7 +172,7 @@ impl Transition {
 
     /// Whether this replica made the change itself (and so publishes it on
     /// the control row and alerts), rather than following the fleet.
-    pub fn own(&self) -> bool {
+    pub(crate) fn own(&self) -> bool {
         !matches!(self, Transition::Followed | Transition::Released)
     }
 }
@@ -192,19 +193,19 @@ const PROBE_POLL: Duration = Duration::from_millis(200);
 /// the fleet's evidence itself: three control reads, time for the first in
 /// line to read the same evidence and for its `open` row to reach this
 /// one (which then follows instead).
-pub const LEADER_GRACE: Duration = Duration::from_secs(6);
+const LEADER_GRACE: Duration = Duration::from_secs(6);
 
 /// After a close, the receive allowance doubles this often, from the probe
 /// count up to a full batch.
-pub const RAMP_STEP: Duration = Duration::from_secs(1);
+const RAMP_STEP: Duration = Duration::from_secs(1);
 
 /// Ramp steps after a close: from the probe count to 2^10 times it.
-pub const RAMP_STEPS: u32 = 10;
+const RAMP_STEPS: u32 = 10;
 
 /// The most jobs one opening remembers as having failed a probe: past it a
 /// repeat counts as new (one more reopening), which only errs toward
 /// holding.
-pub const MAX_PROBED: usize = 64;
+const MAX_PROBED: usize = 64;
 
 /// One function's breaker.
 #[derive(Debug, Clone)]
@@ -303,7 +304,7 @@ impl Breaker {
     /// Another replica's probe closed the fleet's breaker after this
     /// replica's own last transition: an own open or probing breaker closes
     /// too (as if its own probe had succeeded), as a following one does.
-    pub fn release_any(&mut self, now: Instant) -> Option<Transition> {
+    pub(crate) fn release_any(&mut self, now: Instant) -> Option<Transition> {
         match self.state {
             State::Closed => None,
             _ => {
@@ -351,9 +352,9 @@ impl Breaker {
     }
 
     /// While a closed breaker ramps up after an opening: how many jobs
-    /// may be in flight now, the probe count doubling every [`RAMP_STEP`]
+    /// may be in flight now, the probe count doubling every `RAMP_STEP`
     /// since the close; `None` once the ramp is over (after
-    /// [`RAMP_STEPS`] steps) or when it never opened.
+    /// `RAMP_STEPS` steps) or when it never opened.
     pub fn allowance(&self, now: Instant) -> Option<u32> {
         let at = self.closed_at.filter(|_| self.state == State::Closed)?;
         let steps = now.saturating_duration_since(at).as_millis() / RAMP_STEP.as_millis().max(1);
@@ -468,7 +469,7 @@ impl Breaker {
     /// watch): kept for the next verdicts, and a verdict now.
     /// `deferred`: another replica reporting failures (the lowest id) is
     /// first in line, so one alert goes out and the rest follow its row;
-    /// this one trips on the fleet's evidence after [`LEADER_GRACE`].
+    /// this one trips on the fleet's evidence after `LEADER_GRACE`.
     pub fn observe_fleet(
         &mut self,
         now: Instant,
@@ -514,7 +515,7 @@ impl Breaker {
     }
 
     /// Mark this replica's evidence as published.
-    pub fn evidence_published(&mut self) {
+    pub(crate) fn evidence_published(&mut self) {
         self.own.published();
     }
 
@@ -526,7 +527,7 @@ impl Breaker {
     /// Whether this replica should publish its evidence now: it has
     /// failures, or another replica has and this one's successes (or the
     /// emptying of its failures) must be heard; and it changed since.
-    pub fn evidence_due(&self) -> bool {
+    pub(crate) fn evidence_due(&self) -> bool {
         self.own.changed() && (self.own.failing().next().is_some() || self.fleet.has_failures())
     }
 

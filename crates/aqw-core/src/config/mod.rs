@@ -19,7 +19,7 @@ pub use crate::handler::{HandlerSpec, ProviderAnswers};
 pub use connection::StorageAccount;
 pub use retention::{
     check_key_retention, key_retention_floor, Retention, RetentionError, SweepSettings,
-    DEFAULT_KEYS, SERVICE_DEFAULT_MESSAGE_TTL,
+    DEFAULT_KEYS,
 };
 pub use timespan::{parse_timespan, TimespanError};
 
@@ -75,7 +75,7 @@ pub struct QueueOverrides {
     pub retry: Option<RetryStrategy>,
 }
 
-/// What the expiry guard ([`crate::worker::rescue_expiring`]) does with a
+/// What the expiry guard (`crate::worker::rescue_expiring`) does with a
 /// message aqw holds back that would reach its time-to-live
 /// (`aqw.functions.<Name>.expiry`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

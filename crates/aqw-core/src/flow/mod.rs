@@ -3,7 +3,7 @@
 //! counted over every replica; per key template (`perKey`), at most
 //! `inFlight` calls at once for each value (one tenant cannot take every
 //! slot). The counts live in the control table's `limits` partition, one
-//! row per limit, written under ETags ([`rate`]: a GCRA row; [`slots`]: a
+//! row per limit, written under ETags (`rate`: a GCRA row; [`slots`]: a
 //! lease-based counting semaphore).
 //!
 //! Work over a function-wide limit is not received at all: the poll loop
@@ -15,12 +15,12 @@
 //! Costs, only for a function with limits: a receive adds one row read and
 //! one write per limit (two when it reserves rate and slots), and a job
 //! under `perKey` two reads and two writes (take and give back); a replica
-//! holding slots renews its entry every [`slots::RENEW_EVERY`]. An error
+//! holding slots renews its entry every `slots::RENEW_EVERY`. An error
 //! reading a limit's row holds the receive (fail closed, logged); an error
 //! handing slots back leaves them counted until [`slots::HOLD_TTL`].
 
 pub mod adaptive;
-pub mod rate;
+pub(crate) mod rate;
 mod rows;
 pub mod slots;
 
@@ -101,14 +101,14 @@ pub struct Grant {
 
 /// A job's place under the limits: when it may start, and the slots it
 /// holds until dropped.
-pub struct Ticket {
+pub(crate) struct Ticket {
     /// Start the handler no earlier than this.
     pub start: Option<Instant>,
     _slot: Option<Permit>,
 }
 
 /// Slots held on one row; handed back (asynchronously) when dropped.
-pub struct Permit {
+pub(crate) struct Permit {
     flow: Arc<Flow>,
     row: String,
 }
@@ -120,7 +120,7 @@ impl Drop for Permit {
 }
 
 /// What the per-key limit says of one job.
-pub enum KeyAdmission {
+pub(crate) enum KeyAdmission {
     /// Run; the permit (if any) is held until dropped.
     Run(Option<Permit>),
     /// The key's value is at its limit: park for this long.
@@ -197,7 +197,7 @@ impl Flow {
 
     /// After the receive: hand back what `got` messages did not use, and
     /// one ticket per message (its start time and its slot).
-    pub async fn after_receive(self: &Arc<Self>, grant: Grant, got: u32) -> Vec<Ticket> {
+    pub(crate) async fn after_receive(self: &Arc<Self>, grant: Grant, got: u32) -> Vec<Ticket> {
         let unused = grant.receive.saturating_sub(got);
         if unused > 0 {
             self.release(&self.slots_row(), grant.slots.min(unused))
@@ -226,7 +226,7 @@ impl Flow {
 
     /// The per-key limit for one job's payload. A payload without the
     /// template's fields is not limited by it.
-    pub async fn admit_key(self: &Arc<Self>, payload: &str) -> KeyAdmission {
+    pub(crate) async fn admit_key(self: &Arc<Self>, payload: &str) -> KeyAdmission {
         let Some(per_key) = &self.limits.per_key else {
             return KeyAdmission::Run(None);
         };
@@ -248,7 +248,7 @@ impl Flow {
     }
 
     /// Renew this replica's entries while it holds slots, until `shutdown`.
-    pub async fn renew(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
+    pub(crate) async fn renew(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
         loop {
             tokio::select! {
                 biased;
@@ -355,4 +355,4 @@ impl Flow {
 /// How long a job over its key's limit is parked: a slot of a busy key
 /// frees when one of its calls ends, which this waits out at a cost of one
 /// put and one delete per look.
-pub const KEY_PARK: Duration = Duration::from_secs(5);
+const KEY_PARK: Duration = Duration::from_secs(5);

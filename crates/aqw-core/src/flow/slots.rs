@@ -18,7 +18,7 @@ use std::time::Duration;
 pub const HOLD_TTL: Duration = Duration::from_secs(60);
 
 /// How often a replica holding slots renews its entry.
-pub const RENEW_EVERY: Duration = Duration::from_secs(20);
+pub(crate) const RENEW_EVERY: Duration = Duration::from_secs(20);
 
 const HOLDERS: &str = "Holders";
 

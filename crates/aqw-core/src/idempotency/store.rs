@@ -193,7 +193,7 @@ impl KeyStore {
     }
 
     /// [`KeyStore::get`] with the record's ETag.
-    pub async fn get_versioned(
+    pub(crate) async fn get_versioned(
         &self,
         function: &str,
         key: &IdempotencyKey,
@@ -389,7 +389,7 @@ impl KeyStore {
 
     /// [`complete`](Self::complete), keeping what the provider answered in
     /// the attempt history.
-    pub async fn complete_answered(
+    pub(crate) async fn complete_answered(
         &self,
         claim: &ClaimedKey,
         effects: Vec<(String, Entity)>,

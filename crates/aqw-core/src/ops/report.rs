@@ -98,7 +98,7 @@ pub struct KeyOutcome {
     /// Attempts that claimed the key.
     pub attempts: u32,
     /// Attempts the key's history shows completed (1 for a key done once).
-    pub completed_attempts: u32,
+    completed_attempts: u32,
     /// The provider's answer to the attempt that completed the key: None
     /// when it is not done, or its handler recorded no answer.
     pub provider: Option<ReportAnswer>,

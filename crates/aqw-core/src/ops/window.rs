@@ -24,15 +24,15 @@ pub struct ProviderWindow {
     /// The key's status.
     pub key_status: KeyStatus,
     /// When the provider key was minted (the key record's `FirstSeen`).
-    pub minted_at: String,
+    pub(crate) minted_at: String,
     /// `providerKeyWindow`, as a timespan.
     pub window: String,
     /// `providerKeyWindow` in seconds.
-    pub window_secs: u64,
+    window_secs: u64,
     /// The provider key's age now, as a timespan.
-    pub key_age: String,
+    key_age: String,
     /// The provider key's age now, in seconds.
-    pub key_age_secs: u64,
+    key_age_secs: u64,
     /// Pending or poisoned, and older than the window: the provider may have
     /// forgotten the key, so replay and fix refuse without an override.
     pub past: bool,

@@ -18,7 +18,7 @@ use std::time::Duration;
 #[derive(Clone)]
 pub struct PoisonSink {
     /// The source queue.
-    pub source_queue: String,
+    pub(crate) source_queue: String,
     /// The function consuming it.
     pub function: String,
     /// The source queue's `<queue>-poison`.
@@ -63,7 +63,7 @@ impl PoisonSink {
 
     /// [`write`](Self::write), saying how many of the job's attempts ended
     /// with their outcome unknown (the record and the alert mark it).
-    pub async fn write_counted(
+    pub(crate) async fn write_counted(
         &self,
         msg: &ReceivedMessage,
         key: Option<&IdempotencyKey>,

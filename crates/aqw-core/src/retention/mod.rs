@@ -49,7 +49,7 @@ impl Pacer {
     }
 
     /// Wait for the next request's turn, and count it.
-    pub async fn turn(&mut self) {
+    pub(crate) async fn turn(&mut self) {
         self.requests += 1;
         if let Some(i) = self.interval {
             tokio::time::sleep_until(self.next).await;
@@ -268,16 +268,6 @@ async fn delete_unchanged(
         }
     }
     Ok(())
-}
-
-/// The functions of `app` whose keys live in the account of `connection`
-/// setting `setting`.
-pub fn functions_on(app: &crate::config::AppConfig, setting: &str) -> Vec<String> {
-    app.functions
-        .iter()
-        .filter(|f| f.connection.setting == setting)
-        .map(|f| f.name.clone())
-        .collect()
 }
 
 /// Shared by the sweep and the commands: the keys and record tables of one account.

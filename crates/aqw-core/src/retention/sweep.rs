@@ -131,7 +131,7 @@ pub struct SweepTarget {
 }
 
 /// Sweep every target once, under its lease, at the configured rate.
-pub async fn sweep_once(
+async fn sweep_once(
     target: &SweepTarget,
     retention: &Retention,
     owner: &str,
@@ -228,7 +228,7 @@ pub async fn run(
 /// for an interval, so each asks for the lease soon after it starts; a
 /// round finished less than an interval ago still holds it, so this costs
 /// one read of the lease row per start.
-pub async fn run_after(
+pub(crate) async fn run_after(
     mut first: Duration,
     targets: Vec<SweepTarget>,
     retention: Retention,

@@ -245,7 +245,7 @@ pub enum Filter {
 
 impl Filter {
     /// `column eq value`.
-    pub fn eq(column: &'static str, value: impl Into<String>) -> Self {
+    pub(crate) fn eq(column: &'static str, value: impl Into<String>) -> Self {
         Filter::Eq {
             column,
             value: value.into(),
@@ -253,7 +253,7 @@ impl Filter {
     }
 
     /// `column` is one of `values`.
-    pub fn one_of(column: &'static str, values: &[&str]) -> Self {
+    pub(crate) fn one_of(column: &'static str, values: &[&str]) -> Self {
         Filter::OneOf {
             column,
             values: values.iter().map(|v| v.to_string()).collect(),

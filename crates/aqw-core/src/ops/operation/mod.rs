@@ -21,9 +21,10 @@ mod run;
 pub use interactive::replay_group;
 /// A parsed JSON Patch (RFC 6902), as [`parse_patch`] gives it.
 pub use json_patch::Patch;
-pub use patch::{size_bound, PatchError, GROWTH_FACTOR, MAX_PATCH_OPS, MIN_SIZE_BOUND};
+pub use patch::PatchError;
+pub(crate) use patch::MAX_PATCH_OPS;
 pub use row::{CancelRefusal, Claim, OperationStore, Refresh};
-pub use run::{execute, resume_idle, watch, ExecuteOptions, IDLE_SCAN_INTERVAL, LEASE};
+pub use run::{execute, resume_idle, watch, ExecuteOptions, LEASE};
 
 use super::{Filter, OpsError, OpsResult, QueueOps};
 use crate::poison::{PoisonRecord, RecordStatus};
@@ -108,10 +109,10 @@ impl OpKind {
 
 /// The largest JSON Patch a group fix takes, in bytes: it is kept on the
 /// operation's row (a property holds 64 KiB), and a correction is small.
-pub const MAX_PATCH_BYTES: usize = 16 * 1024;
+const MAX_PATCH_BYTES: usize = 16 * 1024;
 
 /// `text` as a JSON Patch (RFC 6902): a non-empty array of at most
-/// [`MAX_PATCH_OPS`] operations, at most [`MAX_PATCH_BYTES`]. The error
+/// `MAX_PATCH_OPS` operations, at most `MAX_PATCH_BYTES`. The error
 /// says what is wrong, for exit 2 or a 400.
 pub fn parse_patch(text: &str) -> Result<json_patch::Patch, PatchRefusal> {
     if text.len() > MAX_PATCH_BYTES {
@@ -139,7 +140,7 @@ pub fn parse_patch(text: &str) -> Result<json_patch::Patch, PatchRefusal> {
 /// Why a group fix's JSON Patch is refused before it touches a record.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PatchRefusal {
-    /// Over [`MAX_PATCH_BYTES`].
+    /// Over `MAX_PATCH_BYTES`.
     #[error("the patch is {bytes} bytes; at most {max}")]
     TooLarge {
         /// The patch's length.
@@ -156,7 +157,7 @@ pub enum PatchRefusal {
     /// An empty array.
     #[error("the patch has no operations")]
     NoOperations,
-    /// Over [`MAX_PATCH_OPS`] operations.
+    /// Over `MAX_PATCH_OPS` operations.
     #[error("the patch has {count} operations; at most {max}")]
     TooManyOperations {
         /// The operations given.
@@ -360,7 +361,7 @@ impl Selection {
     /// Whether `rec` passes the group and the search (the filter's part is
     /// [`Selection::filter`]); `redact` is the function's, so a search
     /// cannot probe a masked field.
-    pub fn picks(&self, rec: &PoisonRecord, redact: &Redaction) -> bool {
+    pub(crate) fn picks(&self, rec: &PoisonRecord, redact: &Redaction) -> bool {
         let in_group = self.group.as_ref().is_none_or(|g| *g == group_of(rec));
         in_group && self.search.as_deref().is_none_or(|s| found(rec, s, redact))
     }
@@ -521,12 +522,12 @@ pub struct Operation {
     /// Until when (RFC 3339).
     pub lease_until: Option<String>,
     /// The last write to the row (RFC 3339).
-    pub updated_at: String,
+    updated_at: String,
 }
 
 impl Operation {
     /// Whether its lease is free at `now`: none, or expired.
-    pub fn lease_free(&self, now: OffsetDateTime) -> bool {
+    fn lease_free(&self, now: OffsetDateTime) -> bool {
         self.lease_until
             .as_deref()
             .and_then(|t| OffsetDateTime::parse(t, &Rfc3339).ok())
@@ -534,7 +535,7 @@ impl Operation {
     }
 
     /// The `by` each record it touches keeps: who asked, and through which operation.
-    pub fn record_by(&self) -> String {
+    fn record_by(&self) -> String {
         format!("{} (operation {})", self.by, self.id)
     }
 }
