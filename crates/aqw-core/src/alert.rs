@@ -236,7 +236,7 @@ impl Alerts {
 
     /// A breaker changed state: its event goes to the delivery at once; the
     /// log line is the caller's.
-    pub fn breaker(&self, body: serde_json::Value) {
+    pub(crate) fn breaker(&self, body: serde_json::Value) {
         if let Some(tx) = &self.tx {
             let _ = tx.send(AlertEvent::Breaker(body));
         }
@@ -251,7 +251,7 @@ impl Alerts {
     }
 
     /// Log the stable ERROR event and queue the alert for delivery.
-    pub fn poisoned(&self, alert: PoisonAlert) {
+    pub(crate) fn poisoned(&self, alert: PoisonAlert) {
         tracing::error!(
             event = "aqw.poison.new",
             queue = %alert.queue,

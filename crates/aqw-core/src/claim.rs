@@ -22,7 +22,7 @@
 //!
 //! A reference is input: anyone who can put a message on the queue can
 //! write one. Before any storage call it is checked against the queue the
-//! message was read from ([`Scope`], [`Reference::check`]): version 1, the
+//! message was read from ([`Scope`], `Reference::check`): version 1, the
 //! blob exactly `<that queue>/<sha256>` with the hash 64 lowercase hex
 //! digits, the length within `aqw.claimCheck.maxBytes`. One that fails is
 //! poisoned at once with kind `claim_check_invalid`, without a storage call,
@@ -160,14 +160,14 @@ impl Reference {
 /// What a reference read from a queue may name: only that queue's own
 /// content-addressed blob, of at most `max_bytes`. Every read or write of a
 /// blob a message names goes through a reference checked against the scope
-/// of the queue the message was read from ([`Reference::check`]).
+/// of the queue the message was read from (`Reference::check`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Scope<'a> {
     /// The source queue the message was read from (for a poison record,
     /// the queue it was poisoned from, not `<queue>-poison`).
     pub queue: &'a str,
     /// The largest body a reference may name (`aqw.claimCheck.maxBytes`).
-    pub max_bytes: u64,
+    pub(crate) max_bytes: u64,
 }
 
 /// Why a reference is refused before any storage call. The text says which
@@ -203,7 +203,7 @@ pub enum Invalid {
     },
 }
 
-/// A reference that passed [`Reference::check`] for the queue it was read
+/// A reference that passed `Reference::check` for the queue it was read
 /// from: the only kind [`fetch`] and `refresh_text` ask storage about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checked(Reference);
@@ -224,7 +224,7 @@ impl Reference {
     /// The reference as valid in `scope`: version 1, a SHA-256 of 64
     /// lowercase hex digits, the blob exactly `<scope.queue>/<that hash>`,
     /// and a length within `scope.max_bytes`. No I/O.
-    pub fn check(self, scope: Scope<'_>) -> Result<Checked, Invalid> {
+    pub(crate) fn check(self, scope: Scope<'_>) -> Result<Checked, Invalid> {
         if self.v != 1 {
             return Err(Invalid::Version);
         }
@@ -256,7 +256,7 @@ pub fn is_reference(payload: &str) -> bool {
 }
 
 /// Whether `payload` is a reference: `None` for an ordinary payload, else
-/// the reference checked for `scope` ([`Reference::check`]) or why it is
+/// the reference checked for `scope` (`Reference::check`) or why it is
 /// refused. No I/O.
 pub fn parse(payload: &str, scope: Scope<'_>) -> Option<Result<Checked, Invalid>> {
     if !is_reference(payload) {
@@ -280,9 +280,9 @@ pub fn parse(payload: &str, scope: Scope<'_>) -> Option<Result<Checked, Invalid>
 )]
 pub struct Oversize {
     /// The body's length in bytes.
-    pub len: usize,
+    pub(crate) len: usize,
     /// The configured limit.
-    pub max_bytes: u64,
+    pub(crate) max_bytes: u64,
 }
 
 /// Why a message's payload, claim-checked or not, could not be had.

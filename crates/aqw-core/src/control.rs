@@ -56,18 +56,18 @@ pub struct EvidenceRow {
     /// The function.
     pub function: String,
     /// The publishing replica (a hash of its worker id).
-    pub replica: String,
+    pub(crate) replica: String,
     /// When it was written.
     pub(crate) at_ms: i64,
     /// Its successes in the breaker's window.
-    pub successes: u32,
+    pub(crate) successes: u32,
     /// Its last success.
     pub last_success_ms: Option<i64>,
     /// Its distinct failing jobs: each job, its first and latest failure.
-    pub failing: Vec<(u64, i64, i64)>,
+    pub(crate) failing: Vec<(u64, i64, i64)>,
     /// The call rate its adaptive rate learned (calls/s), while its
     /// provider throttles it ([`crate::flow::adaptive::SHARE_FOR`]).
-    pub rate: Option<f64>,
+    pub(crate) rate: Option<f64>,
 }
 
 impl EvidenceRow {
@@ -170,7 +170,7 @@ pub struct PublishedBreaker {
     /// How long the publisher's breaker stays open (an `open` row), so
     /// the replicas following it wait as long.
     #[serde(skip)]
-    pub cool_down: Option<Duration>,
+    pub(crate) cool_down: Option<Duration>,
     /// When a worker's probe last closed it (RFC 3339): a column of its
     /// own, which later states' writes leave alone, so a replica that
     /// published over a close it never read still learns of it.

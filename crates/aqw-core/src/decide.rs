@@ -21,18 +21,18 @@ pub struct Policy {
     /// `aqw.retry`: the delay before a failed message is seen again.
     pub retry: RetryStrategy,
     /// Message visibility and key lease while a handler runs.
-    pub lease: Duration,
+    pub(crate) lease: Duration,
     /// `functionTimeout`.
-    pub timeout: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
     /// A failed last attempt is poisoned by someone else, with no error (the
     /// Functions host in `aqw serve`): at the cap a deferral becomes a record.
     pub(crate) host_poisons_failed_last_attempt: bool,
     /// `aqw.maxDeferral`: how long a provider's "later" may put a job off
     /// without spending an attempt.
-    pub max_deferral: Duration,
+    pub(crate) max_deferral: Duration,
     /// `aqw.inProgressTimeout`: how long a provider's "in progress" is
     /// waited out without spending an attempt.
-    pub in_progress_timeout: Duration,
+    pub(crate) in_progress_timeout: Duration,
 }
 
 /// `aqw.maxDeferral` unless set: a day. A provider that says "later" for
@@ -87,7 +87,7 @@ pub fn later(
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Facts<'a> {
     /// The message's DequeueCount (1 on its first delivery).
-    pub dequeue_count: u32,
+    pub(crate) dequeue_count: u32,
     /// The job's attempt number as its key's record counts it, this attempt
     /// included, once the key is claimed (`attempt_of_key`); `None`
     /// before the claim and for a keyless job, whose attempt number is its
@@ -156,11 +156,11 @@ pub(crate) enum WithoutRunning {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoisonCase {
     /// The kind of the error that poisoned it.
-    pub kind: ErrorKind,
+    pub(crate) kind: ErrorKind,
     /// The error's text.
-    pub reason: String,
+    pub(crate) reason: String,
     /// The effect may have happened anyway (kept on the key's record).
-    pub uncertain: bool,
+    pub(crate) uncertain: bool,
 }
 
 /// How the handler's attempt ended.

@@ -87,7 +87,7 @@ fn row_written_at(
 
 impl Gate {
     /// The control rows this gate reads (the schedules keep theirs there too).
-    pub fn control(&self) -> &ControlStore {
+    pub(crate) fn control(&self) -> &ControlStore {
         &self.control
     }
 
@@ -312,7 +312,7 @@ impl Gate {
 
     /// Take in the function's control row as read: the pause, and the
     /// breaker another replica published.
-    pub fn apply(&self, c: &Control) {
+    pub(crate) fn apply(&self, c: &Control) {
         self.follow_fleet(c);
         let paused = c.pause.is_some();
         if self.paused.swap(paused, Ordering::Relaxed) == paused {

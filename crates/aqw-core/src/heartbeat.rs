@@ -25,7 +25,7 @@ pub struct Heartbeat {
     /// The worker's id.
     pub worker: String,
     /// RFC 3339.
-    pub last_poll: String,
+    pub(crate) last_poll: String,
 }
 
 /// The heartbeat table: partition = queue, row = worker id.
@@ -41,12 +41,12 @@ impl HeartbeatStore {
     }
 
     /// The table the heartbeats are in.
-    pub fn table(&self) -> &Arc<dyn TableStore> {
+    pub(crate) fn table(&self) -> &Arc<dyn TableStore> {
         &self.table
     }
 
     /// Record that `worker` polled `queue` now (an upsert).
-    pub async fn beat(&self, queue: &str, worker: &str) -> StorageResult<()> {
+    pub(crate) async fn beat(&self, queue: &str, worker: &str) -> StorageResult<()> {
         let mut e = Entity::new();
         let now = crate::idempotency::fmt_time(crate::clock::now_utc());
         e.insert("LastPoll".into(), json!(now));
@@ -90,7 +90,7 @@ pub struct Pacer {
 impl Pacer {
     /// Whether a heartbeat is due at `now` (the first poll always is); if so,
     /// counts it as written.
-    pub fn due(&mut self, now: Instant) -> bool {
+    pub(crate) fn due(&mut self, now: Instant) -> bool {
         let due = self
             .last
             .is_none_or(|t| now.duration_since(t) >= HEARTBEAT_EVERY);

@@ -55,9 +55,9 @@ pub fn set_storage_spans(on: bool) {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TraceContext {
     /// The trace the context belongs to.
-    pub trace_id: TraceId,
+    pub(crate) trace_id: TraceId,
     /// The span that is the parent of what comes next.
-    pub span_id: SpanId,
+    pub(crate) span_id: SpanId,
     /// The `sampled` flag: the producer records this trace.
     sampled: bool,
     /// The vendor-specific `tracestate`, when there is one (and it is valid).
@@ -191,11 +191,11 @@ pub(crate) fn put_context_in_payload(
 #[derive(Debug, Clone)]
 pub struct JobTrace {
     /// The trace id, in hex.
-    pub trace_id: String,
+    pub(crate) trace_id: String,
     /// The attempt span's id, in hex.
-    pub span_id: String,
+    pub(crate) span_id: String,
     /// The context of the attempt span (off: of its stand-in ids).
-    pub context: TraceContext,
+    pub(crate) context: TraceContext,
 }
 
 /// Start the trace of one attempt on its `aqw.job` span: join the producer's

@@ -64,7 +64,7 @@ pub struct Evidence {
 
 impl Evidence {
     /// A job succeeded.
-    pub fn success(&mut self, now: Instant, job: u64, window: Duration) {
+    pub(crate) fn success(&mut self, now: Instant, job: u64, window: Duration) {
         self.failing.remove(&job);
         let slice = window / SLICES;
         match self.successes.back_mut() {
@@ -110,7 +110,7 @@ impl Evidence {
     }
 
     /// Forget everything (the breaker opened or closed: a new chapter).
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         *self = Self {
             changed: true,
             ..Self::default()
@@ -118,7 +118,7 @@ impl Evidence {
     }
 
     /// Whether there is anything for the fleet to know.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.failing.is_empty() && self.successes.is_empty()
     }
 
@@ -128,12 +128,12 @@ impl Evidence {
     }
 
     /// It was published as it stands.
-    pub fn published(&mut self) {
+    pub(crate) fn published(&mut self) {
         self.changed = false;
     }
 
     /// The failing jobs, when each first and last failed.
-    pub fn failing(&self) -> impl Iterator<Item = (u64, Failing)> + '_ {
+    pub(crate) fn failing(&self) -> impl Iterator<Item = (u64, Failing)> + '_ {
         self.failing.iter().map(|(j, f)| (*j, *f))
     }
 
@@ -143,7 +143,7 @@ impl Evidence {
     }
 
     /// The last success.
-    pub fn last_success(&self) -> Option<Instant> {
+    pub(crate) fn last_success(&self) -> Option<Instant> {
         self.last_success
     }
 }
@@ -153,14 +153,14 @@ impl Evidence {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Failing {
     /// Its first failure.
-    pub first: Instant,
+    pub(crate) first: Instant,
     /// Its latest failure.
-    pub last: Instant,
+    pub(crate) last: Instant,
 }
 
 impl Failing {
     /// Both reports of one job taken together.
-    pub fn merge(self, other: Failing) -> Failing {
+    pub(crate) fn merge(self, other: Failing) -> Failing {
         Failing {
             first: self.first.min(other.first),
             last: self.last.max(other.last),
@@ -172,11 +172,11 @@ impl Failing {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FleetView {
     /// Their successes in the window.
-    pub successes: u32,
+    pub(crate) successes: u32,
     /// Their failing jobs.
-    pub failing: BTreeMap<u64, Failing>,
+    pub(crate) failing: BTreeMap<u64, Failing>,
     /// Their latest success.
-    pub last_success: Option<Instant>,
+    pub(crate) last_success: Option<Instant>,
 }
 
 impl FleetView {
@@ -190,11 +190,11 @@ impl FleetView {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tally {
     /// Distinct jobs failing within the window.
-    pub failing: u32,
+    pub(crate) failing: u32,
     /// Successes within the window.
-    pub successes: u32,
+    pub(crate) successes: u32,
     /// Distinct jobs failing since the fleet's last success, within the quiet window.
-    pub streak: u32,
+    pub(crate) streak: u32,
     /// When the oldest of the streak failed.
     streak_since: Option<Instant>,
 }

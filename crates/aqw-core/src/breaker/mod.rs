@@ -7,7 +7,7 @@
 //! What counts ([`evidence`]): retryable failures and successes, by
 //! *distinct job* (its key, or its message id), whatever the attempt
 //! number, this replica's own and what the rest of the fleet published on
-//! the control table ([`Breaker::observe_fleet`]). Two rules trip it: the
+//! the control table (`Breaker::observe_fleet`). Two rules trip it: the
 //! volume rule (many outcomes, nearly all failures) and the quiet rule (a
 //! streak of distinct jobs failing with no success anywhere in between),
 //! so an outage trips it however the fleet is spread and however quiet the
@@ -16,16 +16,16 @@
 //!
 //! One breaker per function for the whole fleet: a replica whose own window
 //! has not tripped *follows* a breaker another replica published as open or
-//! half-open on the function's control row ([`Breaker::follow`]): it
+//! half-open on the function's control row (`Breaker::follow`): it
 //! receives nothing and parks what it holds, until the row says closed
-//! ([`Breaker::release`]) or the publisher falls silent, and only then
+//! (`Breaker::release`) or the publisher falls silent, and only then
 //! probes itself (so the fleet probes through one or two replicas, not all).
 //! After a close, concurrency ramps up from the probe count, doubling every `RAMP_STEP`.
 //!
 //! Half-open, the breaker does not stay open on the evidence of a few
 //! jobs: until `consecutiveFailures` distinct jobs failed its probes, the
 //! same job failing a probe again is no verdict, and its failure is its
-//! own ([`Breaker::record`]), so a few keys failing alone still reach
+//! own (`Breaker::record`), so a few keys failing alone still reach
 //! poison and cannot hold the breaker open by themselves.
 
 pub mod evidence;
@@ -101,7 +101,8 @@ pub enum State {
 
 impl State {
     /// The name used in logs, metrics and the control row.
-    pub fn name(&self) -> &'static str {
+    #[cfg(test)]
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             State::Closed => "closed",
             State::Open { .. } => "open",
@@ -110,7 +111,7 @@ impl State {
         }
     }
     /// The `aqw_breaker_state` gauge: 0 closed, 1 half-open, 2 open.
-    pub fn gauge(&self) -> f64 {
+    pub(crate) fn gauge(&self) -> f64 {
         match self {
             State::Closed => 0.0,
             State::HalfOpen { .. } => 1.0,
@@ -161,7 +162,7 @@ pub enum Transition {
 
 impl Transition {
     /// The name of the state the transition leads to.
-    pub fn to(&self) -> &'static str {
+    pub(crate) fn to(&self) -> &'static str {
         match self {
             Transition::Opened { .. } | Transition::Reopened { .. } => "open",
             Transition::HalfOpened => "half-open",
@@ -264,7 +265,7 @@ impl Breaker {
     }
 
     /// Where the breaker stands now.
-    pub fn state(&self) -> State {
+    pub(crate) fn state(&self) -> State {
         self.state
     }
 
@@ -275,7 +276,7 @@ impl Breaker {
 
     /// True while open: a message received before the trip is parked
     /// instead of run.
-    pub fn holds(&self) -> bool {
+    pub(crate) fn holds(&self) -> bool {
         matches!(self.state, State::Open { .. } | State::Following { .. })
     }
 
@@ -283,7 +284,7 @@ impl Breaker {
     /// half-open: a closed breaker follows it until `until` (a following
     /// one waits until the later of the two). A breaker of this replica's
     /// own that is open or probing keeps its course.
-    pub fn follow(&mut self, until: Instant) -> Option<Transition> {
+    pub(crate) fn follow(&mut self, until: Instant) -> Option<Transition> {
         match self.state {
             State::Closed => {
                 self.state = State::Following { until };
@@ -327,7 +328,11 @@ impl Breaker {
     /// those jobs for ever (seed 6936). Compared by reads, not by times:
     /// a close just before this opening on a clock running ahead must not
     /// end it.
-    pub fn observe_probe_close(&mut self, now: Instant, mark: Option<&str>) -> Option<Transition> {
+    pub(crate) fn observe_probe_close(
+        &mut self,
+        now: Instant,
+        mark: Option<&str>,
+    ) -> Option<Transition> {
         let changed = mark.is_some() && mark != self.close_seen.0.as_deref();
         let opening = (self.state != State::Closed).then_some(self.openings);
         let before = std::mem::replace(&mut self.close_seen, (mark.map(str::to_string), opening));
@@ -341,7 +346,7 @@ impl Breaker {
 
     /// The fleet's breaker closed: a following breaker closes too, and
     /// ramps up from the probe count.
-    pub fn release(&mut self, now: Instant) -> Option<Transition> {
+    pub(crate) fn release(&mut self, now: Instant) -> Option<Transition> {
         match self.state {
             State::Following { .. } => {
                 self.close(now);
@@ -355,19 +360,19 @@ impl Breaker {
     /// may be in flight now, the probe count doubling every `RAMP_STEP`
     /// since the close; `None` once the ramp is over (after
     /// `RAMP_STEPS` steps) or when it never opened.
-    pub fn allowance(&self, now: Instant) -> Option<u32> {
+    pub(crate) fn allowance(&self, now: Instant) -> Option<u32> {
         let at = self.closed_at.filter(|_| self.state == State::Closed)?;
         let steps = now.saturating_duration_since(at).as_millis() / RAMP_STEP.as_millis().max(1);
         (steps < u128::from(RAMP_STEPS)).then(|| self.settings.probes.max(1) << steps)
     }
 
     /// The cool-down of the current (or next) opening.
-    pub fn cool_down(&self) -> Duration {
+    pub(crate) fn cool_down(&self) -> Duration {
         self.cool_down
     }
 
     /// Before a receive of up to `want` messages: how many may be received.
-    pub fn admit(&mut self, now: Instant, want: u32) -> (Admission, Option<Transition>) {
+    pub(crate) fn admit(&mut self, now: Instant, want: u32) -> (Admission, Option<Transition>) {
         match self.state {
             State::Closed => (Admission::Receive(want), None),
             State::Open { until } | State::Following { until } if now < until => {
@@ -427,7 +432,7 @@ impl Breaker {
     /// after a cool-down. Once that many distinct jobs failed its probes,
     /// the outage stands on distinct evidence and every failed probe
     /// reopens, parked free, however long the outage.
-    pub fn record(&mut self, now: Instant, attempt: Attempt) -> Option<Transition> {
+    pub(crate) fn record(&mut self, now: Instant, attempt: Attempt) -> Option<Transition> {
         match (self.state, attempt) {
             (State::Open { .. } | State::Following { .. }, Attempt::FailedRetryable(job)) => {
                 // After a reopening, the other probes' failures.
@@ -470,7 +475,7 @@ impl Breaker {
     /// `deferred`: another replica reporting failures (the lowest id) is
     /// first in line, so one alert goes out and the rest follow its row;
     /// this one trips on the fleet's evidence after `LEADER_GRACE`.
-    pub fn observe_fleet(
+    pub(crate) fn observe_fleet(
         &mut self,
         now: Instant,
         fleet: FleetView,
@@ -510,7 +515,7 @@ impl Breaker {
     }
 
     /// This replica's own evidence, to publish.
-    pub fn evidence(&self) -> &Evidence {
+    pub(crate) fn evidence(&self) -> &Evidence {
         &self.own
     }
 
@@ -520,7 +525,7 @@ impl Breaker {
     }
 
     /// The fleet's evidence counted together now (for `aqw status` and logs).
-    pub fn tally(&self, now: Instant) -> Tally {
+    fn tally(&self, now: Instant) -> Tally {
         evidence::tally(&self.own, &self.fleet, self.since, now, &self.settings)
     }
 

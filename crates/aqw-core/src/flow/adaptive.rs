@@ -297,7 +297,7 @@ impl AdaptiveRate {
 
     /// Tokens for up to `want` calls: how many may go now, or how long
     /// until one may.
-    pub fn take(&self, want: u32) -> Result<u32, Duration> {
+    pub(crate) fn take(&self, want: u32) -> Result<u32, Duration> {
         if !self.on {
             return Ok(want);
         }
@@ -318,7 +318,7 @@ impl AdaptiveRate {
     /// A provider's answer to a call sent at `sent`: throttled or not.
     /// Returns how long the function has been throttled when this throttle
     /// is the first past `alert_after` in its episode (then raise the alert once).
-    pub fn record(
+    pub(crate) fn record(
         &self,
         throttled: bool,
         sent: Instant,
@@ -359,7 +359,7 @@ impl AdaptiveRate {
     }
 
     /// The learned rate on this replica, once throttled.
-    pub fn rate(&self) -> Option<f64> {
+    pub(crate) fn rate(&self) -> Option<f64> {
         self.state.lock().unwrap().limiter.rate()
     }
 

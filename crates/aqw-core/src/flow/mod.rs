@@ -7,7 +7,7 @@
 //! lease-based counting semaphore).
 //!
 //! Work over a function-wide limit is not received at all: the poll loop
-//! asks [`Flow::before_receive`] first and waits, so the messages stay on
+//! asks `Flow::before_receive` first and waits, so the messages stay on
 //! the queue without spending a dequeue. Work over a per-key limit is known
 //! only once received (the key is in the payload): it is parked as a fresh
 //! copy, which spends no attempt either.
@@ -94,7 +94,7 @@ const RELEASE_DELAY: Duration = Duration::from_millis(100);
 #[derive(Debug)]
 pub struct Grant {
     /// Receive at most this many.
-    pub receive: u32,
+    pub(crate) receive: u32,
     slots: u32,
     rate: Option<rate::Reserved>,
 }
@@ -159,7 +159,7 @@ impl Flow {
     /// Before a receive of up to `want`: how many the limits allow now, or
     /// how long to wait. Slots are taken first (cheap to hand back), then
     /// calls reserved for as many.
-    pub async fn before_receive(&self, want: u32) -> Result<Grant, Duration> {
+    pub(crate) async fn before_receive(&self, want: u32) -> Result<Grant, Duration> {
         let mut n = want;
         if let Some(r) = self.limits.calls_per_second {
             n = n.min(((r * MAX_RESERVE.as_secs_f64()) as u32).max(1));

@@ -13,11 +13,11 @@ use time::OffsetDateTime;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PurgeCandidate {
     /// The key's partition.
-    pub partition_key: String,
+    pub(crate) partition_key: String,
     /// The key's row (hex SHA-256 of the key).
-    pub row_key: String,
+    pub(crate) row_key: String,
     /// The version the key was read at; the delete is conditional on it.
-    pub etag: Etag,
+    pub(crate) etag: Etag,
 }
 
 /// The columns a purge reads: the status, to check the filter's work again.

@@ -229,7 +229,7 @@ pub struct KeyRecord {
     pub history: Vec<Attempt>,
     /// Attempts spent by earlier queue copies of the job (`aqw serve`'s
     /// retry with backoff; see `ClaimedKey::carried_attempts`).
-    pub carried_attempts: u32,
+    pub(crate) carried_attempts: u32,
     /// The claims of the job's current run (`RunAttempts`): counted by
     /// each claim, started again when a poisoned key is taken over or an
     /// operator replays it; what `maxDequeueCount` caps in `aqw run`

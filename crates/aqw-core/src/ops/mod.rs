@@ -80,13 +80,13 @@ pub type OpsResult<T> = Result<T, OpsError>;
 /// The stores of one source queue: its keys and its poison records.
 pub struct QueueOps {
     /// The app's configuration.
-    pub app: Arc<AppConfig>,
+    pub(crate) app: Arc<AppConfig>,
     /// The function consuming the queue, if the app has one.
     pub function: Option<FunctionConfig>,
     /// The source queue's name.
     pub queue: String,
     /// The source queue.
-    pub source: Arc<dyn QueueStore>,
+    pub(crate) source: Arc<dyn QueueStore>,
     /// The queue's poison records and their `<queue>-poison` copies.
     pub poison: PoisonStore,
     /// The function's idempotency keys.
@@ -94,7 +94,7 @@ pub struct QueueOps {
     /// The function's pause and published breaker state.
     pub control: crate::control::ControlStore,
     /// The workers' poll heartbeats.
-    pub heartbeats: crate::heartbeat::HeartbeatStore,
+    pub(crate) heartbeats: crate::heartbeat::HeartbeatStore,
     /// The container of claim-check bodies (`aqw.claimCheck.container`).
     pub blobs: Arc<dyn crate::storage::BlobStore>,
 }
@@ -283,7 +283,7 @@ pub struct Filter {
 
 impl Filter {
     /// Whether record `r` passes every filter that is set.
-    pub fn matches(&self, r: &PoisonRecord) -> bool {
+    pub(crate) fn matches(&self, r: &PoisonRecord) -> bool {
         let at = OffsetDateTime::parse(&r.poisoned_at, &Rfc3339).ok();
         self.status.is_none_or(|s| s == r.status)
             && self.since.is_none_or(|s| at.is_some_and(|t| t >= s))

@@ -37,7 +37,7 @@ pub enum SavesFailures {
 
 impl SavesFailures {
     /// Why, in a few words.
-    pub fn why(&self) -> String {
+    pub(crate) fn why(&self) -> String {
         match self {
             SavesFailures::Declared => "declared (handler.savesFailures)".into(),
             SavesFailures::Evidenced {

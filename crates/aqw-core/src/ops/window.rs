@@ -22,11 +22,11 @@ pub struct ProviderWindow {
     /// The business key.
     pub key: String,
     /// The key's status.
-    pub key_status: KeyStatus,
+    key_status: KeyStatus,
     /// When the provider key was minted (the key record's `FirstSeen`).
     pub(crate) minted_at: String,
     /// `providerKeyWindow`, as a timespan.
-    pub window: String,
+    pub(crate) window: String,
     /// `providerKeyWindow` in seconds.
     window_secs: u64,
     /// The provider key's age now, as a timespan.
@@ -71,7 +71,7 @@ impl ProviderWindow {
     }
 
     /// What the record keeps when an operator overrides the window.
-    pub fn override_note(&self) -> String {
+    pub(crate) fn override_note(&self) -> String {
         format!(
             "provider key of {} ({}) was {} old, past providerKeyWindow {}",
             self.key,

@@ -261,7 +261,7 @@ impl PoisonStore {
     /// Make the copies a scan held but did not delete visible again at once,
     /// 16 at a time (a 10,000-deep poison queue is 10,000 requests: one
     /// after another they took longer than the operation they ended).
-    pub async fn release(&self, held: Held) {
+    pub(crate) async fn release(&self, held: Held) {
         use futures::StreamExt as _;
         let left: Vec<(String, (String, String))> = held
             .0
@@ -284,7 +284,7 @@ impl PoisonStore {
     /// the pop receipt a scan got, else the one the record kept. Whether it
     /// is gone: false when no receipt worked (or none names a copy), which
     /// only a scan can settle.
-    pub async fn delete_copy(&self, rec: &PoisonRecord, held: &Held) -> StorageResult<bool> {
+    async fn delete_copy(&self, rec: &PoisonRecord, held: &Held) -> StorageResult<bool> {
         let Some(id) = &rec.poison_message_id else {
             return Ok(false);
         };

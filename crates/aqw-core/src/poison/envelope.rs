@@ -47,11 +47,11 @@ impl PoisonFormat {
 #[serde(rename_all = "camelCase")]
 pub struct RecordRef {
     /// The record table's name.
-    pub table: String,
+    pub(crate) table: String,
     /// The record's PartitionKey (the source queue).
-    pub partition_key: String,
+    pub(crate) partition_key: String,
     /// The record's RowKey (the source message id).
-    pub row_key: String,
+    pub(crate) row_key: String,
 }
 
 /// The poison queue message, `"aqw": "poison/1"`.

@@ -11,7 +11,7 @@
 //! 3. write the copy's id into the record;
 //! 4. (caller) delete the source message.
 //!
-//! [`PoisonStore::write`] is steps 1–3, the only code that writes them;
+//! `PoisonStore::write` is steps 1–3, the only code that writes them;
 //! [`PoisonSink`] is the worker's entry to it.
 //!
 //! A crash between 2 and 3 can leave a stray copy whose id the record does

@@ -118,7 +118,7 @@ pub struct PoisonRecord {
     pub replacement_size_diff: Option<i64>,
     /// The W3C `traceparent` of the attempt that poisoned it, so replay,
     /// discard and fix link their spans to that job's trace.
-    pub trace_parent: Option<String>,
+    pub(crate) trace_parent: Option<String>,
     /// What its `<queue>-poison` copy is (`CopyFormat`, written with the
     /// record before the copy is put, so a raw copy is recognisable as aqw's
     /// own even after a crash before the copy's id is named here).

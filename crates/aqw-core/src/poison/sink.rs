@@ -24,15 +24,15 @@ pub struct PoisonSink {
     /// The source queue's `<queue>-poison`.
     pub poison_queue: Arc<dyn QueueStore>,
     /// The poison record table.
-    pub records: Arc<dyn TableStore>,
+    pub(crate) records: Arc<dyn TableStore>,
     /// The app's message encoding (of the source and poison messages).
-    pub encoding: MessageEncoding,
+    pub(crate) encoding: MessageEncoding,
     /// TTL of the poison-queue copies; `None` = never expires.
-    pub ttl: Option<Duration>,
+    pub(crate) ttl: Option<Duration>,
     /// What the `<queue>-poison` copy is: the envelope or the raw body.
-    pub format: PoisonFormat,
+    pub(crate) format: PoisonFormat,
     /// Where new poison events are raised.
-    pub alerts: Alerts,
+    pub(crate) alerts: Alerts,
 }
 
 impl PoisonSink {

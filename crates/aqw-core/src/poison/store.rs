@@ -79,7 +79,7 @@ impl PoisonStore {
     /// what a list view needs, read with `$select` so a page over 10,000
     /// records never pulls their payloads. For views only: an action
     /// re-reads the record it changes.
-    pub async fn list_summaries(&self) -> StorageResult<Vec<PoisonRecord>> {
+    pub(crate) async fn list_summaries(&self) -> StorageResult<Vec<PoisonRecord>> {
         let query = crate::storage::TableQuery {
             partition: Some(&self.queue),
             filter: None,
@@ -135,7 +135,7 @@ impl PoisonStore {
     }
 
     /// The record `id`: a source message id, or the id of a host copy's record.
-    pub async fn find(&self, id: &str) -> StorageResult<Option<(PoisonRecord, Etag)>> {
+    pub(crate) async fn find(&self, id: &str) -> StorageResult<Option<(PoisonRecord, Etag)>> {
         for rk in [id.to_string(), super::host_record_id(id)] {
             match self.records.get(&self.queue, &rk).await {
                 Ok(Some((e, etag))) => return Ok(Some((PoisonRecord::from_entity(&e), etag))),
@@ -315,7 +315,7 @@ impl PoisonStore {
     /// left, put its envelope on `<queue>-poison` unless the record names a
     /// copy (adopting a copy a crashed run put but did not name), and name
     /// the copy on the record. Returns whether this call created the record.
-    pub async fn write(&self, record: PoisonRecord, ttl: Ttl) -> StorageResult<bool> {
+    pub(crate) async fn write(&self, record: PoisonRecord, ttl: Ttl) -> StorageResult<bool> {
         let row_key = record.message_id.clone();
         let (mut record, etag, created) = self.insert_open(&row_key, record).await?;
         failpoint::hit("poison.after_record");

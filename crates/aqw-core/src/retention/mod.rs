@@ -35,7 +35,7 @@ pub struct Pacer {
     interval: Option<Duration>,
     next: tokio::time::Instant,
     /// Requests made so far.
-    pub requests: u64,
+    pub(crate) requests: u64,
 }
 
 impl Pacer {
@@ -274,9 +274,9 @@ async fn delete_unchanged(
 #[derive(Clone)]
 pub struct AccountTables {
     /// The key table.
-    pub keys: KeyStore,
+    pub(crate) keys: KeyStore,
     /// The poison record table (open records protect their keys).
-    pub records: Arc<dyn TableStore>,
+    pub(crate) records: Arc<dyn TableStore>,
     /// The functions whose keys live in this account.
-    pub functions: Vec<String>,
+    pub(crate) functions: Vec<String>,
 }

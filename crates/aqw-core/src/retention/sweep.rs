@@ -123,11 +123,11 @@ impl SweepLease {
 /// One storage account's sweep: its tables and the source queues' records.
 pub struct SweepTarget {
     /// The account's key and record tables, and its functions.
-    pub tables: AccountTables,
+    pub(crate) tables: AccountTables,
     /// The record stores of the source queues on the account.
-    pub records: Vec<PoisonStore>,
+    pub(crate) records: Vec<PoisonStore>,
     /// The account's claim-check container, when the app has one.
-    pub blobs: Option<Arc<dyn crate::storage::BlobStore>>,
+    pub(crate) blobs: Option<Arc<dyn crate::storage::BlobStore>>,
 }
 
 /// Sweep every target once, under its lease, at the configured rate.

@@ -226,7 +226,7 @@ impl Schedule {
 
     /// The ticks to put now, given the last tick already claimed: per
     /// [`CatchUp`], oldest first, and the tick the row moves to.
-    pub fn due(
+    pub(crate) fn due(
         &self,
         last: OffsetDateTime,
         now: OffsetDateTime,

@@ -65,7 +65,7 @@ pub struct Target {
     /// The function's source queue.
     pub queue: Arc<dyn QueueStore>,
     /// The app's `messageEncoding`.
-    pub encoding: crate::message::MessageEncoding,
+    pub(crate) encoding: crate::message::MessageEncoding,
 }
 
 /// One schedule's task: a round at each tick until `shutdown`.

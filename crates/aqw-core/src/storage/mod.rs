@@ -276,7 +276,7 @@ impl Filter {
     /// whole seconds, as the service compares).
     /// The row's own keys answer for the columns `PartitionKey` and `RowKey`
     /// (as the service's filter sees them).
-    pub fn matches(
+    pub(crate) fn matches(
         &self,
         (partition_key, row_key): (&str, &str),
         entity: &Entity,

@@ -298,7 +298,7 @@ pub struct Selection {
 
 impl Selection {
     /// The filter of `poison list` this selection is, forced to open records.
-    pub fn filter(&self) -> Result<Filter, SelectionError> {
+    pub(crate) fn filter(&self) -> Result<Filter, SelectionError> {
         let time = |s: &Option<String>| {
             s.as_deref()
                 .map(|t| {
@@ -499,7 +499,7 @@ pub struct Operation {
     /// Records per second.
     pub rate: f64,
     /// Replayed records back in the poison table before it halts itself.
-    pub halt_after: u32,
+    halt_after: u32,
     /// Where it stands.
     pub state: OpState,
     /// Records handled (replayed, closed as already done, discarded).

@@ -392,7 +392,7 @@ impl OperationStore {
 
     /// The executor's last write: `state` (done, halted or failed), the
     /// counts, `reason`, and the lease let go.
-    pub async fn finish(
+    pub(crate) async fn finish(
         &self,
         op: &Operation,
         etag: &Etag,
