@@ -38,7 +38,7 @@
 //! lease).
 
 use crate::message::{max_payload, ErrorKind, MessageEncoding};
-use crate::storage::{BlobRead, BlobStore, Storage, StorageError, StorageResult};
+use crate::storage::{BlobRead, BlobStore, StorageError, StorageResult};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -204,7 +204,7 @@ pub enum Invalid {
 }
 
 /// A reference that passed `Reference::check` for the queue it was read
-/// from: the only kind [`fetch`] and `refresh_text` ask storage about.
+/// from: the only kind `fetch` and `refresh_text` ask storage about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checked(Reference);
 
@@ -278,7 +278,7 @@ pub fn parse(payload: &str, scope: Scope<'_>) -> Option<Result<Checked, Invalid>
     "payload is {len} bytes; aqw.claimCheck.maxBytes allows at most {max_bytes} (a worker \
      would poison a larger claim-checked job at once)"
 )]
-pub struct Oversize {
+pub(crate) struct Oversize {
     /// The body's length in bytes.
     pub(crate) len: usize,
     /// The configured limit.
@@ -357,7 +357,10 @@ pub(crate) async fn put_body(
 /// The body `reference` names, checked: read no further than the
 /// reference's length (a larger blob is corrupt without being read whole),
 /// and its length and SHA-256 must be the reference's and it must be UTF-8.
-pub async fn fetch(blobs: &dyn BlobStore, reference: &Checked) -> Result<String, FetchError> {
+pub(crate) async fn fetch(
+    blobs: &dyn BlobStore,
+    reference: &Checked,
+) -> Result<String, FetchError> {
     let name = shown(&reference.blob);
     let bytes = match blobs.get(&reference.blob, reference.length).await? {
         None => return Err(FetchError::Missing(name)),
@@ -387,21 +390,6 @@ pub async fn fetch(blobs: &dyn BlobStore, reference: &Checked) -> Result<String,
             e.utf8_error().valid_up_to()
         ))
     })
-}
-
-/// The job's body: `payload` itself, or the body it references (checked
-/// for `scope`, then fetched from `container` of `storage` and checked).
-pub async fn resolve(
-    storage: &dyn Storage,
-    container: &str,
-    payload: &str,
-    scope: Scope<'_>,
-) -> Result<Option<String>, FetchError> {
-    match parse(payload, scope) {
-        None => Ok(None),
-        Some(Err(e)) => Err(e.into()),
-        Some(Ok(r)) => fetch(storage.blobs(container).as_ref(), &r).await.map(Some),
-    }
 }
 
 /// Message text read from `scope.queue` decoded, and for a reference its

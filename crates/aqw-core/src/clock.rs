@@ -11,7 +11,7 @@
 //! A seeded simulation runs many replicas on one thread; each may be given
 //! its own wrong clock ([`Skew`], run under [`with_skew`]): [`now_utc`] on a
 //! pinned thread adds the offset of the task it is called from, and the
-//! engine's spawns go through [`carry`] so a replica's tasks keep its
+//! engine's spawns go through `carry` so a replica's tasks keep its
 //! offset. Outside a simulation `carry` is the future itself and `now_utc`
 //! never looks for an offset: the production path pays one relaxed load
 //! per spawn.
@@ -104,7 +104,7 @@ pub fn with_skew<F: Future>(skew: Skew, fut: F) -> impl Future<Output = F::Outpu
 
 /// `fut` for a task the engine spawns, keeping the spawning task's
 /// [`Skew`] in a simulation; outside one, `fut` itself.
-pub fn carry<F: Future>(fut: F) -> impl Future<Output = F::Output> {
+pub(crate) fn carry<F: Future>(fut: F) -> impl Future<Output = F::Output> {
     if !simulated() {
         return Either::Left(fut);
     }
@@ -114,7 +114,7 @@ pub fn carry<F: Future>(fut: F) -> impl Future<Output = F::Output> {
     }
 }
 
-/// `tokio::spawn` of [`carry`]`(fut)`: the engine's way to start a task.
+/// `tokio::spawn` of `carry(fut)`: the engine's way to start a task.
 pub fn spawn<F>(fut: F) -> tokio::task::JoinHandle<F::Output>
 where
     F: Future + Send + 'static,
@@ -124,7 +124,7 @@ where
 }
 
 /// Whether `simulate` was called.
-pub fn simulated() -> bool {
+pub(crate) fn simulated() -> bool {
     SIMULATED.load(Ordering::Relaxed)
 }
 

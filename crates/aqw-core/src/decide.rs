@@ -2,8 +2,8 @@
 //! what is known about it, in two stages. Before anything runs,
 //! `next_step` says claim, run, or settle without running
 //! (`WithoutRunning`: a duplicate, a deferral, a poison); after the
-//! handler's attempt, [`fate`] says complete, retry, release or poison
-//! ([`Fate`]). [`crate::job::process`] gathers the facts (decoding, the key,
+//! handler's attempt, `fate` says complete, retry, release or poison
+//! (`Fate`). [`crate::job::process`] gathers the facts (decoding, the key,
 //! the key's record, the handler's result) and carries the answers out;
 //! nothing here does I/O, so every row of the message-life table is a unit
 //! test below.
@@ -85,7 +85,7 @@ pub fn later(
 
 /// What is known of the message before anything runs.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Facts<'a> {
+pub(crate) struct Facts<'a> {
     /// The message's DequeueCount (1 on its first delivery).
     pub(crate) dequeue_count: u32,
     /// The job's attempt number as its key's record counts it, this attempt
@@ -154,7 +154,7 @@ pub(crate) enum WithoutRunning {
 /// Why a message goes to `<queue>-poison`: the error its record and
 /// envelope carry.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PoisonCase {
+pub(crate) struct PoisonCase {
     /// The kind of the error that poisoned it.
     pub(crate) kind: ErrorKind,
     /// The error's text.
@@ -185,7 +185,7 @@ pub enum AttemptResult<'a> {
 
 /// The fate of a message after the handler's attempt.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Fate {
+pub(crate) enum Fate {
     /// Mark the key done, delete the message.
     Complete,
     /// Note the failure on the key; make the message visible again after `after`.
@@ -297,7 +297,7 @@ pub(crate) fn next_step<'a>(facts: &Facts<'a>, key: &KeyState, policy: &Policy) 
 
 /// The fate after the handler's attempt. `jitter` in [0, 1) spreads retry
 /// delays (random in production, fixed in tests).
-pub fn fate(facts: &Facts, attempt: &AttemptResult, policy: &Policy, jitter: f64) -> Fate {
+pub(crate) fn fate(facts: &Facts, attempt: &AttemptResult, policy: &Policy, jitter: f64) -> Fate {
     let (dc, max) = (facts.attempt_number(), policy.max_dequeue_count);
     match attempt {
         AttemptResult::Succeeded => Fate::Complete,

@@ -83,7 +83,7 @@ impl HeartbeatStore {
 
 /// When a poll loop next owes a heartbeat.
 #[derive(Debug, Default)]
-pub struct Pacer {
+pub(crate) struct Pacer {
     last: Option<Instant>,
 }
 

@@ -50,7 +50,7 @@ pub fn job_id(text: &str) -> u64 {
 
 /// This replica's own outcomes.
 #[derive(Debug, Clone, Default)]
-pub struct Evidence {
+pub(crate) struct Evidence {
     /// Distinct jobs whose last attempt failed retryably: when each first
     /// failed (since it last left the set) and when it last failed.
     failing: BTreeMap<u64, Failing>,
@@ -170,7 +170,7 @@ impl Failing {
 
 /// What the other replicas published, on this replica's clock.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct FleetView {
+pub(crate) struct FleetView {
     /// Their successes in the window.
     pub(crate) successes: u32,
     /// Their failing jobs.
@@ -188,7 +188,7 @@ impl FleetView {
 
 /// The fleet's evidence counted together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tally {
+pub(crate) struct Tally {
     /// Distinct jobs failing within the window.
     pub(crate) failing: u32,
     /// Successes within the window.
@@ -210,7 +210,7 @@ pub enum Rule {
 
 /// Own and fleet evidence together, counting only what happened after
 /// `since` (the breaker's last change of state).
-pub fn tally(
+pub(crate) fn tally(
     own: &Evidence,
     fleet: &FleetView,
     since: Option<Instant>,
@@ -249,7 +249,7 @@ pub fn tally(
 }
 
 /// Whether the tally trips the breaker, and by which rule.
-pub fn verdict(t: &Tally, s: &BreakerSettings, now: Instant) -> Option<Rule> {
+pub(crate) fn verdict(t: &Tally, s: &BreakerSettings, now: Instant) -> Option<Rule> {
     let outcomes = t.failing + t.successes;
     if outcomes >= s.minimum_attempts
         && f64::from(t.failing) >= s.failure_ratio * f64::from(outcomes)

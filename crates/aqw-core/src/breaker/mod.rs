@@ -75,7 +75,7 @@ impl Default for BreakerSettings {
 
 /// Where the breaker stands.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum State {
+pub(crate) enum State {
     /// Messages are received and every attempt counts.
     Closed,
     /// Nothing is received until `until`; received messages are parked.
@@ -131,7 +131,7 @@ pub enum Attempt {
 
 /// A change of state, to log, count and alert.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Transition {
+pub(crate) enum Transition {
     /// Closed → open: `failed` of `attempts` distinct jobs in the window
     /// failed (the volume rule), or `failed` in a row with no success (the
     /// quiet rule).
@@ -210,7 +210,7 @@ const MAX_PROBED: usize = 64;
 
 /// One function's breaker.
 #[derive(Debug, Clone)]
-pub struct Breaker {
+pub(crate) struct Breaker {
     settings: BreakerSettings,
     state: State,
     cool_down: Duration,
@@ -245,7 +245,7 @@ pub struct Breaker {
 
 impl Breaker {
     /// A closed breaker with `settings`.
-    pub fn new(settings: BreakerSettings) -> Self {
+    pub(crate) fn new(settings: BreakerSettings) -> Self {
         Self {
             settings,
             state: State::Closed,
@@ -270,7 +270,7 @@ impl Breaker {
     }
 
     /// The settings it was built with.
-    pub fn settings(&self) -> &BreakerSettings {
+    pub(crate) fn settings(&self) -> &BreakerSettings {
         &self.settings
     }
 

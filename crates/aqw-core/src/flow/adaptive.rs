@@ -258,7 +258,7 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 /// One function's adaptive rate on one replica: the limiter on the tokio
 /// clock, its gauge, its rate-limited log, and how long the function has
 /// been throttled.
-pub struct AdaptiveRate {
+pub(crate) struct AdaptiveRate {
     function: String,
     on: bool,
     start: Instant,
@@ -276,7 +276,7 @@ struct State {
 impl AdaptiveRate {
     /// The adaptive rate of `function`, off when `on` is false (then it
     /// never waits), never above `ceiling` calls/s.
-    pub fn new(function: &str, on: bool, ceiling: Option<f64>) -> Self {
+    pub(crate) fn new(function: &str, on: bool, ceiling: Option<f64>) -> Self {
         Self {
             function: function.to_string(),
             on,
@@ -396,7 +396,7 @@ impl AdaptiveRate {
 /// How long after its provider's last throttle a replica keeps sharing
 /// its learned rate on its evidence row: long enough to show an episode
 /// in `aqw status`, short enough that a row does not outlive it by much.
-pub const SHARE_FOR: Duration = Duration::from_secs(300);
+pub(crate) const SHARE_FOR: Duration = Duration::from_secs(300);
 
 /// While sharing, a replica republishes its rate when it moved by this
 /// share since the last publication, at most every [`REPUBLISH_EVERY`].

@@ -74,7 +74,7 @@ const SLOTS_WAIT: Duration = Duration::from_millis(200);
 const MAX_RESERVE: Duration = Duration::from_secs(1);
 
 /// One function's limits on one replica.
-pub struct Flow {
+pub(crate) struct Flow {
     function: String,
     worker_id: String,
     table: Arc<dyn TableStore>,
@@ -92,7 +92,7 @@ const RELEASE_DELAY: Duration = Duration::from_millis(100);
 
 /// What the limits allow one receive.
 #[derive(Debug)]
-pub struct Grant {
+pub(crate) struct Grant {
     /// Receive at most this many.
     pub(crate) receive: u32,
     slots: u32,
@@ -130,7 +130,7 @@ pub(crate) enum KeyAdmission {
 impl Flow {
     /// The limits of `function` on this replica, over the control `table`;
     /// `None` when it has none.
-    pub fn new(
+    pub(crate) fn new(
         function: &str,
         worker_id: &str,
         table: Arc<dyn TableStore>,

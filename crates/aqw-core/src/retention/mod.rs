@@ -151,7 +151,7 @@ impl PurgeRun<'_> {
 
 /// Purge the settled keys of `functions` from `keys`, keeping every key an
 /// open record of `records` refers to.
-pub async fn purge_keys(
+pub(crate) async fn purge_keys(
     keys: &KeyStore,
     records: &dyn TableStore,
     functions: &[String],
@@ -185,7 +185,7 @@ pub async fn purge_keys(
 }
 
 /// Purge `store`'s closed records older than the run's cutoff.
-pub async fn purge_records(
+pub(crate) async fn purge_records(
     store: &PoisonStore,
     run: &mut PurgeRun<'_>,
 ) -> StorageResult<PurgeReport> {
@@ -272,7 +272,7 @@ async fn delete_unchanged(
 
 /// Shared by the sweep and the commands: the keys and record tables of one account.
 #[derive(Clone)]
-pub struct AccountTables {
+pub(crate) struct AccountTables {
     /// The key table.
     pub(crate) keys: KeyStore,
     /// The poison record table (open records protect their keys).

@@ -1,5 +1,5 @@
 //! Durable group operations (issue 40): a group replay, discard or fix is a row
-//! in the control table (partition [`PARTITION`], RowKey the operation's
+//! in the control table (partition `PARTITION`, RowKey the operation's
 //! id), carried out by whoever holds its lease, not by the request that
 //! asked for it. The row says who asked, what (the selection, the
 //! fingerprint of the reviewed ids, a cutoff so records poisoned later are
@@ -34,7 +34,7 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 /// The control-table partition of operation rows.
-pub const PARTITION: &str = "operations";
+pub(crate) const PARTITION: &str = "operations";
 
 /// The rate of an operation when none is given: records per second.
 pub const DEFAULT_RATE: f64 = 50.0;
@@ -214,7 +214,7 @@ pub fn fix_refused(ops: &QueueOps) -> Option<String> {
 /// the bounds of the `patch` module (the payload's growth, the bytes copied, the
 /// number of ops), refused before an op allocates past them. The error
 /// (one line) says why there is no corrected payload.
-pub fn apply_patch(patch: &json_patch::Patch, payload: &str) -> Result<String, PatchError> {
+fn apply_patch(patch: &json_patch::Patch, payload: &str) -> Result<String, PatchError> {
     patch::apply(&patch.0, payload)
 }
 
@@ -283,7 +283,7 @@ pub struct Selection {
     /// Only records poisoned at or before this time (RFC 3339).
     pub until: Option<String>,
     /// Only records of this alert group (`kind|first line masked`, as
-    /// [`group_of`] and the dashboard's groups name it).
+    /// `group_of` and the dashboard's groups name it).
     pub group: Option<String>,
     /// Only records whose id is this text, or whose key or payload (with
     /// the function's `redact` fields masked) contains it, ignoring case:
@@ -369,7 +369,7 @@ impl Selection {
 
 /// The alert group of a record: its error kind and first line, masked as
 /// the alert and the dashboard group them.
-pub fn group_of(rec: &PoisonRecord) -> String {
+fn group_of(rec: &PoisonRecord) -> String {
     let masked = crate::alert::error_group(&rec.error.message).1;
     format!("{}|{masked}", rec.error.kind.as_str())
 }
@@ -436,7 +436,7 @@ pub async fn preview_fix(
 /// Why a stored selection gives no filter (a row written by hand or by an
 /// older version: the CLI and dashboard check both before creating one).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SelectionError {
+pub(crate) enum SelectionError {
     /// A time bound that is not RFC 3339.
     #[error("{text:?}: {reason}")]
     Time {
