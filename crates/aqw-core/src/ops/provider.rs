@@ -51,7 +51,7 @@ impl SavesFailures {
 /// Whether `f`'s provider is known to save failures: declared, else the
 /// latest `replayed_failure` record of `f` among `records` (any status).
 /// Pure: the caller passes the records it has read (summaries will do).
-pub(crate) fn saves_failures_in(
+fn saves_failures_in(
     f: Option<&FunctionConfig>,
     records: &[PoisonRecord],
 ) -> Option<SavesFailures> {

@@ -37,10 +37,10 @@ pub(crate) const MAX_PATCH_OPS: usize = 256;
 
 /// A corrected payload may be this many times its original size (or
 /// [`MIN_SIZE_BOUND`], whichever is larger) before the patch is refused.
-pub(crate) const GROWTH_FACTOR: usize = 4;
+const GROWTH_FACTOR: usize = 4;
 
 /// The size bound of a small payload: a patch may always grow it to 1 MiB.
-pub(crate) const MIN_SIZE_BOUND: usize = 1024 * 1024;
+const MIN_SIZE_BOUND: usize = 1024 * 1024;
 
 /// Why a patch gave no corrected payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,7 +64,7 @@ impl std::fmt::Display for PatchError {
 /// The size a payload of `original` bytes may grow to under a patch, and
 /// the bytes a patch may copy or add in all: `max(GROWTH_FACTOR × original,
 /// MIN_SIZE_BOUND)`.
-pub(crate) fn size_bound(original: usize) -> usize {
+fn size_bound(original: usize) -> usize {
     original.saturating_mul(GROWTH_FACTOR).max(MIN_SIZE_BOUND)
 }
 

@@ -35,7 +35,7 @@ pub const LEASE: Duration = Duration::from_secs(60);
 
 /// How often an idle `aqw run` looks for an operation whose executor died
 /// (one query of the operations partition; jittered by the caller).
-pub(crate) const IDLE_SCAN_INTERVAL: Duration = Duration::from_secs(30);
+const IDLE_SCAN_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Records in flight at once: one at up to 10 a second (a cancel is seen
 /// before the next record), then one more per 10 a second, at most 8, so a
