@@ -236,7 +236,7 @@ impl Alerts {
 
     /// A breaker changed state: its event goes to the delivery at once; the
     /// log line is the caller's.
-    pub fn breaker(&self, body: serde_json::Value) {
+    pub(crate) fn breaker(&self, body: serde_json::Value) {
         if let Some(tx) = &self.tx {
             let _ = tx.send(AlertEvent::Breaker(body));
         }
@@ -244,14 +244,14 @@ impl Alerts {
 
     /// An event for the delivery at once (`event`, `severity`,
     /// `function`, `summary`); the log line is the caller's.
-    pub fn notice(&self, body: serde_json::Value) {
+    pub(crate) fn notice(&self, body: serde_json::Value) {
         if let Some(tx) = &self.tx {
             let _ = tx.send(AlertEvent::Notice(body));
         }
     }
 
     /// Log the stable ERROR event and queue the alert for delivery.
-    pub fn poisoned(&self, alert: PoisonAlert) {
+    pub(crate) fn poisoned(&self, alert: PoisonAlert) {
         tracing::error!(
             event = "aqw.poison.new",
             queue = %alert.queue,
@@ -270,7 +270,7 @@ impl Alerts {
 }
 
 /// How long the first record of a burst waits for the others.
-pub const GATHER: Duration = Duration::from_secs(1);
+const GATHER: Duration = Duration::from_secs(1);
 
 struct QueueWindow {
     last_sent: Option<Instant>,
@@ -282,7 +282,7 @@ struct QueueWindow {
 /// The alert delivery's windowing, apart from what delivers a window (the
 /// binary's `telemetry::alerts` posts it; a test drives this on paused
 /// tokio time): poison alerts gathered per
-/// queue, `deliver`ed as one batch once the first has waited [`GATHER`]
+/// queue, `deliver`ed as one batch once the first has waited `GATHER`
 /// and the queue's last window is `window` old; other events passed to
 /// `event` at once. Ends when every sender is gone.
 pub async fn gather(

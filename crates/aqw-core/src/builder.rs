@@ -56,14 +56,14 @@ pub struct WorkerBuilder {
 #[error("{setting}: {message}")]
 pub struct BuildError {
     /// The setting at fault (`functions.SendReceipt.queue`).
-    pub setting: String,
+    pub(crate) setting: String,
     /// What is wrong with it.
     pub message: String,
 }
 
 impl WorkerBuilder {
     /// A builder with the defaults of an empty `host.json`
-    /// ([`AppConfig::defaults`]) over `storage`.
+    /// (`AppConfig::defaults`) over `storage`.
     pub fn new(storage: Arc<dyn Storage>) -> Self {
         Self {
             app: AppConfig::defaults("."),

@@ -22,7 +22,7 @@
 //!
 //! A reference is input: anyone who can put a message on the queue can
 //! write one. Before any storage call it is checked against the queue the
-//! message was read from ([`Scope`], [`Reference::check`]): version 1, the
+//! message was read from ([`Scope`], `Reference::check`): version 1, the
 //! blob exactly `<that queue>/<sha256>` with the hash 64 lowercase hex
 //! digits, the length within `aqw.claimCheck.maxBytes`. One that fails is
 //! poisoned at once with kind `claim_check_invalid`, without a storage call,
@@ -38,12 +38,13 @@
 //! lease).
 
 use crate::message::{max_payload, ErrorKind, MessageEncoding};
-use crate::storage::{BlobRead, BlobStore, Storage, StorageError, StorageResult};
+use crate::storage::{BlobRead, BlobStore, StorageError, StorageResult};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// The reserved member of a reference.
-pub const MARKER: &str = "aqw.claimCheck";
+#[cfg(test)]
+const MARKER: &str = "aqw.claimCheck";
 /// How every reference aqw writes begins: the worker looks no further into
 /// a payload that does not begin so (a cheap test on every message).
 const PREFIX: &str = "{\"aqw.claimCheck\":";
@@ -97,7 +98,7 @@ impl ClaimCheck {
 
     /// A producer's refusal of a body of `len` bytes bound for a blob that
     /// no worker would fetch (over [`ClaimCheck::max_bytes`]).
-    pub fn refuse_oversize(&self, len: usize) -> Result<(), Oversize> {
+    pub(crate) fn refuse_oversize(&self, len: usize) -> Result<(), Oversize> {
         match len as u64 > self.max_bytes {
             true => Err(Oversize {
                 len,
@@ -109,7 +110,7 @@ impl ClaimCheck {
 
     /// Whether `payload` goes to a blob under these settings when messages
     /// are encoded per `encoding` (never above what a message holds).
-    pub fn applies_to(&self, payload: &str, encoding: MessageEncoding) -> bool {
+    pub(crate) fn applies_to(&self, payload: &str, encoding: MessageEncoding) -> bool {
         self.enabled && payload.len() > self.threshold.min(max_payload(encoding))
     }
 }
@@ -159,14 +160,14 @@ impl Reference {
 /// What a reference read from a queue may name: only that queue's own
 /// content-addressed blob, of at most `max_bytes`. Every read or write of a
 /// blob a message names goes through a reference checked against the scope
-/// of the queue the message was read from ([`Reference::check`]).
+/// of the queue the message was read from (`Reference::check`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Scope<'a> {
     /// The source queue the message was read from (for a poison record,
     /// the queue it was poisoned from, not `<queue>-poison`).
     pub queue: &'a str,
     /// The largest body a reference may name (`aqw.claimCheck.maxBytes`).
-    pub max_bytes: u64,
+    pub(crate) max_bytes: u64,
 }
 
 /// Why a reference is refused before any storage call. The text says which
@@ -202,8 +203,8 @@ pub enum Invalid {
     },
 }
 
-/// A reference that passed [`Reference::check`] for the queue it was read
-/// from: the only kind [`fetch`] and [`refresh_text`] ask storage about.
+/// A reference that passed `Reference::check` for the queue it was read
+/// from: the only kind `fetch` and `refresh_text` ask storage about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checked(Reference);
 
@@ -223,7 +224,7 @@ impl Reference {
     /// The reference as valid in `scope`: version 1, a SHA-256 of 64
     /// lowercase hex digits, the blob exactly `<scope.queue>/<that hash>`,
     /// and a length within `scope.max_bytes`. No I/O.
-    pub fn check(self, scope: Scope<'_>) -> Result<Checked, Invalid> {
+    pub(crate) fn check(self, scope: Scope<'_>) -> Result<Checked, Invalid> {
         if self.v != 1 {
             return Err(Invalid::Version);
         }
@@ -255,7 +256,7 @@ pub fn is_reference(payload: &str) -> bool {
 }
 
 /// Whether `payload` is a reference: `None` for an ordinary payload, else
-/// the reference checked for `scope` ([`Reference::check`]) or why it is
+/// the reference checked for `scope` (`Reference::check`) or why it is
 /// refused. No I/O.
 pub fn parse(payload: &str, scope: Scope<'_>) -> Option<Result<Checked, Invalid>> {
     if !is_reference(payload) {
@@ -277,11 +278,11 @@ pub fn parse(payload: &str, scope: Scope<'_>) -> Option<Result<Checked, Invalid>
     "payload is {len} bytes; aqw.claimCheck.maxBytes allows at most {max_bytes} (a worker \
      would poison a larger claim-checked job at once)"
 )]
-pub struct Oversize {
+pub(crate) struct Oversize {
     /// The body's length in bytes.
-    pub len: usize,
+    pub(crate) len: usize,
     /// The configured limit.
-    pub max_bytes: u64,
+    pub(crate) max_bytes: u64,
 }
 
 /// Why a message's payload, claim-checked or not, could not be had.
@@ -316,7 +317,7 @@ pub enum FetchError {
 impl FetchError {
     /// The kind a job is poisoned with, or `None` for a storage failure
     /// (retried).
-    pub fn poison_kind(&self) -> Option<ErrorKind> {
+    pub(crate) fn poison_kind(&self) -> Option<ErrorKind> {
         match self {
             FetchError::Invalid(_) => Some(ErrorKind::ClaimCheckInvalid),
             FetchError::Missing(_) => Some(ErrorKind::ClaimCheckMissing),
@@ -335,7 +336,11 @@ fn shown(name: &str) -> String {
 
 /// Write `body` as the blob of its reference on `queue` (creating the
 /// container when it is missing) and return the reference.
-pub async fn put_body(blobs: &dyn BlobStore, queue: &str, body: &str) -> StorageResult<Reference> {
+pub(crate) async fn put_body(
+    blobs: &dyn BlobStore,
+    queue: &str,
+    body: &str,
+) -> StorageResult<Reference> {
     let reference = Reference::of(queue, body);
     match blobs.put(&reference.blob, body.as_bytes()).await {
         Err(StorageError::NotFound) => {
@@ -352,7 +357,10 @@ pub async fn put_body(blobs: &dyn BlobStore, queue: &str, body: &str) -> Storage
 /// The body `reference` names, checked: read no further than the
 /// reference's length (a larger blob is corrupt without being read whole),
 /// and its length and SHA-256 must be the reference's and it must be UTF-8.
-pub async fn fetch(blobs: &dyn BlobStore, reference: &Checked) -> Result<String, FetchError> {
+pub(crate) async fn fetch(
+    blobs: &dyn BlobStore,
+    reference: &Checked,
+) -> Result<String, FetchError> {
     let name = shown(&reference.blob);
     let bytes = match blobs.get(&reference.blob, reference.length).await? {
         None => return Err(FetchError::Missing(name)),
@@ -384,26 +392,11 @@ pub async fn fetch(blobs: &dyn BlobStore, reference: &Checked) -> Result<String,
     })
 }
 
-/// The job's body: `payload` itself, or the body it references (checked
-/// for `scope`, then fetched from `container` of `storage` and checked).
-pub async fn resolve(
-    storage: &dyn Storage,
-    container: &str,
-    payload: &str,
-    scope: Scope<'_>,
-) -> Result<Option<String>, FetchError> {
-    match parse(payload, scope) {
-        None => Ok(None),
-        Some(Err(e)) => Err(e.into()),
-        Some(Ok(r)) => fetch(storage.blobs(container).as_ref(), &r).await.map(Some),
-    }
-}
-
 /// Message text read from `scope.queue` decoded, and for a reference its
 /// body fetched and checked: the payload the handler gets (`poison show`,
 /// a fix's redaction restore, a group fix and its preview). The error is a
 /// decode or fetch error's text.
-pub async fn decode_body(
+pub(crate) async fn decode_body(
     blobs: &dyn BlobStore,
     text: &str,
     encoding: MessageEncoding,
@@ -434,7 +427,7 @@ pub async fn put_as_reference(
 /// [`FetchError::Missing`] (the job cannot be replayed: its body is gone).
 /// A reference that fails [`Reference::check`] is [`FetchError::Invalid`]
 /// and touches nothing: only a queue's own blobs are ever written.
-pub async fn refresh_text(
+pub(crate) async fn refresh_text(
     blobs: &dyn BlobStore,
     text: &str,
     encoding: MessageEncoding,
@@ -462,7 +455,7 @@ pub async fn refresh_text(
 /// `claim_check_missing` when it runs, visibly; an invalid reference as
 /// `claim_check_invalid`, and nothing is touched for it); one request, and
 /// only for a valid reference.
-pub async fn refresh_before_reput(
+pub(crate) async fn refresh_before_reput(
     blobs: &dyn BlobStore,
     text: &str,
     encoding: MessageEncoding,

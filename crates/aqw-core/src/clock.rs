@@ -1,5 +1,5 @@
 //! The engine's wall clock: [`now_utc`] is the system's UTC time, unless a
-//! simulation turned on [`simulate`], in which case it follows tokio's
+//! simulation turned on `simulate`, in which case it follows tokio's
 //! clock, so a `#[tokio::test(start_paused = true)]` moves records, key
 //! ages and retention cutoffs days ahead in milliseconds, together with the
 //! in-memory store's own timestamps.
@@ -11,7 +11,7 @@
 //! A seeded simulation runs many replicas on one thread; each may be given
 //! its own wrong clock ([`Skew`], run under [`with_skew`]): [`now_utc`] on a
 //! pinned thread adds the offset of the task it is called from, and the
-//! engine's spawns go through [`carry`] so a replica's tasks keep its
+//! engine's spawns go through `carry` so a replica's tasks keep its
 //! offset. Outside a simulation `carry` is the future itself and `now_utc`
 //! never looks for an offset: the production path pays one relaxed load
 //! per spawn.
@@ -50,7 +50,7 @@ fn anchor() -> &'static (OffsetDateTime, std::time::Instant) {
 /// Follow tokio's clock from now on, in this process (simulations and
 /// tests only: a real deployment keeps the system clock, which NTP
 /// corrects and a monotonic clock would drift from over months).
-pub fn simulate() {
+pub(crate) fn simulate() {
     anchor();
     SIMULATED.store(true, Ordering::Relaxed);
 }
@@ -59,7 +59,7 @@ pub fn simulate() {
 /// (call it inside the runtime): a seeded simulation's clock starts at the
 /// same instant whatever the real time, so whole-second boundaries, record
 /// times and schedule ticks fall alike on every run of a seed. Other
-/// threads keep [`simulate`]'s clock.
+/// threads keep `simulate`'s clock.
 pub fn simulate_from(wall: OffsetDateTime) {
     simulate();
     PINNED.with(|p| p.set(Some((wall, tokio::time::Instant::now()))));
@@ -104,7 +104,7 @@ pub fn with_skew<F: Future>(skew: Skew, fut: F) -> impl Future<Output = F::Outpu
 
 /// `fut` for a task the engine spawns, keeping the spawning task's
 /// [`Skew`] in a simulation; outside one, `fut` itself.
-pub fn carry<F: Future>(fut: F) -> impl Future<Output = F::Output> {
+pub(crate) fn carry<F: Future>(fut: F) -> impl Future<Output = F::Output> {
     if !simulated() {
         return Either::Left(fut);
     }
@@ -114,7 +114,7 @@ pub fn carry<F: Future>(fut: F) -> impl Future<Output = F::Output> {
     }
 }
 
-/// `tokio::spawn` of [`carry`]`(fut)`: the engine's way to start a task.
+/// `tokio::spawn` of `carry(fut)`: the engine's way to start a task.
 pub fn spawn<F>(fut: F) -> tokio::task::JoinHandle<F::Output>
 where
     F: Future + Send + 'static,
@@ -123,8 +123,8 @@ where
     tokio::spawn(carry(fut))
 }
 
-/// Whether [`simulate`] was called.
-pub fn simulated() -> bool {
+/// Whether `simulate` was called.
+pub(crate) fn simulated() -> bool {
     SIMULATED.load(Ordering::Relaxed)
 }
 

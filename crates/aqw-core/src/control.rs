@@ -47,7 +47,7 @@ mod col {
 
 /// The highest rate an evidence row may carry (calls/s): anything above is input
 /// gone wrong, ignored.
-pub const MAX_SHARED_RATE: f64 = 1_000_000.0;
+const MAX_SHARED_RATE: f64 = 1_000_000.0;
 
 /// One replica's breaker evidence for one function, as published. Times
 /// are Unix milliseconds on the publisher's clock.
@@ -56,18 +56,18 @@ pub struct EvidenceRow {
     /// The function.
     pub function: String,
     /// The publishing replica (a hash of its worker id).
-    pub replica: String,
+    pub(crate) replica: String,
     /// When it was written.
-    pub at_ms: i64,
+    pub(crate) at_ms: i64,
     /// Its successes in the breaker's window.
-    pub successes: u32,
+    pub(crate) successes: u32,
     /// Its last success.
     pub last_success_ms: Option<i64>,
     /// Its distinct failing jobs: each job, its first and latest failure.
-    pub failing: Vec<(u64, i64, i64)>,
+    pub(crate) failing: Vec<(u64, i64, i64)>,
     /// The call rate its adaptive rate learned (calls/s), while its
     /// provider throttles it ([`crate::flow::adaptive::SHARE_FOR`]).
-    pub rate: Option<f64>,
+    pub(crate) rate: Option<f64>,
 }
 
 impl EvidenceRow {
@@ -170,12 +170,12 @@ pub struct PublishedBreaker {
     /// How long the publisher's breaker stays open (an `open` row), so
     /// the replicas following it wait as long.
     #[serde(skip)]
-    pub cool_down: Option<Duration>,
+    pub(crate) cool_down: Option<Duration>,
     /// When a worker's probe last closed it (RFC 3339): a column of its
     /// own, which later states' writes leave alone, so a replica that
     /// published over a close it never read still learns of it.
     #[serde(skip)]
-    pub probe_closed_at: Option<String>,
+    pub(crate) probe_closed_at: Option<String>,
 }
 
 /// One function's control row, read.
@@ -340,7 +340,7 @@ impl ControlStore {
     }
 
     /// Publish this replica's evidence for a function (one upsert).
-    pub async fn publish_evidence(&self, row: &EvidenceRow) -> StorageResult<()> {
+    pub(crate) async fn publish_evidence(&self, row: &EvidenceRow) -> StorageResult<()> {
         self.upsert(
             &EvidenceRow::row_key(&row.function, &row.replica),
             row.to_entity(),
@@ -350,7 +350,7 @@ impl ControlStore {
 
     /// Remove a replica's evidence row (it has nothing to say any more, or
     /// its replica is long gone); a row already gone is fine.
-    pub async fn delete_evidence(&self, function: &str, replica: &str) -> StorageResult<()> {
+    pub(crate) async fn delete_evidence(&self, function: &str, replica: &str) -> StorageResult<()> {
         let rk = EvidenceRow::row_key(function, replica);
         match self.table.delete(PARTITION, &rk).await {
             Ok(_) | Err(StorageError::NotFound) => Ok(()),

@@ -1,9 +1,9 @@
 //! The decision core: what happens to one message, as a pure function of
 //! what is known about it, in two stages. Before anything runs,
-//! [`next_step`] says claim, run, or settle without running
-//! ([`WithoutRunning`]: a duplicate, a deferral, a poison); after the
-//! handler's attempt, [`fate`] says complete, retry, release or poison
-//! ([`Fate`]). [`crate::job::process`] gathers the facts (decoding, the key,
+//! `next_step` says claim, run, or settle without running
+//! (`WithoutRunning`: a duplicate, a deferral, a poison); after the
+//! handler's attempt, `fate` says complete, retry, release or poison
+//! (`Fate`). [`crate::job::process`] gathers the facts (decoding, the key,
 //! the key's record, the handler's result) and carries the answers out;
 //! nothing here does I/O, so every row of the message-life table is a unit
 //! test below.
@@ -21,18 +21,18 @@ pub struct Policy {
     /// `aqw.retry`: the delay before a failed message is seen again.
     pub retry: RetryStrategy,
     /// Message visibility and key lease while a handler runs.
-    pub lease: Duration,
+    pub(crate) lease: Duration,
     /// `functionTimeout`.
-    pub timeout: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
     /// A failed last attempt is poisoned by someone else, with no error (the
     /// Functions host in `aqw serve`): at the cap a deferral becomes a record.
-    pub host_poisons_failed_last_attempt: bool,
+    pub(crate) host_poisons_failed_last_attempt: bool,
     /// `aqw.maxDeferral`: how long a provider's "later" may put a job off
     /// without spending an attempt.
-    pub max_deferral: Duration,
+    pub(crate) max_deferral: Duration,
     /// `aqw.inProgressTimeout`: how long a provider's "in progress" is
     /// waited out without spending an attempt.
-    pub in_progress_timeout: Duration,
+    pub(crate) in_progress_timeout: Duration,
 }
 
 /// `aqw.maxDeferral` unless set: a day. A provider that says "later" for
@@ -50,7 +50,7 @@ pub const DEFAULT_MAX_DEFERRAL: Duration = Duration::from_secs(24 * 3600);
 pub const DEFAULT_IN_PROGRESS_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The shortest wait a "later" gets.
-pub const MIN_LATER: Duration = Duration::from_secs(1);
+pub(crate) const MIN_LATER: Duration = Duration::from_secs(1);
 
 /// The provider said "later": a refusal that did not apply the request and
 /// came with a delay (429 with `Retry-After`, or any declared refusal with
@@ -85,23 +85,23 @@ pub fn later(
 
 /// What is known of the message before anything runs.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Facts<'a> {
+pub(crate) struct Facts<'a> {
     /// The message's DequeueCount (1 on its first delivery).
-    pub dequeue_count: u32,
+    pub(crate) dequeue_count: u32,
     /// The job's attempt number as its key's record counts it, this attempt
-    /// included, once the key is claimed ([`attempt_of_key`]); `None`
+    /// included, once the key is claimed (`attempt_of_key`); `None`
     /// before the claim and for a keyless job, whose attempt number is its
     /// DequeueCount.
     pub attempt: Option<u32>,
     /// The decoded text, or why it could not be decoded (base64, UTF-8).
     pub payload: Result<&'a str, &'a str>,
     /// Why no key could be derived (not JSON, a missing field), if so.
-    pub key_error: Option<&'a str>,
+    pub(crate) key_error: Option<&'a str>,
 }
 
 /// What the key's record says, as far as it has been looked at.
 #[derive(Debug, Clone, PartialEq)]
-pub enum KeyState<'a> {
+pub(crate) enum KeyState<'a> {
     /// The job has no key (`key: none`, or none could be derived).
     Keyless,
     /// Keyed, not claimed yet.
@@ -124,7 +124,7 @@ pub enum KeyState<'a> {
 
 /// What to do before the handler runs.
 #[derive(Debug, Clone, PartialEq)]
-pub enum NextStep<'a> {
+pub(crate) enum NextStep<'a> {
     /// Claim the key, then ask [`next_step`] again with what the claim found.
     Claim,
     /// Run the handler on this decoded payload (key claimed, or keyless).
@@ -138,7 +138,7 @@ pub enum NextStep<'a> {
 
 /// How a message is settled without running the handler.
 #[derive(Debug, Clone, PartialEq)]
-pub enum WithoutRunning {
+pub(crate) enum WithoutRunning {
     /// The key is settled: delete the message.
     Duplicate,
     /// Another attempt holds the key: look again after `until`.
@@ -154,13 +154,13 @@ pub enum WithoutRunning {
 /// Why a message goes to `<queue>-poison`: the error its record and
 /// envelope carry.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PoisonCase {
+pub(crate) struct PoisonCase {
     /// The kind of the error that poisoned it.
-    pub kind: ErrorKind,
+    pub(crate) kind: ErrorKind,
     /// The error's text.
-    pub reason: String,
+    pub(crate) reason: String,
     /// The effect may have happened anyway (kept on the key's record).
-    pub uncertain: bool,
+    pub(crate) uncertain: bool,
 }
 
 /// How the handler's attempt ended.
@@ -185,7 +185,7 @@ pub enum AttemptResult<'a> {
 
 /// The fate of a message after the handler's attempt.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Fate {
+pub(crate) enum Fate {
     /// Mark the key done, delete the message.
     Complete,
     /// Note the failure on the key; make the message visible again after `after`.
@@ -206,7 +206,7 @@ pub enum Fate {
 impl Facts<'_> {
     /// The job's attempt number: its key's count once claimed, else the
     /// message's DequeueCount.
-    pub fn attempt_number(&self) -> u32 {
+    fn attempt_number(&self) -> u32 {
         self.attempt.unwrap_or(self.dequeue_count)
     }
 }
@@ -221,7 +221,7 @@ impl Facts<'_> {
 /// DequeueCount still bounds what the key cannot see: a message that
 /// crashes the worker before its claim is written (decoding, a claim-check
 /// body) is poisoned as `crashed` past this bound.
-pub fn dequeue_bound(max_dequeue_count: u32) -> u32 {
+pub(crate) fn dequeue_bound(max_dequeue_count: u32) -> u32 {
     max_dequeue_count.saturating_mul(3)
 }
 
@@ -232,7 +232,7 @@ pub fn dequeue_bound(max_dequeue_count: u32) -> u32 {
 /// Past `maxDequeueCount` (a job whose last attempt crashed, or whose
 /// poisoning failed on storage), the job is poisoned without running, as
 /// `crashed`, with the key's last error.
-pub fn attempt_of_key(
+pub(crate) fn attempt_of_key(
     claims: u32,
     carried: Option<u32>,
     dequeue_count: u32,
@@ -248,7 +248,7 @@ pub fn attempt_of_key(
 }
 
 /// What to do before running, from the facts and the key's record so far.
-pub fn next_step<'a>(facts: &Facts<'a>, key: &KeyState, policy: &Policy) -> NextStep<'a> {
+pub(crate) fn next_step<'a>(facts: &Facts<'a>, key: &KeyState, policy: &Policy) -> NextStep<'a> {
     let (dc, max) = (facts.dequeue_count, policy.max_dequeue_count);
     // A keyless job's attempts are its deliveries; a keyed one's are
     // counted by its key, the DequeueCount only bounded (`dequeue_bound`).
@@ -297,7 +297,7 @@ pub fn next_step<'a>(facts: &Facts<'a>, key: &KeyState, policy: &Policy) -> Next
 
 /// The fate after the handler's attempt. `jitter` in [0, 1) spreads retry
 /// delays (random in production, fixed in tests).
-pub fn fate(facts: &Facts, attempt: &AttemptResult, policy: &Policy, jitter: f64) -> Fate {
+pub(crate) fn fate(facts: &Facts, attempt: &AttemptResult, policy: &Policy, jitter: f64) -> Fate {
     let (dc, max) = (facts.attempt_number(), policy.max_dequeue_count);
     match attempt {
         AttemptResult::Succeeded => Fate::Complete,
@@ -332,7 +332,7 @@ pub fn fate(facts: &Facts, attempt: &AttemptResult, policy: &Policy, jitter: f64
 
 /// The poison of a job attempted `dc` times already, past the cap of
 /// `max`: kind `crashed`, with the key's last error when known.
-pub fn over_the_cap(dc: u32, max: u32, last_error: Option<&str>) -> WithoutRunning {
+fn over_the_cap(dc: u32, max: u32, last_error: Option<&str>) -> WithoutRunning {
     let mut reason = format!("dequeued {dc} times without completing (maxDequeueCount {max})");
     if let Some(e) = last_error {
         reason.push_str(&format!("; last error: {e}"));
@@ -342,7 +342,7 @@ pub fn over_the_cap(dc: u32, max: u32, last_error: Option<&str>) -> WithoutRunni
 
 /// The poison of a keyed job whose key counts `n` claims, past the cap of
 /// `max`: kind `crashed`, with the key's last error when known.
-pub fn over_budget(n: u32, max: u32, last_error: Option<&str>) -> WithoutRunning {
+fn over_budget(n: u32, max: u32, last_error: Option<&str>) -> WithoutRunning {
     let made = n.saturating_sub(1);
     let mut reason = format!("attempted {made} times without completing (maxDequeueCount {max})");
     if let Some(e) = last_error {

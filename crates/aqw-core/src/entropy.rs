@@ -39,7 +39,7 @@ pub fn seeded() -> bool {
 
 /// A value of `T` drawn uniformly (`f64` in `[0, 1)`, integers over their
 /// whole range).
-pub fn gen<T>() -> T
+pub(crate) fn gen<T>() -> T
 where
     Standard: Distribution<T>,
 {
@@ -50,7 +50,7 @@ where
 }
 
 /// A value drawn uniformly from `range`.
-pub fn gen_range<T: SampleUniform, R: SampleRange<T>>(range: R) -> T {
+pub(crate) fn gen_range<T: SampleUniform, R: SampleRange<T>>(range: R) -> T {
     SEEDED.with(|s| match s.borrow_mut().as_mut() {
         Some(rng) => rng.gen_range(range),
         None => rand::thread_rng().gen_range(range),

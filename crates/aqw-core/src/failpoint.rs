@@ -40,7 +40,7 @@ pub fn hit(name: &str) {
 /// Crash here if this point is armed (compiled out without `failpoints`).
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub fn hit(_name: &str) {}
+pub(crate) fn hit(_name: &str) {}
 
 /// Make the next [`hit`] of `name` on this thread panic (once).
 #[cfg(feature = "failpoints")]

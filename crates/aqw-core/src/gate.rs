@@ -87,7 +87,7 @@ fn row_written_at(
 
 impl Gate {
     /// The control rows this gate reads (the schedules keep theirs there too).
-    pub fn control(&self) -> &ControlStore {
+    pub(crate) fn control(&self) -> &ControlStore {
         &self.control
     }
 
@@ -128,14 +128,14 @@ impl Gate {
     }
 
     /// Share the function's adaptive rate with the fleet through this gate.
-    pub fn with_adaptive(mut self, adaptive: std::sync::Arc<AdaptiveRate>) -> Self {
+    pub(crate) fn with_adaptive(mut self, adaptive: std::sync::Arc<AdaptiveRate>) -> Self {
         self.adaptive = Some(adaptive);
         self
     }
 
     /// Name the storage account its control table is in (the connection
     /// setting), so gates on one table share one watch query.
-    pub fn on_account(mut self, account: &str) -> Self {
+    pub(crate) fn on_account(mut self, account: &str) -> Self {
         self.control_account = account.to_string();
         self
     }
@@ -312,7 +312,7 @@ impl Gate {
 
     /// Take in the function's control row as read: the pause, and the
     /// breaker another replica published.
-    pub fn apply(&self, c: &Control) {
+    pub(crate) fn apply(&self, c: &Control) {
         self.follow_fleet(c);
         let paused = c.pause.is_some();
         if self.paused.swap(paused, Ordering::Relaxed) == paused {

@@ -39,7 +39,7 @@ pub struct Job {
 pub struct Success {
     /// Entities (row key, properties) inserted into the key's table and
     /// partition in one entity-group transaction with the `done` mark.
-    pub same_store_effects: Vec<(String, Entity)>,
+    pub(crate) same_store_effects: Vec<(String, Entity)>,
     /// What the provider answered, kept in the key's attempt history.
     pub provider: Option<ProviderAnswer>,
 }
@@ -57,7 +57,7 @@ impl Success {
         }
     }
     /// Add an entity (`row_key`, properties) to write with the `done` mark
-    /// (see [`Success::same_store_effects`]).
+    /// (see `Success::same_store_effects`).
     pub fn with_entity(mut self, row_key: impl Into<String>, entity: Entity) -> Self {
         self.same_store_effects.push((row_key.into(), entity));
         self

@@ -12,11 +12,11 @@ use time::OffsetDateTime;
 use tokio::time::Instant;
 
 /// How often a worker writes its heartbeat for one queue.
-pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(60);
+pub(crate) const HEARTBEAT_EVERY: Duration = Duration::from_secs(60);
 
 /// A worker whose last poll is older than this is reported as not polling
 /// (three missed heartbeats: a slow poll or a storage blip is not an alarm).
-pub const HEARTBEAT_STALE: Duration = Duration::from_secs(180);
+const HEARTBEAT_STALE: Duration = Duration::from_secs(180);
 
 /// One worker's last poll of a queue.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -25,7 +25,7 @@ pub struct Heartbeat {
     /// The worker's id.
     pub worker: String,
     /// RFC 3339.
-    pub last_poll: String,
+    pub(crate) last_poll: String,
 }
 
 /// The heartbeat table: partition = queue, row = worker id.
@@ -41,12 +41,12 @@ impl HeartbeatStore {
     }
 
     /// The table the heartbeats are in.
-    pub fn table(&self) -> &Arc<dyn TableStore> {
+    pub(crate) fn table(&self) -> &Arc<dyn TableStore> {
         &self.table
     }
 
     /// Record that `worker` polled `queue` now (an upsert).
-    pub async fn beat(&self, queue: &str, worker: &str) -> StorageResult<()> {
+    pub(crate) async fn beat(&self, queue: &str, worker: &str) -> StorageResult<()> {
         let mut e = Entity::new();
         let now = crate::idempotency::fmt_time(crate::clock::now_utc());
         e.insert("LastPoll".into(), json!(now));
@@ -83,14 +83,14 @@ impl HeartbeatStore {
 
 /// When a poll loop next owes a heartbeat.
 #[derive(Debug, Default)]
-pub struct Pacer {
+pub(crate) struct Pacer {
     last: Option<Instant>,
 }
 
 impl Pacer {
     /// Whether a heartbeat is due at `now` (the first poll always is); if so,
     /// counts it as written.
-    pub fn due(&mut self, now: Instant) -> bool {
+    pub(crate) fn due(&mut self, now: Instant) -> bool {
         let due = self
             .last
             .is_none_or(|t| now.duration_since(t) >= HEARTBEAT_EVERY);
@@ -102,7 +102,7 @@ impl Pacer {
 }
 
 /// Whether `last_poll` (RFC 3339) is within [`HEARTBEAT_STALE`] of `now`.
-pub fn is_recent(last_poll: &str, now: OffsetDateTime) -> bool {
+pub(crate) fn is_recent(last_poll: &str, now: OffsetDateTime) -> bool {
     let format = time::format_description::well_known::Rfc3339;
     OffsetDateTime::parse(last_poll, &format)
         .is_ok_and(|t| now - t <= time::Duration::try_from(HEARTBEAT_STALE).unwrap_or_default())

@@ -72,6 +72,34 @@
 //! # }
 //! ```
 //!
+//! ## The public surface
+//!
+//! What is public is listed in `crates/aqw-core/public-api.txt`, checked in
+//! CI (`scripts/public_api.py`); what only the engine uses is `pub(crate)`.
+//! Three tiers:
+//!
+//! - **For embedders**, what the example above and `examples/` build on:
+//!   [`builder`] (`WorkerBuilder`, `Worker`, `handler_fn`), [`handler`]
+//!   (`Handler`, `Job`, `Success`, `HandlerError`), the storage port
+//!   [`storage`] and the memory store [`storage::memory::MemoryStorage`],
+//!   [`message`] (encoding, error kinds), [`idempotency`]'s key types
+//!   (`KeySpec`, `KeyTemplate`, `IdempotencyKey`, `derive_key`), [`producer`]
+//!   (with `ops::Delivery`), and [`config`]'s value types (`AppConfig`,
+//!   `FunctionConfig`, `StorageAccount`, `RetryStrategy`).
+//! - **For aqw's own binary, CLI and dashboard**, public so that they can be
+//!   built on the engine, with no stability promise beyond the snapshot:
+//!   [`ops`] (with `operation` and `triage`), [`poison`], the key store and
+//!   records of [`idempotency`], [`control`], [`gate`], [`heartbeat`],
+//!   [`alert`], [`breaker`] and [`flow`] settings, [`decide`]'s defaults,
+//!   [`claim`], [`redact`], [`retention`], [`schedule`], [`scrub`],
+//!   [`traces`], [`job`], [`runtime`], [`worker`], [`retry`].
+//! - **Test seams**, for tests and simulations only: `contract` (the storage
+//!   contract suite, feature `contract`), [`failpoint`] (crash points, live
+//!   with feature `failpoints`), [`clock`] and [`entropy`] (a simulated
+//!   clock, seeded randomness), and the memory store's fault switches
+//!   (`set_unavailable`, `set_latency`, `set_azure_limits`,
+//!   `set_stale_receipt`, the request counts).
+//!
 //! ## Layout
 //!
 //! | rule | file |
@@ -156,7 +184,7 @@ pub mod retry;
 pub mod runtime;
 pub mod schedule;
 pub mod scrub;
-pub mod span;
+pub(crate) mod span;
 pub mod storage;
 pub mod traces;
 pub mod worker;

@@ -181,7 +181,7 @@ pub enum ErrorKind {
     ClaimCheckCorrupt,
     /// The job's claim-check reference is malformed or names anything but
     /// its own queue's content-addressed blob within
-    /// `aqw.claimCheck.maxBytes` ([`crate::claim::Reference::check`]):
+    /// `aqw.claimCheck.maxBytes` (`crate::claim::Reference::check`):
     /// refused without a storage call.
     #[serde(rename = "claim_check_invalid")]
     ClaimCheckInvalid,

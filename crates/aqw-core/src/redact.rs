@@ -3,7 +3,7 @@
 //! show`, in text and in JSON; the dashboard's record page, its fix form and
 //! its search). The stored payload stays exact, so a replay is byte-exact;
 //! a fix that leaves a masked value as the mask gets the original value back
-//! ([`Redaction::restore`]), so masking never corrupts a corrected payload.
+//! (`Redaction::restore`), so masking never corrupts a corrected payload.
 //!
 //! A pointer segment `*` is a wildcard: it matches every element of an
 //! array and every member of an object at that level (`/items/*/pan`), so a
@@ -26,7 +26,7 @@ use std::borrow::Cow;
 pub const MASK: &str = "[redacted]";
 
 /// The pointer segment that matches every array element and object member.
-pub const WILDCARD: &str = "*";
+const WILDCARD: &str = "*";
 
 /// Why a configured redaction pointer is refused; each names the pointer's
 /// position in the list and the pointer (configuration, not payload).
@@ -136,7 +136,7 @@ impl Redaction {
     /// still reading [`MASK`] gets its value from `original` back. Anything
     /// else (a field the operator changed, a payload that is not JSON) is
     /// left as written.
-    pub fn restore<'a>(&self, edited: &'a str, original: &str) -> Cow<'a, str> {
+    pub(crate) fn restore<'a>(&self, edited: &'a str, original: &str) -> Cow<'a, str> {
         if self.is_empty() {
             return Cow::Borrowed(edited);
         }
@@ -170,13 +170,13 @@ impl Redaction {
     /// Whether the concrete pointer `path` (a JSON Patch operation's) is at,
     /// under or above a redacted field; a `*` of a rule matches any one
     /// segment, and the empty path (the whole document) is above them all.
-    pub fn touches(&self, path: &str) -> bool {
+    pub(crate) fn touches(&self, path: &str) -> bool {
         self.pointers.iter().any(|r| prefix_related(r, path))
     }
 
     /// Whether the concrete pointer `path` is at or under a redacted field
     /// (a `*` of a rule matching any one segment): its value is masked.
-    pub fn covers(&self, path: &str) -> bool {
+    pub(crate) fn covers(&self, path: &str) -> bool {
         let depth = segments(path).count();
         (self.pointers.iter()).any(|r| segments(r).count() <= depth && prefix_related(r, path))
     }
@@ -297,7 +297,7 @@ fn reached(value: &Value, segs: &[&str]) -> Vec<String> {
 }
 
 /// The first key found twice in one object of the JSON `text`, if any.
-pub fn duplicate_key(text: &str) -> Option<String> {
+fn duplicate_key(text: &str) -> Option<String> {
     let err = serde_json::from_str::<Unique>(text).err()?;
     // The marker (a NUL, which no serde_json message holds) sets our error
     // apart from a syntax error, which is not a duplicate.
@@ -395,7 +395,7 @@ impl Masked<'_> {
     }
 
     /// What was masked, for the page or the JSON output; None when nothing was.
-    pub fn note(&self) -> Option<String> {
+    pub(crate) fn note(&self) -> Option<String> {
         match self {
             Masked::Exact(_) => None,
             Masked::Fields { masked, .. } => Some(format!(

@@ -28,7 +28,7 @@ pub use crate::storage::MAX_VISIBILITY_TIMEOUT as MAX_RETRY_DELAY;
 /// Exponential: `initial · 2^(n−1)` with ±20 % jitter, capped at `max`. The
 /// jitter band never overlaps the next step's, so delays strictly grow until
 /// the cap. `jitter` is a number in [0, 1) (random in production, fixed in tests).
-pub fn retry_delay(strategy: &RetryStrategy, failed_attempts: u32, jitter: f64) -> Duration {
+pub(crate) fn retry_delay(strategy: &RetryStrategy, failed_attempts: u32, jitter: f64) -> Duration {
     match *strategy {
         RetryStrategy::Fixed { delay } => delay.min(MAX_RETRY_DELAY),
         RetryStrategy::Exponential {

@@ -26,30 +26,30 @@ pub struct FunctionRuntime {
     /// The source queue.
     pub source: Arc<dyn QueueStore>,
     /// The container of claim-check bodies (`aqw.claimCheck.container`).
-    pub blobs: Arc<dyn crate::storage::BlobStore>,
+    pub(crate) blobs: Arc<dyn crate::storage::BlobStore>,
     /// The function's idempotency keys.
-    pub keys: KeyStore,
+    pub(crate) keys: KeyStore,
     /// Where its poisoned messages go.
     pub poison: PoisonSink,
     /// What runs each job.
     pub handler: Arc<dyn Handler>,
     /// Cap, retry delays, lease and timeout, decided once from config.
-    pub policy: Policy,
+    pub(crate) policy: Policy,
     /// Where the poll loop says it polled (once a minute).
-    pub heartbeats: crate::heartbeat::HeartbeatStore,
+    pub(crate) heartbeats: crate::heartbeat::HeartbeatStore,
     /// Unique per process: lease owners are `<worker_id>/<message id>/<dequeue count>`.
-    pub worker_id: String,
+    pub(crate) worker_id: String,
     /// The operator's pause and the circuit breaker, asked before receiving.
     pub gate: Arc<Gate>,
     /// The fleet-wide flow limits, when the function has any.
-    pub flow: Option<Arc<crate::flow::Flow>>,
+    pub(crate) flow: Option<Arc<crate::flow::Flow>>,
     /// The call rate learned from the provider's throttling
     /// (`aqw.adaptiveRate`): inactive until its first 429.
-    pub adaptive: Arc<crate::flow::adaptive::AdaptiveRate>,
+    pub(crate) adaptive: Arc<crate::flow::adaptive::AdaptiveRate>,
     /// Where the expiry guard's alert goes.
-    pub alerts: Alerts,
+    pub(crate) alerts: Alerts,
     /// When this replica last raised the expiry alert for the function.
-    pub expiry_alerted: std::sync::Mutex<Option<tokio::time::Instant>>,
+    pub(crate) expiry_alerted: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 impl FunctionRuntime {
@@ -157,7 +157,9 @@ pub async fn ensure_resources(rts: &[Arc<FunctionRuntime>], shutdown: &Cancellat
 
 /// The retention sweep's targets: one per storage account (connection
 /// setting), with the functions whose keys and records live there.
-pub fn sweep_targets(rts: &[Arc<FunctionRuntime>]) -> Vec<crate::retention::sweep::SweepTarget> {
+pub(crate) fn sweep_targets(
+    rts: &[Arc<FunctionRuntime>],
+) -> Vec<crate::retention::sweep::SweepTarget> {
     let mut by_setting: HashMap<String, crate::retention::sweep::SweepTarget> = HashMap::new();
     for rt in rts {
         let t = by_setting

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 /// A duration as a Functions timespan, `[d.]hh:mm:ss` (whole seconds).
-pub fn fmt_span(d: Duration) -> String {
+pub(crate) fn fmt_span(d: Duration) -> String {
     let s = d.as_secs();
     let (days, h, m, sec) = (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60);
     if days > 0 {

@@ -55,11 +55,11 @@ pub fn set_storage_spans(on: bool) {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TraceContext {
     /// The trace the context belongs to.
-    pub trace_id: TraceId,
+    pub(crate) trace_id: TraceId,
     /// The span that is the parent of what comes next.
-    pub span_id: SpanId,
+    pub(crate) span_id: SpanId,
     /// The `sampled` flag: the producer records this trace.
-    pub sampled: bool,
+    sampled: bool,
     /// The vendor-specific `tracestate`, when there is one (and it is valid).
     pub tracestate: Option<String>,
 }
@@ -143,13 +143,13 @@ impl TraceContext {
 /// `traceparent` string, or an object with `traceparent` (and `tracestate`).
 /// `None` when the payload is not JSON, or nothing valid is there: a bad
 /// context never fails a job, the attempt then starts a trace of its own.
-pub fn context_in_payload(pointer: &str, payload: &str) -> Option<TraceContext> {
+fn context_in_payload(pointer: &str, payload: &str) -> Option<TraceContext> {
     let doc: serde_json::Value = serde_json::from_str(payload).ok()?;
     context_in_json(pointer, &doc)
 }
 
 /// [`context_in_payload`] over a payload already parsed.
-pub fn context_in_json(pointer: &str, doc: &serde_json::Value) -> Option<TraceContext> {
+pub(crate) fn context_in_json(pointer: &str, doc: &serde_json::Value) -> Option<TraceContext> {
     match doc.pointer(pointer)? {
         serde_json::Value::String(tp) => TraceContext::parse(tp, None),
         serde_json::Value::Object(o) => TraceContext::parse(
@@ -165,7 +165,7 @@ pub fn context_in_json(pointer: &str, doc: &serde_json::Value) -> Option<TraceCo
 /// changed. An error when the payload is not a JSON object or the pointer's
 /// parent is missing — `aqw enqueue` reports it instead of sending a message
 /// without the context it was asked to carry.
-pub fn put_context_in_payload(
+pub(crate) fn put_context_in_payload(
     pointer: &str,
     payload: &str,
     cx: &TraceContext,
@@ -191,11 +191,11 @@ pub fn put_context_in_payload(
 #[derive(Debug, Clone)]
 pub struct JobTrace {
     /// The trace id, in hex.
-    pub trace_id: String,
+    pub(crate) trace_id: String,
     /// The attempt span's id, in hex.
-    pub span_id: String,
+    pub(crate) span_id: String,
     /// The context of the attempt span (off: of its stand-in ids).
-    pub context: TraceContext,
+    pub(crate) context: TraceContext,
 }
 
 /// Start the trace of one attempt on its `aqw.job` span: join the producer's
@@ -231,7 +231,7 @@ impl JobTrace {
 
     /// The context to hand on from inside `span` (the handler call span when
     /// exporting, so the handler's spans hang beneath it; off, the job's).
-    pub fn context_within(&self, span: &tracing::Span) -> TraceContext {
+    pub(crate) fn context_within(&self, span: &tracing::Span) -> TraceContext {
         if enabled() && !span.is_none() {
             if let Some(cx) = TraceContext::from_span_context(span.context().span().span_context())
             {
@@ -244,7 +244,7 @@ impl JobTrace {
 
 /// The span of one attempt, `aqw.job`: a consumer span (a request in
 /// Application Insights). Outcome, duration and status are recorded on it
-/// by [`finish_job`].
+/// by `finish_job`.
 pub fn job_span(
     function: &str,
     queue: &str,
@@ -279,11 +279,16 @@ pub fn job_span(
 
 /// `messaging.system` of Azure Queue Storage: the conventions list no value
 /// for it, so this is aqw's own (lower-case, as theirs are).
-pub const MESSAGING_SYSTEM: &str = "azure_queue_storage";
+pub(crate) const MESSAGING_SYSTEM: &str = "azure_queue_storage";
 
 /// Record an attempt's end on its span. `error` (already scrubbed) marks
 /// the span failed: retried, poisoned and abandoned attempts.
-pub fn finish_job(span: &tracing::Span, outcome: &str, duration_ms: u64, error: Option<&str>) {
+pub(crate) fn finish_job(
+    span: &tracing::Span,
+    outcome: &str,
+    duration_ms: u64,
+    error: Option<&str>,
+) {
     span.record("outcome", outcome);
     span.record("duration_ms", duration_ms);
     if let Some(e) = error {
@@ -293,7 +298,7 @@ pub fn finish_job(span: &tracing::Span, outcome: &str, duration_ms: u64, error: 
 }
 
 /// Mark a step span failed with a scrubbed message.
-pub fn fail_step(span: &tracing::Span, message: &str) {
+pub(crate) fn fail_step(span: &tracing::Span, message: &str) {
     if !span.is_none() {
         span.record("otel.status_code", "error");
         span.record("otel.status_message", crate::scrub::scrub(message).as_str());
@@ -327,7 +332,7 @@ pub use crate::step_span;
 /// `work` and the future awaiting it side by side in its state, doubling
 /// the job future at every step, and `tokio::spawn` copies the job future
 /// (callgrind: +110 k instructions per job in `memcpy`).
-pub fn in_step<F: std::future::Future>(
+pub(crate) fn in_step<F: std::future::Future>(
     span: tracing::Span,
     work: F,
 ) -> impl std::future::Future<Output = F::Output> {

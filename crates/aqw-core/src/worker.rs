@@ -256,16 +256,16 @@ const RAMP_POLL: Duration = Duration::from_millis(100);
 
 /// The most messages one look of the expiry guard puts back (rounds of a
 /// peek of 32), so a held backlog is walked front to back, bounded.
-pub const RESCUE_ROUNDS: usize = 20;
+const RESCUE_ROUNDS: usize = 20;
 
 /// How often a held function (paused, breaker open or following) looks at
 /// the front of its queue for messages about to expire: one peek per
 /// interval per held function and replica.
-pub const EXPIRY_GUARD_INTERVAL: Duration = Duration::from_secs(300);
+const EXPIRY_GUARD_INTERVAL: Duration = Duration::from_secs(300);
 
 /// A message whose time-to-live ends within this is rescued: three guard
 /// intervals, so one missed look (a storage error) still leaves time.
-pub const EXPIRY_MARGIN: Duration = Duration::from_secs(900);
+const EXPIRY_MARGIN: Duration = Duration::from_secs(900);
 
 /// No message expires unseen while aqw holds it back (issue 37): Azure
 /// deletes an expired message silently, so while a function is held
@@ -286,7 +286,7 @@ pub const EXPIRY_MARGIN: Duration = Duration::from_secs(900);
 /// - `expected`: the producer's time-to-live is deliberate. Those that will
 ///   expire before the next look are counted (`aqw_expired_expected_total`,
 ///   by each replica that looks) and left to expire, without an alert.
-pub async fn rescue_expiring(rt: &FunctionRuntime) -> usize {
+pub(crate) async fn rescue_expiring(rt: &FunctionRuntime) -> usize {
     let margin = time::Duration::try_from(EXPIRY_MARGIN).unwrap_or(time::Duration::MAX);
     let name = rt.function.name.clone();
     let mut rescued = 0;
@@ -407,7 +407,7 @@ fn alert_expiry_at_risk(rt: &FunctionRuntime, rescued: usize) {
 }
 
 /// The most often one replica raises the expiry alert for one function.
-pub const EXPIRY_ALERT_EVERY: Duration = Duration::from_secs(3600);
+const EXPIRY_ALERT_EVERY: Duration = Duration::from_secs(3600);
 
 /// Write this worker's poll heartbeat without holding up the loop; a failed
 /// write only makes `aqw status` say the queue is not polled.
@@ -512,7 +512,7 @@ fn spawn_sweeper_after(
 
 /// How soon after start an `aqw serve` instance asks for the sweeper lease
 /// (±50 %): Flex instances may live minutes, less than a sweep interval.
-pub const SERVE_FIRST_SWEEP: Duration = Duration::from_secs(60);
+const SERVE_FIRST_SWEEP: Duration = Duration::from_secs(60);
 
 /// What `aqw serve` runs beside the Functions host, which polls the queues
 /// itself: the retention sweep (one per account at a time, whatever the
@@ -601,7 +601,7 @@ impl Health {
 /// created first (retried until storage answers), the gates watched, one
 /// poll loop per function, the retention sweep beside them. `health` is
 /// what the ops endpoints report.
-pub async fn run_runtimes(
+pub(crate) async fn run_runtimes(
     app: &AppConfig,
     rts: &[Arc<FunctionRuntime>],
     health: Arc<Health>,

@@ -36,7 +36,7 @@ pub const SETTLE: Duration = Duration::from_secs(6);
 /// The most failing jobs one replica tracks (and publishes): memory and the
 /// row stay bounded whatever the outage; past it the oldest are dropped,
 /// which only under-counts a streak already far over any sensible trip.
-pub const MAX_TRACKED: usize = 64;
+pub(crate) const MAX_TRACKED: usize = 64;
 
 /// Success slices per window.
 const SLICES: u32 = 20;
@@ -50,7 +50,7 @@ pub fn job_id(text: &str) -> u64 {
 
 /// This replica's own outcomes.
 #[derive(Debug, Clone, Default)]
-pub struct Evidence {
+pub(crate) struct Evidence {
     /// Distinct jobs whose last attempt failed retryably: when each first
     /// failed (since it last left the set) and when it last failed.
     failing: BTreeMap<u64, Failing>,
@@ -64,7 +64,7 @@ pub struct Evidence {
 
 impl Evidence {
     /// A job succeeded.
-    pub fn success(&mut self, now: Instant, job: u64, window: Duration) {
+    pub(crate) fn success(&mut self, now: Instant, job: u64, window: Duration) {
         self.failing.remove(&job);
         let slice = window / SLICES;
         match self.successes.back_mut() {
@@ -76,7 +76,7 @@ impl Evidence {
     }
 
     /// A job failed retryably.
-    pub fn failure(&mut self, now: Instant, job: u64) {
+    pub(crate) fn failure(&mut self, now: Instant, job: u64) {
         let f = self.failing.entry(job).or_insert(Failing {
             first: now,
             last: now,
@@ -96,7 +96,7 @@ impl Evidence {
     }
 
     /// Drop what is older than both rules look back.
-    pub fn prune(&mut self, now: Instant, s: &BreakerSettings) {
+    pub(crate) fn prune(&mut self, now: Instant, s: &BreakerSettings) {
         let keep = s.window.max(s.quiet_window);
         self.failing
             .retain(|_, f| now.saturating_duration_since(f.last) < keep);
@@ -110,7 +110,7 @@ impl Evidence {
     }
 
     /// Forget everything (the breaker opened or closed: a new chapter).
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         *self = Self {
             changed: true,
             ..Self::default()
@@ -118,32 +118,32 @@ impl Evidence {
     }
 
     /// Whether there is anything for the fleet to know.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.failing.is_empty() && self.successes.is_empty()
     }
 
     /// Whether it changed since [`Evidence::published`].
-    pub fn changed(&self) -> bool {
+    pub(crate) fn changed(&self) -> bool {
         self.changed
     }
 
     /// It was published as it stands.
-    pub fn published(&mut self) {
+    pub(crate) fn published(&mut self) {
         self.changed = false;
     }
 
     /// The failing jobs, when each first and last failed.
-    pub fn failing(&self) -> impl Iterator<Item = (u64, Failing)> + '_ {
+    pub(crate) fn failing(&self) -> impl Iterator<Item = (u64, Failing)> + '_ {
         self.failing.iter().map(|(j, f)| (*j, *f))
     }
 
     /// Successes in the window.
-    pub fn success_count(&self) -> u32 {
+    pub(crate) fn success_count(&self) -> u32 {
         self.successes.iter().map(|(_, n)| n).sum()
     }
 
     /// The last success.
-    pub fn last_success(&self) -> Option<Instant> {
+    pub(crate) fn last_success(&self) -> Option<Instant> {
         self.last_success
     }
 }
@@ -153,14 +153,14 @@ impl Evidence {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Failing {
     /// Its first failure.
-    pub first: Instant,
+    pub(crate) first: Instant,
     /// Its latest failure.
-    pub last: Instant,
+    pub(crate) last: Instant,
 }
 
 impl Failing {
     /// Both reports of one job taken together.
-    pub fn merge(self, other: Failing) -> Failing {
+    pub(crate) fn merge(self, other: Failing) -> Failing {
         Failing {
             first: self.first.min(other.first),
             last: self.last.max(other.last),
@@ -170,33 +170,33 @@ impl Failing {
 
 /// What the other replicas published, on this replica's clock.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct FleetView {
+pub(crate) struct FleetView {
     /// Their successes in the window.
-    pub successes: u32,
+    pub(crate) successes: u32,
     /// Their failing jobs.
-    pub failing: BTreeMap<u64, Failing>,
+    pub(crate) failing: BTreeMap<u64, Failing>,
     /// Their latest success.
-    pub last_success: Option<Instant>,
+    pub(crate) last_success: Option<Instant>,
 }
 
 impl FleetView {
     /// Whether any other replica reports a failing job.
-    pub fn has_failures(&self) -> bool {
+    pub(crate) fn has_failures(&self) -> bool {
         !self.failing.is_empty()
     }
 }
 
 /// The fleet's evidence counted together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tally {
+pub(crate) struct Tally {
     /// Distinct jobs failing within the window.
-    pub failing: u32,
+    pub(crate) failing: u32,
     /// Successes within the window.
-    pub successes: u32,
+    pub(crate) successes: u32,
     /// Distinct jobs failing since the fleet's last success, within the quiet window.
-    pub streak: u32,
+    pub(crate) streak: u32,
     /// When the oldest of the streak failed.
-    pub streak_since: Option<Instant>,
+    streak_since: Option<Instant>,
 }
 
 /// Which rule tripped.
@@ -210,7 +210,7 @@ pub enum Rule {
 
 /// Own and fleet evidence together, counting only what happened after
 /// `since` (the breaker's last change of state).
-pub fn tally(
+pub(crate) fn tally(
     own: &Evidence,
     fleet: &FleetView,
     since: Option<Instant>,
@@ -249,7 +249,7 @@ pub fn tally(
 }
 
 /// Whether the tally trips the breaker, and by which rule.
-pub fn verdict(t: &Tally, s: &BreakerSettings, now: Instant) -> Option<Rule> {
+pub(crate) fn verdict(t: &Tally, s: &BreakerSettings, now: Instant) -> Option<Rule> {
     let outcomes = t.failing + t.successes;
     if outcomes >= s.minimum_attempts
         && f64::from(t.failing) >= s.failure_ratio * f64::from(outcomes)

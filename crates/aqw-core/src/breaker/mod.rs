@@ -7,7 +7,7 @@
 //! What counts ([`evidence`]): retryable failures and successes, by
 //! *distinct job* (its key, or its message id), whatever the attempt
 //! number, this replica's own and what the rest of the fleet published on
-//! the control table ([`Breaker::observe_fleet`]). Two rules trip it: the
+//! the control table (`Breaker::observe_fleet`). Two rules trip it: the
 //! volume rule (many outcomes, nearly all failures) and the quiet rule (a
 //! streak of distinct jobs failing with no success anywhere in between),
 //! so an outage trips it however the fleet is spread and however quiet the
@@ -16,21 +16,22 @@
 //!
 //! One breaker per function for the whole fleet: a replica whose own window
 //! has not tripped *follows* a breaker another replica published as open or
-//! half-open on the function's control row ([`Breaker::follow`]): it
+//! half-open on the function's control row (`Breaker::follow`): it
 //! receives nothing and parks what it holds, until the row says closed
-//! ([`Breaker::release`]) or the publisher falls silent, and only then
+//! (`Breaker::release`) or the publisher falls silent, and only then
 //! probes itself (so the fleet probes through one or two replicas, not all).
-//! After a close, concurrency ramps up from the probe count, doubling every [`RAMP_STEP`].
+//! After a close, concurrency ramps up from the probe count, doubling every `RAMP_STEP`.
 //!
 //! Half-open, the breaker does not stay open on the evidence of a few
 //! jobs: until `consecutiveFailures` distinct jobs failed its probes, the
 //! same job failing a probe again is no verdict, and its failure is its
-//! own ([`Breaker::record`]), so a few keys failing alone still reach
+//! own (`Breaker::record`), so a few keys failing alone still reach
 //! poison and cannot hold the breaker open by themselves.
 
 pub mod evidence;
 
-pub use evidence::{job_id, Evidence, Failing, FleetView, Rule, Tally};
+pub use evidence::{job_id, Failing, Rule};
+pub(crate) use evidence::{Evidence, FleetView, Tally};
 use std::collections::BTreeSet;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -74,7 +75,7 @@ impl Default for BreakerSettings {
 
 /// Where the breaker stands.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum State {
+pub(crate) enum State {
     /// Messages are received and every attempt counts.
     Closed,
     /// Nothing is received until `until`; received messages are parked.
@@ -100,7 +101,8 @@ pub enum State {
 
 impl State {
     /// The name used in logs, metrics and the control row.
-    pub fn name(&self) -> &'static str {
+    #[cfg(test)]
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             State::Closed => "closed",
             State::Open { .. } => "open",
@@ -109,7 +111,7 @@ impl State {
         }
     }
     /// The `aqw_breaker_state` gauge: 0 closed, 1 half-open, 2 open.
-    pub fn gauge(&self) -> f64 {
+    pub(crate) fn gauge(&self) -> f64 {
         match self {
             State::Closed => 0.0,
             State::HalfOpen { .. } => 1.0,
@@ -129,7 +131,7 @@ pub enum Attempt {
 
 /// A change of state, to log, count and alert.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Transition {
+pub(crate) enum Transition {
     /// Closed → open: `failed` of `attempts` distinct jobs in the window
     /// failed (the volume rule), or `failed` in a row with no success (the
     /// quiet rule).
@@ -160,7 +162,7 @@ pub enum Transition {
 
 impl Transition {
     /// The name of the state the transition leads to.
-    pub fn to(&self) -> &'static str {
+    pub(crate) fn to(&self) -> &'static str {
         match self {
             Transition::Opened { .. } | Transition::Reopened { .. } => "open",
             Transition::HalfOpened => "half-open",
@@ -171,7 +173,7 @@ impl Transition {
 
     /// Whether this replica made the change itself (and so publishes it on
     /// the control row and alerts), rather than following the fleet.
-    pub fn own(&self) -> bool {
+    pub(crate) fn own(&self) -> bool {
         !matches!(self, Transition::Followed | Transition::Released)
     }
 }
@@ -192,23 +194,23 @@ const PROBE_POLL: Duration = Duration::from_millis(200);
 /// the fleet's evidence itself: three control reads, time for the first in
 /// line to read the same evidence and for its `open` row to reach this
 /// one (which then follows instead).
-pub const LEADER_GRACE: Duration = Duration::from_secs(6);
+const LEADER_GRACE: Duration = Duration::from_secs(6);
 
 /// After a close, the receive allowance doubles this often, from the probe
 /// count up to a full batch.
-pub const RAMP_STEP: Duration = Duration::from_secs(1);
+const RAMP_STEP: Duration = Duration::from_secs(1);
 
 /// Ramp steps after a close: from the probe count to 2^10 times it.
-pub const RAMP_STEPS: u32 = 10;
+const RAMP_STEPS: u32 = 10;
 
 /// The most jobs one opening remembers as having failed a probe: past it a
 /// repeat counts as new (one more reopening), which only errs toward
 /// holding.
-pub const MAX_PROBED: usize = 64;
+const MAX_PROBED: usize = 64;
 
 /// One function's breaker.
 #[derive(Debug, Clone)]
-pub struct Breaker {
+pub(crate) struct Breaker {
     settings: BreakerSettings,
     state: State,
     cool_down: Duration,
@@ -243,7 +245,7 @@ pub struct Breaker {
 
 impl Breaker {
     /// A closed breaker with `settings`.
-    pub fn new(settings: BreakerSettings) -> Self {
+    pub(crate) fn new(settings: BreakerSettings) -> Self {
         Self {
             settings,
             state: State::Closed,
@@ -263,18 +265,18 @@ impl Breaker {
     }
 
     /// Where the breaker stands now.
-    pub fn state(&self) -> State {
+    pub(crate) fn state(&self) -> State {
         self.state
     }
 
     /// The settings it was built with.
-    pub fn settings(&self) -> &BreakerSettings {
+    pub(crate) fn settings(&self) -> &BreakerSettings {
         &self.settings
     }
 
     /// True while open: a message received before the trip is parked
     /// instead of run.
-    pub fn holds(&self) -> bool {
+    pub(crate) fn holds(&self) -> bool {
         matches!(self.state, State::Open { .. } | State::Following { .. })
     }
 
@@ -282,7 +284,7 @@ impl Breaker {
     /// half-open: a closed breaker follows it until `until` (a following
     /// one waits until the later of the two). A breaker of this replica's
     /// own that is open or probing keeps its course.
-    pub fn follow(&mut self, until: Instant) -> Option<Transition> {
+    pub(crate) fn follow(&mut self, until: Instant) -> Option<Transition> {
         match self.state {
             State::Closed => {
                 self.state = State::Following { until };
@@ -303,7 +305,7 @@ impl Breaker {
     /// Another replica's probe closed the fleet's breaker after this
     /// replica's own last transition: an own open or probing breaker closes
     /// too (as if its own probe had succeeded), as a following one does.
-    pub fn release_any(&mut self, now: Instant) -> Option<Transition> {
+    pub(crate) fn release_any(&mut self, now: Instant) -> Option<Transition> {
         match self.state {
             State::Closed => None,
             _ => {
@@ -326,7 +328,11 @@ impl Breaker {
     /// those jobs for ever (seed 6936). Compared by reads, not by times:
     /// a close just before this opening on a clock running ahead must not
     /// end it.
-    pub fn observe_probe_close(&mut self, now: Instant, mark: Option<&str>) -> Option<Transition> {
+    pub(crate) fn observe_probe_close(
+        &mut self,
+        now: Instant,
+        mark: Option<&str>,
+    ) -> Option<Transition> {
         let changed = mark.is_some() && mark != self.close_seen.0.as_deref();
         let opening = (self.state != State::Closed).then_some(self.openings);
         let before = std::mem::replace(&mut self.close_seen, (mark.map(str::to_string), opening));
@@ -340,7 +346,7 @@ impl Breaker {
 
     /// The fleet's breaker closed: a following breaker closes too, and
     /// ramps up from the probe count.
-    pub fn release(&mut self, now: Instant) -> Option<Transition> {
+    pub(crate) fn release(&mut self, now: Instant) -> Option<Transition> {
         match self.state {
             State::Following { .. } => {
                 self.close(now);
@@ -351,22 +357,22 @@ impl Breaker {
     }
 
     /// While a closed breaker ramps up after an opening: how many jobs
-    /// may be in flight now, the probe count doubling every [`RAMP_STEP`]
+    /// may be in flight now, the probe count doubling every `RAMP_STEP`
     /// since the close; `None` once the ramp is over (after
-    /// [`RAMP_STEPS`] steps) or when it never opened.
-    pub fn allowance(&self, now: Instant) -> Option<u32> {
+    /// `RAMP_STEPS` steps) or when it never opened.
+    pub(crate) fn allowance(&self, now: Instant) -> Option<u32> {
         let at = self.closed_at.filter(|_| self.state == State::Closed)?;
         let steps = now.saturating_duration_since(at).as_millis() / RAMP_STEP.as_millis().max(1);
         (steps < u128::from(RAMP_STEPS)).then(|| self.settings.probes.max(1) << steps)
     }
 
     /// The cool-down of the current (or next) opening.
-    pub fn cool_down(&self) -> Duration {
+    pub(crate) fn cool_down(&self) -> Duration {
         self.cool_down
     }
 
     /// Before a receive of up to `want` messages: how many may be received.
-    pub fn admit(&mut self, now: Instant, want: u32) -> (Admission, Option<Transition>) {
+    pub(crate) fn admit(&mut self, now: Instant, want: u32) -> (Admission, Option<Transition>) {
         match self.state {
             State::Closed => (Admission::Receive(want), None),
             State::Open { until } | State::Following { until } if now < until => {
@@ -426,7 +432,7 @@ impl Breaker {
     /// after a cool-down. Once that many distinct jobs failed its probes,
     /// the outage stands on distinct evidence and every failed probe
     /// reopens, parked free, however long the outage.
-    pub fn record(&mut self, now: Instant, attempt: Attempt) -> Option<Transition> {
+    pub(crate) fn record(&mut self, now: Instant, attempt: Attempt) -> Option<Transition> {
         match (self.state, attempt) {
             (State::Open { .. } | State::Following { .. }, Attempt::FailedRetryable(job)) => {
                 // After a reopening, the other probes' failures.
@@ -468,8 +474,8 @@ impl Breaker {
     /// watch): kept for the next verdicts, and a verdict now.
     /// `deferred`: another replica reporting failures (the lowest id) is
     /// first in line, so one alert goes out and the rest follow its row;
-    /// this one trips on the fleet's evidence after [`LEADER_GRACE`].
-    pub fn observe_fleet(
+    /// this one trips on the fleet's evidence after `LEADER_GRACE`.
+    pub(crate) fn observe_fleet(
         &mut self,
         now: Instant,
         fleet: FleetView,
@@ -509,24 +515,24 @@ impl Breaker {
     }
 
     /// This replica's own evidence, to publish.
-    pub fn evidence(&self) -> &Evidence {
+    pub(crate) fn evidence(&self) -> &Evidence {
         &self.own
     }
 
     /// Mark this replica's evidence as published.
-    pub fn evidence_published(&mut self) {
+    pub(crate) fn evidence_published(&mut self) {
         self.own.published();
     }
 
     /// The fleet's evidence counted together now (for `aqw status` and logs).
-    pub fn tally(&self, now: Instant) -> Tally {
+    fn tally(&self, now: Instant) -> Tally {
         evidence::tally(&self.own, &self.fleet, self.since, now, &self.settings)
     }
 
     /// Whether this replica should publish its evidence now: it has
     /// failures, or another replica has and this one's successes (or the
     /// emptying of its failures) must be heard; and it changed since.
-    pub fn evidence_due(&self) -> bool {
+    pub(crate) fn evidence_due(&self) -> bool {
         self.own.changed() && (self.own.failing().next().is_some() || self.fleet.has_failures())
     }
 

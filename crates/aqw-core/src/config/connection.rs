@@ -29,7 +29,7 @@ impl StorageAccount {
 
     /// The account of a worker built in code on a storage it was given
     /// (nothing to resolve): the setting is named `embedded`.
-    pub fn embedded() -> Self {
+    pub(crate) fn embedded() -> Self {
         Self {
             setting: "embedded".to_string(),
             resolved: None,

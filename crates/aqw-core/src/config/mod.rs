@@ -19,7 +19,7 @@ pub use crate::handler::{HandlerSpec, ProviderAnswers};
 pub use connection::StorageAccount;
 pub use retention::{
     check_key_retention, key_retention_floor, Retention, RetentionError, SweepSettings,
-    DEFAULT_KEYS, SERVICE_DEFAULT_MESSAGE_TTL,
+    DEFAULT_KEYS,
 };
 pub use timespan::{parse_timespan, TimespanError};
 
@@ -75,7 +75,7 @@ pub struct QueueOverrides {
     pub retry: Option<RetryStrategy>,
 }
 
-/// What the expiry guard ([`crate::worker::rescue_expiring`]) does with a
+/// What the expiry guard (`crate::worker::rescue_expiring`) does with a
 /// message aqw holds back that would reach its time-to-live
 /// (`aqw.functions.<Name>.expiry`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -96,7 +96,7 @@ impl FunctionConfig {
     /// without an `aqw.functions.<name>` entry gives: keys from the
     /// payload's `idempotencyKey` field, the default breaker, no redaction,
     /// no provider key window, a handler registered in code; its storage is
-    /// the one the worker is built on ([`StorageAccount::embedded`]).
+    /// the one the worker is built on (`StorageAccount::embedded`).
     pub fn new(name: impl Into<String>, queue: impl Into<String>) -> Self {
         Self {
             name: name.into(),
@@ -116,7 +116,7 @@ impl FunctionConfig {
     }
 
     /// The function's poison queue: `<queue>-poison`.
-    pub fn poison_queue(&self) -> String {
+    pub(crate) fn poison_queue(&self) -> String {
         crate::poison::poison_queue_name(&self.queue)
     }
 }
@@ -232,7 +232,7 @@ impl AppConfig {
     /// retry from 1 s to 5 min, tables `aqwkeys`, `aqwpoison`, `aqwcontrol`,
     /// `aqwheartbeats`), with no functions. The binary's loader is checked
     /// against it (`config::tests` in crate `aqw`).
-    pub fn defaults(app_dir: impl Into<PathBuf>) -> Self {
+    pub(crate) fn defaults(app_dir: impl Into<PathBuf>) -> Self {
         let cores = std::thread::available_parallelism()
             .map(|n| n.get() as u32)
             .unwrap_or(1);
@@ -280,7 +280,7 @@ impl AppConfig {
     }
 
     /// Cap, retry delays, lease and timeout, as the engine's [`Policy`](crate::decide::Policy).
-    pub fn policy(&self) -> crate::decide::Policy {
+    pub(crate) fn policy(&self) -> crate::decide::Policy {
         crate::decide::Policy {
             max_dequeue_count: self.max_dequeue_count,
             retry: self.retry,
@@ -292,7 +292,7 @@ impl AppConfig {
         }
     }
 
-    /// [`policy`](Self::policy) with `function`'s overrides
+    /// `policy` with `function`'s overrides
     /// ([`QueueOverrides`]): its cap and its retry strategy.
     pub fn policy_for(&self, function: &FunctionConfig) -> crate::decide::Policy {
         let o = &function.overrides;

@@ -8,7 +8,7 @@ const DAY: Duration = Duration::from_secs(86_400);
 
 /// The Queue service's default message time-to-live (a put without
 /// `messagettl`).
-pub const SERVICE_DEFAULT_MESSAGE_TTL: Duration = Duration::from_secs(7 * 86_400);
+const SERVICE_DEFAULT_MESSAGE_TTL: Duration = Duration::from_secs(7 * 86_400);
 
 /// The retention rules and the sweep, validated.
 #[derive(Debug, Clone, PartialEq)]

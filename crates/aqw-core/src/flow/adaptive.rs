@@ -2,7 +2,7 @@
 //! the provider's limit from its throttling answers (a 429, a 503 with
 //! `Retry-After`: [`crate::handler::HandlerError::Throttled`]).
 //!
-//! [`ClientRateLimiter`] is the AWS SDKs' adaptive retry mode's client rate
+//! `ClientRateLimiter` is the AWS SDKs' adaptive retry mode's client rate
 //! limiter, a token bucket whose fill rate follows CUBIC (RFC 9438): on a
 //! throttle the rate drops to `BETA` (0.7) times the rate measured, and on
 //! each success it grows back along a cubic curve scaled by
@@ -17,7 +17,7 @@
 //! float operations to measure the rate, no wait and no storage request.
 //!
 //! aqw's departures, each for the fleet: the floor of the fill rate is
-//! [`MIN_FILL_RATE`] (0.05/s) rather than AWS's 0.5/s, because a fleet
+//! `MIN_FILL_RATE` (0.05/s) rather than AWS's 0.5/s, because a fleet
 //! shares one provider limit between its replicas (50 replicas over a
 //! 10/s provider need 0.2/s each, under AWS's floor); below 10 calls/s
 //! the cubic curve's time is counted in calls rather than seconds
@@ -31,7 +31,7 @@
 //! however slowly they are answered, would otherwise cut it 16 times, to
 //! the floor); a configured
 //! `limits.callsPerSecond` is the ceiling; and tokens are taken for a
-//! whole receive at once ([`ClientRateLimiter::take`]).
+//! whole receive at once (`ClientRateLimiter::take`).
 //!
 //! Fleet-wide convergence without a shared row: each replica runs its own
 //! limiter, as each AWS client does. A provider over its limit refuses
@@ -47,7 +47,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// The floor of a replica's learned rate (calls per second).
-pub const MIN_FILL_RATE: f64 = 0.05;
+const MIN_FILL_RATE: f64 = 0.05;
 const MIN_CAPACITY: f64 = 1.0;
 const SMOOTH: f64 = 0.8;
 /// At and above this last max rate (calls/s) the cubic curve is AWS's in
@@ -66,7 +66,7 @@ const SCALE_CONSTANT: f64 = 0.4;
 /// The AWS SDKs' client rate limiter as a pure value: time is passed in
 /// (seconds on any monotonic scale), so tests drive it by hand.
 #[derive(Debug, Clone)]
-pub struct ClientRateLimiter {
+struct ClientRateLimiter {
     fill_rate: f64,
     max_capacity: f64,
     capacity: f64,
@@ -83,7 +83,7 @@ pub struct ClientRateLimiter {
 
 impl ClientRateLimiter {
     /// An inactive limiter at `now`, never above `ceiling` calls/s once active.
-    pub fn new(now: f64, ceiling: Option<f64>) -> Self {
+    pub(crate) fn new(now: f64, ceiling: Option<f64>) -> Self {
         Self {
             fill_rate: 0.0,
             max_capacity: f64::MAX,
@@ -101,7 +101,7 @@ impl ClientRateLimiter {
     }
 
     /// The learned rate, once a throttle made the limiter active.
-    pub fn rate(&self) -> Option<f64> {
+    pub(crate) fn rate(&self) -> Option<f64> {
         self.enabled.then_some(self.fill_rate)
     }
 
@@ -110,7 +110,7 @@ impl ClientRateLimiter {
     /// it grows back along the cubic curve and is cut by its own
     /// throttles. Only while inactive (a limiter that learned its own rate
     /// keeps it); a rate that is not a finite positive number is ignored.
-    pub fn adopt(&mut self, now: f64, rate: f64) -> bool {
+    pub(crate) fn adopt(&mut self, now: f64, rate: f64) -> bool {
         if self.enabled || !rate.is_finite() || rate <= 0.0 {
             return false;
         }
@@ -131,7 +131,7 @@ impl ClientRateLimiter {
 
     /// Take tokens for up to `want` calls at `now`: how many may go now
     /// (all while inactive), or how many seconds until one may.
-    pub fn take(&mut self, now: f64, want: u32) -> Result<u32, f64> {
+    pub(crate) fn take(&mut self, now: f64, want: u32) -> Result<u32, f64> {
         if !self.enabled || want == 0 {
             return Ok(want);
         }
@@ -147,7 +147,7 @@ impl ClientRateLimiter {
     }
 
     /// Hand back tokens taken for calls that were not made.
-    pub fn give_back(&mut self, n: u32) {
+    pub(crate) fn give_back(&mut self, n: u32) {
         if self.enabled {
             self.capacity = (self.capacity + n as f64).min(self.max_capacity);
         }
@@ -157,7 +157,7 @@ impl ClientRateLimiter {
     /// (AWS's `update_rate_limiter`). A throttle of a call sent before the
     /// last cut cuts nothing more (TCP cuts once per round trip): a burst
     /// of refusals cuts once, however long its calls take to answer.
-    pub fn update(&mut self, now: f64, throttled: bool, sent: f64) {
+    pub(crate) fn update(&mut self, now: f64, throttled: bool, sent: f64) {
         self.measure(now);
         let before_the_cut = sent < self.last_throttle;
         if throttled
@@ -250,7 +250,7 @@ pub const DEFAULT_THROTTLED_FOR: Duration = Duration::from_secs(600);
 
 /// How long without a throttle ends a "throttled" episode (for the alert
 /// and the log).
-pub const QUIET: Duration = Duration::from_secs(60);
+const QUIET: Duration = Duration::from_secs(60);
 
 /// How often at most the learned rate is logged per function.
 const LOG_EVERY: Duration = Duration::from_secs(10);
@@ -258,7 +258,7 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 /// One function's adaptive rate on one replica: the limiter on the tokio
 /// clock, its gauge, its rate-limited log, and how long the function has
 /// been throttled.
-pub struct AdaptiveRate {
+pub(crate) struct AdaptiveRate {
     function: String,
     on: bool,
     start: Instant,
@@ -276,7 +276,7 @@ struct State {
 impl AdaptiveRate {
     /// The adaptive rate of `function`, off when `on` is false (then it
     /// never waits), never above `ceiling` calls/s.
-    pub fn new(function: &str, on: bool, ceiling: Option<f64>) -> Self {
+    pub(crate) fn new(function: &str, on: bool, ceiling: Option<f64>) -> Self {
         Self {
             function: function.to_string(),
             on,
@@ -297,7 +297,7 @@ impl AdaptiveRate {
 
     /// Tokens for up to `want` calls: how many may go now, or how long
     /// until one may.
-    pub fn take(&self, want: u32) -> Result<u32, Duration> {
+    pub(crate) fn take(&self, want: u32) -> Result<u32, Duration> {
         if !self.on {
             return Ok(want);
         }
@@ -309,7 +309,7 @@ impl AdaptiveRate {
     }
 
     /// Hand back tokens for calls not made.
-    pub fn give_back(&self, n: u32) {
+    pub(crate) fn give_back(&self, n: u32) {
         if self.on && n > 0 {
             self.state.lock().unwrap().limiter.give_back(n);
         }
@@ -318,7 +318,7 @@ impl AdaptiveRate {
     /// A provider's answer to a call sent at `sent`: throttled or not.
     /// Returns how long the function has been throttled when this throttle
     /// is the first past `alert_after` in its episode (then raise the alert once).
-    pub fn record(
+    pub(crate) fn record(
         &self,
         throttled: bool,
         sent: Instant,
@@ -359,14 +359,14 @@ impl AdaptiveRate {
     }
 
     /// The learned rate on this replica, once throttled.
-    pub fn rate(&self) -> Option<f64> {
+    pub(crate) fn rate(&self) -> Option<f64> {
         self.state.lock().unwrap().limiter.rate()
     }
 
     /// The learned rate to share with the fleet: while this replica's
     /// provider throttled it within [`SHARE_FOR`] (an adopted rate is not
     /// shared again: it is the fleet's, not this replica's finding).
-    pub fn to_share(&self) -> Option<f64> {
+    pub(crate) fn to_share(&self) -> Option<f64> {
         if !self.on {
             return None;
         }
@@ -380,7 +380,7 @@ impl AdaptiveRate {
     /// per-replica rate (a replica that joins a throttled fleet, or one
     /// that has not called yet) instead of at full speed, and learns on
     /// from there. Returns whether it adopted it.
-    pub fn adopt(&self, fleet: &FleetRate) -> bool {
+    pub(crate) fn adopt(&self, fleet: &FleetRate) -> bool {
         if !self.on {
             return false;
         }
@@ -396,22 +396,22 @@ impl AdaptiveRate {
 /// How long after its provider's last throttle a replica keeps sharing
 /// its learned rate on its evidence row: long enough to show an episode
 /// in `aqw status`, short enough that a row does not outlive it by much.
-pub const SHARE_FOR: Duration = Duration::from_secs(300);
+pub(crate) const SHARE_FOR: Duration = Duration::from_secs(300);
 
 /// While sharing, a replica republishes its rate when it moved by this
 /// share since the last publication, at most every [`REPUBLISH_EVERY`].
-pub const REPUBLISH_CHANGE: f64 = 0.25;
+const REPUBLISH_CHANGE: f64 = 0.25;
 
 /// See [`REPUBLISH_CHANGE`].
-pub const REPUBLISH_EVERY: Duration = Duration::from_secs(10);
+const REPUBLISH_EVERY: Duration = Duration::from_secs(10);
 
 /// While sharing, a replica republishes its rate at least this often, so
 /// a row's age says whether its replica is still throttled.
-pub const REFRESH_EVERY: Duration = Duration::from_secs(60);
+const REFRESH_EVERY: Duration = Duration::from_secs(60);
 
 /// A published rate older than this is no longer counted: its replica
 /// stopped sharing (or is gone) without saying so.
-pub const RATE_FRESH: Duration = Duration::from_secs(150);
+const RATE_FRESH: Duration = Duration::from_secs(150);
 
 /// The learned rates the replicas of one function publish, counted
 /// together (fresh rows only).
@@ -447,7 +447,7 @@ impl FleetRate {
 /// The fleet's learned rate for `function` from its evidence rows (read at
 /// wall time `now_ms`), rows of `except` left out; `None` when no replica
 /// shares one.
-pub fn fleet_rate<'a>(
+pub(crate) fn fleet_rate<'a>(
     rows: impl IntoIterator<Item = &'a crate::control::EvidenceRow>,
     function: &str,
     except: Option<&str>,
@@ -483,7 +483,11 @@ pub fn fleet_rate<'a>(
 /// Whether this replica's learned rate should be (re)published now: it
 /// began or stopped sharing, moved by [`REPUBLISH_CHANGE`] (after
 /// [`REPUBLISH_EVERY`]), or was last published [`REFRESH_EVERY`] ago.
-pub fn rate_due(published: Option<(f64, Instant)>, share: Option<f64>, now: Instant) -> bool {
+pub(crate) fn rate_due(
+    published: Option<(f64, Instant)>,
+    share: Option<f64>,
+    now: Instant,
+) -> bool {
     match (published, share) {
         (None, None) => false,
         (None, Some(_)) | (Some(_), None) => true,

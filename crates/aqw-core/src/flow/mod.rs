@@ -3,11 +3,11 @@
 //! counted over every replica; per key template (`perKey`), at most
 //! `inFlight` calls at once for each value (one tenant cannot take every
 //! slot). The counts live in the control table's `limits` partition, one
-//! row per limit, written under ETags ([`rate`]: a GCRA row; [`slots`]: a
+//! row per limit, written under ETags (`rate`: a GCRA row; [`slots`]: a
 //! lease-based counting semaphore).
 //!
 //! Work over a function-wide limit is not received at all: the poll loop
-//! asks [`Flow::before_receive`] first and waits, so the messages stay on
+//! asks `Flow::before_receive` first and waits, so the messages stay on
 //! the queue without spending a dequeue. Work over a per-key limit is known
 //! only once received (the key is in the payload): it is parked as a fresh
 //! copy, which spends no attempt either.
@@ -15,12 +15,12 @@
 //! Costs, only for a function with limits: a receive adds one row read and
 //! one write per limit (two when it reserves rate and slots), and a job
 //! under `perKey` two reads and two writes (take and give back); a replica
-//! holding slots renews its entry every [`slots::RENEW_EVERY`]. An error
+//! holding slots renews its entry every `slots::RENEW_EVERY`. An error
 //! reading a limit's row holds the receive (fail closed, logged); an error
 //! handing slots back leaves them counted until [`slots::HOLD_TTL`].
 
 pub mod adaptive;
-pub mod rate;
+pub(crate) mod rate;
 mod rows;
 pub mod slots;
 
@@ -74,7 +74,7 @@ const SLOTS_WAIT: Duration = Duration::from_millis(200);
 const MAX_RESERVE: Duration = Duration::from_secs(1);
 
 /// One function's limits on one replica.
-pub struct Flow {
+pub(crate) struct Flow {
     function: String,
     worker_id: String,
     table: Arc<dyn TableStore>,
@@ -92,23 +92,23 @@ const RELEASE_DELAY: Duration = Duration::from_millis(100);
 
 /// What the limits allow one receive.
 #[derive(Debug)]
-pub struct Grant {
+pub(crate) struct Grant {
     /// Receive at most this many.
-    pub receive: u32,
+    pub(crate) receive: u32,
     slots: u32,
     rate: Option<rate::Reserved>,
 }
 
 /// A job's place under the limits: when it may start, and the slots it
 /// holds until dropped.
-pub struct Ticket {
+pub(crate) struct Ticket {
     /// Start the handler no earlier than this.
     pub start: Option<Instant>,
     _slot: Option<Permit>,
 }
 
 /// Slots held on one row; handed back (asynchronously) when dropped.
-pub struct Permit {
+pub(crate) struct Permit {
     flow: Arc<Flow>,
     row: String,
 }
@@ -120,7 +120,7 @@ impl Drop for Permit {
 }
 
 /// What the per-key limit says of one job.
-pub enum KeyAdmission {
+pub(crate) enum KeyAdmission {
     /// Run; the permit (if any) is held until dropped.
     Run(Option<Permit>),
     /// The key's value is at its limit: park for this long.
@@ -130,7 +130,7 @@ pub enum KeyAdmission {
 impl Flow {
     /// The limits of `function` on this replica, over the control `table`;
     /// `None` when it has none.
-    pub fn new(
+    pub(crate) fn new(
         function: &str,
         worker_id: &str,
         table: Arc<dyn TableStore>,
@@ -159,7 +159,7 @@ impl Flow {
     /// Before a receive of up to `want`: how many the limits allow now, or
     /// how long to wait. Slots are taken first (cheap to hand back), then
     /// calls reserved for as many.
-    pub async fn before_receive(&self, want: u32) -> Result<Grant, Duration> {
+    pub(crate) async fn before_receive(&self, want: u32) -> Result<Grant, Duration> {
         let mut n = want;
         if let Some(r) = self.limits.calls_per_second {
             n = n.min(((r * MAX_RESERVE.as_secs_f64()) as u32).max(1));
@@ -197,7 +197,7 @@ impl Flow {
 
     /// After the receive: hand back what `got` messages did not use, and
     /// one ticket per message (its start time and its slot).
-    pub async fn after_receive(self: &Arc<Self>, grant: Grant, got: u32) -> Vec<Ticket> {
+    pub(crate) async fn after_receive(self: &Arc<Self>, grant: Grant, got: u32) -> Vec<Ticket> {
         let unused = grant.receive.saturating_sub(got);
         if unused > 0 {
             self.release(&self.slots_row(), grant.slots.min(unused))
@@ -226,7 +226,7 @@ impl Flow {
 
     /// The per-key limit for one job's payload. A payload without the
     /// template's fields is not limited by it.
-    pub async fn admit_key(self: &Arc<Self>, payload: &str) -> KeyAdmission {
+    pub(crate) async fn admit_key(self: &Arc<Self>, payload: &str) -> KeyAdmission {
         let Some(per_key) = &self.limits.per_key else {
             return KeyAdmission::Run(None);
         };
@@ -248,7 +248,7 @@ impl Flow {
     }
 
     /// Renew this replica's entries while it holds slots, until `shutdown`.
-    pub async fn renew(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
+    pub(crate) async fn renew(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
         loop {
             tokio::select! {
                 biased;
@@ -355,4 +355,4 @@ impl Flow {
 /// How long a job over its key's limit is parked: a slot of a busy key
 /// frees when one of its calls ends, which this waits out at a cost of one
 /// put and one delete per look.
-pub const KEY_PARK: Duration = Duration::from_secs(5);
+const KEY_PARK: Duration = Duration::from_secs(5);

@@ -17,18 +17,18 @@ use std::time::Duration;
 
 /// How far ahead of now the fleet's reservations may run: a replica that
 /// finds the row further ahead waits instead of reserving.
-pub const HORIZON: Duration = Duration::from_secs(1);
+pub(crate) const HORIZON: Duration = Duration::from_secs(1);
 
 const TAT: &str = "Tat";
 
 /// Where a reservation landed: the first call's start, in seconds from now
 /// (0 when at once), and the spacing between calls.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Reserved {
+pub(crate) struct Reserved {
     /// Calls reserved (the rest of what was asked for is not).
     pub calls: u32,
     /// The first call's start, in seconds after now.
-    pub first_in: f64,
+    pub(crate) first_in: f64,
     /// Seconds between two reserved calls (`1 / rate`).
     pub spacing: f64,
     /// The row's `Tat` after this reservation, to hand back unused calls.
@@ -37,7 +37,7 @@ pub struct Reserved {
 
 /// The pure rule: reserve `n` calls at `rate` per second at `now` on a row
 /// at `tat`. `Err(wait)` when the row is more than [`HORIZON`] ahead.
-pub fn reserve(tat: f64, now: f64, n: u32, rate: f64) -> Result<(Reserved, f64), Duration> {
+fn reserve(tat: f64, now: f64, n: u32, rate: f64) -> Result<(Reserved, f64), Duration> {
     let ahead = tat - now;
     if ahead > HORIZON.as_secs_f64() {
         return Err(Duration::from_secs_f64(ahead - HORIZON.as_secs_f64()));

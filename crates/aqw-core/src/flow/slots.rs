@@ -18,15 +18,15 @@ use std::time::Duration;
 pub const HOLD_TTL: Duration = Duration::from_secs(60);
 
 /// How often a replica holding slots renews its entry.
-pub const RENEW_EVERY: Duration = Duration::from_secs(20);
+pub(crate) const RENEW_EVERY: Duration = Duration::from_secs(20);
 
 const HOLDERS: &str = "Holders";
 
 /// The live entries of a row: worker id → (count, until).
-pub type Holders = BTreeMap<String, (u32, f64)>;
+type Holders = BTreeMap<String, (u32, f64)>;
 
 /// Parse a row's holders, dropping expired or malformed entries.
-pub fn live(entity: Option<&Entity>, now: f64) -> Holders {
+pub(crate) fn live(entity: Option<&Entity>, now: f64) -> Holders {
     let text = entity
         .and_then(|e| e.get(HOLDERS))
         .and_then(|v| v.as_str())
@@ -41,7 +41,7 @@ pub fn live(entity: Option<&Entity>, now: f64) -> Holders {
 
 /// The pure rule: with `holders` live, how many of `want` more slots
 /// `me` (holding `mine`) may take under `limit`.
-pub fn room(holders: &Holders, me: &str, mine: u32, limit: u32, want: u32) -> u32 {
+pub(crate) fn room(holders: &Holders, me: &str, mine: u32, limit: u32, want: u32) -> u32 {
     let others: u32 = holders
         .iter()
         .filter(|(w, _)| w.as_str() != me)

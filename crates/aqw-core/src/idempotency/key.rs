@@ -259,7 +259,7 @@ impl KeyTemplate {
     }
 
     /// Render the key from a payload. Reads the payload and nothing else.
-    pub fn render(&self, payload: &Value) -> Result<IdempotencyKey, KeyError> {
+    pub(crate) fn render(&self, payload: &Value) -> Result<IdempotencyKey, KeyError> {
         let field = |p: &str| p.to_string();
         let mut out = String::new();
         for part in &self.parts {

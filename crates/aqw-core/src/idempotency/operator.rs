@@ -15,7 +15,7 @@ use time::OffsetDateTime;
 
 /// The history outcome of a provider-key replacement: the key's current
 /// provider key has not been sent since.
-pub const PROVIDER_KEY_REPLACED: &str = "provider key replaced";
+pub(crate) const PROVIDER_KEY_REPLACED: &str = "provider key replaced";
 
 /// What `aqw keys list` selects.
 #[derive(Debug, Clone, Default)]

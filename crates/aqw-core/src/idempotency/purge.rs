@@ -13,11 +13,11 @@ use time::OffsetDateTime;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PurgeCandidate {
     /// The key's partition.
-    pub partition_key: String,
+    pub(crate) partition_key: String,
     /// The key's row (hex SHA-256 of the key).
-    pub row_key: String,
+    pub(crate) row_key: String,
     /// The version the key was read at; the delete is conditional on it.
-    pub etag: Etag,
+    pub(crate) etag: Etag,
 }
 
 /// The columns a purge reads: the status, to check the filter's work again.
@@ -26,7 +26,7 @@ const PURGE_COLUMNS: &[&str] = &["Status"];
 impl KeyStore {
     /// Every partition `function`'s keys can live in (function + first hash
     /// byte, see [`IdempotencyKey::partition_key`]).
-    pub fn partitions(function: &str) -> impl Iterator<Item = String> + '_ {
+    pub(crate) fn partitions(function: &str) -> impl Iterator<Item = String> + '_ {
         (0..=255u8).map(move |b| format!("{function}-{b:02x}"))
     }
 
@@ -36,7 +36,7 @@ impl KeyStore {
     /// partition (256 requests per function even when it has no keys). A
     /// row of another function whose name starts with `<function>-` is in
     /// the range too, so only this function's own partitions are kept.
-    pub async fn settled_before_by_partition(
+    pub(crate) async fn settled_before_by_partition(
         &self,
         function: &str,
         cutoff: OffsetDateTime,

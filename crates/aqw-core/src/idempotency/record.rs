@@ -76,7 +76,7 @@ impl ProviderAnswer {
 
 /// One replacement of a key's provider key (`aqw keys new-provider-key`),
 /// kept on the key record (`ProviderKeyChanges` column, JSON, newest last,
-/// at most [`PROVIDER_KEY_CHANGES_LEN`]) apart from the attempt history,
+/// at most `PROVIDER_KEY_CHANGES_LEN`) apart from the attempt history,
 /// which later attempts would push it out of: the audit of the riskiest
 /// decision of an incident (`poison report` lists each).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -95,7 +95,7 @@ pub struct ProviderKeyChange {
 }
 
 /// How many provider-key replacements a key record keeps (the newest).
-pub const PROVIDER_KEY_CHANGES_LEN: usize = 20;
+const PROVIDER_KEY_CHANGES_LEN: usize = 20;
 
 /// `changes` plus `change`, as the `ProviderKeyChanges` column holds them.
 pub(super) fn provider_key_changes_with(
@@ -229,7 +229,7 @@ pub struct KeyRecord {
     pub history: Vec<Attempt>,
     /// Attempts spent by earlier queue copies of the job (`aqw serve`'s
     /// retry with backoff; see `ClaimedKey::carried_attempts`).
-    pub carried_attempts: u32,
+    pub(crate) carried_attempts: u32,
     /// The claims of the job's current run (`RunAttempts`): counted by
     /// each claim, started again when a poisoned key is taken over or an
     /// operator replays it; what `maxDequeueCount` caps in `aqw run`
@@ -288,7 +288,7 @@ impl KeyRecord {
 
     /// How old its provider key is: the key is minted once, with the record,
     /// at `FirstSeen`. `None` when that time is missing or unreadable.
-    pub fn provider_key_age(&self, now: OffsetDateTime) -> Option<std::time::Duration> {
+    pub(crate) fn provider_key_age(&self, now: OffsetDateTime) -> Option<std::time::Duration> {
         let minted = OffsetDateTime::parse(self.first_seen.as_deref()?, &Rfc3339).ok()?;
         Some((now - minted).try_into().unwrap_or_default())
     }
@@ -313,7 +313,7 @@ impl KeyRecord {
     }
 
     /// The end of a live lease held on the key, if any.
-    pub fn lease_live(&self, now: OffsetDateTime) -> Option<OffsetDateTime> {
+    pub(crate) fn lease_live(&self, now: OffsetDateTime) -> Option<OffsetDateTime> {
         let until = OffsetDateTime::parse(self.lease_until.as_deref()?, &Rfc3339).ok()?;
         (until > now && self.lease_owner.is_some()).then_some(until)
     }
@@ -340,7 +340,7 @@ pub(super) fn abandoned_attempt(rec: &KeyRecord) -> Attempt {
 }
 
 /// Now, as RFC 3339 text (the record's time format).
-pub fn now_rfc3339() -> String {
+pub(crate) fn now_rfc3339() -> String {
     fmt_time(crate::clock::now_utc())
 }
 
@@ -350,7 +350,7 @@ pub fn fmt_time(t: OffsetDateTime) -> String {
 }
 
 /// Errors are capped before they are stored (Table string properties hold 64 KiB).
-pub fn cap_error(s: &str) -> String {
+pub(crate) fn cap_error(s: &str) -> String {
     scrubbed_and_cut(s, 4096, "… [truncated]")
 }
 

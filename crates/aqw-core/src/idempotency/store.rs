@@ -20,29 +20,27 @@ pub struct ClaimedKey {
     /// The function it belongs to.
     pub function: String,
     /// The record's PartitionKey.
-    pub partition_key: String,
+    pub(crate) partition_key: String,
     /// The record's RowKey.
-    pub row_key: String,
+    pub(crate) row_key: String,
     /// The record's version after the claim (finishing is conditional on it).
-    pub etag: Etag,
+    pub(crate) etag: Etag,
     /// The provider idempotency key to send (minted with the record).
     pub provider_key: String,
     /// An earlier attempt held this key and did not finish: it may have reached
     /// the provider, so the handler must send the same provider key.
     pub previously_pending: bool,
-    /// How many attempts claimed the key, this one included.
-    pub attempts: u32,
     /// Who this claim holds the lease as (the worker's
     /// `<worker>/<message id>/<dequeue count>`).
-    pub lease_owner: String,
+    pub(crate) lease_owner: String,
     /// When the key was first claimed (the job's first attempt).
-    pub first_seen: Option<String>,
+    pub(crate) first_seen: Option<String>,
     /// The attempt this claim is for, and the attempts before it.
-    pub message_id: String,
+    pub(crate) message_id: String,
     /// The message's DequeueCount at this attempt.
-    pub dequeue_count: u32,
+    pub(crate) dequeue_count: u32,
     /// The attempts before this one, oldest first.
-    pub history: Vec<Attempt>,
+    pub(crate) history: Vec<Attempt>,
     /// Attempts that earlier queue copies of the job spent before `aqw
     /// serve` put the job back as a fresh copy with its retry delay (the
     /// `CarriedAttempts` column; a fresh copy starts at DequeueCount 1, so
@@ -98,7 +96,6 @@ impl ClaimRequest<'_> {
         &self,
         etag: Etag,
         provider_key: String,
-        attempts: u32,
         first_seen: Option<String>,
         history: Vec<Attempt>,
     ) -> ClaimedKey {
@@ -110,7 +107,6 @@ impl ClaimRequest<'_> {
             etag,
             provider_key,
             previously_pending: false,
-            attempts,
             lease_owner: self.owner.into(),
             first_seen,
             message_id: self.message_id.into(),
@@ -193,7 +189,7 @@ impl KeyStore {
     }
 
     /// [`KeyStore::get`] with the record's ETag.
-    pub async fn get_versioned(
+    pub(crate) async fn get_versioned(
         &self,
         function: &str,
         key: &IdempotencyKey,
@@ -273,7 +269,7 @@ impl KeyStore {
         {
             Ok(etag) => {
                 let first_seen = Some(fmt_time(req.now));
-                let claim = req.claimed(etag, provider_key, 1, first_seen, vec![]);
+                let claim = req.claimed(etag, provider_key, first_seen, vec![]);
                 return Ok(Some(NextAction::Run(claim)));
             }
             Err(StorageError::Conflict) => {}
@@ -306,7 +302,7 @@ impl KeyStore {
         if rec.lease_owner.as_deref() == Some(req.owner) {
             // Our own write landed (an SDK-level retry then saw 409/412).
             let (attempts, first, history) = (rec.attempts, rec.first_seen, rec.history);
-            let mut c = req.claimed(etag, rec.provider_key, attempts, first, history);
+            let mut c = req.claimed(etag, rec.provider_key, first, history);
             c.previously_pending = attempts > 1;
             c.carried_attempts = rec.carried_attempts;
             c.run_attempts = rec.run_attempts.max(1);
@@ -355,7 +351,7 @@ impl KeyStore {
         let (pk, rk) = (&req.partition_key, &req.row_key);
         match self.table.merge(pk, rk, &update, Some(&etag)).await {
             Ok(etag) => {
-                let mut c = req.claimed(etag, rec.provider_key, attempts, rec.first_seen, history);
+                let mut c = req.claimed(etag, rec.provider_key, rec.first_seen, history);
                 c.previously_pending = true;
                 c.carried_attempts = carried;
                 c.run_attempts = run_attempts;
@@ -367,7 +363,11 @@ impl KeyStore {
     }
 
     /// Extend the key's lease (with the message lease, while the handler runs).
-    pub async fn extend(&self, claim: &mut ClaimedKey, lease: Duration) -> Result<(), FinishError> {
+    pub(crate) async fn extend(
+        &self,
+        claim: &mut ClaimedKey,
+        lease: Duration,
+    ) -> Result<(), FinishError> {
         let mut update = Entity::new();
         update.insert(
             "LeaseUntil".into(),
@@ -389,7 +389,7 @@ impl KeyStore {
 
     /// [`complete`](Self::complete), keeping what the provider answered in
     /// the attempt history.
-    pub async fn complete_answered(
+    pub(crate) async fn complete_answered(
         &self,
         claim: &ClaimedKey,
         effects: Vec<(String, Entity)>,
@@ -453,7 +453,7 @@ impl KeyStore {
 
     /// [`record_failure`](Self::record_failure) with the history's outcome
     /// named (`retried`, `released`).
-    pub async fn record_failure_as(
+    pub(crate) async fn record_failure_as(
         &self,
         claim: &ClaimedKey,
         outcome: &str,
@@ -464,7 +464,7 @@ impl KeyStore {
             .await
     }
 
-    /// [`record_failure_as`](Self::record_failure_as) of an attempt that
+    /// `record_failure_as` of an attempt that
     /// spends none of the job's attempts (the provider said "later" or
     /// "in progress", or it failed while the breaker holds: parked as a
     /// fresh copy): the claim is given back to the run's count.

@@ -478,7 +478,7 @@ fn later_delay(
 
 /// How many attempts in a row a provider with a key window must answer
 /// the same HTTP 500 and body before aqw takes it for a replayed failure.
-pub const SAME_FAILURE_ATTEMPTS: usize = 3;
+const SAME_FAILURE_ATTEMPTS: usize = 3;
 
 /// Whether this failure is the provider replaying a failure it saved under
 /// the provider key (Stripe keeps "the resulting status code and body of

@@ -156,20 +156,20 @@ pub struct PreparedEnqueue {
     pub text: String,
     /// A body over `aqw.claimCheck.threshold`, to be written to this
     /// container before its reference is put ([`crate::claim`]).
-    pub claim_check: Option<ClaimCheckBody>,
+    pub(crate) claim_check: Option<ClaimCheckBody>,
     /// The key the worker will derive (`None`: a keyless function, or forced).
     pub key: Option<IdempotencyKey>,
     /// The app's message encoding.
-    pub encoding: MessageEncoding,
+    pub(crate) encoding: MessageEncoding,
 }
 
 /// A job body bound for a blob, and its container.
 #[derive(Debug, Clone)]
-pub struct ClaimCheckBody {
+pub(crate) struct ClaimCheckBody {
     /// The container.
-    pub container: String,
+    pub(crate) container: String,
     /// The job's payload, exactly.
-    pub body: String,
+    pub(crate) body: String,
 }
 
 /// What `enqueue` put.

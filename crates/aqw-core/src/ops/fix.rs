@@ -45,7 +45,7 @@ impl std::fmt::Display for FixAction {
 #[serde(rename_all = "camelCase")]
 pub struct FixReport {
     /// The record id (the source message id).
-    pub id: String,
+    pub(crate) id: String,
     /// `replaced`, or `already-done` (the corrected job's key is done or
     /// cancelled: nothing was put and the record is still open).
     pub action: FixAction,

@@ -19,7 +19,7 @@ mod fix;
 mod keys;
 mod list;
 pub mod operation;
-pub mod provider;
+pub(crate) mod provider;
 mod purge;
 mod rehearse;
 mod replay;
@@ -39,9 +39,9 @@ pub use enqueue::{
 pub use fix::{fix, FixAction, FixReport};
 pub use keys::key_record;
 pub use list::{list, list_summaries};
-pub use provider::{is_idempotent, saves_failures, saves_failures_in, SavesFailures};
+pub use provider::{is_idempotent, saves_failures, SavesFailures};
 pub use purge::{purge_keys, purge_records, PurgeOptions};
-pub use rehearse::{payload_diff, rehearse_discard, rehearse_fix, DiscardRehearsal, FixRehearsal};
+pub use rehearse::{rehearse_discard, rehearse_fix, DiscardRehearsal, FixRehearsal};
 pub use replay::{replay, ReplayOptions, DEFAULT_REPLAY_CONCURRENCY};
 pub use replay_report::{PoisonedAgain, ReplayAction, ReplayItem, ReplayReport};
 pub use report::{
@@ -80,13 +80,13 @@ pub type OpsResult<T> = Result<T, OpsError>;
 /// The stores of one source queue: its keys and its poison records.
 pub struct QueueOps {
     /// The app's configuration.
-    pub app: Arc<AppConfig>,
+    pub(crate) app: Arc<AppConfig>,
     /// The function consuming the queue, if the app has one.
     pub function: Option<FunctionConfig>,
     /// The source queue's name.
     pub queue: String,
     /// The source queue.
-    pub source: Arc<dyn QueueStore>,
+    pub(crate) source: Arc<dyn QueueStore>,
     /// The queue's poison records and their `<queue>-poison` copies.
     pub poison: PoisonStore,
     /// The function's idempotency keys.
@@ -94,7 +94,7 @@ pub struct QueueOps {
     /// The function's pause and published breaker state.
     pub control: crate::control::ControlStore,
     /// The workers' poll heartbeats.
-    pub heartbeats: crate::heartbeat::HeartbeatStore,
+    pub(crate) heartbeats: crate::heartbeat::HeartbeatStore,
     /// The container of claim-check bodies (`aqw.claimCheck.container`).
     pub blobs: Arc<dyn crate::storage::BlobStore>,
 }
@@ -144,7 +144,7 @@ impl QueueOps {
     }
 
     /// The record `id`, which must be open (a usage error otherwise).
-    pub async fn open_record(&self, id: &str) -> OpsResult<(PoisonRecord, Etag)> {
+    pub(crate) async fn open_record(&self, id: &str) -> OpsResult<(PoisonRecord, Etag)> {
         let (rec, etag) = self.record(id).await?.ok_or_else(|| {
             OpsError::Usage(format!("no poison record {id} for queue {}", self.queue))
         })?;
@@ -160,13 +160,13 @@ impl QueueOps {
     /// What a claim-check reference of this queue's records may name: the
     /// source queue's own blobs (records are the source queue's, whichever
     /// queue, `<queue>-poison` or the table, they were read from).
-    pub fn claim_scope(&self) -> crate::claim::Scope<'_> {
+    fn claim_scope(&self) -> crate::claim::Scope<'_> {
         self.app.claim_check.scope(&self.queue)
     }
 
     /// A record's payload as its job would run: decoded, a claim-checked
     /// body fetched through a reference checked for this queue
-    /// ([`crate::claim::decode_body`]); else why not (show, a fix's
+    /// (`crate::claim::decode_body`); else why not (show, a fix's
     /// redaction restore, a group fix and its preview).
     pub async fn body_of(&self, rec: &PoisonRecord) -> Result<String, crate::claim::BodyError> {
         let scope = self.claim_scope();
@@ -283,7 +283,7 @@ pub struct Filter {
 
 impl Filter {
     /// Whether record `r` passes every filter that is set.
-    pub fn matches(&self, r: &PoisonRecord) -> bool {
+    pub(crate) fn matches(&self, r: &PoisonRecord) -> bool {
         let at = OffsetDateTime::parse(&r.poisoned_at, &Rfc3339).ok();
         self.status.is_none_or(|s| s == r.status)
             && self.since.is_none_or(|s| at.is_some_and(|t| t >= s))

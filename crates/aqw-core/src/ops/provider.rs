@@ -37,7 +37,7 @@ pub enum SavesFailures {
 
 impl SavesFailures {
     /// Why, in a few words.
-    pub fn why(&self) -> String {
+    pub(crate) fn why(&self) -> String {
         match self {
             SavesFailures::Declared => "declared (handler.savesFailures)".into(),
             SavesFailures::Evidenced {
@@ -51,7 +51,7 @@ impl SavesFailures {
 /// Whether `f`'s provider is known to save failures: declared, else the
 /// latest `replayed_failure` record of `f` among `records` (any status).
 /// Pure: the caller passes the records it has read (summaries will do).
-pub fn saves_failures_in(
+fn saves_failures_in(
     f: Option<&FunctionConfig>,
     records: &[PoisonRecord],
 ) -> Option<SavesFailures> {
@@ -71,7 +71,7 @@ pub fn saves_failures_in(
         })
 }
 
-/// [`saves_failures_in`] over the queue's records: no read when declared,
+/// `saves_failures_in` over the queue's records: no read when declared,
 /// else one query of the record table without payloads.
 pub async fn saves_failures(ops: &QueueOps) -> OpsResult<Option<SavesFailures>> {
     if let Some(declared) = saves_failures_in(ops.function.as_ref(), &[]) {
@@ -90,7 +90,7 @@ pub async fn saves_failures(ops: &QueueOps) -> OpsResult<Option<SavesFailures>> 
 /// Whether a same-key replay of a record of `kind` is a replay of a
 /// refusal a saving provider answers with the saved failure: a permanent
 /// refusal, or a saved failure itself.
-pub fn is_refusal(kind: ErrorKind) -> bool {
+pub(crate) fn is_refusal(kind: ErrorKind) -> bool {
     matches!(kind, ErrorKind::Permanent | ErrorKind::ReplayedFailure)
 }
 

@@ -148,7 +148,7 @@ fn close_key_refusal(rec: &PoisonRecord, state: Option<&KeyRecord>) -> Option<St
 /// are JSON, a leaf `redact` covers shown as [`MASK`] (that it changed still
 /// shows); else per text line, unless `redact` has rules: a redacted value
 /// could be on any line.
-pub fn payload_diff(old: &str, new: &str, redact: &Redaction) -> Vec<String> {
+fn payload_diff(old: &str, new: &str, redact: &Redaction) -> Vec<String> {
     let (Ok(a), Ok(b)) = (
         serde_json::from_str::<Value>(old),
         serde_json::from_str::<Value>(new),

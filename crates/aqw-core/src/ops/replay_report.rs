@@ -109,7 +109,7 @@ pub struct ReplayItem {
     /// The record was closed but its poison-queue copy may still be there
     /// (no receipt deleted it): a scan of the poison queue settles it.
     #[serde(skip)]
-    pub copy_left: bool,
+    pub(crate) copy_left: bool,
 }
 
 impl ReplayItem {

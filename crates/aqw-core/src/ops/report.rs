@@ -61,7 +61,7 @@ pub struct ReportRow {
     /// When it was poisoned (RFC 3339).
     pub poisoned_at: String,
     /// Its DequeueCount then.
-    pub dequeue_count: u32,
+    pub(crate) dequeue_count: u32,
     /// The last error's kind (`retryable`, `permanent`, …).
     pub error_kind: String,
     /// The last error, whole and scrubbed.
@@ -96,9 +96,9 @@ pub struct KeyOutcome {
     /// never claimed, or purged).
     pub state: &'static str,
     /// Attempts that claimed the key.
-    pub attempts: u32,
+    pub(crate) attempts: u32,
     /// Attempts the key's history shows completed (1 for a key done once).
-    pub completed_attempts: u32,
+    completed_attempts: u32,
     /// The provider's answer to the attempt that completed the key: None
     /// when it is not done, or its handler recorded no answer.
     pub provider: Option<ReportAnswer>,

@@ -22,17 +22,17 @@ pub struct ProviderWindow {
     /// The business key.
     pub key: String,
     /// The key's status.
-    pub key_status: KeyStatus,
+    key_status: KeyStatus,
     /// When the provider key was minted (the key record's `FirstSeen`).
-    pub minted_at: String,
+    pub(crate) minted_at: String,
     /// `providerKeyWindow`, as a timespan.
-    pub window: String,
+    pub(crate) window: String,
     /// `providerKeyWindow` in seconds.
-    pub window_secs: u64,
+    window_secs: u64,
     /// The provider key's age now, as a timespan.
-    pub key_age: String,
+    key_age: String,
     /// The provider key's age now, in seconds.
-    pub key_age_secs: u64,
+    key_age_secs: u64,
     /// Pending or poisoned, and older than the window: the provider may have
     /// forgotten the key, so replay and fix refuse without an override.
     pub past: bool,
@@ -71,7 +71,7 @@ impl ProviderWindow {
     }
 
     /// What the record keeps when an operator overrides the window.
-    pub fn override_note(&self) -> String {
+    pub(crate) fn override_note(&self) -> String {
         format!(
             "provider key of {} ({}) was {} old, past providerKeyWindow {}",
             self.key,

@@ -67,7 +67,7 @@ pub async fn put_creating(
 
 /// Put on a queue invisible for `delay` (a delayed job), creating the
 /// queue on first use.
-pub async fn put_creating_after(
+pub(crate) async fn put_creating_after(
     queue: &dyn QueueStore,
     text: &str,
     delay: Duration,
@@ -261,7 +261,7 @@ impl PoisonStore {
     /// Make the copies a scan held but did not delete visible again at once,
     /// 16 at a time (a 10,000-deep poison queue is 10,000 requests: one
     /// after another they took longer than the operation they ended).
-    pub async fn release(&self, held: Held) {
+    pub(crate) async fn release(&self, held: Held) {
         use futures::StreamExt as _;
         let left: Vec<(String, (String, String))> = held
             .0
@@ -284,7 +284,7 @@ impl PoisonStore {
     /// the pop receipt a scan got, else the one the record kept. Whether it
     /// is gone: false when no receipt worked (or none names a copy), which
     /// only a scan can settle.
-    pub async fn delete_copy(&self, rec: &PoisonRecord, held: &Held) -> StorageResult<bool> {
+    async fn delete_copy(&self, rec: &PoisonRecord, held: &Held) -> StorageResult<bool> {
         let Some(id) = &rec.poison_message_id else {
             return Ok(false);
         };
@@ -308,7 +308,7 @@ impl PoisonStore {
     /// [`Self::delete_copy`] once `rec` is closed: an error leaves the copy
     /// to the next scan (the close stands, so it is no failed replay);
     /// whether it is gone.
-    pub async fn delete_closed_copy(&self, rec: &PoisonRecord, held: &Held) -> bool {
+    pub(crate) async fn delete_closed_copy(&self, rec: &PoisonRecord, held: &Held) -> bool {
         self.delete_copy(rec, held).await.unwrap_or(false)
     }
 
@@ -318,7 +318,7 @@ impl PoisonStore {
     /// it may still be there (no copy named, no receipt, or one a scan made
     /// stale), which only a scan can settle. One request, whatever the
     /// poison queue's depth.
-    pub async fn delete_copy_by_receipt(&self, rec: &PoisonRecord) -> StorageResult<bool> {
+    pub(crate) async fn delete_copy_by_receipt(&self, rec: &PoisonRecord) -> StorageResult<bool> {
         let (Some(id), Some(receipt)) = (&rec.poison_message_id, &rec.poison_pop_receipt) else {
             return Ok(false);
         };
@@ -334,7 +334,7 @@ impl PoisonStore {
 
     /// Delete `rec`'s copy once a scan has held the poison queue for `hold`
     /// (so the copy's pop receipt is known), then release what else it held.
-    pub async fn scan_and_delete_copy(
+    pub(crate) async fn scan_and_delete_copy(
         &self,
         rec: &PoisonRecord,
         hold: Duration,

@@ -6,7 +6,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 
 /// The suffix of a queue's poison queue (Functions' naming).
-pub const POISON_SUFFIX: &str = "-poison";
+pub(crate) const POISON_SUFFIX: &str = "-poison";
 
 /// The poison queue of `queue`: `<queue>-poison`.
 pub fn poison_queue_name(queue: &str) -> String {
@@ -15,7 +15,7 @@ pub fn poison_queue_name(queue: &str) -> String {
 
 /// The record id of a raw copy the Functions host itself put on the poison
 /// queue (no aqw envelope): `host-<poison message id>`.
-pub fn host_record_id(poison_message_id: &str) -> String {
+pub(crate) fn host_record_id(poison_message_id: &str) -> String {
     format!("host-{poison_message_id}")
 }
 
@@ -47,18 +47,18 @@ impl PoisonFormat {
 #[serde(rename_all = "camelCase")]
 pub struct RecordRef {
     /// The record table's name.
-    pub table: String,
+    pub(crate) table: String,
     /// The record's PartitionKey (the source queue).
-    pub partition_key: String,
+    pub(crate) partition_key: String,
     /// The record's RowKey (the source message id).
-    pub row_key: String,
+    pub(crate) row_key: String,
 }
 
 /// The poison queue message, `"aqw": "poison/1"`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PoisonEnvelope {
-    /// The envelope's version: [`ENVELOPE_VERSION`].
+    /// The envelope's version: `ENVELOPE_VERSION`.
     pub aqw: String,
     /// The source queue.
     pub queue: String,
@@ -89,7 +89,7 @@ pub struct PoisonEnvelope {
 }
 
 /// The `aqw` value of every envelope this version writes.
-pub const ENVELOPE_VERSION: &str = "poison/1";
+pub(crate) const ENVELOPE_VERSION: &str = "poison/1";
 
 impl PoisonEnvelope {
     /// The envelope as poison-queue text: JSON, encoded per `encoding`. When

@@ -11,7 +11,7 @@
 //! 3. write the copy's id into the record;
 //! 4. (caller) delete the source message.
 //!
-//! [`PoisonStore::write`] is steps 1–3, the only code that writes them;
+//! `PoisonStore::write` is steps 1–3, the only code that writes them;
 //! [`PoisonSink`] is the worker's entry to it.
 //!
 //! A crash between 2 and 3 can leave a stray copy whose id the record does
@@ -24,25 +24,26 @@
 //! names none, and imports only a copy no record accounts for as a
 //! Functions-host record.
 //!
-//! Files: [`envelope`] (the poison-queue message and the naming of poison
-//! queues and host-copy records), [`record`] (the row format: columns,
-//! status, the merges that change a record), [`store`] and [`copies`]
-//! (`PoisonStore`: every read and write of records and copies), [`purge`]
-//! (what retention may read: open records' keys, closed records), [`sink`].
+//! Files: `envelope` (the poison-queue message and the naming of poison
+//! queues and host-copy records), `record` (the row format: columns,
+//! status, the merges that change a record), `store` and `copies`
+//! (`PoisonStore`: every read and write of records and copies), `purge`
+//! (what retention may read: open records' keys, closed records), `sink`.
 
-pub mod copies;
-pub mod envelope;
-pub mod purge;
-pub mod record;
-pub mod sink;
-pub mod store;
+pub(crate) mod copies;
+pub(crate) mod envelope;
+pub(crate) mod purge;
+pub(crate) mod record;
+pub(crate) mod sink;
+pub(crate) mod store;
 
-pub use copies::{put_creating, put_creating_after, Held};
-pub use envelope::{
-    host_record_id, poison_queue_name, PoisonEnvelope, PoisonFormat, RecordRef, ENVELOPE_VERSION,
-    POISON_SUFFIX,
-};
-pub use purge::open_record_keys;
-pub use record::{PoisonRecord, RecordStatus, Replacement, Replayed, WindowOverride};
+pub(crate) use copies::put_creating_after;
+pub use copies::{put_creating, Held};
+pub(crate) use envelope::{host_record_id, POISON_SUFFIX};
+pub use envelope::{poison_queue_name, PoisonEnvelope, PoisonFormat, RecordRef};
+pub(crate) use purge::open_record_keys;
+pub use record::{PoisonRecord, RecordStatus, Replayed};
+pub(crate) use record::{Replacement, WindowOverride};
 pub use sink::PoisonSink;
-pub use store::{Closing, PoisonStore};
+pub(crate) use store::Closing;
+pub use store::PoisonStore;

@@ -11,7 +11,7 @@ use time::OffsetDateTime;
 
 /// The (PartitionKey, RowKey) in the key table of every key an open record
 /// of `records` refers to, over all source queues of the table.
-pub async fn open_record_keys(
+pub(crate) async fn open_record_keys(
     records: &dyn TableStore,
 ) -> StorageResult<HashSet<(String, String)>> {
     let query = TableQuery {
@@ -38,7 +38,7 @@ pub async fn open_record_keys(
 impl PoisonStore {
     /// This queue's records that are closed (replayed, discarded, replaced)
     /// and whose row last changed before `cutoff`. Open records never match.
-    pub async fn closed_before(
+    pub(crate) async fn closed_before(
         &self,
         cutoff: OffsetDateTime,
     ) -> StorageResult<Vec<PurgeCandidate>> {
@@ -71,7 +71,7 @@ impl PoisonStore {
     }
 
     /// The record table, for the purge's conditional deletes.
-    pub fn records_table(&self) -> &std::sync::Arc<dyn TableStore> {
+    pub(crate) fn records_table(&self) -> &std::sync::Arc<dyn TableStore> {
         &self.records
     }
 }

@@ -98,7 +98,7 @@ pub struct PoisonRecord {
     /// What the replay noted (e.g. the key was already done).
     pub replay_note: Option<String>,
     /// Set just before a replay re-puts the message (crash detection).
-    pub replay_started_at: Option<String>,
+    pub(crate) replay_started_at: Option<String>,
     /// When it was discarded (RFC 3339).
     pub discarded_at: Option<String>,
     /// Who discarded it.
@@ -118,7 +118,7 @@ pub struct PoisonRecord {
     pub replacement_size_diff: Option<i64>,
     /// The W3C `traceparent` of the attempt that poisoned it, so replay,
     /// discard and fix link their spans to that job's trace.
-    pub trace_parent: Option<String>,
+    pub(crate) trace_parent: Option<String>,
     /// What its `<queue>-poison` copy is (`CopyFormat`, written with the
     /// record before the copy is put, so a raw copy is recognisable as aqw's
     /// own even after a crash before the copy's id is named here).
@@ -346,7 +346,7 @@ impl PoisonRecord {
     }
 
     /// Its `poison/1` envelope, with the full message text.
-    pub fn envelope(&self) -> PoisonEnvelope {
+    pub(crate) fn envelope(&self) -> PoisonEnvelope {
         PoisonEnvelope {
             aqw: ENVELOPE_VERSION.into(),
             queue: self.queue.clone(),
@@ -480,7 +480,7 @@ pub enum Replayed<'a> {
 
 /// What `poison fix` put in place of a record, as the record keeps it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Replacement<'a> {
+pub(crate) struct Replacement<'a> {
     /// Who put the corrected message.
     pub by: &'a str,
     /// The corrected message's id.
@@ -494,7 +494,7 @@ pub struct Replacement<'a> {
 /// An operator's override of the function's `providerKeyWindow`: who, and
 /// the key's age against the window (kept on the record with the time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WindowOverride<'a> {
+pub(crate) struct WindowOverride<'a> {
     /// Who overrode it.
     pub by: &'a str,
     /// The key's age against the window (see

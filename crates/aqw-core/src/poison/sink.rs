@@ -18,21 +18,21 @@ use std::time::Duration;
 #[derive(Clone)]
 pub struct PoisonSink {
     /// The source queue.
-    pub source_queue: String,
+    pub(crate) source_queue: String,
     /// The function consuming it.
     pub function: String,
     /// The source queue's `<queue>-poison`.
     pub poison_queue: Arc<dyn QueueStore>,
     /// The poison record table.
-    pub records: Arc<dyn TableStore>,
+    pub(crate) records: Arc<dyn TableStore>,
     /// The app's message encoding (of the source and poison messages).
-    pub encoding: MessageEncoding,
+    pub(crate) encoding: MessageEncoding,
     /// TTL of the poison-queue copies; `None` = never expires.
-    pub ttl: Option<Duration>,
+    pub(crate) ttl: Option<Duration>,
     /// What the `<queue>-poison` copy is: the envelope or the raw body.
-    pub format: PoisonFormat,
+    pub(crate) format: PoisonFormat,
     /// Where new poison events are raised.
-    pub alerts: Alerts,
+    pub(crate) alerts: Alerts,
 }
 
 impl PoisonSink {
@@ -63,7 +63,7 @@ impl PoisonSink {
 
     /// [`write`](Self::write), saying how many of the job's attempts ended
     /// with their outcome unknown (the record and the alert mark it).
-    pub async fn write_counted(
+    pub(crate) async fn write_counted(
         &self,
         msg: &ReceivedMessage,
         key: Option<&IdempotencyKey>,

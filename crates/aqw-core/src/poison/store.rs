@@ -29,7 +29,7 @@ pub struct PoisonStore {
 /// How an attempt to close an open record ended.
 #[must_use]
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Closing {
+pub(crate) enum Closing {
     /// This call closed it.
     Closed,
     /// It was not open any more (someone else closed it, or it vanished), or
@@ -79,7 +79,7 @@ impl PoisonStore {
     /// what a list view needs, read with `$select` so a page over 10,000
     /// records never pulls their payloads. For views only: an action
     /// re-reads the record it changes.
-    pub async fn list_summaries(&self) -> StorageResult<Vec<PoisonRecord>> {
+    pub(crate) async fn list_summaries(&self) -> StorageResult<Vec<PoisonRecord>> {
         let query = crate::storage::TableQuery {
             partition: Some(&self.queue),
             filter: None,
@@ -115,7 +115,10 @@ impl PoisonStore {
     /// The ids of open records written at or after `since`, keys only: a
     /// narrow query a durable replay runs every few seconds to see whether
     /// the jobs it re-put came back poisoned.
-    pub async fn open_ids_since(&self, since: time::OffsetDateTime) -> StorageResult<Vec<String>> {
+    pub(crate) async fn open_ids_since(
+        &self,
+        since: time::OffsetDateTime,
+    ) -> StorageResult<Vec<String>> {
         let (status, open, _) = record::OPEN_ERRORS_QUERY;
         let filter = crate::storage::Filter::eq(status, open)
             .and(crate::storage::Filter::ChangedSince(since));
@@ -132,7 +135,7 @@ impl PoisonStore {
     }
 
     /// The record `id`: a source message id, or the id of a host copy's record.
-    pub async fn find(&self, id: &str) -> StorageResult<Option<(PoisonRecord, Etag)>> {
+    pub(crate) async fn find(&self, id: &str) -> StorageResult<Option<(PoisonRecord, Etag)>> {
         for rk in [id.to_string(), super::host_record_id(id)] {
             match self.records.get(&self.queue, &rk).await {
                 Ok(Some((e, etag))) => return Ok(Some((PoisonRecord::from_entity(&e), etag))),
@@ -144,7 +147,10 @@ impl PoisonStore {
     }
 
     /// `rec` as it is stored now, with its ETag.
-    pub async fn reread(&self, rec: &PoisonRecord) -> StorageResult<Option<(PoisonRecord, Etag)>> {
+    pub(crate) async fn reread(
+        &self,
+        rec: &PoisonRecord,
+    ) -> StorageResult<Option<(PoisonRecord, Etag)>> {
         Ok(self
             .records
             .get(&self.queue, &rec.row_key())
@@ -154,7 +160,7 @@ impl PoisonStore {
 
     /// Close `current` (open, at version `etag`) as replayed by `by`, with
     /// the override of the provider-key window if one was needed.
-    pub async fn close_replayed(
+    pub(crate) async fn close_replayed(
         &self,
         current: &PoisonRecord,
         by: &str,
@@ -168,7 +174,7 @@ impl PoisonStore {
     }
 
     /// Close `rec` (open, at version `etag`) as replaced by a corrected message.
-    pub async fn close_replaced(
+    pub(crate) async fn close_replaced(
         &self,
         rec: &PoisonRecord,
         replacement: &Replacement<'_>,
@@ -182,7 +188,7 @@ impl PoisonStore {
 
     /// Close `rec` as discarded, conditional on `etag`: a concurrent change
     /// is an error (412, [`StorageError::PreconditionFailed`]), not retried.
-    pub async fn close_discarded(
+    pub(crate) async fn close_discarded(
         &self,
         rec: &PoisonRecord,
         by: &str,
@@ -198,7 +204,7 @@ impl PoisonStore {
 
     /// The open records of `key`, with their ETags (one partition query,
     /// on the rare paths only: a poisoning, a key completing after a crash).
-    pub async fn open_of_key(&self, key: &str) -> StorageResult<Vec<(PoisonRecord, Etag)>> {
+    pub(crate) async fn open_of_key(&self, key: &str) -> StorageResult<Vec<(PoisonRecord, Etag)>> {
         let filter = crate::storage::Filter::eq(record::col::STATUS, RecordStatus::Open.as_str())
             .and(crate::storage::Filter::eq(record::col::KEY, key));
         let query = crate::storage::TableQuery {
@@ -226,7 +232,11 @@ impl PoisonStore {
     /// interrupted between the record and the copy) as replayed, the key
     /// already done (`by` says which attempt completed it). Returns how
     /// many it closed.
-    pub async fn close_interrupted_of_done_key(&self, key: &str, by: &str) -> StorageResult<usize> {
+    pub(crate) async fn close_interrupted_of_done_key(
+        &self,
+        key: &str,
+        by: &str,
+    ) -> StorageResult<usize> {
         let mut closed = 0;
         for (rec, mut etag) in self.open_of_key(key).await? {
             if rec.poison_message_id.is_some() {
@@ -243,7 +253,7 @@ impl PoisonStore {
     /// Set the crash marker of a keyless replay, conditional on `etag`: the
     /// record's new ETag, or `None` when it changed meanwhile (so of two
     /// replays racing for one keyless record only one gets to put it).
-    pub async fn mark_replay_started(
+    pub(crate) async fn mark_replay_started(
         &self,
         rec: &PoisonRecord,
         etag: &Etag,
@@ -305,7 +315,7 @@ impl PoisonStore {
     /// left, put its envelope on `<queue>-poison` unless the record names a
     /// copy (adopting a copy a crashed run put but did not name), and name
     /// the copy on the record. Returns whether this call created the record.
-    pub async fn write(&self, record: PoisonRecord, ttl: Ttl) -> StorageResult<bool> {
+    pub(crate) async fn write(&self, record: PoisonRecord, ttl: Ttl) -> StorageResult<bool> {
         let row_key = record.message_id.clone();
         let (mut record, etag, created) = self.insert_open(&row_key, record).await?;
         failpoint::hit("poison.after_record");

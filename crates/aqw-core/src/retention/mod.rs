@@ -35,7 +35,7 @@ pub struct Pacer {
     interval: Option<Duration>,
     next: tokio::time::Instant,
     /// Requests made so far.
-    pub requests: u64,
+    pub(crate) requests: u64,
 }
 
 impl Pacer {
@@ -49,7 +49,7 @@ impl Pacer {
     }
 
     /// Wait for the next request's turn, and count it.
-    pub async fn turn(&mut self) {
+    pub(crate) async fn turn(&mut self) {
         self.requests += 1;
         if let Some(i) = self.interval {
             tokio::time::sleep_until(self.next).await;
@@ -151,7 +151,7 @@ impl PurgeRun<'_> {
 
 /// Purge the settled keys of `functions` from `keys`, keeping every key an
 /// open record of `records` refers to.
-pub async fn purge_keys(
+pub(crate) async fn purge_keys(
     keys: &KeyStore,
     records: &dyn TableStore,
     functions: &[String],
@@ -185,7 +185,7 @@ pub async fn purge_keys(
 }
 
 /// Purge `store`'s closed records older than the run's cutoff.
-pub async fn purge_records(
+pub(crate) async fn purge_records(
     store: &PoisonStore,
     run: &mut PurgeRun<'_>,
 ) -> StorageResult<PurgeReport> {
@@ -270,23 +270,13 @@ async fn delete_unchanged(
     Ok(())
 }
 
-/// The functions of `app` whose keys live in the account of `connection`
-/// setting `setting`.
-pub fn functions_on(app: &crate::config::AppConfig, setting: &str) -> Vec<String> {
-    app.functions
-        .iter()
-        .filter(|f| f.connection.setting == setting)
-        .map(|f| f.name.clone())
-        .collect()
-}
-
 /// Shared by the sweep and the commands: the keys and record tables of one account.
 #[derive(Clone)]
-pub struct AccountTables {
+pub(crate) struct AccountTables {
     /// The key table.
-    pub keys: KeyStore,
+    pub(crate) keys: KeyStore,
     /// The poison record table (open records protect their keys).
-    pub records: Arc<dyn TableStore>,
+    pub(crate) records: Arc<dyn TableStore>,
     /// The functions whose keys live in this account.
-    pub functions: Vec<String>,
+    pub(crate) functions: Vec<String>,
 }

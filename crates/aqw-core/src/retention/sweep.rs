@@ -123,15 +123,15 @@ impl SweepLease {
 /// One storage account's sweep: its tables and the source queues' records.
 pub struct SweepTarget {
     /// The account's key and record tables, and its functions.
-    pub tables: AccountTables,
+    pub(crate) tables: AccountTables,
     /// The record stores of the source queues on the account.
-    pub records: Vec<PoisonStore>,
+    pub(crate) records: Vec<PoisonStore>,
     /// The account's claim-check container, when the app has one.
-    pub blobs: Option<Arc<dyn crate::storage::BlobStore>>,
+    pub(crate) blobs: Option<Arc<dyn crate::storage::BlobStore>>,
 }
 
 /// Sweep every target once, under its lease, at the configured rate.
-pub async fn sweep_once(
+async fn sweep_once(
     target: &SweepTarget,
     retention: &Retention,
     owner: &str,
@@ -228,7 +228,7 @@ pub async fn run(
 /// for an interval, so each asks for the lease soon after it starts; a
 /// round finished less than an interval ago still holds it, so this costs
 /// one read of the lease row per start.
-pub async fn run_after(
+pub(crate) async fn run_after(
     mut first: Duration,
     targets: Vec<SweepTarget>,
     retention: Retention,

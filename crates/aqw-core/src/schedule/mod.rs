@@ -13,13 +13,13 @@
 //! each tick, reads the schedule's row in the control table and claims the
 //! due ticks with one `If-Match` write; the winner puts them and clears its
 //! claim. A claim left by a crashed replica is put again after
-//! [`run::STALE_CLAIM`] by whoever sees it: a second copy of a tick is
+//! `run::STALE_CLAIM` by whoever sees it: a second copy of a tick is
 //! settled by its key, never run twice. Ticks missed while every worker was
 //! down follow the schedule's [`CatchUp`].
 
 mod run;
 
-pub use run::{run, spawn, status, ScheduleStatus, PARTITION, STALE_CLAIM};
+pub use run::{run, spawn, status, ScheduleStatus, PARTITION};
 
 use serde_json::{Map, Value};
 use std::time::Duration;
@@ -28,11 +28,11 @@ use time::OffsetDateTime;
 
 /// The most missed ticks one round of [`CatchUp::All`] puts (the rest
 /// follow in the next rounds, oldest first).
-pub const MAX_TICKS_PER_ROUND: usize = 100;
+const MAX_TICKS_PER_ROUND: usize = 100;
 
 /// A tick this much late still runs under [`CatchUp::None`] (a replica's
 /// wake-up jitter and a slow read are not "missed").
-pub const ON_TIME: Duration = Duration::from_secs(60);
+const ON_TIME: Duration = Duration::from_secs(60);
 
 /// What happens to ticks missed while no worker ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -43,7 +43,7 @@ pub enum CatchUp {
     Latest,
     /// Run every missed tick, oldest first.
     All,
-    /// Run none: only ticks still on time ([`ON_TIME`]).
+    /// Run none: only ticks still on time (`ON_TIME`).
     None,
 }
 
@@ -226,7 +226,7 @@ impl Schedule {
 
     /// The ticks to put now, given the last tick already claimed: per
     /// [`CatchUp`], oldest first, and the tick the row moves to.
-    pub fn due(
+    pub(crate) fn due(
         &self,
         last: OffsetDateTime,
         now: OffsetDateTime,

@@ -28,7 +28,7 @@ pub const PARTITION: &str = "schedules";
 
 /// A claim older than this whose ticks were not cleared is put again by
 /// whoever sees it (the claimer crashed between the claim and the put).
-pub const STALE_CLAIM: Duration = Duration::from_secs(30);
+pub(crate) const STALE_CLAIM: Duration = Duration::from_secs(30);
 
 /// After a storage error, the next try.
 const RETRY_AFTER: Duration = Duration::from_secs(15);
@@ -65,7 +65,7 @@ pub struct Target {
     /// The function's source queue.
     pub queue: Arc<dyn QueueStore>,
     /// The app's `messageEncoding`.
-    pub encoding: crate::message::MessageEncoding,
+    pub(crate) encoding: crate::message::MessageEncoding,
 }
 
 /// One schedule's task: a round at each tick until `shutdown`.
@@ -292,7 +292,7 @@ pub struct ScheduleStatus {
     /// The newest tick put on the queue.
     pub last_tick: Option<String>,
     /// That tick's key.
-    pub last_key: Option<String>,
+    last_key: Option<String>,
     /// That key's state (`done`, `pending`, `poisoned`, `cancelled`), or
     /// `not run yet`.
     pub last_outcome: Option<String>,

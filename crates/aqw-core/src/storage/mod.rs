@@ -245,7 +245,7 @@ pub enum Filter {
 
 impl Filter {
     /// `column eq value`.
-    pub fn eq(column: &'static str, value: impl Into<String>) -> Self {
+    pub(crate) fn eq(column: &'static str, value: impl Into<String>) -> Self {
         Filter::Eq {
             column,
             value: value.into(),
@@ -253,7 +253,7 @@ impl Filter {
     }
 
     /// `column` is one of `values`.
-    pub fn one_of(column: &'static str, values: &[&str]) -> Self {
+    pub(crate) fn one_of(column: &'static str, values: &[&str]) -> Self {
         Filter::OneOf {
             column,
             values: values.iter().map(|v| v.to_string()).collect(),
@@ -276,7 +276,7 @@ impl Filter {
     /// whole seconds, as the service compares).
     /// The row's own keys answer for the columns `PartitionKey` and `RowKey`
     /// (as the service's filter sees them).
-    pub fn matches(
+    pub(crate) fn matches(
         &self,
         (partition_key, row_key): (&str, &str),
         entity: &Entity,

@@ -1,5 +1,5 @@
 //! Durable group operations (issue 40): a group replay, discard or fix is a row
-//! in the control table (partition [`PARTITION`], RowKey the operation's
+//! in the control table (partition `PARTITION`, RowKey the operation's
 //! id), carried out by whoever holds its lease, not by the request that
 //! asked for it. The row says who asked, what (the selection, the
 //! fingerprint of the reviewed ids, a cutoff so records poisoned later are
@@ -21,9 +21,10 @@ mod run;
 pub use interactive::replay_group;
 /// A parsed JSON Patch (RFC 6902), as [`parse_patch`] gives it.
 pub use json_patch::Patch;
-pub use patch::{size_bound, PatchError, GROWTH_FACTOR, MAX_PATCH_OPS, MIN_SIZE_BOUND};
+pub use patch::PatchError;
+pub(crate) use patch::MAX_PATCH_OPS;
 pub use row::{CancelRefusal, Claim, OperationStore, Refresh};
-pub use run::{execute, resume_idle, watch, ExecuteOptions, IDLE_SCAN_INTERVAL, LEASE};
+pub use run::{execute, resume_idle, watch, ExecuteOptions, LEASE};
 
 use super::{Filter, OpsError, OpsResult, QueueOps};
 use crate::poison::{PoisonRecord, RecordStatus};
@@ -33,7 +34,7 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 /// The control-table partition of operation rows.
-pub const PARTITION: &str = "operations";
+pub(crate) const PARTITION: &str = "operations";
 
 /// The rate of an operation when none is given: records per second.
 pub const DEFAULT_RATE: f64 = 50.0;
@@ -108,10 +109,10 @@ impl OpKind {
 
 /// The largest JSON Patch a group fix takes, in bytes: it is kept on the
 /// operation's row (a property holds 64 KiB), and a correction is small.
-pub const MAX_PATCH_BYTES: usize = 16 * 1024;
+const MAX_PATCH_BYTES: usize = 16 * 1024;
 
 /// `text` as a JSON Patch (RFC 6902): a non-empty array of at most
-/// [`MAX_PATCH_OPS`] operations, at most [`MAX_PATCH_BYTES`]. The error
+/// `MAX_PATCH_OPS` operations, at most `MAX_PATCH_BYTES`. The error
 /// says what is wrong, for exit 2 or a 400.
 pub fn parse_patch(text: &str) -> Result<json_patch::Patch, PatchRefusal> {
     if text.len() > MAX_PATCH_BYTES {
@@ -139,7 +140,7 @@ pub fn parse_patch(text: &str) -> Result<json_patch::Patch, PatchRefusal> {
 /// Why a group fix's JSON Patch is refused before it touches a record.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PatchRefusal {
-    /// Over [`MAX_PATCH_BYTES`].
+    /// Over `MAX_PATCH_BYTES`.
     #[error("the patch is {bytes} bytes; at most {max}")]
     TooLarge {
         /// The patch's length.
@@ -156,7 +157,7 @@ pub enum PatchRefusal {
     /// An empty array.
     #[error("the patch has no operations")]
     NoOperations,
-    /// Over [`MAX_PATCH_OPS`] operations.
+    /// Over `MAX_PATCH_OPS` operations.
     #[error("the patch has {count} operations; at most {max}")]
     TooManyOperations {
         /// The operations given.
@@ -213,7 +214,7 @@ pub fn fix_refused(ops: &QueueOps) -> Option<String> {
 /// the bounds of the `patch` module (the payload's growth, the bytes copied, the
 /// number of ops), refused before an op allocates past them. The error
 /// (one line) says why there is no corrected payload.
-pub fn apply_patch(patch: &json_patch::Patch, payload: &str) -> Result<String, PatchError> {
+fn apply_patch(patch: &json_patch::Patch, payload: &str) -> Result<String, PatchError> {
     patch::apply(&patch.0, payload)
 }
 
@@ -282,7 +283,7 @@ pub struct Selection {
     /// Only records poisoned at or before this time (RFC 3339).
     pub until: Option<String>,
     /// Only records of this alert group (`kind|first line masked`, as
-    /// [`group_of`] and the dashboard's groups name it).
+    /// `group_of` and the dashboard's groups name it).
     pub group: Option<String>,
     /// Only records whose id is this text, or whose key or payload (with
     /// the function's `redact` fields masked) contains it, ignoring case:
@@ -297,7 +298,7 @@ pub struct Selection {
 
 impl Selection {
     /// The filter of `poison list` this selection is, forced to open records.
-    pub fn filter(&self) -> Result<Filter, SelectionError> {
+    pub(crate) fn filter(&self) -> Result<Filter, SelectionError> {
         let time = |s: &Option<String>| {
             s.as_deref()
                 .map(|t| {
@@ -360,7 +361,7 @@ impl Selection {
     /// Whether `rec` passes the group and the search (the filter's part is
     /// [`Selection::filter`]); `redact` is the function's, so a search
     /// cannot probe a masked field.
-    pub fn picks(&self, rec: &PoisonRecord, redact: &Redaction) -> bool {
+    pub(crate) fn picks(&self, rec: &PoisonRecord, redact: &Redaction) -> bool {
         let in_group = self.group.as_ref().is_none_or(|g| *g == group_of(rec));
         in_group && self.search.as_deref().is_none_or(|s| found(rec, s, redact))
     }
@@ -368,7 +369,7 @@ impl Selection {
 
 /// The alert group of a record: its error kind and first line, masked as
 /// the alert and the dashboard group them.
-pub fn group_of(rec: &PoisonRecord) -> String {
+fn group_of(rec: &PoisonRecord) -> String {
     let masked = crate::alert::error_group(&rec.error.message).1;
     format!("{}|{masked}", rec.error.kind.as_str())
 }
@@ -435,7 +436,7 @@ pub async fn preview_fix(
 /// Why a stored selection gives no filter (a row written by hand or by an
 /// older version: the CLI and dashboard check both before creating one).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SelectionError {
+pub(crate) enum SelectionError {
     /// A time bound that is not RFC 3339.
     #[error("{text:?}: {reason}")]
     Time {
@@ -498,7 +499,7 @@ pub struct Operation {
     /// Records per second.
     pub rate: f64,
     /// Replayed records back in the poison table before it halts itself.
-    pub halt_after: u32,
+    halt_after: u32,
     /// Where it stands.
     pub state: OpState,
     /// Records handled (replayed, closed as already done, discarded).
@@ -521,12 +522,12 @@ pub struct Operation {
     /// Until when (RFC 3339).
     pub lease_until: Option<String>,
     /// The last write to the row (RFC 3339).
-    pub updated_at: String,
+    updated_at: String,
 }
 
 impl Operation {
     /// Whether its lease is free at `now`: none, or expired.
-    pub fn lease_free(&self, now: OffsetDateTime) -> bool {
+    fn lease_free(&self, now: OffsetDateTime) -> bool {
         self.lease_until
             .as_deref()
             .and_then(|t| OffsetDateTime::parse(t, &Rfc3339).ok())
@@ -534,7 +535,7 @@ impl Operation {
     }
 
     /// The `by` each record it touches keeps: who asked, and through which operation.
-    pub fn record_by(&self) -> String {
+    fn record_by(&self) -> String {
         format!("{} (operation {})", self.by, self.id)
     }
 }

@@ -33,14 +33,14 @@ use std::fmt::Write as _;
 
 /// The most operations a patch may have: a correction renames, adds or
 /// removes a few fields; checked when the patch is parsed.
-pub const MAX_PATCH_OPS: usize = 256;
+pub(crate) const MAX_PATCH_OPS: usize = 256;
 
 /// A corrected payload may be this many times its original size (or
 /// [`MIN_SIZE_BOUND`], whichever is larger) before the patch is refused.
-pub const GROWTH_FACTOR: usize = 4;
+const GROWTH_FACTOR: usize = 4;
 
 /// The size bound of a small payload: a patch may always grow it to 1 MiB.
-pub const MIN_SIZE_BOUND: usize = 1024 * 1024;
+const MIN_SIZE_BOUND: usize = 1024 * 1024;
 
 /// Why a patch gave no corrected payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,7 +64,7 @@ impl std::fmt::Display for PatchError {
 /// The size a payload of `original` bytes may grow to under a patch, and
 /// the bytes a patch may copy or add in all: `max(GROWTH_FACTOR × original,
 /// MIN_SIZE_BOUND)`.
-pub fn size_bound(original: usize) -> usize {
+fn size_bound(original: usize) -> usize {
     original.saturating_mul(GROWTH_FACTOR).max(MIN_SIZE_BOUND)
 }
 

@@ -221,7 +221,7 @@ impl OperationStore {
 
     /// The operations not yet finished (queued or running), newest first:
     /// what an idle worker looks at, one query whatever the history.
-    pub async fn unfinished(&self) -> StorageResult<Vec<Operation>> {
+    pub(crate) async fn unfinished(&self) -> StorageResult<Vec<Operation>> {
         let states = [OpState::Queued.as_str(), OpState::Running.as_str()];
         self.query(Some(Filter::one_of(col::STATE, &states))).await
     }
@@ -374,7 +374,7 @@ impl OperationStore {
     /// as read now; the row as written, or `None` when it was not ours or
     /// changed again (the counts then stay as they were: the records are
     /// the truth).
-    pub async fn add_counts(&self, op: &Operation) -> StorageResult<Option<Operation>> {
+    pub(crate) async fn add_counts(&self, op: &Operation) -> StorageResult<Option<Operation>> {
         let Some((now, etag)) = self.get(&op.id).await? else {
             return Ok(None);
         };
@@ -392,7 +392,7 @@ impl OperationStore {
 
     /// The executor's last write: `state` (done, halted or failed), the
     /// counts, `reason`, and the lease let go.
-    pub async fn finish(
+    pub(crate) async fn finish(
         &self,
         op: &Operation,
         etag: &Etag,

@@ -35,7 +35,7 @@ pub const LEASE: Duration = Duration::from_secs(60);
 
 /// How often an idle `aqw run` looks for an operation whose executor died
 /// (one query of the operations partition; jittered by the caller).
-pub const IDLE_SCAN_INTERVAL: Duration = Duration::from_secs(30);
+const IDLE_SCAN_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Records in flight at once: one at up to 10 a second (a cancel is seen
 /// before the next record), then one more per 10 a second, at most 8, so a
@@ -135,7 +135,7 @@ pub async fn execute(
 
 /// Resume every unfinished operation on one of `app`'s queues whose lease
 /// is free (its executor died): what an idle `aqw run` does every
-/// [`IDLE_SCAN_INTERVAL`]. One partition query when there is none.
+/// `IDLE_SCAN_INTERVAL`. One partition query when there is none.
 pub async fn resume_idle(
     app: &Arc<AppConfig>,
     storage: &dyn Storage,
@@ -157,7 +157,7 @@ pub async fn resume_idle(
 }
 
 /// What an `aqw run` replica does between jobs: every
-/// [`IDLE_SCAN_INTERVAL`] (±20 %, so replicas spread out) one query of the
+/// `IDLE_SCAN_INTERVAL` (±20 %, so replicas spread out) one query of the
 /// operations partition, and when an unfinished operation's lease is free,
 /// carry it out. Stops at `shutdown`; an operation it was running is left
 /// mid-way, as by a crash, and resumed by the next executor once the lease

@@ -201,7 +201,7 @@ pub struct TriageGroup {
     /// The first record's error (first line, scrubbed).
     pub error: String,
     /// The error with what varies masked (the alert's grouping).
-    pub error_group: String,
+    pub(crate) error_group: String,
     /// How many open records.
     pub count: usize,
     /// Every record id, oldest first.

@@ -304,14 +304,16 @@ impl MemoryStorage {
     }
 
     /// The queues that exist, sorted.
-    pub fn queue_names(&self) -> Vec<String> {
+    #[cfg(test)]
+    fn queue_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.shared.lock().queues.keys().cloned().collect();
         names.sort();
         names
     }
 
     /// The tables that exist (lowercase), sorted.
-    pub fn table_names(&self) -> Vec<String> {
+    #[cfg(test)]
+    fn table_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.shared.lock().tables.keys().cloned().collect();
         names.sort();
         names
