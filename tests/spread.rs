@@ -52,6 +52,28 @@ impl Provider {
         let calls = self.calls.lock().unwrap();
         calls.iter().filter(|c| c.2 < self.up_at).count()
     }
+
+    /// While down: the distinct jobs called, and the calls in each second
+    /// from the first call (where the calls go: a first wave, retries).
+    fn while_down_by_second(&self) -> (usize, Vec<usize>) {
+        let calls = self.calls.lock().unwrap();
+        let down: Vec<_> = calls.iter().filter(|c| c.2 < self.up_at).collect();
+        let jobs: std::collections::HashSet<&str> = down.iter().map(|c| c.0.as_str()).collect();
+        let Some(first) = down.iter().map(|c| c.2).min() else {
+            return (0, Vec::new());
+        };
+        let mut per_second = Vec::new();
+        for c in &down {
+            let s = usize::try_from(c.2.duration_since(first).as_secs()).unwrap_or(usize::MAX);
+            if s < 600 {
+                if per_second.len() <= s {
+                    per_second.resize(s + 1, 0);
+                }
+                per_second[s] += 1;
+            }
+        }
+        (jobs.len(), per_second)
+    }
 }
 
 async fn serve(State(p): State<Provider>, body: String) -> StatusCode {
@@ -90,8 +112,9 @@ async fn outage_over(processes: usize, jobs: usize, every: Duration, outage: Dur
     app.drained(Duration::from_secs(60)).await;
     drop(fleet);
     let during = provider.calls_while_down();
+    let (called, per_second) = provider.while_down_by_second();
     println!(
-        "{processes} processes, {jobs} jobs every {every:?}, a {outage:?} outage: {during} provider calls while down ({:.2} per job)",
+        "{processes} processes, {jobs} jobs every {every:?}, a {outage:?} outage: {during} provider calls while down ({:.2} per job), {called} distinct jobs called; calls per second from the first: {per_second:?}",
         during as f64 / jobs as f64
     );
     assert_eq!(
