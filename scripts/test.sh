@@ -13,15 +13,6 @@ bash scripts/browser.sh install
 # and unit-tested before the Rust tests.
 bash scripts/promtool.sh install
 bash scripts/promtool.sh test
-# failpoints: test-only crash points (compiled out of release builds). With
-# no arguments, every crate of the workspace: the engine's tests on the
-# in-memory store (crates/aqw-core, seconds, no Azurite) and the one
-# integration target (tests/it.rs) against Azurite. Arguments go to
-# `cargo test` for the aqw package (scripts/test.sh --test it worker::).
-# With cargo-nextest (on this project's CI machine; .config/nextest.toml) every
-# test binary shares one schedule, several tests at once; without it, cargo
-# test runs the same tests, one binary after another. Doc tests are cargo
-# test's alone.
 # A smoke run of the benchmark script (tiny sizes, one repetition): it fails
 # only when something is broken, never because of speed. It runs beside the
 # test schedule, mostly waiting on processes it starts, on an Azurite of its
@@ -54,6 +45,15 @@ if [ $# -eq 0 ] && [ -z "${AQW_SKIP_BENCH_SMOKE:-}" ]; then
   smoke_pid=$!
   set +m
 fi
+# failpoints: test-only crash points (compiled out of release builds). With
+# no arguments, every crate of the workspace: the engine's tests on the
+# in-memory store (crates/aqw-core, seconds, no Azurite) and the one
+# integration target (tests/it.rs) against Azurite. Arguments go to
+# `cargo test` for the aqw package (scripts/test.sh --test it worker::).
+# With cargo-nextest (on this project's CI machine; .config/nextest.toml) every
+# test binary shares one schedule, several tests at once; without it, cargo
+# test runs the same tests, one binary after another. Doc tests are cargo
+# test's alone.
 if [ $# -eq 0 ]; then
   if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --features failpoints

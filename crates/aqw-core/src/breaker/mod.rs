@@ -100,7 +100,7 @@ pub(crate) enum State {
 }
 
 impl State {
-    /// The name used in logs, metrics and the control row.
+    /// The state's name, as the state-machine tests write their rows.
     #[cfg(test)]
     pub(crate) fn name(&self) -> &'static str {
         match self {

@@ -296,7 +296,7 @@ impl KeyStore {
         rec: KeyRecord,
         etag: Etag,
     ) -> StorageResult<Option<NextAction>> {
-        if rec.status.is_settled() || put_before_poisoning(&rec, req.inserted) {
+        if settles_copy(&rec, req.inserted) {
             return Ok(Some(NextAction::AlreadyDone));
         }
         if rec.lease_owner.as_deref() == Some(req.owner) {
@@ -635,13 +635,20 @@ fn transient(e: &StorageError) -> bool {
     }
 }
 
+/// Whether the key's record settles a message put at `inserted` without
+/// running it: the key is settled, or the copy predates its poisoning
+/// ([`put_before_poisoning`]). The one rule for the claim and, over a
+/// message's delivery bound, for the job before any claim
+/// (`job::key_state_of`), so both settle such a copy alike.
+pub(crate) fn settles_copy(rec: &KeyRecord, inserted: OffsetDateTime) -> bool {
+    rec.status.is_settled() || put_before_poisoning(rec, inserted)
+}
+
 /// Whether a message put at `inserted` predates its poisoned key's
 /// poisoning (the newest `poisoned` attempt of the history): it belongs to
 /// the run that was poisoned, and running it would start a second attempt
-/// budget and a second poison record without anyone asking. Read by the
-/// claim and, over a message's delivery bound, by the job before any claim
-/// (`job::key_state_of`), so both settle such a copy alike.
-pub(crate) fn put_before_poisoning(rec: &KeyRecord, inserted: OffsetDateTime) -> bool {
+/// budget and a second poison record without anyone asking.
+fn put_before_poisoning(rec: &KeyRecord, inserted: OffsetDateTime) -> bool {
     if rec.status != KeyStatus::Poisoned {
         return false;
     }

@@ -26,7 +26,7 @@ use crate::decide::{
 };
 use crate::failpoint;
 use crate::handler::HandlerError;
-use crate::idempotency::store::put_before_poisoning;
+use crate::idempotency::store::settles_copy;
 use crate::idempotency::{derive_key, IdempotencyKey, KeyRecord};
 use crate::message::{ErrorKind, Payload};
 use crate::runtime::FunctionRuntime;
@@ -586,11 +586,11 @@ fn key_of<E>(
 /// What a key record read over the cap says of a message put at
 /// `inserted`. A copy put before its key was poisoned is a leftover of the
 /// poisoned run, settled as a duplicate as the claim settles it
-/// ([`put_before_poisoning`]): over the bound no claim is made, and
+/// ([`settles_copy`]): over the bound no claim is made, and
 /// without this a copy that waited behind the key's crashed poisoning was
 /// poisoned as `crashed`, a second record for one job (seed 8343).
 fn key_state_of(rec: &KeyRecord, inserted: time::OffsetDateTime) -> KeyState<'_> {
-    if rec.status.is_settled() || put_before_poisoning(rec, inserted) {
+    if settles_copy(rec, inserted) {
         KeyState::Settled
     } else if let Some(until) = rec.lease_live(crate::clock::now_utc()) {
         KeyState::Held { until }

@@ -213,17 +213,14 @@ pub fn prepare_enqueue(
         Err(_) => None,
     };
     let (text, claim_check) = if app.claim_check.applies_to(payload, app.message_encoding) {
-        app.claim_check
-            .refuse_oversize(payload.len())
-            .map_err(|e| OpsError::Usage(e.to_string()))?;
+        app.claim_check.refuse_oversize(payload.len())?;
         let body = ClaimCheckBody {
             container: app.claim_check.container.clone(),
             body: payload.to_string(),
         };
         (String::new(), Some(body))
     } else {
-        let text = crate::message::encode_checked(payload, app.message_encoding)
-            .map_err(|e| OpsError::Usage(e.to_string()))?;
+        let text = crate::message::encode_checked(payload, app.message_encoding)?;
         (text, None)
     };
     Ok(PreparedEnqueue {
@@ -348,5 +345,5 @@ pub(crate) async fn corrected_text(ops: &super::QueueOps, payload: &str) -> OpsR
         let blobs = ops.blobs.as_ref();
         return Ok(crate::claim::put_as_reference(blobs, &ops.queue, payload, enc).await?);
     }
-    crate::message::encode_checked(payload, enc).map_err(|e| OpsError::Usage(e.to_string()))
+    Ok(crate::message::encode_checked(payload, enc)?)
 }

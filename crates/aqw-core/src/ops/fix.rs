@@ -187,12 +187,9 @@ fn corrected(ops: &QueueOps, payload: &str) -> OpsResult<(FunctionConfig, Option
     })?;
     let claim_check = &ops.app.claim_check;
     if !claim_check.applies_to(payload, ops.app.message_encoding) {
-        crate::message::encode_checked(payload, ops.app.message_encoding)
-            .map_err(|e| OpsError::Usage(e.to_string()))?;
+        crate::message::encode_checked(payload, ops.app.message_encoding)?;
     } else {
-        claim_check
-            .refuse_oversize(payload.len())
-            .map_err(|e| OpsError::Usage(e.to_string()))?;
+        claim_check.refuse_oversize(payload.len())?;
     }
     Ok((f, key))
 }

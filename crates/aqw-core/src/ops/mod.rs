@@ -74,6 +74,23 @@ pub enum OpsError {
     Storage(#[from] StorageError),
 }
 
+/// A payload or selection the operator gave that aqw refuses: a usage
+/// error (exit 2) with the refusal's own text.
+macro_rules! usage_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for OpsError {
+            fn from(e: $t) -> Self {
+                OpsError::Usage(e.to_string())
+            }
+        }
+    )*};
+}
+usage_from!(
+    crate::message::EncodeError,
+    crate::claim::Oversize,
+    crate::ops::operation::SelectionError
+);
+
 /// The result of an operator command.
 pub type OpsResult<T> = Result<T, OpsError>;
 

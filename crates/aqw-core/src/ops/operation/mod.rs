@@ -26,7 +26,7 @@ pub(crate) use patch::MAX_PATCH_OPS;
 pub use row::{CancelRefusal, Claim, OperationStore, Refresh};
 pub use run::{execute, resume_idle, watch, ExecuteOptions, LEASE};
 
-use super::{Filter, OpsError, OpsResult, QueueOps};
+use super::{Filter, OpsResult, QueueOps};
 use crate::poison::{PoisonRecord, RecordStatus};
 use crate::redact::Redaction;
 use crate::storage::Etag;
@@ -392,7 +392,7 @@ pub async fn select_open(
     ops: &QueueOps,
     sel: &Selection,
 ) -> OpsResult<Vec<(PoisonRecord, Option<Etag>)>> {
-    let filter = sel.filter().map_err(|e| OpsError::Usage(e.to_string()))?;
+    let filter = sel.filter()?;
     let none = Redaction::default();
     let redact = ops.function.as_ref().map_or(&none, |f| &f.redact);
     let mut all = super::replay::select(ops, &filter).await?;
