@@ -12,12 +12,20 @@ use std::time::Duration;
 const DEADLINE: Duration = Duration::from_secs(60);
 
 async fn poison_then_replay_byte_exact(encoding: &str, text: String) {
+    let back = poison_then_replay(encoding, &text).await;
+    assert_eq!(back.len(), text.len());
+    assert!(back == text, "replayed byte-exact");
+}
+
+/// Poison `text` (a permanent failure), replay it, and return the text the
+/// source queue then holds.
+async fn poison_then_replay(encoding: &str, text: &str) -> String {
     let app = TestApp::new(
         json!({"key": "none"}),
         json!({"messageEncoding": encoding}),
         json!({}),
     );
-    let id = app.enqueue_raw(&text).await;
+    let id = app.enqueue_raw(text).await;
     let w = app.start_worker(Scripted::new(|_, _| {
         Err(HandlerError::permanent("rejected on purpose"))
     }));
@@ -49,11 +57,10 @@ async fn poison_then_replay_byte_exact(encoding: &str, text: String) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let back = app.source().peek(1).await.unwrap();
+    let mut back = app.source().peek(1).await.unwrap();
     assert_eq!(back.len(), 1);
-    assert_eq!(back[0].text.len(), text.len());
-    assert!(back[0].text == text, "replayed byte-exact");
     app.cleanup().await;
+    back.remove(0).text
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,7 +89,23 @@ async fn multibyte_none_message_poisons_and_replays_byte_exact() {
     // so text at exactly 64 KiB is sometimes refused (413) under load.
     let mut text = "é😀".repeat(10_000);
     text.push_str(&"x".repeat(aqw_core::message::MAX_MESSAGE_TEXT - 4096 - text.len()));
-    poison_then_replay_byte_exact("none", text).await;
+    // Azurite decodes a request body's chunks one by one, so a character
+    // split across two of them arrives as U+FFFD (CI saw 61,440 bytes come
+    // back as 61,448: one 4-byte character as four). That is the
+    // emulator's, not aqw's: such a run is tried once more, and any other
+    // difference, or the same twice, fails.
+    for run in 1..=2 {
+        let back = poison_then_replay("none", &text).await;
+        if back == text {
+            return;
+        }
+        let emulator_split = back.contains('\u{FFFD}') && !text.contains('\u{FFFD}');
+        assert!(
+            emulator_split && run == 1,
+            "replayed byte-exact (run {run})"
+        );
+        eprintln!("bad_input: Azurite split a character of the request body (U+FFFD); once more");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
