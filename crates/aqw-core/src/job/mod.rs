@@ -205,6 +205,12 @@ async fn admit(
     if let Some(after) = held_by_gate(rt, settle) {
         return Err(after);
     }
+    // An outage's first wave: the fleet's verdict first (`Breaker::suspects`).
+    if rt.gate.wait_while_suspect().await {
+        if let Some(after) = held_by_gate(rt, settle) {
+            return Err(after);
+        }
+    }
     // In serve mode the host delivers whatever the adaptive rate says (in
     // run mode the poll loop asked it before receiving): over it, park,
     // spread over up to three times the wait.
