@@ -374,7 +374,8 @@ impl Gate {
                     };
                     let wait =
                         (base + spread(&self.worker_id, settings.cool_down)).saturating_sub(age);
-                    b.breaker.follow(now + wait)
+                    b.breaker
+                        .follow(now + wait, now.checked_sub(age).unwrap_or(now))
                 }
                 "closed" => {
                     let at = published_at(&p.at);

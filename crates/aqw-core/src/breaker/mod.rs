@@ -287,11 +287,20 @@ impl Breaker {
     }
 
     /// Another replica published the function's breaker as open or
-    /// half-open: a closed breaker follows it until `until` (a following
-    /// one waits until the later of the two). A breaker of this replica's
-    /// own that is open or probing keeps its course.
-    pub(crate) fn follow(&mut self, until: Instant) -> Option<Transition> {
+    /// half-open at `published` (on this replica's clock): a closed breaker
+    /// follows it until `until` (a following one waits until the later of
+    /// the two). A breaker of this replica's own that is open or probing
+    /// keeps its course, and so does a closed one that saw a job of its
+    /// own succeed after that row was written: the provider answers, and
+    /// its evidence row, kept and published, tells the opener so
+    /// ([`Breaker::observe_fleet`] forgets the probes' evidence). Following
+    /// cleared that success unpublished, and an opener holding five
+    /// distinct probe failures from the outage reopened on every failed
+    /// probe of a job failing alone and parked it for ever (seed 3458,
+    /// with the suspect hold's timing).
+    pub(crate) fn follow(&mut self, until: Instant, published: Instant) -> Option<Transition> {
         match self.state {
+            State::Closed if self.own.last_success().is_some_and(|s| s > published) => None,
             State::Closed => {
                 self.state = State::Following { until };
                 self.own.clear();

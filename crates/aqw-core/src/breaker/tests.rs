@@ -125,12 +125,12 @@ fn a_closed_breaker_follows_the_fleet_and_probes_only_when_no_verdict_comes() {
     let at = |ms: u64| t0 + Duration::from_millis(ms);
     let mut b = Breaker::new(settings());
     // Another replica tripped: hold until the given time, park what is held.
-    assert_eq!(b.follow(at(3000)), Some(Transition::Followed));
+    assert_eq!(b.follow(at(3000), at(0)), Some(Transition::Followed));
     assert!(b.holds());
     assert_eq!(b.admit(at(100), 8).0, wait(2900));
     // A later word extends the hold; an earlier one does not shorten it.
-    assert_eq!(b.follow(at(4000)), None);
-    assert_eq!(b.follow(at(1000)), None);
+    assert_eq!(b.follow(at(4000), at(0)), None);
+    assert_eq!(b.follow(at(1000), at(0)), None);
     assert_eq!(b.admit(at(3500), 8).0, wait(500));
     // Failures while following change nothing of its own.
     assert_eq!(b.record(at(3600), FAIL), None);
@@ -153,7 +153,7 @@ fn the_fleet_closing_releases_a_follower_which_ramps_up() {
         None,
         "a closed breaker has nothing to release"
     );
-    b.follow(at(10_000));
+    b.follow(at(10_000), at(0));
     assert_eq!(b.release(at(1000)), Some(Transition::Released));
     assert_eq!(b.state(), State::Closed);
     // Concurrency ramps up after the close (issue 37): the jobs in
@@ -173,7 +173,7 @@ fn an_own_open_breaker_does_not_follow() {
         b.record(at(0), Attempt::FailedRetryable(job));
     }
     assert_eq!(b.state().name(), "open");
-    assert_eq!(b.follow(at(60_000)), None);
+    assert_eq!(b.follow(at(60_000), at(0)), None);
     assert_eq!(b.release(at(100)), None);
     assert_eq!(b.state().name(), "open");
 }
@@ -443,4 +443,19 @@ fn a_replica_second_in_line_suspects_until_the_fleet_opens() {
     let t = b.observe_fleet(at(1) + LEADER_GRACE, fleet, true);
     assert!(matches!(t, Some(Transition::Opened { .. })), "{t:?}");
     assert!(!b.suspects(Some(at(8))), "open: it holds, it does not wait");
+}
+
+/// A closed breaker whose own job succeeded after another replica's open
+/// row was written keeps its course (and its evidence, to publish); one
+/// whose last success is older follows.
+#[test]
+fn a_success_after_the_opening_is_not_followed() {
+    let t0 = Instant::now();
+    let at = |s: u64| t0 + Duration::from_secs(s);
+    let mut b = Breaker::new(settings());
+    b.record(at(5), Attempt::Succeeded(1));
+    assert_eq!(b.follow(at(60), at(3)), None, "its success came after");
+    assert_eq!(b.state(), State::Closed);
+    assert_eq!(b.evidence().last_success(), Some(at(5)), "kept to publish");
+    assert_eq!(b.follow(at(60), at(7)), Some(Transition::Followed));
 }
