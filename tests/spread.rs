@@ -151,5 +151,12 @@ async fn sixteen_processes_hold_through_an_outage_over_200_jobs() {
 /// 2 processes, one job every 2 s through a 70 s outage.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trickle_through_an_outage_on_two_processes() {
-    outage_over(2, 35, Duration::from_secs(2), Duration::from_secs(70), false).await;
+    outage_over(
+        2,
+        35,
+        Duration::from_secs(2),
+        Duration::from_secs(70),
+        false,
+    )
+    .await;
 }

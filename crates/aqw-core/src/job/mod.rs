@@ -75,7 +75,7 @@ pub async fn process(
     // Held until the job settles: its slot under the per-key limit.
     let _key_slot = match admit(rt, settle, &decoded).await {
         Ok(slot) => slot,
-        Err(after) => return ctx.park(after).await,
+        Err(after) => return park_unless_settled(&ctx, key.as_ref(), after).await,
     };
     let over_cap_record = match over_cap_record(rt, key.as_ref(), msg, &policy, &mut facts).await {
         Ok(rec) => rec,
@@ -96,6 +96,29 @@ pub async fn process(
     };
     failpoint::hit("claim.after");
     run_and_settle(&mut ctx, payload.to_string(), &facts, &policy, hard_stop).await
+}
+
+/// Park a message the gate holds as a fresh copy, unless its key's record
+/// already settles it ([`settles_copy`]): a fresh copy has a new id and
+/// insertion time, so a leftover of a poisoned run (a redelivery whose
+/// delete was lost) came back as a new message and was poisoned again, a
+/// second record for one job (seed 8507). One key read per parked keyed
+/// message, and parks happen only while the gate holds or a key is at its
+/// limit; a failed read parks as before.
+async fn park_unless_settled(
+    ctx: &Settling<'_>,
+    key: Option<&IdempotencyKey>,
+    after: std::time::Duration,
+) -> Outcome {
+    if let Some(k) = key {
+        let rt = ctx.rt;
+        if let Ok(Some(rec)) = rt.keys.get(&rt.function.name, k).await {
+            if settles_copy(&rec, ctx.msg.insertion_time) {
+                return ctx.without_running(WithoutRunning::Duplicate).await;
+            }
+        }
+    }
+    ctx.park(after).await
 }
 
 /// The message's payload decoded (or why it cannot be), a claim-checked
