@@ -7,8 +7,9 @@
 //! `aqw status` reads it.
 
 use crate::alert::{error_group, Alerts};
+use crate::breaker::evidence::row_written_at;
 use crate::breaker::{job_id, FleetView};
-use crate::breaker::{Admission, Attempt, Breaker, BreakerSettings, Transition};
+use crate::breaker::{Admission, Attempt, Breaker, BreakerSettings, Transition, SUSPECT_WAIT};
 use crate::control::{Control, ControlStore, EvidenceRow, WATCH_INTERVAL};
 use crate::flow::adaptive::{fleet_rate, rate_due, AdaptiveRate};
 use crate::scrub::scrub;
@@ -37,6 +38,8 @@ pub struct Gate {
     /// The function's adaptive rate: shared on this replica's evidence
     /// row while throttled, and the fleet's taken in at each watch read.
     adaptive: Option<std::sync::Arc<AdaptiveRate>>,
+    /// Woken after each control read ([`Gate::wait_while_suspect`]).
+    read: tokio::sync::Notify,
 }
 
 struct BreakerState {
@@ -55,34 +58,6 @@ struct BreakerState {
     rows_seen: std::collections::BTreeMap<String, (i64, Instant)>,
     /// This replica's previous evidence read.
     last_read: Option<Instant>,
-}
-
-/// When another replica's evidence row (version `at_ms`, its writer's wall
-/// clock) was written, on this replica's clock. Its writer's clock may be
-/// off by seconds, which would move its times against this replica's by as
-/// much: a success on a replica running ahead would look later than the
-/// first failures of an outage on one running behind, and keep those jobs
-/// out of the quiet rule's streak for good (seeds 1307, 5550). A version
-/// not there at the previous read was written between the two: the
-/// wall-clock estimate is kept inside that interval, so the error is at
-/// most one watch interval (2 s), whatever the skew. An unchanged version
-/// keeps its estimate; at this replica's first read, only the wall clocks
-/// tell.
-fn row_written_at(
-    seen: Option<(i64, Instant)>,
-    at_ms: i64,
-    (now, wall_ms): (Instant, i64),
-    last_read: Option<Instant>,
-) -> Instant {
-    if let Some((_, written)) = seen.filter(|(was, _)| *was == at_ms) {
-        return written;
-    }
-    let ago = Duration::from_millis(u64::try_from(wall_ms - at_ms).unwrap_or(0));
-    let by_wall = now.checked_sub(ago).unwrap_or(now);
-    match last_read {
-        Some(prev) => by_wall.clamp(prev.min(now), now),
-        None => by_wall,
-    }
 }
 
 impl Gate {
@@ -124,6 +99,7 @@ impl Gate {
                 })
             }),
             adaptive: None,
+            read: tokio::sync::Notify::new(),
         }
     }
 
@@ -168,6 +144,29 @@ impl Gate {
     pub fn holds(&self) -> Option<Duration> {
         let b = self.breaker.as_ref()?.lock().unwrap();
         b.breaker.holds().then(|| b.breaker.cool_down())
+    }
+
+    /// Before a job runs: while the breaker suspects an outage it has no
+    /// verdict on yet ([`Breaker::suspects`]), wait for the next control
+    /// read, one read at a time, at most [`SUSPECT_WAIT`]. True if it
+    /// waited (the caller asks [`Gate::holds`] again).
+    pub(crate) async fn wait_while_suspect(&self) -> bool {
+        let Some(b) = &self.breaker else { return false };
+        let deadline = Instant::now() + SUSPECT_WAIT;
+        let mut waited = false;
+        loop {
+            let read = self.read.notified();
+            let suspects = {
+                let b = b.lock().unwrap();
+                b.breaker.suspects(b.last_read)
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !suspects || left.is_zero() {
+                return waited;
+            }
+            waited = true;
+            let _ = tokio::time::timeout(left.min(WATCH_INTERVAL * 2), read).await;
+        }
     }
 
     /// While the breaker ramps up after a close: the most jobs that may be
@@ -276,6 +275,7 @@ impl Gate {
                             let c = rows.functions.get(&g.function).cloned().unwrap_or_default();
                             g.apply(&c);
                             g.exchange_evidence(&rows.evidence).await;
+                            g.read.notify_waiters();
                         }
                     }
                     Err(e) => {
@@ -308,6 +308,7 @@ impl Gate {
             }
         };
         self.apply(&c);
+        self.read.notify_waiters();
     }
 
     /// Take in the function's control row as read: the pause, and the

@@ -48,6 +48,34 @@ pub fn job_id(text: &str) -> u64 {
     })
 }
 
+/// When another replica's evidence row (version `at_ms`, its writer's wall
+/// clock) was written, on this replica's clock. Its writer's clock may be
+/// off by seconds, which would move its times against this replica's by as
+/// much: a success on a replica running ahead would look later than the
+/// first failures of an outage on one running behind, and keep those jobs
+/// out of the quiet rule's streak for good (seeds 1307, 5550). A version
+/// not there at the previous read was written between the two: the
+/// wall-clock estimate is kept inside that interval, so the error is at
+/// most one watch interval (2 s), whatever the skew. An unchanged version
+/// keeps its estimate; at this replica's first read, only the wall clocks
+/// tell.
+pub(crate) fn row_written_at(
+    seen: Option<(i64, Instant)>,
+    at_ms: i64,
+    (now, wall_ms): (Instant, i64),
+    last_read: Option<Instant>,
+) -> Instant {
+    if let Some((_, written)) = seen.filter(|(was, _)| *was == at_ms) {
+        return written;
+    }
+    let ago = Duration::from_millis(u64::try_from(wall_ms - at_ms).unwrap_or(0));
+    let by_wall = now.checked_sub(ago).unwrap_or(now);
+    match last_read {
+        Some(prev) => by_wall.clamp(prev.min(now), now),
+        None => by_wall,
+    }
+}
+
 /// This replica's own outcomes.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Evidence {

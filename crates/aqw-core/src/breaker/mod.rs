@@ -196,6 +196,12 @@ const PROBE_POLL: Duration = Duration::from_millis(200);
 /// one (which then follows instead).
 const LEADER_GRACE: Duration = Duration::from_secs(6);
 
+/// The longest a job waits for the fleet's verdict ([`Breaker::suspects`]):
+/// past the grace a replica second in line gives the first, it trips on
+/// the evidence itself.
+pub(crate) const SUSPECT_WAIT: Duration =
+    Duration::from_secs(LEADER_GRACE.as_secs() + 2 * crate::control::WATCH_INTERVAL.as_secs());
+
 /// After a close, the receive allowance doubles this often, from the probe
 /// count up to a full batch.
 const RAMP_STEP: Duration = Duration::from_secs(1);
@@ -290,8 +296,8 @@ impl Breaker {
     /// ([`Breaker::observe_fleet`] forgets the probes' evidence). Following
     /// cleared that success unpublished, and an opener holding five
     /// distinct probe failures from the outage reopened on every failed
-    /// probe of a job failing alone and parked it for ever (seed 3458 in
-    /// another interleaving, found while trying a wait before each call).
+    /// probe of a job failing alone and parked it for ever (seed 3458,
+    /// found with the suspect wait's timing).
     pub(crate) fn follow(&mut self, until: Instant, published: Instant) -> Option<Transition> {
         match self.state {
             State::Closed if self.own.last_success().is_some_and(|s| s > published) => None,
@@ -373,6 +379,34 @@ impl Breaker {
         let at = self.closed_at.filter(|_| self.state == State::Closed)?;
         let steps = now.saturating_duration_since(at).as_millis() / RAMP_STEP.as_millis().max(1);
         (steps < u128::from(RAMP_STEPS)).then(|| self.settings.probes.max(1) << steps)
+    }
+
+    /// Whether a job about to run should first wait for the next control
+    /// read (issue 49: an outage's first wave). Closed, and either the
+    /// fleet's evidence already says trip while another replica is first
+    /// in line ([`LEADER_GRACE`]), or `consecutiveFailures` distinct jobs of
+    /// this replica began failing since its last read (`last_read`) and its
+    /// last success: the next read publishes them and brings the fleet's
+    /// verdict. Without it, 16 replicas called nearly every one of 200 jobs
+    /// queued at once, and retried them, in the 2 s before that verdict
+    /// came. A wait, never a verdict: once it is over the job runs unless
+    /// the breaker then holds.
+    pub(crate) fn suspects(&self, last_read: Option<Instant>) -> bool {
+        if self.state != State::Closed {
+            return false;
+        }
+        if self.deferred && self.due_since.is_some() {
+            return true;
+        }
+        let n = self.settings.consecutive_failures as usize;
+        let after = last_read.max(self.own.last_success());
+        n > 0
+            && self
+                .own
+                .failing()
+                .filter(|(_, f)| after.is_none_or(|t| f.first > t))
+                .count()
+                >= n
     }
 
     /// The cool-down of the current (or next) opening.

@@ -374,6 +374,77 @@ fn a_fleet_success_after_the_opening_forgets_the_probes_evidence() {
     assert_eq!(b.record(at(clock.get() + 4), FAIL_AGAIN), None);
 }
 
+/// Issue 49's first wave: a closed breaker suspects an outage once
+/// `consecutiveFailures` distinct jobs of its own began failing since its
+/// last control read and its last success, and stops suspecting at the
+/// next read; a success in between clears it.
+#[test]
+fn own_failures_since_the_last_read_make_it_wait_for_the_next() {
+    let t0 = Instant::now();
+    let at = |s: u64| t0 + Duration::from_secs(s);
+    let mut b = Breaker::new(BreakerSettings {
+        minimum_attempts: 100,
+        consecutive_failures: 3,
+        ..settings()
+    });
+    let read = Some(at(0));
+    for job in 1..=2 {
+        b.record(at(1), Attempt::FailedRetryable(job));
+    }
+    assert!(!b.suspects(read), "two failures are no streak of three");
+    b.record(at(1), Attempt::FailedRetryable(3));
+    assert!(
+        b.suspects(read),
+        "three distinct jobs failed since the read"
+    );
+    assert!(
+        !b.suspects(Some(at(2))),
+        "the next read brought the fleet's word"
+    );
+    b.record(at(1), Attempt::Succeeded(9));
+    assert!(!b.suspects(read), "a success since: no outage to suspect");
+    for _ in 0..3 {
+        b.record(at(1), Attempt::FailedRetryable(AGAIN));
+    }
+    assert!(!b.suspects(read), "one job failing again is one job");
+}
+
+/// While the fleet's evidence says trip and another replica is first in
+/// line, the breaker is closed but suspects; the consecutive rule off
+/// (`consecutiveFailures: 0`) leaves only that.
+#[test]
+fn a_replica_second_in_line_suspects_until_the_fleet_opens() {
+    let t0 = Instant::now();
+    let at = |s: u64| t0 + Duration::from_secs(s);
+    let mut b = Breaker::new(settings());
+    let failing = (1..=4)
+        .map(|j| {
+            (
+                j,
+                Failing {
+                    first: at(0),
+                    last: at(0),
+                },
+            )
+        })
+        .collect();
+    let fleet = FleetView {
+        failing,
+        ..FleetView::default()
+    };
+    assert_eq!(
+        b.observe_fleet(at(1), fleet.clone(), true),
+        None,
+        "deferred"
+    );
+    assert_eq!(b.state(), State::Closed);
+    assert!(b.suspects(Some(at(1))));
+    assert!(!Breaker::new(settings()).suspects(None), "nothing seen");
+    let t = b.observe_fleet(at(1) + LEADER_GRACE, fleet, true);
+    assert!(matches!(t, Some(Transition::Opened { .. })), "{t:?}");
+    assert!(!b.suspects(Some(at(8))), "open: it holds, it does not wait");
+}
+
 /// A closed breaker whose own job succeeded after another replica's open
 /// row was written keeps its course (and its evidence, to publish); one
 /// whose last success is older follows.
