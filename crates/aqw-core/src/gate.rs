@@ -146,10 +146,9 @@ impl Gate {
         b.breaker.holds().then(|| b.breaker.cool_down())
     }
 
-    /// Before a job runs: while the breaker suspects an outage it has no
-    /// verdict on yet ([`Breaker::suspects`]), wait for the next control
-    /// read, one read at a time, at most [`SUSPECT_WAIT`]. True if it
-    /// waited (the caller asks [`Gate::holds`] again).
+    /// Before a job runs, while the breaker suspects an outage ([`Breaker::suspects`]):
+    /// wait for the next control read, one at a time, at most [`SUSPECT_WAIT`].
+    /// True if it waited (the caller asks [`Gate::holds`] again).
     pub(crate) async fn wait_while_suspect(&self) -> bool {
         let Some(b) = &self.breaker else { return false };
         let deadline = Instant::now() + SUSPECT_WAIT;

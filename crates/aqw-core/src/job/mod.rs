@@ -75,7 +75,7 @@ pub async fn process(
     // Held until the job settles: its slot under the per-key limit.
     let _key_slot = match admit(rt, settle, &decoded).await {
         Ok(slot) => slot,
-        Err(after) => return park_unless_settled(&ctx, key.as_ref(), after).await,
+        Err(after) => return ctx.park_unless_settled(key.as_ref(), after).await,
     };
     let over_cap_record = match over_cap_record(rt, key.as_ref(), msg, &policy, &mut facts).await {
         Ok(rec) => rec,
@@ -96,39 +96,6 @@ pub async fn process(
     };
     failpoint::hit("claim.after");
     run_and_settle(&mut ctx, payload.to_string(), &facts, &policy, hard_stop).await
-}
-
-/// Park a message the gate holds as a fresh copy, unless it is a leftover
-/// of its own poisoning (its record names its copy: a redelivery whose
-/// delete was lost, its key perhaps never marked, seed 9893) or its key's
-/// record already settles it ([`settles_copy`]): a fresh copy has a new id
-/// and insertion time, so such a leftover came back as a new message and
-/// was poisoned again, a second record for one job (seed 8507). One or two
-/// point reads per park, and parks happen only while the gate holds or a
-/// key is at its limit; a failed read parks as before.
-async fn park_unless_settled(
-    ctx: &Settling<'_>,
-    key: Option<&IdempotencyKey>,
-    after: std::time::Duration,
-) -> Outcome {
-    let rt = ctx.rt;
-    let sink = &rt.poison;
-    if let Ok(Some((e, _))) = sink.records.get(&sink.source_queue, &ctx.msg.id).await {
-        if crate::poison::PoisonRecord::from_entity(&e)
-            .poison_message_id
-            .is_some()
-        {
-            return ctx.without_running(WithoutRunning::Duplicate).await;
-        }
-    }
-    if let Some(k) = key {
-        if let Ok(Some(rec)) = rt.keys.get(&rt.function.name, k).await {
-            if settles_copy(&rec, ctx.msg.insertion_time) {
-                return ctx.without_running(WithoutRunning::Duplicate).await;
-            }
-        }
-    }
-    ctx.park(after).await
 }
 
 /// The message's payload decoded (or why it cannot be), a claim-checked

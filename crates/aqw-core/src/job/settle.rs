@@ -449,6 +449,39 @@ impl Settling<'_> {
         rt.source.put(text, after, Ttl::Default).await.map(|_| ())
     }
 
+    /// Park a message the gate holds as a fresh copy, unless it is a leftover
+    /// of its own poisoning (its record names its copy: a redelivery whose
+    /// delete was lost, its key perhaps never marked, seed 9893) or its key's
+    /// record already settles it ([`crate::idempotency::store::settles_copy`]): a fresh copy has a new id
+    /// and insertion time, so such a leftover came back as a new message and
+    /// was poisoned again, a second record for one job (seed 8507). One or two
+    /// point reads per park, and parks happen only while the gate holds or a
+    /// key is at its limit; a failed read parks as before.
+    pub(super) async fn park_unless_settled(
+        &self,
+        key: Option<&crate::idempotency::IdempotencyKey>,
+        after: std::time::Duration,
+    ) -> Outcome {
+        let rt = self.rt;
+        let sink = &rt.poison;
+        if let Ok(Some((e, _))) = sink.records.get(&sink.source_queue, &self.msg.id).await {
+            if crate::poison::PoisonRecord::from_entity(&e)
+                .poison_message_id
+                .is_some()
+            {
+                return self.without_running(WithoutRunning::Duplicate).await;
+            }
+        }
+        if let Some(k) = key {
+            if let Ok(Some(rec)) = rt.keys.get(&rt.function.name, k).await {
+                if crate::idempotency::store::settles_copy(&rec, self.msg.insertion_time) {
+                    return self.without_running(WithoutRunning::Duplicate).await;
+                }
+            }
+        }
+        self.park(after).await
+    }
+
     /// Replace the message by a fresh copy visible after `after`, then
     /// delete it: the copy starts at DequeueCount 0, so the receives the
     /// breaker wasted do not count toward `maxDequeueCount`. A crash between
